@@ -1,0 +1,178 @@
+//! `DeviceVec<T, R>`: a fixed-length array of `T` in device-accessible memory, like
+//! `rmm::device_uvector`. Requires `R: Accessible<DeviceAccessible>`; host access to the elements
+//! (`as_host_slice`) exists only when `R` is host-accessible too (managed, pinned).
+
+use super::{copy_error, cudarc_interop, length_mismatch, RawBuf};
+use crate::property::{Accessible, DeviceAccessible, HostAccessible};
+use crate::resource::{AllocError, MemoryResource};
+use cudarc::driver::{result, CudaStream, DeviceRepr, ValidAsZeroBits};
+use std::sync::Arc;
+
+/// `len` values of `T` in memory from `R`, ordered on one stream, freed on it when dropped.
+///
+/// ```no_run
+/// # fn main() -> Result<(), mrstack::AllocError> {
+/// use mrstack::prelude::*;
+/// let ctx = mrstack::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let pool = Cuda::new(&ctx)?;
+/// let v = DeviceVec::from_slice(&[1.0f32, 2.0, 3.0], &pool, &stream)?;
+/// assert_eq!(v.to_vec()?, [1.0, 2.0, 3.0]);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct DeviceVec<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> {
+    pub(super) buf: RawBuf<T, R>,
+}
+
+impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<T, R> {
+    /// Room for `len` values, not initialized.
+    ///
+    /// # Safety
+    ///
+    /// The values are uninitialized: write every one (by a kernel or a copy) before reading it.
+    pub unsafe fn uninit(
+        len: usize,
+        resource: R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Self, AllocError> {
+        Ok(DeviceVec {
+            buf: RawBuf::allocate(len, resource, stream)?,
+        })
+    }
+
+    /// `len` values whose bytes are all zero (a `memset` queued on `stream`).
+    pub fn zeroed(len: usize, resource: R, stream: &Arc<CudaStream>) -> Result<Self, AllocError>
+    where
+        T: ValidAsZeroBits,
+    {
+        // SAFETY: every byte is set by the memset below before the vector is handed out.
+        let v = unsafe { Self::uninit(len, resource, stream) }?;
+        let bytes = v.buf.bytes();
+        if bytes > 0 {
+            let err = copy_error(v.buf.resource().name(), bytes);
+            stream.context().bind_to_thread().map_err(err)?;
+            // SAFETY: the destination is `bytes` bytes of device-accessible memory of this buffer.
+            unsafe { result::memset_d8_async(*v.buf.address(), 0, bytes, stream.cu_stream()) }
+                .map_err(copy_error(v.buf.resource().name(), bytes))?;
+        }
+        Ok(v)
+    }
+
+    /// A copy of `host`, queued on `stream`.
+    pub fn from_slice(
+        host: &[T],
+        resource: R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Self, AllocError> {
+        // SAFETY: every value is written by the copy below before the vector is handed out.
+        let mut v = unsafe { Self::uninit(host.len(), resource, stream) }?;
+        v.copy_from(host)?;
+        Ok(v)
+    }
+
+    /// Copies `host` in (same length), queued on the vector's stream. The host slice may be reused
+    /// as soon as this returns (the driver stages pageable memory).
+    pub fn copy_from(&mut self, host: &[T]) -> Result<(), AllocError> {
+        let name = self.buf.resource().name();
+        if host.len() != self.len() {
+            return Err(length_mismatch(host.len(), name));
+        }
+        if host.is_empty() || self.buf.bytes() == 0 {
+            return Ok(());
+        }
+        let stream = self.buf.stream();
+        let err = copy_error(name, self.buf.bytes());
+        stream.context().bind_to_thread().map_err(err)?;
+        // SAFETY: the destination holds `host.len()` values; the source is a live host slice.
+        unsafe { result::memcpy_htod_async(*self.buf.address(), host, stream.cu_stream()) }
+            .map_err(copy_error(name, self.buf.bytes()))
+    }
+
+    /// Copies the values out into `host` (same length), waiting for the vector's stream.
+    pub fn copy_to(&self, host: &mut [T]) -> Result<(), AllocError> {
+        let name = self.buf.resource().name();
+        if host.len() != self.len() {
+            return Err(length_mismatch(host.len(), name));
+        }
+        if host.is_empty() || self.buf.bytes() == 0 {
+            return Ok(());
+        }
+        let stream = self.buf.stream();
+        let err = copy_error(name, self.buf.bytes());
+        stream.context().bind_to_thread().map_err(err)?;
+        // SAFETY: the source holds `host.len()` values; the destination is a live host slice,
+        // borrowed until the synchronize below has waited for the copy.
+        unsafe { result::memcpy_dtoh_async(host, *self.buf.address(), stream.cu_stream()) }
+            .map_err(copy_error(name, self.buf.bytes()))?;
+        stream
+            .synchronize()
+            .map_err(copy_error(name, self.buf.bytes()))
+    }
+
+    /// The values, copied to a new host `Vec`.
+    pub fn to_vec(&self) -> Result<Vec<T>, AllocError>
+    where
+        T: Default + Clone,
+    {
+        let mut host = vec![T::default(); self.len()];
+        self.copy_to(&mut host)?;
+        Ok(host)
+    }
+
+    /// The values, read in place on the host after waiting for the vector's stream. Compiles only
+    /// when `R` is host-accessible (managed or pinned memory).
+    pub fn as_host_slice(&self) -> Result<&[T], AllocError>
+    where
+        R: Accessible<HostAccessible>,
+    {
+        self.buf.synchronize()?;
+        // SAFETY: the memory is host-accessible (bound above), holds `len` initialized values, and
+        // no queued work on the vector's stream is left to change it.
+        Ok(unsafe { std::slice::from_raw_parts(self.buf.ptr().as_ptr(), self.len()) })
+    }
+
+    /// The values, written in place on the host after waiting for the vector's stream.
+    pub fn as_host_slice_mut(&mut self) -> Result<&mut [T], AllocError>
+    where
+        R: Accessible<HostAccessible>,
+    {
+        self.buf.synchronize()?;
+        // SAFETY: as for `as_host_slice`, and `&mut self` makes this the only access.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.len()) })
+    }
+
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// True when the vector holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The stream the vector's memory is ordered on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.buf.stream()
+    }
+
+    /// The resource the memory came from.
+    pub fn resource(&self) -> &R {
+        self.buf.resource()
+    }
+
+    /// Waits for the work queued on the vector's stream.
+    pub fn synchronize(&self) -> Result<(), AllocError> {
+        self.buf.synchronize()
+    }
+
+    /// The device address of the first value.
+    pub fn device_address(&self) -> u64 {
+        *self.buf.address()
+    }
+
+    fn touched(&self) {}
+}
+
+cudarc_interop!(DeviceVec, buf where R: MemoryResource + Accessible<DeviceAccessible>);

@@ -1,0 +1,224 @@
+//! Typed containers over a resource: [`DeviceBox`], [`DeviceVec`], [`PinnedVec`].
+//!
+//! Each holds its resource (by value, or as `&R` / `Arc<R>`: a container holding `&'a Pool<Cuda>`
+//! cannot outlive the pool) and the `Arc<CudaStream>` it was made on. Memory is ordered on that
+//! stream: it is allocated for it, filled on it, and freed on it when the container drops.
+//!
+//! They implement cudarc's `DeviceSlice`, `DevicePtr`, `DevicePtrMut` and `PushKernelArg`, so
+//! `stream.memcpy_htod(&host, &mut v)`, `stream.memcpy_dtov(&v)` and
+//! `stream.launch_builder(&f).arg(&mut v)` take them unchanged. A copy on another stream than the
+//! container's first makes that stream wait for the container's, then synchronizes it, so a later
+//! free on the container's stream cannot overtake it. Kernel launches cannot be ordered that way
+//! (cudarc does not expose the launch stream): launch on the container's stream, or order the
+//! streams yourself.
+
+mod device_box;
+mod device_vec;
+mod pinned_vec;
+
+pub use device_box::DeviceBox;
+pub use device_vec::DeviceVec;
+pub use pinned_vec::PinnedVec;
+
+use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
+use crate::stream::StreamRef;
+use cudarc::driver::{sys, CudaStream, SyncOnDrop};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// `len` values of `T` allocated from `R`, ordered on `stream`: the part the three containers share.
+/// It does not initialize or drop the values (containers hold `Copy`-like `DeviceRepr` data).
+pub(crate) struct RawBuf<T, R: MemoryResource> {
+    ptr: NonNull<T>,
+    len: usize,
+    resource: R,
+    stream: Arc<CudaStream>,
+    _owns: PhantomData<T>,
+}
+
+impl<T, R: MemoryResource> RawBuf<T, R> {
+    /// Allocates room for `len` values; `Err` on overflow of `len * size_of::<T>()`.
+    pub(crate) fn allocate(
+        len: usize,
+        resource: R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Self, AllocError> {
+        let align = std::mem::align_of::<T>();
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(AllocError::new(
+                AllocErrorKind::InvalidArgument("len * size_of::<T>() overflows usize"),
+                len,
+                align,
+                resource.name(),
+            ))?;
+        let ptr = resource.allocate(bytes, align, StreamRef::from(stream))?;
+        Ok(RawBuf {
+            ptr: ptr.cast(),
+            len,
+            resource,
+            stream: stream.clone(),
+            _owns: PhantomData,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    pub(crate) fn ptr(&self) -> NonNull<T> {
+        self.ptr
+    }
+
+    /// The pointer as a `CUdeviceptr` (under unified addressing, the same number for host memory).
+    pub(crate) fn address(&self) -> &sys::CUdeviceptr {
+        // SAFETY: NonNull<T> is one pointer-sized value, as is CUdeviceptr (u64) on the 64-bit
+        // targets CUDA supports; asserted below. The reference lives as long as `self`, which is
+        // what cudarc's launch builder needs (it stores the argument's address until launch).
+        unsafe { &*(&self.ptr as *const NonNull<T>).cast::<sys::CUdeviceptr>() }
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn resource(&self) -> &R {
+        &self.resource
+    }
+
+    /// Orders a use on `stream` after the work queued on the container's stream, and returns what
+    /// orders the container's later free after that use (see the module docs).
+    pub(crate) fn order_use<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+        if stream.cu_stream() == self.stream.cu_stream() {
+            return SyncOnDrop::Sync(None);
+        }
+        let ctx = stream.context();
+        ctx.record_err(stream.join(&self.stream));
+        SyncOnDrop::sync_stream(stream)
+    }
+
+    /// Waits for the container's stream: what host reads of host-accessible memory need.
+    pub(crate) fn synchronize(&self) -> Result<(), AllocError> {
+        self.resource.synchronize(StreamRef::from(&self.stream))
+    }
+}
+
+static_assertions::assert_eq_size!(sys::CUdeviceptr, NonNull<u8>);
+
+impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from `allocate` on this resource with these bytes and T's alignment,
+        // ordered on this stream, and is freed once.
+        unsafe {
+            self.resource.deallocate(
+                self.ptr.cast(),
+                self.bytes(),
+                std::mem::align_of::<T>(),
+                StreamRef::from(&self.stream),
+            )
+        }
+    }
+}
+
+impl<T, R: MemoryResource + std::fmt::Debug> std::fmt::Debug for RawBuf<T, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawBuf")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("resource", &self.resource)
+            .finish()
+    }
+}
+
+// SAFETY: the buffer owns its allocation like a Box<[T]>; sending it sends the Ts and the resource.
+unsafe impl<T: Send, R: MemoryResource + Send> Send for RawBuf<T, R> {}
+// SAFETY: shared access gives only shared access to the Ts and the resource.
+unsafe impl<T: Sync, R: MemoryResource + Sync> Sync for RawBuf<T, R> {}
+
+/// Implements cudarc's `DeviceSlice`, `DevicePtr`, `DevicePtrMut` and `PushKernelArg` (for `&` and
+/// `&mut`) for a container whose `RawBuf<T, R>` is at the given field path and a `touched(&self)` method. A macro
+/// because these are foreign traits on three distinct types: no single generic impl covers them.
+macro_rules! cudarc_interop {
+    ($container:ident, $($buf:ident).+ where R: $($bound:tt)+) => {
+        impl<T: cudarc::driver::DeviceRepr, R: $($bound)+> cudarc::driver::DeviceSlice<T>
+            for $container<T, R>
+        {
+            fn len(&self) -> usize {
+                self.$($buf).+.len()
+            }
+            fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+                self.$($buf).+.stream()
+            }
+        }
+
+        impl<T: cudarc::driver::DeviceRepr, R: $($bound)+> cudarc::driver::DevicePtr<T>
+            for $container<T, R>
+        {
+            fn device_ptr<'a>(
+                &'a self,
+                stream: &'a cudarc::driver::CudaStream,
+            ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
+                self.touched();
+                (*self.$($buf).+.address(), self.$($buf).+.order_use(stream))
+            }
+        }
+
+        impl<T: cudarc::driver::DeviceRepr, R: $($bound)+> cudarc::driver::DevicePtrMut<T>
+            for $container<T, R>
+        {
+            fn device_ptr_mut<'a>(
+                &'a mut self,
+                stream: &'a cudarc::driver::CudaStream,
+            ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
+                self.touched();
+                (*self.$($buf).+.address(), self.$($buf).+.order_use(stream))
+            }
+        }
+
+        // SAFETY: pushes the address of the container's device pointer, which lives as long as
+        // the borrow 'b of the container, itself outliving the launch builder 'a.
+        unsafe impl<'a, 'b: 'a, T: cudarc::driver::DeviceRepr, R: $($bound)+>
+            cudarc::driver::PushKernelArg<&'b $container<T, R>> for cudarc::driver::LaunchArgs<'a>
+        {
+            fn arg(&mut self, arg: &'b $container<T, R>) -> &mut Self {
+                arg.touched();
+                self.arg(arg.$($buf).+.address())
+            }
+        }
+
+        // SAFETY: as for `&`; the `&mut` borrow makes the kernel the only writer while it is held.
+        unsafe impl<'a, 'b: 'a, T: cudarc::driver::DeviceRepr, R: $($bound)+>
+            cudarc::driver::PushKernelArg<&'b mut $container<T, R>>
+            for cudarc::driver::LaunchArgs<'a>
+        {
+            fn arg(&mut self, arg: &'b mut $container<T, R>) -> &mut Self {
+                arg.touched();
+                self.arg(arg.$($buf).+.address())
+            }
+        }
+    };
+}
+pub(crate) use cudarc_interop;
+
+/// The error for a host slice whose length does not match the container's.
+pub(crate) fn length_mismatch(got: usize, resource: &'static str) -> AllocError {
+    AllocError::new(
+        AllocErrorKind::InvalidArgument("host slice length differs from the container's length"),
+        got,
+        0,
+        resource,
+    )
+}
+
+/// Maps a driver error of a copy or memset to an `AllocError` naming the container's resource.
+pub(crate) fn copy_error(
+    resource: &'static str,
+    bytes: usize,
+) -> impl FnOnce(cudarc::driver::DriverError) -> AllocError {
+    move |e| AllocError::cuda(e, bytes, 0, resource)
+}

@@ -1,0 +1,118 @@
+//! # mrstack: CUDA memory resources composed at compile time
+//!
+//! RAPIDS RMM's allocator stack — pools, binning, arenas, statistics, limits, logging — for Rust
+//! hosts of GPU kernels (with [`cudarc`]), with the compiler checking what C++ leaves to comments:
+//!
+//! * every resource states in its type what memory it gives ([`HostAccessible`],
+//!   [`DeviceAccessible`], [`Migratable`]) and the alignment it guarantees;
+//! * adaptors are zero-cost generics (`Statistics<Binning<Pool<Cuda>>>`) and compute their
+//!   properties from their upstream's;
+//! * containers ([`DeviceBox`], [`DeviceVec`], [`PinnedVec`]) accept only resources whose
+//!   properties fit, and, holding `&R`, cannot outlive the resource.
+//!
+//! ## A tour
+//!
+//! The trait is [`MemoryResource`]. Leaves call a driver ([`Cuda`], [`CudaAsync`], [`Managed`],
+//! [`Pinned`]) or not ([`System`], [`Simulated`]); [`resource_stack!`] builds a stack from a list,
+//! each line wrapping the one above. Without a GPU, `Simulated` stands in for device memory:
+//!
+//! ```
+//! use mrstack::prelude::*;
+//!
+//! # fn main() -> Result<(), AllocError> {
+//! // A fake 1 GiB address space: exact accounting, no memory.
+//! let gpu = Simulated::new(1 << 30);
+//! let mr = resource_stack![&gpu];
+//! let p = mr.allocate(1000, 256, StreamRef::DEFAULT)?;
+//! assert_eq!(p.as_ptr() as usize % 256, 0);
+//! assert_eq!(gpu.in_use(), 1000);
+//! // SAFETY: p came from mr with this size and alignment.
+//! unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+//! assert_eq!(gpu.in_use(), 0);
+//!
+//! // Bad requests are errors, never panics.
+//! assert!(mr.allocate(8, 3, StreamRef::DEFAULT).is_err());
+//! assert!(mr.allocate(usize::MAX, 1, StreamRef::DEFAULT).is_err());
+//! # Ok(()) }
+//! ```
+//!
+//! With a GPU, the same stack sits on `Cuda`, and containers take it by reference:
+//!
+//! ```no_run
+//! use mrstack::prelude::*;
+//!
+//! # fn main() -> Result<(), AllocError> {
+//! let ctx = mrstack::cuda_context(0)?; // Err(NoDriver) on a machine without CUDA
+//! let stream = ctx.default_stream();
+//! let mr = resource_stack![Cuda::new(&ctx)?];
+//! let v = DeviceVec::from_slice(&[1u32, 2, 3], &mr, &stream)?;
+//! assert_eq!(v.to_vec()?, [1, 2, 3]);
+//! # Ok(()) }
+//! ```
+//!
+//! and the compiler refuses what would be a bug at run time:
+//!
+//! ```compile_fail,E0277
+//! use mrstack::prelude::*;
+//! # fn f(stream: &std::sync::Arc<cudarc::driver::CudaStream>) {
+//! // error: `System` does not give DeviceAccessible memory
+//! let v = DeviceVec::<f32, _>::zeroed(10, System::new(), stream);
+//! # }
+//! ```
+//!
+//! ## Modules
+//!
+//! * [`property`]: the property markers and [`Accessible`].
+//! * [`resource`]: [`MemoryResource`], [`Layer`](resource::Layer), [`AllocError`].
+//! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
+//! * [`container`]: typed containers with cudarc interop.
+
+#![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+extern crate self as mrstack;
+
+pub mod adaptor;
+pub mod container;
+pub mod layer;
+pub mod property;
+pub mod resource;
+pub mod stream;
+pub mod upstream;
+
+pub use container::{DeviceBox, DeviceVec, PinnedVec};
+pub use property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
+pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
+pub use stream::StreamRef;
+pub use upstream::{
+    cuda_context, device_count, driver_available, Cuda, CudaAsync, CudaAsyncOptions, Managed,
+    Pinned, Simulated, System,
+};
+
+/// Builds a resource stack from a list: the first item is a leaf resource (any expression), each
+/// following line wraps the one above through its [`Layer`] configuration.
+///
+/// ```
+/// use mrstack::prelude::*;
+/// let sim = Simulated::new(1 << 30);
+/// let mr = resource_stack![&sim];
+/// # let _ = mr;
+/// ```
+///
+/// A line is `Name`, `Name { field: value, … }` (the configuration `mrstack::layer::Name`, other
+/// fields defaulted), or any other expression implementing `Layer`. Sizes may be written
+/// `512 MiB`, `1 GiB`, `64 KB` or as strings `"512MB"`; units are B, KB/MB/GB/TB (powers of 1000)
+/// and KiB/MiB/GiB/TiB (powers of 1024), checked at compile time.
+pub use mrstack_macros::resource_stack;
+
+/// The names a user of mrstack needs, in one `use`.
+pub mod prelude {
+    pub use crate::container::{DeviceBox, DeviceVec, PinnedVec};
+    pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
+    pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
+    pub use crate::stream::StreamRef;
+    pub use crate::upstream::{
+        Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
+    };
+    pub use mrstack_macros::resource_stack;
+}

@@ -1,0 +1,401 @@
+//! The one trait: [`MemoryResource`], with [`Layer`] for adaptors and [`AllocError`].
+
+use crate::stream::StreamRef;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use typenum::{Bit, NonZero, Unsigned};
+
+/// A source of memory: a leaf that calls a driver (`Cuda`, `Pinned`, `System` …) or an adaptor
+/// that wraps another resource (`Pool<Cuda>`, `Statistics<…>`).
+///
+/// Properties are types, so that the compiler can check where memory may go:
+/// `Host`/`Device`/`Managed` are typenum bits (`B1` = yes) and `Alignment` is the alignment every
+/// pointer meets whatever was asked. Containers bound on them through
+/// [`Accessible`](crate::property::Accessible).
+///
+/// # Requests
+///
+/// * `align` must be a power of two; a larger `align` than `Self::Alignment` is honoured or refused
+///   with [`AllocErrorKind::Unsupported`], never ignored.
+/// * `size == 0` returns a dangling pointer aligned to `max(align, Self::Alignment)` without
+///   touching the upstream, as Rust's allocators do; deallocating it is a no-op.
+/// * A size that would overflow once aligned returns [`AllocErrorKind::InvalidArgument`].
+///
+/// [`check_request`] does all three checks; call it first in your own resource.
+///
+/// # Stream order
+///
+/// Memory allocated on stream `S` may be used by work on `S` at once. Memory deallocated on `S`
+/// may be handed out again to `S` at once; handing it to another stream is the resource's job
+/// (events or synchronization), not the caller's.
+///
+/// # Safety
+///
+/// An implementation promises: `allocate` returns memory of at least `size` bytes, aligned to
+/// `max(align, Self::Alignment)`, that does not overlap any other live allocation, accessible as
+/// `Host`/`Device`/`Managed` say, and valid until it is passed to `deallocate` with the same
+/// `size` and `align`.
+///
+/// # Writing your own resource
+///
+/// ```
+/// use mrstack::prelude::*;
+/// use mrstack::resource::{check_request, AllocError};
+/// use std::ptr::NonNull;
+/// use typenum::{B0, B1, U16};
+///
+/// /// Host memory from `std::alloc`, counting what it gives.
+/// struct Counted(std::sync::atomic::AtomicUsize);
+///
+/// // SAFETY: memory comes from std::alloc with a layout of `size` bytes and `max(align, 16)`,
+/// // and goes back with the same layout.
+/// unsafe impl MemoryResource for Counted {
+///     type Host = B1;
+///     type Device = B0;
+///     type Managed = B0;
+///     type Alignment = U16;
+///
+///     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+///         if let Some(empty) = check_request::<Self>(size, align, "Counted")? {
+///             return Ok(empty);
+///         }
+///         let layout = std::alloc::Layout::from_size_align(size, align.max(16)).unwrap();
+///         // SAFETY: size is not zero (check_request returned early for zero).
+///         let ptr = NonNull::new(unsafe { std::alloc::alloc(layout) })
+///             .ok_or(AllocError::out_of_memory(size, align, "Counted"))?;
+///         self.0.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+///         Ok(ptr)
+///     }
+///
+///     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, _: StreamRef) {
+///         if size == 0 {
+///             return;
+///         }
+///         let layout = std::alloc::Layout::from_size_align(size, align.max(16)).unwrap();
+///         // SAFETY: the caller passes back a pointer from `allocate` with its size and align.
+///         unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+///     }
+/// }
+///
+/// let r = Counted(Default::default());
+/// let p = r.allocate_sync(100, 8).unwrap();
+/// assert_eq!(p.as_ptr() as usize % 16, 0);
+/// unsafe { r.deallocate_sync(p, 100, 8) };
+/// ```
+pub unsafe trait MemoryResource {
+    /// `B1` when the CPU may dereference the memory.
+    type Host: Bit;
+    /// `B1` when kernels may dereference the memory.
+    type Device: Bit;
+    /// `B1` when the memory is managed memory the driver migrates (it can be prefetched).
+    type Managed: Bit;
+    /// The alignment every returned pointer meets (a typenum unsigned: `U256` for CUDA memory).
+    type Alignment: Unsigned + NonZero;
+
+    /// Allocates `size` bytes aligned to `max(align, Self::Alignment)` for use on `stream`.
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError>;
+
+    /// Gives back memory after the work on `stream` that uses it.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `allocate` on this resource with the same `size` and `align`, and was not
+    /// deallocated since.
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
+
+    /// Waits until the work queued on `stream` is done. Host-only and simulated resources have no
+    /// work to wait for; CUDA resources synchronize the stream in their context, adaptors forward.
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        let _ = stream;
+        Ok(())
+    }
+
+    /// A short name for errors and logs (`"Cuda"`, `"Pool"`).
+    fn name(&self) -> &'static str {
+        "MemoryResource"
+    }
+
+    /// Allocates on the default stream and waits for it, so the memory may be used by any stream.
+    fn allocate_sync(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
+        let ptr = self.allocate(size, align, StreamRef::DEFAULT)?;
+        if let Err(e) = self.synchronize(StreamRef::DEFAULT) {
+            // SAFETY: `ptr` was just allocated with this size and align.
+            unsafe { self.deallocate(ptr, size, align, StreamRef::DEFAULT) };
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// Waits for the default stream, then deallocates on it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`deallocate`](Self::deallocate); no work on another stream may still use `ptr`.
+    unsafe fn deallocate_sync(&self, ptr: NonNull<u8>, size: usize, align: usize) {
+        // A failed synchronize leaves nothing better to do than give the memory back: the error
+        // stays recorded in the CUDA context for the next call that can return it.
+        let _ = self.synchronize(StreamRef::DEFAULT);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate(ptr, size, align, StreamRef::DEFAULT) }
+    }
+}
+
+// SAFETY: forwards every call to `R`, whose promises hold for the same memory.
+unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
+    type Host = R::Host;
+    type Device = R::Device;
+    type Managed = R::Managed;
+    type Alignment = R::Alignment;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        (**self).allocate(size, align, stream)
+    }
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { (**self).deallocate(ptr, size, align, stream) }
+    }
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        (**self).synchronize(stream)
+    }
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+}
+
+// SAFETY: forwards every call to `R`, whose promises hold for the same memory.
+unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
+    type Host = R::Host;
+    type Device = R::Device;
+    type Managed = R::Managed;
+    type Alignment = R::Alignment;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        (**self).allocate(size, align, stream)
+    }
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { (**self).deallocate(ptr, size, align, stream) }
+    }
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        (**self).synchronize(stream)
+    }
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+}
+
+/// A configuration that wraps an upstream resource into an adaptor: what `resource_stack!`
+/// folds each line through.
+///
+/// ```
+/// use mrstack::prelude::*;
+/// use mrstack::resource::{AllocError, Layer};
+/// use std::ptr::NonNull;
+///
+/// /// An adaptor that counts allocations.
+/// struct Counting<U> { upstream: U, count: std::sync::atomic::AtomicUsize }
+///
+/// // SAFETY: every call goes to `upstream`, unchanged.
+/// unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
+///     type Host = U::Host;
+///     type Device = U::Device;
+///     type Managed = U::Managed;
+///     type Alignment = U::Alignment;
+///     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+///         self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         self.upstream.allocate(size, align, s)
+///     }
+///     unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+///         // SAFETY: forwarded from the caller.
+///         unsafe { self.upstream.deallocate(p, size, align, s) }
+///     }
+/// }
+///
+/// /// Its configuration: `resource_stack![System::new(), Count]` would use this.
+/// struct Count;
+/// impl<U: MemoryResource> Layer<U> for Count {
+///     type Resource = Counting<U>;
+///     fn layer(self, upstream: U) -> Counting<U> {
+///         Counting { upstream, count: Default::default() }
+///     }
+/// }
+///
+/// let r = Count.layer(System::new());
+/// let p = r.allocate_sync(64, 8).unwrap();
+/// unsafe { r.deallocate_sync(p, 64, 8) };
+/// assert_eq!(r.count.into_inner(), 1);
+/// ```
+pub trait Layer<U> {
+    /// The adaptor built over `U`.
+    type Resource: MemoryResource;
+    /// Wraps `upstream`.
+    fn layer(self, upstream: U) -> Self::Resource;
+}
+
+/// What went wrong in an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AllocErrorKind {
+    /// The resource (or the device) has no room for the request.
+    OutOfMemory,
+    /// The request itself is malformed; the text says how.
+    InvalidArgument(&'static str),
+    /// A byte cap was reached: `limit` bytes, of which `in_use` are allocated.
+    LimitExceeded {
+        /// The cap.
+        limit: usize,
+        /// Bytes allocated when the request came.
+        in_use: usize,
+    },
+    /// The resource cannot do this (an alignment above what it guarantees, say); the text says what.
+    Unsupported(&'static str),
+    /// No CUDA driver library (libcuda) could be loaded on this machine.
+    NoDriver,
+    /// The CUDA driver returned this error.
+    Cuda(cudarc::driver::sys::CUresult),
+}
+
+impl std::fmt::Display for AllocErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AllocErrorKind::OutOfMemory => f.write_str("out of memory"),
+            AllocErrorKind::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
+            AllocErrorKind::LimitExceeded { limit, in_use } => write!(
+                f,
+                "limit of {limit} bytes exceeded ({in_use} bytes already allocated)"
+            ),
+            AllocErrorKind::Unsupported(what) => write!(f, "unsupported: {what}"),
+            AllocErrorKind::NoDriver => {
+                f.write_str("no CUDA driver: libcuda could not be loaded on this machine")
+            }
+            AllocErrorKind::Cuda(code) => write!(f, "CUDA driver error {code:?}"),
+        }
+    }
+}
+
+/// A failed allocation or resource construction: what failed, for which request, in which resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{resource}: {kind} (requested {size} bytes, alignment {align})")]
+pub struct AllocError {
+    /// What went wrong.
+    pub kind: AllocErrorKind,
+    /// The requested size in bytes (0 for a constructor).
+    pub size: usize,
+    /// The requested alignment.
+    pub align: usize,
+    /// The name of the resource that failed.
+    pub resource: &'static str,
+}
+
+impl AllocError {
+    /// An error of `kind` for a request of `size` bytes aligned to `align`, in `resource`.
+    pub const fn new(
+        kind: AllocErrorKind,
+        size: usize,
+        align: usize,
+        resource: &'static str,
+    ) -> Self {
+        AllocError {
+            kind,
+            size,
+            align,
+            resource,
+        }
+    }
+
+    /// [`AllocErrorKind::OutOfMemory`] for this request.
+    pub const fn out_of_memory(size: usize, align: usize, resource: &'static str) -> Self {
+        Self::new(AllocErrorKind::OutOfMemory, size, align, resource)
+    }
+
+    /// An error from a CUDA driver call; `CUDA_ERROR_OUT_OF_MEMORY` becomes
+    /// [`AllocErrorKind::OutOfMemory`] so that callers need test only one kind.
+    pub fn cuda(
+        err: cudarc::driver::DriverError,
+        size: usize,
+        align: usize,
+        resource: &'static str,
+    ) -> Self {
+        let kind = match err.0 {
+            cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => AllocErrorKind::OutOfMemory,
+            code => AllocErrorKind::Cuda(code),
+        };
+        Self::new(kind, size, align, resource)
+    }
+
+    /// True for [`AllocErrorKind::OutOfMemory`] and [`AllocErrorKind::LimitExceeded`]: failures
+    /// that freeing memory elsewhere could cure.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self.kind,
+            AllocErrorKind::OutOfMemory | AllocErrorKind::LimitExceeded { .. }
+        )
+    }
+}
+
+/// Checks a request against the rules of [`MemoryResource`]: `Ok(Some(ptr))` for a zero-size
+/// request (a dangling pointer, aligned, that the resource returns without further work),
+/// `Ok(None)` for a request to serve, `Err` for an alignment that is not a power of two or a size
+/// that overflows once rounded up to the alignment.
+#[inline]
+pub fn check_request<R: MemoryResource + ?Sized>(
+    size: usize,
+    align: usize,
+    resource: &'static str,
+) -> Result<Option<NonNull<u8>>, AllocError> {
+    if !align.is_power_of_two() {
+        return Err(AllocError::new(
+            AllocErrorKind::InvalidArgument("alignment is not a power of two"),
+            size,
+            align,
+            resource,
+        ));
+    }
+    let align = align.max(<R::Alignment as Unsigned>::USIZE);
+    if size > isize::MAX as usize - (align - 1) {
+        return Err(AllocError::new(
+            AllocErrorKind::InvalidArgument("size overflows isize::MAX once aligned"),
+            size,
+            align,
+            resource,
+        ));
+    }
+    if size == 0 {
+        return Ok(Some(dangling(align)));
+    }
+    Ok(None)
+}
+
+/// The pointer a zero-size allocation returns: non-null, aligned to `align`, never dereferenced.
+#[inline]
+pub fn dangling(align: usize) -> NonNull<u8> {
+    NonNull::new(std::ptr::without_provenance_mut(align)).unwrap_or(NonNull::dangling())
+}
+
+/// Rounds `n` up to a multiple of `align` (a power of two), or `None` on overflow.
+#[inline]
+pub const fn align_up(n: usize, align: usize) -> Option<usize> {
+    match n.checked_add(align - 1) {
+        Some(v) => Some(v & !(align - 1)),
+        None => None,
+    }
+}

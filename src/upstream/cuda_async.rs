@@ -1,0 +1,182 @@
+//! `CudaAsync`: stream-ordered device memory from a `cuMemPool` of its own
+//! (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`), as RMM's `cuda_async_memory_resource`.
+//!
+//! The driver's pool reuses memory freed on a stream for later work on that stream without a
+//! device synchronization. Options: an initial size (allocated and freed once at construction so the
+//! pool holds it) and a release threshold (bytes the pool keeps when streams synchronize; defaults
+//! to the device's total memory, as RMM does). The pool is destroyed on drop; the driver releases
+//! its memory once the frees queued on streams have run. Guarantees 256-byte alignment.
+
+use super::{driver_allocate, driver_free, driver_synchronize};
+use crate::resource::{check_request, AllocError, MemoryResource};
+use crate::stream::StreamRef;
+use cudarc::driver::{result, sys, CudaContext};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use typenum::{B0, B1, U256};
+
+/// Options for [`CudaAsync::with_options`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaAsyncOptions {
+    /// Bytes allocated (and released into the pool) at construction, so early requests are fast.
+    pub initial_pool_size: Option<usize>,
+    /// Bytes of unused memory the pool keeps across synchronizations (default: device memory).
+    pub release_threshold: Option<usize>,
+}
+
+/// Stream-ordered device memory from a driver memory pool owned by this resource.
+#[derive(Debug)]
+pub struct CudaAsync {
+    ctx: Arc<CudaContext>,
+    pool: sys::CUmemoryPool,
+}
+
+// SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronizes it.
+unsafe impl Send for CudaAsync {}
+// SAFETY: as above: every use is a driver call taking the handle by value.
+unsafe impl Sync for CudaAsync {}
+
+impl CudaAsync {
+    const NAME: &'static str = "CudaAsync";
+
+    /// A new pool on `ctx`'s device with the default options.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
+        Self::with_options(ctx, CudaAsyncOptions::default())
+    }
+
+    /// A new pool on device `ordinal`; `Err(NoDriver)` on a machine without CUDA.
+    pub fn on_device(ordinal: usize) -> Result<Self, AllocError> {
+        Self::new(&super::cuda_context(ordinal)?)
+    }
+
+    /// A new pool on `ctx`'s device with `options`.
+    pub fn with_options(
+        ctx: &Arc<CudaContext>,
+        options: CudaAsyncOptions,
+    ) -> Result<Self, AllocError> {
+        let err = |e| AllocError::cuda(e, options.initial_pool_size.unwrap_or(0), 0, Self::NAME);
+        ctx.bind_to_thread().map_err(err)?;
+        // SAFETY: CUmemPoolProps is plain data; all-zero is its documented "no options" value.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = ctx.cu_device();
+        // SAFETY: props is a valid, initialized CUmemPoolProps.
+        let pool = unsafe { result::mem_pool::create(&props) }.map_err(err)?;
+        let this = CudaAsync {
+            ctx: ctx.clone(),
+            pool,
+        };
+        let threshold = match options.release_threshold {
+            Some(t) => t,
+            None => ctx.total_mem().map_err(err)?,
+        };
+        let mut value = threshold as u64;
+        // SAFETY: the pool is live and RELEASE_THRESHOLD takes a cuuint64_t.
+        unsafe {
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .map_err(err)?;
+        if let Some(initial) = options.initial_pool_size.filter(|&n| n > 0) {
+            let ptr = this.allocate(initial, 1, StreamRef::DEFAULT)?;
+            // SAFETY: freeing what was just allocated, unused, on the same stream.
+            unsafe { this.deallocate(ptr, initial, 1, StreamRef::DEFAULT) };
+            this.synchronize(StreamRef::DEFAULT)?;
+        }
+        Ok(this)
+    }
+
+    /// The driver pool handle, for `cuMemPool*` calls this type does not wrap.
+    pub fn pool_handle(&self) -> sys::CUmemoryPool {
+        self.pool
+    }
+
+    /// The context this resource allocates in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Bytes the driver pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub fn reserved_bytes(&self) -> Result<usize, AllocError> {
+        let mut value: u64 = 0;
+        // SAFETY: the pool is live and RESERVED_MEM_CURRENT writes a cuuint64_t.
+        unsafe {
+            result::mem_pool::get_attribute(
+                self.pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .map_err(|e| AllocError::cuda(e, 0, 0, Self::NAME))?;
+        Ok(value as usize)
+    }
+}
+
+// SAFETY: cuMemAllocFromPoolAsync returns device memory usable by work on `stream` once queued,
+// aligned to 256 (checked), valid until cuMemFreeAsync on that stream.
+unsafe impl MemoryResource for CudaAsync {
+    type Host = B0;
+    type Device = B1;
+    type Managed = B0;
+    type Alignment = U256;
+
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        driver_allocate(
+            &self.ctx,
+            size,
+            align,
+            Self::NAME,
+            // SAFETY: the pool is live and the stream valid (StreamRef's contract).
+            |n| {
+                unsafe { result::mem_pool::alloc_async(self.pool, n, stream.as_raw()) }
+                    .map(|p| p as usize)
+            },
+            // SAFETY: frees the pointer just allocated on the same stream.
+            |p| unsafe { result::free_async(p as _, stream.as_raw()) },
+        )
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: the caller passes a live pointer from this pool; the free is ordered on `stream`.
+        driver_free(&self.ctx, || unsafe {
+            result::free_async(ptr.as_ptr() as _, stream.as_raw())
+        });
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        driver_synchronize(&self.ctx, stream, Self::NAME)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+impl Drop for CudaAsync {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: the pool is ours and destroyed once; the driver defers the release of memory
+        // still referenced by queued frees.
+        self.ctx
+            .record_err(unsafe { result::mem_pool::destroy(self.pool) });
+    }
+}
+
+static_assertions::assert_impl_all!(CudaAsync: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(CudaAsync: crate::Accessible<crate::HostAccessible>);

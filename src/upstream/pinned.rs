@@ -1,0 +1,94 @@
+//! `Pinned`: page-locked host memory from `cuMemHostAlloc`, mapped into the device's address space.
+//!
+//! With unified addressing (every 64-bit platform CUDA supports) the host pointer is also the
+//! device pointer, so kernels read it over PCIe/NVLink and copies from it run at full speed. One
+//! driver call per operation; pinning is slow, so put a pool over it for frequent allocations.
+//! Guarantees 256-byte alignment.
+
+use super::{driver_allocate, driver_free, driver_synchronize};
+use crate::resource::{check_request, AllocError, MemoryResource};
+use crate::stream::StreamRef;
+use cudarc::driver::{result, sys, CudaContext};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use typenum::{B0, B1, U256};
+
+/// Pinned host memory from `cuMemHostAlloc(PORTABLE | DEVICEMAP)`, freed with `cuMemFreeHost`.
+#[derive(Debug, Clone)]
+pub struct Pinned {
+    ctx: Arc<CudaContext>,
+}
+
+impl Pinned {
+    const NAME: &'static str = "Pinned";
+    const FLAGS: u32 = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+
+    /// A resource allocating pinned memory visible to `ctx`'s device (and, being portable, to
+    /// every context).
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
+        ctx.bind_to_thread()
+            .map_err(|e| AllocError::cuda(e, 0, 0, Self::NAME))?;
+        Ok(Pinned { ctx: ctx.clone() })
+    }
+
+    /// A resource for device `ordinal`; `Err(NoDriver)` on a machine without CUDA.
+    pub fn on_device(ordinal: usize) -> Result<Self, AllocError> {
+        Self::new(&super::cuda_context(ordinal)?)
+    }
+
+    /// The context this resource allocates in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+// SAFETY: cuMemHostAlloc with DEVICEMAP returns host memory that is also addressable by the device
+// under unified addressing, valid until cuMemFreeHost, aligned to 256 (checked).
+unsafe impl MemoryResource for Pinned {
+    type Host = B1;
+    type Device = B1;
+    type Managed = B0;
+    type Alignment = U256;
+
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        driver_allocate(
+            &self.ctx,
+            size,
+            align,
+            Self::NAME,
+            // SAFETY: a plain allocation with the context current; the memory is not read.
+            |n| unsafe { result::malloc_host(n, Self::FLAGS) }.map(|p| p as usize),
+            // SAFETY: frees the pointer just allocated, which nothing else has seen.
+            |p| unsafe { result::free_host(p as _) },
+        )
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, _: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: the caller passes a pointer from cuMemHostAlloc that is not freed yet.
+        driver_free(&self.ctx, || unsafe {
+            result::free_host(ptr.as_ptr().cast())
+        });
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        driver_synchronize(&self.ctx, stream, Self::NAME)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+static_assertions::assert_impl_all!(
+    Pinned: Send,
+    Sync,
+    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+);
+static_assertions::assert_not_impl_any!(Pinned: crate::Accessible<crate::Migratable>);
+static_assertions::assert_eq_size!(Pinned, usize);

@@ -1,0 +1,172 @@
+//! `Simulated`: hands out aligned address ranges from a fake address space, with no memory behind
+//! them.
+//!
+//! It has no properties (neither host- nor device-accessible: nothing may dereference what it
+//! returns), a capacity in bytes, and exact accounting — bytes in use, peak, live allocations — so
+//! that every suballocator can be tested, fuzzed and replayed at any size on a machine with no GPU,
+//! and a test can check that a stack gave back everything it took. Each allocation gets a fresh
+//! range (addresses are never reused), so a use-after-free in a test shows up as an unknown pointer.
+//! One mutex-protected map: fine for an upstream, not meant to be fast per call.
+
+use crate::resource::{align_up, check_request, AllocError, MemoryResource};
+use crate::stream::StreamRef;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use typenum::{B0, U256};
+
+/// A fake address space of `capacity` bytes.
+#[derive(Debug)]
+pub struct Simulated {
+    capacity: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next: usize,
+    in_use: usize,
+    peak: usize,
+    allocations: usize,
+    live: HashMap<usize, usize>,
+}
+
+impl Simulated {
+    const NAME: &'static str = "Simulated";
+    /// Where the fake address space starts: far from null and from real heap addresses.
+    const BASE: usize = 1 << 44;
+
+    /// An address space that lets at most `capacity` bytes be allocated at once.
+    pub fn new(capacity: usize) -> Self {
+        Simulated {
+            capacity,
+            state: Mutex::new(State {
+                next: Self::BASE,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// The most bytes that may be allocated at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes allocated now.
+    pub fn in_use(&self) -> usize {
+        self.lock().in_use
+    }
+
+    /// The most bytes allocated at once so far.
+    pub fn peak(&self) -> usize {
+        self.lock().peak
+    }
+
+    /// Allocations made so far (successful calls, zero-size ones excluded).
+    pub fn allocation_count(&self) -> usize {
+        self.lock().allocations
+    }
+
+    /// Allocations not yet given back.
+    pub fn live(&self) -> usize {
+        self.lock().live.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State inconsistent (every update is a few
+        // plain stores), so a poisoned lock is still good to use.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+// SAFETY: ranges are carved from a bump pointer and never reused, so no two live ranges overlap;
+// each is aligned to max(align, 256). The type claims no access property, so nothing dereferences it.
+unsafe impl MemoryResource for Simulated {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B0;
+    type Alignment = U256;
+
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        let oom = AllocError::out_of_memory(size, align, Self::NAME);
+        let mut s = self.lock();
+        if size > self.capacity - s.in_use {
+            return Err(oom);
+        }
+        let addr = align_up(s.next, align.max(256)).ok_or(oom)?;
+        s.next = addr.checked_add(size).ok_or(oom)?;
+        s.in_use += size;
+        s.peak = s.peak.max(s.in_use);
+        s.allocations += 1;
+        s.live.insert(addr, size);
+        NonNull::new(std::ptr::without_provenance_mut(addr)).ok_or(oom)
+    }
+
+    /// # Panics
+    ///
+    /// On a pointer that is not live here or a size that differs from the allocation's: the
+    /// caller broke `deallocate`'s contract, and a test upstream says so loudly.
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, _: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        let mut s = self.lock();
+        let addr = ptr.as_ptr() as usize;
+        match s.live.remove(&addr) {
+            Some(n) if n == size => s.in_use -= size,
+            Some(n) => {
+                panic!("Simulated: {addr:#x} was allocated with {n} bytes, freed with {size}")
+            }
+            None => panic!("Simulated: {addr:#x} is not a live allocation (double free?)"),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+static_assertions::assert_impl_all!(Simulated: Send, Sync);
+static_assertions::assert_not_impl_any!(
+    Simulated: crate::Accessible<crate::HostAccessible>,
+    crate::Accessible<crate::DeviceAccessible>
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_aligned_disjoint_and_accounted() {
+        let sim = Simulated::new(10_000);
+        let a = sim.allocate(1000, 1, StreamRef::DEFAULT).unwrap();
+        let b = sim.allocate(3000, 4096, StreamRef::DEFAULT).unwrap();
+        assert_eq!(a.as_ptr() as usize % 256, 0);
+        assert_eq!(b.as_ptr() as usize % 4096, 0);
+        assert!(b.as_ptr() as usize >= a.as_ptr() as usize + 1000);
+        assert_eq!((sim.in_use(), sim.peak(), sim.live()), (4000, 4000, 2));
+        let err = sim.allocate(7000, 1, StreamRef::DEFAULT).unwrap_err();
+        assert!(err.is_out_of_memory());
+        // SAFETY: a is live with this size.
+        unsafe { sim.deallocate(a, 1000, 1, StreamRef::DEFAULT) };
+        assert_eq!((sim.in_use(), sim.peak(), sim.live()), (3000, 4000, 1));
+        // SAFETY: b is live with this size.
+        unsafe { sim.deallocate(b, 3000, 4096, StreamRef::DEFAULT) };
+        assert_eq!(sim.in_use(), 0);
+        assert_eq!(sim.allocation_count(), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "not a live allocation")]
+    fn double_free_is_caught() {
+        let sim = Simulated::new(1 << 20);
+        let a = sim.allocate(64, 1, StreamRef::DEFAULT).unwrap();
+        // SAFETY: a is live with this size.
+        unsafe { sim.deallocate(a, 64, 1, StreamRef::DEFAULT) };
+        // SAFETY: deliberately broken (a double free): Simulated must catch it before any harm.
+        unsafe { sim.deallocate(a, 64, 1, StreamRef::DEFAULT) };
+    }
+}

@@ -1,0 +1,74 @@
+//! `System`: host memory from Rust's global allocator, at any power-of-two alignment.
+//!
+//! Host-accessible only: kernels cannot read it, and the containers that hand memory to kernels
+//! refuse it at compile time. The natural upstream for host tests that need real bytes.
+
+use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
+use crate::stream::StreamRef;
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use typenum::{B0, B1, U16};
+
+/// Host memory from `std::alloc`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct System;
+
+impl System {
+    const NAME: &'static str = "System";
+    const MIN_ALIGN: usize = 16;
+
+    /// The system allocator.
+    pub const fn new() -> Self {
+        System
+    }
+
+    fn layout(size: usize, align: usize) -> Option<Layout> {
+        Layout::from_size_align(size, align.max(Self::MIN_ALIGN)).ok()
+    }
+}
+
+// SAFETY: std::alloc returns host memory of the layout's size and alignment (at least 16), freed
+// with the same layout.
+unsafe impl MemoryResource for System {
+    type Host = B1;
+    type Device = B0;
+    type Managed = B0;
+    type Alignment = U16;
+
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        let layout = Self::layout(size, align).ok_or(AllocError::new(
+            AllocErrorKind::InvalidArgument("size and alignment do not form a layout"),
+            size,
+            align,
+            Self::NAME,
+        ))?;
+        // SAFETY: layout has a non-zero size (zero returned above).
+        NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or(AllocError::out_of_memory(
+            size,
+            align,
+            Self::NAME,
+        ))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, _: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        if let Some(layout) = Self::layout(size, align) {
+            // SAFETY: the caller passes a pointer from `allocate` with the same size and align,
+            // hence the same layout.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+static_assertions::assert_impl_all!(System: Send, Sync, Copy, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(System: crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_eq_size!(System, ());
