@@ -139,8 +139,8 @@ unsafe impl MemoryResource for CudaAsync {
             size,
             align,
             Self::NAME,
-            // SAFETY: the pool is live and the stream valid (StreamRef's contract).
             |n| {
+                // SAFETY: the pool is live and the stream valid (StreamRef's contract).
                 unsafe { result::mem_pool::alloc_async(self.pool, n, stream.as_raw()) }
                     .map(|p| p as usize)
             },

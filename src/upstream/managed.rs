@@ -56,8 +56,8 @@ unsafe impl MemoryResource for Managed {
             size,
             align,
             Self::NAME,
-            // SAFETY: a plain allocation with the context current; the memory is not read.
             |n| {
+                // SAFETY: a plain allocation with the context current; the memory is not read.
                 unsafe { result::malloc_managed(n, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
                     .map(|p| p as usize)
             },
