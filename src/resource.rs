@@ -115,6 +115,15 @@ pub unsafe trait MemoryResource {
         Ok(())
     }
 
+    /// Makes work queued on `stream` from now on wait for the work queued on `after` so far, without
+    /// blocking the host: how a suballocator hands a block freed on one stream to another (RMM does
+    /// the same with an event). CUDA resources record an event on `after` and make `stream` wait on
+    /// it; resources without streams have nothing to order; adaptors forward.
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        let _ = (stream, after);
+        Ok(())
+    }
+
     /// A short name for errors and logs (`"Cuda"`, `"Pool"`).
     fn name(&self) -> &'static str {
         "MemoryResource"
@@ -169,6 +178,9 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
         (**self).synchronize(stream)
     }
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        (**self).order_after(stream, after)
+    }
     fn name(&self) -> &'static str {
         (**self).name()
     }
@@ -197,6 +209,9 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
     }
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
         (**self).synchronize(stream)
+    }
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        (**self).order_after(stream, after)
     }
     fn name(&self) -> &'static str {
         (**self).name()

@@ -4,7 +4,7 @@
 //! pools exist); `cuMemFree` synchronizes the device. Bound to one context: it makes that context
 //! current before each call, so any thread may allocate. Guarantees 256-byte alignment.
 
-use super::{driver_allocate, driver_free, driver_synchronize};
+use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, CudaContext};
@@ -75,6 +75,10 @@ unsafe impl MemoryResource for Cuda {
 
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
         driver_synchronize(&self.ctx, stream, Self::NAME)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        driver_order_after(&self.ctx, stream, after, Self::NAME)
     }
 
     fn name(&self) -> &'static str {

@@ -115,5 +115,36 @@ pub(crate) fn driver_synchronize(
         .map_err(|e| AllocError::cuda(e, 0, 0, name))
 }
 
+/// Makes `stream` wait for the work queued on `after` so far: an event recorded on `after`, waited
+/// for by `stream`, then destroyed (the driver keeps it until the wait is satisfied).
+pub(crate) fn driver_order_after(
+    ctx: &CudaContext,
+    stream: StreamRef,
+    after: StreamRef,
+    name: &'static str,
+) -> Result<(), AllocError> {
+    if stream == after {
+        return Ok(());
+    }
+    let err = |e| AllocError::cuda(e, 0, 0, name);
+    ctx.bind_to_thread().map_err(err)?;
+    let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
+    // SAFETY: the event was just created in the current context; both streams are null or live
+    // streams of this context (StreamRef's contract). The event is destroyed once, after the wait
+    // is queued, which the driver allows.
+    let waited = unsafe {
+        result::event::record(event, after.as_raw()).and_then(|()| {
+            result::stream::wait_event(
+                stream.as_raw(),
+                event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        })
+    };
+    // SAFETY: see above.
+    ctx.record_err(unsafe { result::event::destroy(event) });
+    waited.map_err(err)
+}
+
 /// The alignment every CUDA allocation guarantees.
 pub(crate) const CUDA_ALIGNMENT: usize = 256;

@@ -5,7 +5,7 @@
 //! driver call per operation; pinning is slow, so put a pool over it for frequent allocations.
 //! Guarantees 256-byte alignment.
 
-use super::{driver_allocate, driver_free, driver_synchronize};
+use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
@@ -78,6 +78,10 @@ unsafe impl MemoryResource for Pinned {
 
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
         driver_synchronize(&self.ctx, stream, Self::NAME)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        driver_order_after(&self.ctx, stream, after, Self::NAME)
     }
 
     fn name(&self) -> &'static str {
