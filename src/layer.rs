@@ -1,3 +1,5 @@
 //! The configurations `resource_stack!` builds adaptors from, under the names the macro's lines use
 //! (`Pool { max: 8 GiB }` is `layer::Pool { max: 8 << 30, ..Default::default() }`). Each implements
 //! [`Layer`](crate::resource::Layer) over any suitable upstream.
+
+pub use crate::adaptor::ArenaConfig as Arena;
