@@ -379,7 +379,20 @@ impl<U: MemoryResource> Arena<U> {
         {
             m.store(0, Ordering::Release);
         }
-        self.give_back(sb.base, self.superblock_size(), sb.chunk, Tags::one(stream));
+        lock(&self.global).spare.push(Spare {
+            at: sb.base,
+            chunk: sb.chunk,
+            tags: Tags::one(stream),
+        });
+    }
+
+    /// Merges the spare superblocks into the free ranges, for a request they may make room for.
+    fn flush_spare(&self, g: &mut Global) {
+        for sp in std::mem::take(&mut g.spare) {
+            for s in g.give(sp.at, self.superblock_size(), sp.chunk, sp.tags) {
+                let _ = self.upstream.synchronize(s);
+            }
+        }
     }
 
     /// Asks every local arena to give back its empty superblocks.
@@ -405,6 +418,14 @@ impl<U: MemoryResource> Arena<U> {
         let (at, run) = {
             let mut g = lock(&self.global);
             loop {
+                if let Some(sp) = g.spare.pop() {
+                    let run = Run {
+                        len: sb,
+                        chunk: sp.chunk,
+                        tags: sp.tags,
+                    };
+                    break (sp.at, run);
+                }
                 if let Some((start, at)) = g.find_window(sb) {
                     break (at, g.carve(start, at, sb));
                 }
@@ -488,6 +509,10 @@ impl<U: MemoryResource> Arena<U> {
                     return Err(e);
                 }
                 return Ok(to_ptr(at));
+            }
+            if !g.spare.is_empty() {
+                self.flush_spare(&mut g);
+                continue;
             }
             match self.grow(&mut g, bytes + (align - GRAN)) {
                 Ok(()) => continue,
@@ -613,6 +638,7 @@ impl<U: MemoryResource> Drop for Arena<U> {
     fn drop(&mut self) {
         let g = self.global.get_mut().unwrap_or_else(|p| p.into_inner());
         let mut streams: Vec<StreamRef> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
+        streams.extend(g.spare.iter().flat_map(|sp| sp.tags.iter()));
         let n = *self.narenas.get_mut();
         streams.extend(
             self.arenas[..n]
@@ -731,7 +757,19 @@ struct Run {
 struct Global {
     runs: BTreeMap<usize, Run>,
     by_size: BTreeSet<(usize, usize)>,
+    /// Superblocks given back by local arenas, kept whole for the next local arena that needs
+    /// one (a push and a pop instead of merging and carving ranges); merged into `runs` when a
+    /// large request finds no room.
+    spare: Vec<Spare>,
     windows: u32,
+}
+
+/// A free superblock-sized window of the global arena.
+#[derive(Debug, Clone, Copy)]
+struct Spare {
+    at: usize,
+    chunk: u32,
+    tags: Tags,
 }
 
 impl Global {
@@ -856,7 +894,7 @@ impl LocalState {
         };
         self.tree.ensure(w);
         if self.slot_of.len() <= w {
-            self.slot_of.resize(self.tree.cap, u32::MAX);
+            self.slot_of.resize(self.tree.leaves(), u32::MAX);
         }
         self.slot_of[w] = slot;
         self.tree.set(w, units);
@@ -985,55 +1023,88 @@ impl Superblock {
     }
 }
 
-/// A max segment tree over window ids: finds the lowest window whose value reaches a bound.
+/// A 16-ary max-tree over window ids: finds the lowest window whose value reaches a bound in
+/// a few steps, each comparing 16 children at once (no branch per level to mispredict).
 #[derive(Debug, Default)]
 struct MaxTree {
-    cap: usize,
-    t: Vec<u32>,
+    /// `levels[0]` holds the leaves; each level above holds the maxima of 16 entries below;
+    /// the top level has 16 entries. Every level's length is a multiple of 16.
+    levels: Vec<Vec<u32>>,
+}
+
+const FAN: usize = 16;
+
+/// The first of 16 values that is at least `n`.
+#[inline]
+fn first_at_least(group: &[u32], n: u32) -> Option<usize> {
+    let group: &[u32; FAN] = group.try_into().ok()?;
+    let mut mask = 0u32;
+    for (k, &v) in group.iter().enumerate() {
+        mask |= u32::from(v >= n) << k;
+    }
+    (mask != 0).then(|| mask.trailing_zeros() as usize)
 }
 
 impl MaxTree {
+    fn leaves(&self) -> usize {
+        self.levels.first().map_or(0, Vec::len)
+    }
+
     fn ensure(&mut self, leaf: usize) {
-        if leaf < self.cap {
+        if leaf < self.leaves() {
             return;
         }
-        let cap = (leaf + 1).next_power_of_two().max(16);
-        let mut t = vec![0; 2 * cap];
-        if self.cap > 0 {
-            t[cap..cap + self.cap].copy_from_slice(&self.t[self.cap..]);
+        let mut cap = FAN;
+        while cap <= leaf {
+            cap *= FAN;
         }
-        for i in (1..cap).rev() {
-            t[i] = t[2 * i].max(t[2 * i + 1]);
+        let mut leaves = vec![0; cap];
+        if let Some(old) = self.levels.first() {
+            leaves[..old.len()].copy_from_slice(old);
         }
-        self.cap = cap;
-        self.t = t;
+        let mut levels = vec![leaves];
+        while levels.last().is_some_and(|l| l.len() > FAN) {
+            let below = levels.last().map_or(&[][..], Vec::as_slice);
+            let above = below
+                .chunks(FAN)
+                .map(|g| g.iter().copied().max().unwrap_or(0))
+                .collect();
+            levels.push(above);
+        }
+        self.levels = levels;
     }
 
     fn set(&mut self, leaf: usize, v: u32) {
-        let mut i = self.cap + leaf;
-        if self.t[i] == v {
-            return;
-        }
-        self.t[i] = v;
-        while i > 1 {
-            i /= 2;
-            let m = self.t[2 * i].max(self.t[2 * i + 1]);
-            if self.t[i] == m {
-                break;
+        let (mut i, mut new) = (leaf, v);
+        let mut old = std::mem::replace(&mut self.levels[0][i], v);
+        for k in 1..self.levels.len() {
+            let parent = i / FAN;
+            let cur = self.levels[k][parent];
+            let m = if new >= cur {
+                // A raise (or a tie) sets the parent without looking at the siblings.
+                new
+            } else if old < cur {
+                // The child was not the maximum before and is less now: nothing changes above.
+                return;
+            } else {
+                let below = &self.levels[k - 1][parent * FAN..parent * FAN + FAN];
+                below.iter().copied().max().unwrap_or(0)
+            };
+            if m == cur {
+                return;
             }
-            self.t[i] = m;
+            self.levels[k][parent] = m;
+            (i, old, new) = (parent, cur, m);
         }
     }
 
     fn first_at_least(&self, n: u32) -> Option<usize> {
-        if self.cap == 0 || self.t[1] < n {
-            return None;
+        let mut levels = self.levels.iter().rev();
+        let mut i = first_at_least(levels.next()?, n)?;
+        for level in levels {
+            i = i * FAN + first_at_least(&level[i * FAN..i * FAN + FAN], n)?;
         }
-        let mut i = 1;
-        while i < self.cap {
-            i = if self.t[2 * i] >= n { 2 * i } else { 2 * i + 1 };
-        }
-        Some(i - self.cap)
+        Some(i)
     }
 }
 
