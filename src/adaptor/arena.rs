@@ -1027,8 +1027,8 @@ impl Superblock {
 /// a few steps, each comparing 16 children at once (no branch per level to mispredict).
 #[derive(Debug, Default)]
 struct MaxTree {
-    /// `levels[0]` holds the leaves; each level above holds the maxima of 16 entries below;
-    /// the top level has 16 entries. Every level's length is a multiple of 16.
+    /// `levels[0]` holds the leaves; each level above holds the maxima of groups of 16 entries
+    /// below (padded with zeros to a multiple of 16); the top level has 16 entries.
     levels: Vec<Vec<u32>>,
 }
 
@@ -1054,21 +1054,18 @@ impl MaxTree {
         if leaf < self.leaves() {
             return;
         }
-        let mut cap = FAN;
-        while cap <= leaf {
-            cap *= FAN;
-        }
-        let mut leaves = vec![0; cap];
+        let round = |n: usize| n.div_ceil(FAN).max(1) * FAN;
+        let mut leaves = vec![0; round((leaf + 1).max(2 * self.leaves()))];
         if let Some(old) = self.levels.first() {
             leaves[..old.len()].copy_from_slice(old);
         }
         let mut levels = vec![leaves];
-        while levels.last().is_some_and(|l| l.len() > FAN) {
-            let below = levels.last().map_or(&[][..], Vec::as_slice);
-            let above = below
+        while let Some(below) = levels.last().filter(|l| l.len() > FAN) {
+            let mut above: Vec<u32> = below
                 .chunks(FAN)
                 .map(|g| g.iter().copied().max().unwrap_or(0))
                 .collect();
+            above.resize(round(above.len()), 0);
             levels.push(above);
         }
         self.levels = levels;
