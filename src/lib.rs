@@ -63,7 +63,7 @@
 //! ## Modules
 //!
 //! * [`property`]: the property markers and [`Accessible`].
-//! * [`resource`]: [`MemoryResource`], [`Layer`](resource::Layer), [`AllocError`].
+//! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
 //! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
 //! * [`container`]: typed containers with cudarc interop.
 
@@ -116,3 +116,8 @@ pub mod prelude {
     };
     pub use mrstack_macros::resource_stack;
 }
+
+/// The README's examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
