@@ -234,7 +234,7 @@ pub fn random(config: &RandomConfig) -> Workload {
     let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(config.seed);
     let max_size = config.max_size.min(config.max_live).max(1);
     let percent = config.alloc_percent.min(100);
-    let mut ops = Vec::with_capacity(config.allocations * 2);
+    let mut ops = Vec::with_capacity(config.allocations.saturating_mul(2));
     let mut live: Vec<(usize, usize)> = Vec::new();
     let (mut live_bytes, mut peak_live, mut made) = (0usize, 0usize, 0usize);
     while made < config.allocations {
