@@ -66,6 +66,7 @@
 //! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
 //! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
 //! * [`container`]: typed containers with cudarc interop.
+//! * [`workload`] and [`trace`]: workloads and RMM logs to replay and measure stacks with.
 
 #![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -78,7 +79,9 @@ pub mod layer;
 pub mod property;
 pub mod resource;
 pub mod stream;
+pub mod trace;
 pub mod upstream;
+pub mod workload;
 
 pub use container::{DeviceBox, DeviceVec, PinnedVec};
 pub use property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
