@@ -64,7 +64,14 @@ impl<U: MemoryResource> Layer<U> for BinningConfig {
     }
 }
 
-/// Power-of-two bins over an upstream resource `U`; see the [module docs](self).
+/// Power-of-two bins over an upstream resource `U`.
+///
+/// Requests of at most [`BinningConfig::max`] bytes (aligned to at most 256) take a block of the
+/// smallest power-of-two bin that holds them: a pop or push on that bin's free list under its own
+/// mutex. Bins are refilled from the upstream in chunks that double what the bin holds, up to 128
+/// blocks at a time. Larger or over-aligned requests go to the upstream, which the bins share
+/// (typically a [`Pool`](crate::adaptor::Pool)). Free blocks are kept per stream, handed to another
+/// stream only after `upstream.order_after`. Everything goes back to the upstream on drop.
 ///
 /// ```
 /// use mrstack::prelude::*;

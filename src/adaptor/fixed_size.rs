@@ -57,7 +57,14 @@ impl<U: MemoryResource> Layer<U> for FixedSizeConfig {
     }
 }
 
-/// Blocks of one size over an upstream resource `U`; see the [module docs](self).
+/// Blocks of one size over an upstream resource `U`.
+///
+/// Takes chunks of [`FixedSizeConfig::blocks_to_preallocate`] blocks from the upstream (one when
+/// built, one more whenever the free list runs dry) and serves each request of at most
+/// [`block_size`](Self::block_size) bytes with a whole block: a pop or push on a free list under
+/// a mutex. Blocks are 256-byte aligned; larger or over-aligned requests are refused. Free blocks
+/// are kept per stream; another stream takes them only after `upstream.order_after`. Chunks go
+/// back to the upstream on drop.
 ///
 /// ```
 /// use mrstack::prelude::*;

@@ -68,7 +68,14 @@ impl<U: MemoryResource> Layer<U> for PoolConfig {
     }
 }
 
-/// A coalescing best-fit pool over an upstream resource `U`; see the [module docs](self).
+/// A coalescing best-fit pool over an upstream resource `U`.
+///
+/// Best fit and coalescing in O(log n) per operation (B-trees of free blocks by size and by
+/// address, per stream); grows from the upstream in chunks up to [`PoolConfig::max`], doubling,
+/// and near the maximum by exactly what is left; never merges blocks of two upstream chunks.
+/// Blocks freed on one stream go to another only after `upstream.order_after`. Guarantees 256-byte
+/// alignment and honours larger requested ones. Every chunk goes back to the upstream on drop, or
+/// earlier through [`release`](Self::release) once wholly free. `Sync` when `U` is.
 ///
 /// ```
 /// use mrstack::prelude::*;
