@@ -27,7 +27,8 @@
 
 use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
 use crate::stream::StreamRef;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasher, Hasher};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
@@ -134,10 +135,47 @@ struct StreamFree {
     by_size: BTreeSet<(usize, usize)>,
 }
 
+/// Hashes addresses (multiples of 256) for the neighbour maps: one multiply and a fold, instead
+/// of SipHash, whose flooding resistance buys nothing for keys the pool makes itself.
+#[derive(Debug, Clone, Copy, Default)]
+struct AddrHash;
+
+#[derive(Debug, Default)]
+struct AddrHasher(u64);
+
+impl BuildHasher for AddrHash {
+    type Hasher = AddrHasher;
+    fn build_hasher(&self) -> AddrHasher {
+        AddrHasher(0)
+    }
+}
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        // The table indexes by the low bits and tags by the top ones: fold the well-mixed high
+        // half of the product onto the low half so both are good.
+        let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type AddrMap<V> = HashMap<usize, V, AddrHash>;
+
 #[derive(Debug, Default)]
 struct State {
-    /// Every free block by address, with the stream it belongs to: the neighbour index.
-    by_addr: BTreeMap<usize, Free>,
+    /// Every free block by start address, with its size and stream.
+    starts: AddrMap<Free>,
+    /// Every free block by end address, with its start: with `starts`, a freed block finds both
+    /// its neighbours in two lookups.
+    ends: AddrMap<usize>,
     /// One best-fit index per stream that has free blocks; few streams, so a short vector.
     lists: Vec<StreamFree>,
     /// Upstream allocations by address: coalescing stops at their starts.
@@ -160,76 +198,74 @@ impl State {
         }
     }
 
+    /// Records a free block in the three indexes (`li` is its stream's list).
+    fn insert(&mut self, li: usize, addr: usize, size: usize) {
+        let stream = self.lists[li].stream;
+        self.starts.insert(addr, Free { size, stream });
+        self.ends.insert(addr + size, addr);
+        self.lists[li].by_size.insert((size, addr));
+    }
+
     /// Adds a chunk taken from the upstream as one free block on `stream`.
     fn add_chunk(&mut self, addr: usize, size: usize, stream: StreamRef) {
         self.chunks.insert(addr, Chunk { size, stream });
         self.pool_size += size;
         let li = self.list_index(stream);
-        self.by_addr.insert(addr, Free { size, stream });
-        self.lists[li].by_size.insert((size, addr));
+        self.insert(li, addr, size);
     }
 
     /// Makes `[addr, addr + size)` free on `stream`, merged with same-stream free neighbours in its chunk.
-    fn free(&mut self, addr: usize, mut size: usize, stream: StreamRef) {
+    fn free(&mut self, addr: usize, size: usize, stream: StreamRef) {
         let li = self.list_index(stream);
-        let by_size = &mut self.lists[li].by_size;
-        let end = addr + size;
-        if let Some(next) = self.by_addr.get(&end).copied() {
+        let (mut start, mut end) = (addr, addr + size);
+        if let Some(&next) = self.starts.get(&end) {
             if next.stream == stream && !self.chunks.contains_key(&end) {
-                self.by_addr.remove(&end);
-                by_size.remove(&(next.size, end));
-                size += next.size;
+                self.starts.remove(&end);
+                self.ends.remove(&(end + next.size));
+                self.lists[li].by_size.remove(&(next.size, end));
+                end += next.size;
             }
         }
-        if let Some((&prev_addr, prev)) = self.by_addr.range_mut(..addr).next_back() {
-            if prev_addr + prev.size == addr
-                && prev.stream == stream
-                && !self.chunks.contains_key(&addr)
-            {
-                by_size.remove(&(prev.size, prev_addr));
-                prev.size += size;
-                by_size.insert((prev.size, prev_addr));
-                return;
+        if let Some(&prev) = self.ends.get(&addr) {
+            let p = self.starts[&prev];
+            if p.stream == stream && !self.chunks.contains_key(&addr) {
+                self.starts.remove(&prev);
+                self.ends.remove(&addr);
+                self.lists[li].by_size.remove(&(p.size, prev));
+                start = prev;
             }
         }
-        self.by_addr.insert(addr, Free { size, stream });
-        by_size.insert((size, addr));
+        self.insert(li, start, end - start);
     }
 
     /// Takes the best-fitting free block of list `li` for `size` bytes (a granule multiple) at
-    /// `align` (at least a granule), carving the block from its end so that the remainder keeps its
-    /// address and needs one index update, not a removal and an insertion.
+    /// `align` (at least a granule), carving the block from its end.
     fn take(&mut self, li: usize, size: usize, align: usize) -> Option<usize> {
         // Free blocks start at granule multiples, so `align - GRANULE` bytes of slack always
         // suffice to place an aligned block.
         let need = size + (align - GRANULE);
-        let list = &mut self.lists[li];
-        let &(free_size, addr) = list.by_size.range((need, 0)..).next()?;
-        list.by_size.remove(&(free_size, addr));
+        let by_size = &mut self.lists[li].by_size;
+        let &(free_size, addr) = by_size.range((need, 0)..).next()?;
+        by_size.remove(&(free_size, addr));
         let end = addr + free_size;
         let start = (end - size) & !(align - 1);
-        let before = start - addr;
-        let after = end - (start + size);
+        let (before, after) = (start - addr, end - (start + size));
+        self.ends.remove(&end);
         if before == 0 {
-            self.by_addr.remove(&addr);
+            self.starts.remove(&addr);
         } else {
-            if let Some(f) = self.by_addr.get_mut(&addr) {
+            // The piece in front keeps its start: one size update instead of a removal and an
+            // insertion in `starts`.
+            if let Some(f) = self.starts.get_mut(&addr) {
                 f.size = before;
             }
-            list.by_size.insert((before, addr));
+            self.ends.insert(start, addr);
+            by_size.insert((before, addr));
         }
         if after > 0 {
-            // The block's successor is not a same-stream free block of this chunk (it would have
-            // been merged), so the slack behind the carved block needs no coalescing.
-            let stream = list.stream;
-            list.by_size.insert((after, start + size));
-            self.by_addr.insert(
-                start + size,
-                Free {
-                    size: after,
-                    stream,
-                },
-            );
+            // The carved block's successor is not a same-stream free block of this chunk (it
+            // would have been merged), so the slack behind it needs no coalescing.
+            self.insert(li, start + size, after);
         }
         Some(start)
     }
@@ -245,56 +281,60 @@ impl State {
     fn merge(&mut self, from: usize, to: StreamRef) {
         let list = self.lists.swap_remove(from);
         for (size, addr) in list.by_size {
-            self.by_addr.remove(&addr);
+            self.starts.remove(&addr);
+            self.ends.remove(&(addr + size));
             self.free(addr, size, to);
         }
     }
 
-    /// The starts of the chunks that are wholly free (blocks never straddle chunks, so a chunk is
-    /// wholly free when the free blocks inside it add up to its size).
-    fn free_chunks(&self) -> Vec<usize> {
-        self.chunks
-            .iter()
-            .filter(|&(&start, c)| {
-                self.by_addr
-                    .range(start..start + c.size)
-                    .map(|(_, f)| f.size)
-                    .sum::<usize>()
-                    == c.size
-            })
-            .map(|(&start, _)| start)
-            .collect()
-    }
-
-    /// The streams of the free blocks inside chunk `start`, each once.
-    fn streams_in(&self, start: usize) -> Vec<StreamRef> {
-        let size = self.chunks.get(&start).map_or(0, |c| c.size);
-        let mut streams: Vec<StreamRef> = Vec::new();
-        for (_, f) in self.by_addr.range(start..start + size) {
-            if !streams.contains(&f.stream) {
-                streams.push(f.stream);
+    /// For each chunk, the free bytes inside it and the streams they were freed on (blocks never
+    /// straddle chunks, so a chunk is wholly free when its free bytes add up to its size).
+    /// O(n log c) for n free blocks in c chunks: for `release` and drop, not the hot path.
+    fn census(&self) -> BTreeMap<usize, (usize, Vec<StreamRef>)> {
+        let mut census: BTreeMap<usize, (usize, Vec<StreamRef>)> = BTreeMap::new();
+        for (&addr, f) in &self.starts {
+            if let Some((&chunk, _)) = self.chunks.range(..=addr).next_back() {
+                let (bytes, streams) = census.entry(chunk).or_default();
+                *bytes += f.size;
+                if !streams.contains(&f.stream) {
+                    streams.push(f.stream);
+                }
             }
         }
-        streams
+        census
     }
 
-    /// Forgets chunk `start` and the free blocks inside it.
-    fn remove_chunk(&mut self, start: usize) -> Option<Chunk> {
-        let chunk = self.chunks.remove(&start)?;
-        let inside: Vec<(usize, Free)> = self
-            .by_addr
-            .range(start..start + chunk.size)
+    /// Forgets the chunks starting at `removed` and the free blocks inside them; returns them.
+    fn remove_chunks(&mut self, removed: &[usize]) -> Vec<(usize, Chunk)> {
+        let chunks = &self.chunks;
+        let inside = |addr: usize| {
+            chunks
+                .range(..=addr)
+                .next_back()
+                .is_some_and(|(c, _)| removed.contains(c))
+        };
+        let gone: Vec<(usize, Free)> = self
+            .starts
+            .iter()
+            .filter(|&(&a, _)| inside(a))
             .map(|(&a, &f)| (a, f))
             .collect();
-        for (addr, f) in inside {
-            self.by_addr.remove(&addr);
+        for (addr, f) in gone {
+            self.starts.remove(&addr);
+            self.ends.remove(&(addr + f.size));
             if let Some(l) = self.lists.iter_mut().find(|l| l.stream == f.stream) {
                 l.by_size.remove(&(f.size, addr));
             }
         }
         self.lists.retain(|l| !l.by_size.is_empty());
-        self.pool_size -= chunk.size;
-        Some(chunk)
+        let mut out = Vec::with_capacity(removed.len());
+        for &start in removed {
+            if let Some(c) = self.chunks.remove(&start) {
+                self.pool_size -= c.size;
+                out.push((start, c));
+            }
+        }
+        out
     }
 }
 
@@ -360,7 +400,7 @@ impl<U: MemoryResource> Pool<U> {
         PoolStats {
             pool_size: st.pool_size,
             allocated: st.allocated,
-            free_blocks: st.by_addr.len(),
+            free_blocks: st.starts.len(),
             chunks: st.chunks.len(),
         }
     }
@@ -381,27 +421,29 @@ impl<U: MemoryResource> Pool<U> {
     }
 
     fn release_locked(&self, st: &mut State) -> usize {
-        let mut released = 0;
-        for start in st.free_chunks() {
-            let Some(&chunk) = st.chunks.get(&start) else {
+        let mut released = Vec::new();
+        for (start, (free, streams)) in st.census() {
+            let chunk = st.chunks[&start];
+            if free != chunk.size {
                 continue;
-            };
-            let ordered = st
-                .streams_in(start)
+            }
+            let ordered = streams
                 .into_iter()
                 .filter(|&s| s != chunk.stream)
                 .try_for_each(|s| self.upstream.order_after(chunk.stream, s));
-            if ordered.is_err() {
-                continue;
+            if ordered.is_ok() {
+                released.push(start);
             }
-            st.remove_chunk(start);
-            released += chunk.size;
+        }
+        let mut bytes = 0;
+        for (start, chunk) in st.remove_chunks(&released) {
+            bytes += chunk.size;
             // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE, chunk.stream)`,
             // is wholly free (no live block inside it), and was just forgotten, so it is given
             // back once; its stream is ordered after every stream that freed a block inside it.
             unsafe { self.give_back(start, chunk) };
         }
-        released
+        bytes
     }
 
     /// # Safety
@@ -548,20 +590,20 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
 
 impl<U: MemoryResource> Drop for Pool<U> {
     fn drop(&mut self) {
-        let mut st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let chunks: Vec<(usize, Chunk)> = st.chunks.iter().map(|(&a, &c)| (a, c)).collect();
-        for (start, chunk) in chunks {
-            for s in st.streams_in(start) {
+        let st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let mut census = st.census();
+        for (start, chunk) in st.chunks {
+            let streams = census.remove(&start).map(|(_, s)| s).unwrap_or_default();
+            for s in streams {
                 if s != chunk.stream && self.upstream.order_after(chunk.stream, s).is_err() {
                     // No event: wait for the stream instead; a failure here leaves nothing
                     // better to do than give the memory back.
                     let _ = self.upstream.synchronize(s);
                 }
             }
-            st.remove_chunk(start);
             // SAFETY: the chunk came from the upstream with this size, and the pool, being
-            // dropped, hands out none of it any more; it is forgotten before being given back,
-            // so once. Its stream is ordered after every stream that freed a block inside it.
+            // dropped, hands out none of it any more; each chunk is visited once. Its stream is
+            // ordered after every stream that freed a block inside it.
             unsafe { self.give_back(start, chunk) };
         }
     }
