@@ -304,6 +304,9 @@ impl Bin {
         align: usize,
         name: &'static str,
     ) -> Result<usize, AllocError> {
+        // Streams whose free blocks are all in use keep empty lists; drop them here, off the hot
+        // path, so that short-lived streams do not lengthen the list scan.
+        self.lists.retain(|(s, l)| *s == stream || !l.is_empty());
         let li = self.list_index(stream);
         if let Some(addr) = self.lists[li].1.pop() {
             return Ok(addr);

@@ -14,7 +14,9 @@
 //! **Streams.** Like RMM, a block freed on stream `S` is handed out again at once to work on `S`.
 //! Another stream `T` may take it only after `upstream.order_after(T, S)` (CUDA leaves record an event
 //! on `S` and make `T` wait on it); the pool then moves all of `S`'s free blocks to `T`, since the one
-//! wait orders all of them, so a second request on `T` needs no second wait.
+//! wait orders all of them, so a second request on `T` needs no second wait. The initial
+//! reservation belongs to the default stream, as in RMM; a chunk grown for a request belongs to
+//! the request's stream.
 //!
 //! **What it costs.** Allocation and deallocation are a handful of B-tree operations under one
 //! mutex: O(log n) in the number of free blocks, no scan. Sizes are rounded up to 256 bytes.
@@ -547,6 +549,10 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
         let addr = match st.take(li, block, align) {
             Some(addr) => addr,
             None => {
+                // Streams whose free blocks are all in use keep empty lists; drop them here, off
+                // the hot path, so that short-lived streams do not lengthen the list scan.
+                st.lists
+                    .retain(|l| l.stream == stream || !l.by_size.is_empty());
                 if let Some(other) = st.other_with_fit(stream, need) {
                     self.upstream.order_after(stream, st.lists[other].stream)?;
                     st.merge(other, stream);
