@@ -1,3 +1,7 @@
 //! The configurations `resource_stack!` builds adaptors from, under the names the macro's lines use
 //! (`Pool { max: 8 GiB }` is `layer::Pool { max: 8 << 30, ..Default::default() }`). Each implements
 //! [`Layer`](crate::resource::Layer) over any suitable upstream.
+
+pub use crate::adaptor::BinningConfig as Binning;
+pub use crate::adaptor::FixedSizeConfig as FixedSize;
+pub use crate::adaptor::PoolConfig as Pool;
