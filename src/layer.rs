@@ -3,3 +3,6 @@
 //! [`Layer`](crate::resource::Layer) over any suitable upstream.
 
 pub use crate::adaptor::ArenaConfig as Arena;
+pub use crate::adaptor::BinningConfig as Binning;
+pub use crate::adaptor::FixedSizeConfig as FixedSize;
+pub use crate::adaptor::PoolConfig as Pool;

@@ -63,9 +63,10 @@
 //! ## Modules
 //!
 //! * [`property`]: the property markers and [`Accessible`].
-//! * [`resource`]: [`MemoryResource`], [`Layer`](resource::Layer), [`AllocError`].
+//! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
 //! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
 //! * [`container`]: typed containers with cudarc interop.
+//! * [`workload`] and [`trace`]: workloads and RMM logs to replay and measure stacks with.
 
 #![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -78,7 +79,9 @@ pub mod layer;
 pub mod property;
 pub mod resource;
 pub mod stream;
+pub mod trace;
 pub mod upstream;
+pub mod workload;
 
 pub use container::{DeviceBox, DeviceVec, PinnedVec};
 pub use property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
@@ -107,7 +110,7 @@ pub use mrstack_macros::resource_stack;
 
 /// The names a user of mrstack needs, in one `use`.
 pub mod prelude {
-    pub use crate::adaptor::{Arena, ArenaConfig};
+    pub use crate::adaptor::{Arena, Binning, FixedSize, Pool};
     pub use crate::container::{DeviceBox, DeviceVec, PinnedVec};
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
     pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
@@ -117,3 +120,8 @@ pub mod prelude {
     };
     pub use mrstack_macros::resource_stack;
 }
+
+/// The README's examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

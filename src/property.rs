@@ -41,30 +41,36 @@ pub struct Migratable;
 /// needs_device::<Cuda>();
 /// needs_device::<std::sync::Arc<Managed>>(); // references and Arcs forward their resource's
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not give {P} memory",
+    label = "this resource's memory is not {P}",
+    note = "kernels dereference only DeviceAccessible memory: DeviceBox and DeviceVec need it; PinnedVec and host access (as_host_slice, Deref) need HostAccessible too; Prefetch needs Migratable (managed) memory",
+    note = "pick a resource that has the property (Cuda, CudaAsync, Pinned, Managed for DeviceAccessible; System, Pinned, Managed for HostAccessible; Managed for Migratable), or an adaptor stack over one"
+)]
 pub trait Accessible<P> {}
 
-/// The check behind [`Accessible`]: implemented only for the bit `B1`, so that a resource whose
-/// bit is `B0` fails with a message naming the resource and the property it lacks.
-#[diagnostic::on_unimplemented(
-    message = "`{R}` does not give {P} memory",
-    label = "this resource's memory is not {P}",
-    note = "kernels dereference only DeviceAccessible memory: DeviceBox and DeviceVec need it; PinnedVec and host access (as_slice, Deref) need HostAccessible; Prefetch needs Migratable (managed) memory",
-    note = "pick a resource that has the property (Cuda, CudaAsync, Pinned, Managed for DeviceAccessible; System, Pinned, Managed for HostAccessible), or an adaptor stack over one"
-)]
+/// The check behind [`Accessible`]: implemented only for the bit `B1`. An implementation detail,
+/// public because the blanket impls name it.
+#[doc(hidden)]
 pub trait Gives<P, R: ?Sized> {}
 
 impl<P, R: ?Sized> Gives<P, R> for B1 {}
 
+// `do_not_recommend` makes a failure read as "`System` does not give DeviceAccessible memory"
+// rather than as a trait-solver trail through typenum bits.
+#[diagnostic::do_not_recommend]
 impl<R: MemoryResource + ?Sized> Accessible<HostAccessible> for R where
     R::Host: Gives<HostAccessible, R>
 {
 }
 
+#[diagnostic::do_not_recommend]
 impl<R: MemoryResource + ?Sized> Accessible<DeviceAccessible> for R where
     R::Device: Gives<DeviceAccessible, R>
 {
 }
 
+#[diagnostic::do_not_recommend]
 impl<R: MemoryResource + ?Sized> Accessible<Migratable> for R where R::Managed: Gives<Migratable, R> {}
 
 impl<R: ?Sized, A, B> Accessible<(A, B)> for R where R: Accessible<A> + Accessible<B> {}

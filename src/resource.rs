@@ -309,7 +309,6 @@ impl std::fmt::Display for AllocErrorKind {
 
 /// A failed allocation or resource construction: what failed, for which request, in which resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{resource}: {kind} (requested {size} bytes, alignment {align})")]
 pub struct AllocError {
     /// What went wrong.
     pub kind: AllocErrorKind,
@@ -319,6 +318,21 @@ pub struct AllocError {
     pub align: usize,
     /// The name of the resource that failed.
     pub resource: &'static str,
+}
+
+impl std::fmt::Display for AllocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.resource, self.kind)?;
+        // Constructors fail with no request: size and alignment 0 say nothing then.
+        if self.size != 0 || self.align != 0 {
+            write!(
+                f,
+                " (requested {} bytes, alignment {})",
+                self.size, self.align
+            )?;
+        }
+        Ok(())
+    }
 }
 
 impl AllocError {

@@ -14,6 +14,7 @@ fn gpu() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
     }
 }
 
+use mrstack::adaptor::ArenaConfig;
 use mrstack::prelude::*;
 use mrstack::resource::AllocError;
 use proptest::prelude::*;
@@ -697,169 +698,54 @@ impl Rng {
     }
 }
 
-/// The issue's *random* workload: 10,000 allocations uniform in [1 B, 1 MiB], allocating with
-/// probability 73% (while live bytes stay under 8 GiB), else freeing a random live block.
-fn random_workload(seed: u64) -> Vec<(bool, usize)> {
-    let mut rng = Rng(seed);
-    let (mut made, mut live, mut bytes, mut ops) = (0, Vec::new(), 0usize, Vec::new());
-    while made < 10_000 {
-        if live.is_empty() || (rng.below(100) < 73 && bytes < 8 << 30) {
-            let n = 1 + rng.below(MIB);
-            live.push((made, n));
-            ops.push((true, n));
-            bytes += n;
-            made += 1;
-        } else {
-            let (id, n) = live.swap_remove(rng.below(live.len()));
-            ops.push((false, id));
-            bytes -= n;
-        }
-    }
-    ops.extend(live.into_iter().map(|(id, _)| (false, id)));
-    ops
-}
-
-fn replay_random<R: MemoryResource>(mr: &R, ops: &[(bool, usize)]) {
-    let mut ptrs: Vec<(NonNull<u8>, usize)> = Vec::with_capacity(10_000);
-    for &(alloc, x) in ops {
-        if alloc {
-            ptrs.push((mr.allocate(x, 256, D).unwrap(), x));
-        } else {
-            let (p, n) = ptrs[x];
-            // SAFETY: p came from mr with this size.
-            unsafe { mr.deallocate(p, n, 256, D) };
-        }
-    }
-}
-
+/// Aggregate throughput of `THREADS` threads (default 1) replaying the random workload
+/// through one shared arena, each on the default stream (so each in its own thread arena).
 #[test]
-#[ignore = "measurement: cargo test --release --test arena -- --ignored --nocapture"]
-fn measure_random_workload() {
+#[ignore = "measurement: THREADS=8 cargo test --release --test arena -- --ignored --nocapture"]
+fn measure_random_workload_threads() {
+    use mrstack::workload::{random, RandomConfig, Replayer};
     let threads: usize = std::env::var("THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let sim = Simulated::new(1 << 46);
-    let arena = Arena::new(&sim, config(threads * (12 << 30), 4 * MIB));
-    let workloads: Vec<_> = (0..threads as u64)
-        .map(|t| random_workload(42 + t))
-        .collect();
-    let per_thread_ops = workloads[0].len();
     let passes: usize = std::env::var("PASSES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(6);
-    let mut times = Vec::new();
-    for pass in 0..passes.max(6) {
-        let t0 = std::time::Instant::now();
-        std::thread::scope(|s| {
-            for w in &workloads {
-                let arena = &arena;
-                s.spawn(move || replay_random(arena, w));
-            }
-        });
-        let ns = t0.elapsed().as_nanos() as f64 / (per_thread_ops * threads) as f64;
-        if pass > 0 {
-            times.push(ns);
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    println!(
-        "random workload, {threads} thread(s): median {:.1} ns/op aggregate over {} ops/thread",
-        times[times.len() / 2],
-        per_thread_ops
-    );
-}
-
-fn load_trace() -> Option<Vec<(bool, usize, usize)>> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/traces/resnet50_train.csv.gz"
-    );
-    let out = std::process::Command::new("zcat").arg(path).output().ok()?;
-    let text = String::from_utf8(out.stdout).ok()?;
-    let mut ids = std::collections::HashMap::new();
-    let mut ops = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        let size: usize = f[4].parse().ok()?;
-        if f[2] == "allocate" {
-            ids.insert(f[3].to_string(), (ops.len(), size));
-            ops.push((true, size, 0));
-        } else {
-            let (id, size) = ids.remove(f[3])?;
-            ops.push((false, size, id));
-        }
-    }
-    Some(ops)
-}
-
-fn replay_trace<R: MemoryResource>(mr: &R, ops: &[(bool, usize, usize)]) -> bool {
-    let mut ptrs = vec![None; ops.len()];
-    let mut ok = true;
-    for (i, &(alloc, size, id)) in ops.iter().enumerate() {
-        if alloc {
-            match mr.allocate(size, 256, D) {
-                Ok(p) => ptrs[i] = Some(p),
-                Err(_) => {
-                    ok = false;
-                    break;
-                }
-            }
-        } else if let Some(p) = ptrs[id].take() {
-            // SAFETY: p came from mr with this size.
-            unsafe { mr.deallocate(p, size, 256, D) };
-        }
-    }
-    for (i, p) in ptrs.into_iter().enumerate() {
-        if let Some(p) = p {
-            // SAFETY: p came from mr with this size.
-            unsafe { mr.deallocate(p, ops[i].1, 256, D) };
-        }
-    }
-    ok
-}
-
-#[test]
-#[ignore = "measurement: cargo test --release --test arena -- --ignored --nocapture"]
-fn measure_resnet_trace() {
-    let Some(ops) = load_trace() else {
-        eprintln!("no trace at ../shared/traces");
-        return;
-    };
-    let (mut live, mut peak) = (0usize, 0usize);
-    for &(alloc, size, _) in &ops {
-        if alloc {
-            live += size;
-            peak = peak.max(live);
-        } else {
-            live -= size;
-        }
-    }
+        .unwrap_or(20);
+    let workloads: Vec<_> = (0..threads as u64)
+        .map(|t| {
+            random(&RandomConfig {
+                seed: 42 + t,
+                ..RandomConfig::default()
+            })
+        })
+        .collect();
     let sim = Simulated::new(1 << 46);
-    let (mut lo, mut hi) = (peak, 2 * peak);
-    while hi - lo > peak / 2000 {
-        let mid = (lo + hi) / 2;
-        if replay_trace(&Arena::new(&sim, config(mid, 4 * MIB)), &ops) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
+    let peak: usize = workloads.iter().map(|w| w.peak_live()).sum();
     let arena = Arena::new(&sim, config(2 * peak, 4 * MIB));
-    let mut times = Vec::new();
-    for pass in 0..6 {
-        let t0 = std::time::Instant::now();
-        assert!(replay_trace(&arena, &ops));
-        if pass > 0 {
-            times.push(t0.elapsed().as_nanos() as f64 / ops.len() as f64);
+    let ops: usize = workloads.iter().map(|w| w.ops().len()).sum();
+    let barrier = std::sync::Barrier::new(threads + 1);
+    let wall = std::thread::scope(|s| {
+        for w in &workloads {
+            let (arena, barrier) = (&arena, &barrier);
+            s.spawn(move || {
+                let mut r = Replayer::new(arena, w, w.default_streams()).unwrap();
+                r.pass().unwrap(); // warm-up: the arena takes its superblocks
+                barrier.wait();
+                for _ in 0..passes {
+                    r.pass().unwrap();
+                }
+                barrier.wait();
+            });
         }
-    }
-    times.sort_by(f64::total_cmp);
+        barrier.wait();
+        let t0 = std::time::Instant::now();
+        barrier.wait();
+        t0.elapsed()
+    });
     println!(
-        "resnet50 trace: {} ops, peak {peak} B, min capacity {:.4}, median {:.1} ns/op",
-        ops.len(),
-        hi as f64 / peak as f64,
-        times[2]
+        "random workload, {threads} thread(s), {passes} passes: {:.1} ns/op aggregate ({} ops/pass)",
+        wall.as_nanos() as f64 / (ops * passes) as f64,
+        ops
     );
 }

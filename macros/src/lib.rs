@@ -210,7 +210,13 @@ impl Stack {
                         }
                         Some(fields) => {
                             let fields = fields.iter().map(|(f, v)| quote!(#f: #v));
-                            quote_spanned!(span=> #path { #(#fields,)* ..::core::default::Default::default() })
+                            // A `let` so that the lint attribute is allowed: naming every field
+                            // makes the `..Default::default()` needless, which is fine here.
+                            quote_spanned!(span=> {
+                                #[allow(clippy::needless_update)]
+                                let config = #path { #(#fields,)* ..::core::default::Default::default() };
+                                config
+                            })
                         }
                     };
                     (config, span)

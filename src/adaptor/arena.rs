@@ -1,61 +1,12 @@
-//! `Arena<U>`: RMM's arena suballocator, made to scale with threads.
+//! `Arena<U>`: RMM's arena suballocator made to scale with threads: per-thread and per-stream
+//! arenas take superblocks from a global arena and serve small requests from them; the global
+//! arena serves large ones.
 //!
-//! The arena takes up to [`ArenaConfig::size`] bytes from its upstream (all at once, on the first
-//! allocation that needs memory) and splits them between a *global arena* and *local arenas*:
-//!
-//! * one local arena per thread for work on the default stream, and one per stream for other
-//!   streams. A local arena takes *superblocks* (chunks of [`ArenaConfig::superblock`] bytes,
-//!   aligned to their size) from the global arena and serves requests up to a quarter of a
-//!   superblock from them by address-ordered first fit, coalescing what is freed. A superblock that
-//!   becomes wholly free goes back to the global arena (each local arena keeps one empty superblock
-//!   at hand, so that a thread freeing and allocating at a boundary does not trade superblocks with
-//!   the global arena on every call);
-//! * the global arena serves larger requests itself, by best fit at 256-byte granularity with
-//!   coalescing, and hands out superblocks.
-//!
-//! When a request cannot be met, the arena first grows (up to `size`), then asks every local arena
-//! to give back its empty superblocks, then serves a small request from the global arena directly,
-//! and only then fails with [`AllocErrorKind::OutOfMemory`].
-//!
-//! # Cost
-//!
-//! A small request on the default stream looks up the thread's arena in thread-local storage and
-//! takes that arena's own lock, which no other thread takes unless it frees memory this thread
-//! allocated: no global lock, no shared counter. Finding the first superblock that fits is a walk
-//! down a max-tree over superblock-sized windows (O(log n)); inside a superblock, first fit scans
-//! its free blocks. A deallocation finds the owner of a pointer from a per-window table, without
-//! any lock but the owner's. Large requests and superblock exchanges take the global lock
-//! (O(log n) in the number of free ranges). Host memory: each local arena keeps 12 bytes per
-//! superblock-sized window of the arena (48 KiB for a 16 GiB arena with 4 MiB superblocks).
-//!
-//! # Streams
-//!
-//! Memory freed on a stream is reused at once by that stream's arena. Memory that changes streams
-//! is ordered with the upstream's [`order_after`](MemoryResource::order_after), without blocking
-//! the host: a block freed on another stream than its arena's orders the arena's stream after the
-//! freeing stream; memory returned to the global arena is tagged with the streams that freed it, and
-//! whoever takes it next is ordered after them.
-//!
-//! # Upstream
-//!
-//! Any resource: the arena asks it for superblock-aligned memory and falls back to 256-byte or
-//! natural alignment when the upstream refuses that alignment as unsupported. Every byte taken
-//! goes back to the upstream when the arena is dropped, whatever is still allocated.
-//!
-//! ```
-//! use mrstack::prelude::*;
-//!
-//! # fn main() -> Result<(), AllocError> {
-//! let gpu = Simulated::new(1 << 30);
-//! let mr = resource_stack![&gpu, Arena { size: 256 MiB }];
-//! let p = mr.allocate(1000, 256, StreamRef::DEFAULT)?;
-//! assert_eq!(mr.arena_size(), 256 << 20); // reserved on first use
-//! // SAFETY: p came from mr with this size and alignment.
-//! unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
-//! drop(mr);
-//! assert_eq!(gpu.in_use(), 0);
-//! # Ok(()) }
-//! ```
+//! Cost: a small request takes only its own arena's lock (found in thread-local storage), an
+//! O(log n) walk down a max-tree and a first-fit scan inside one superblock; a large one takes the
+//! global lock for an O(log n) best fit. Upstream: any resource, asked for superblock-aligned memory
+//! (256-byte or natural alignment where it refuses), all of it given back on drop. The whole story
+//! is on [`Arena`].
 
 use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
 use crate::stream::StreamRef;
@@ -111,8 +62,70 @@ impl<U: MemoryResource> Layer<U> for ArenaConfig {
     }
 }
 
-/// A global arena of memory from `U` with per-thread and per-stream arenas over it; see the
-/// [module documentation](self).
+/// A global arena of memory from `U` with per-thread and per-stream arenas over it.
+///
+/// The arena takes up to [`ArenaConfig::size`] bytes from its upstream (all at once, on the first
+/// allocation that needs memory) and splits them between a *global arena* and *local arenas*:
+///
+/// * one local arena per thread for work on the default stream, and one per stream for other
+///   streams. A local arena takes *superblocks* (chunks of [`ArenaConfig::superblock`] bytes,
+///   aligned to their size) from the global arena and serves requests up to a quarter of a
+///   superblock from them by address-ordered first fit, coalescing what is freed. A superblock that
+///   becomes wholly free goes back to the global arena; each local arena keeps one empty superblock
+///   at hand, so that a thread allocating and freeing at a boundary does not trade superblocks with
+///   the global arena on every call;
+/// * the global arena serves larger requests itself, by best fit at 256-byte granularity with
+///   coalescing, and hands out superblocks. Superblocks given back stay whole in a spare list for
+///   the next local arena that needs one; they merge into the free ranges when a large request
+///   finds no room.
+///
+/// When a request cannot be met, the arena grows (up to `size`), then asks every local arena to
+/// give back its empty superblocks, then serves a small request from the global arena directly,
+/// and only then fails with [`AllocErrorKind::OutOfMemory`]. A thread's arena outlives the thread:
+/// what it allocated may be freed later from anywhere, and the next new thread adopts the arena.
+///
+/// # Cost
+///
+/// A small request on the default stream finds the thread's arena in thread-local storage and
+/// takes that arena's own lock, which other threads take only to free memory this thread
+/// allocated: no global lock, no shared counter. The first superblock that fits is found by a walk
+/// down a 16-ary max-tree over superblock-sized windows (O(log n), three steps for 4096 windows);
+/// inside the superblock, first fit scans its free blocks. A deallocation finds the owner of its
+/// pointer in a per-window table, without any lock but the owner's. Exchanging a superblock with
+/// the global arena takes the global lock for a push or a pop; large requests take it for a best
+/// fit over the free ranges (O(log n)). Host memory: each local arena keeps 8 to 16 bytes per
+/// superblock-sized window of the arena (at most 64 KiB for 16 GiB with 4 MiB superblocks).
+///
+/// # Streams
+///
+/// Memory freed on a stream is reused at once by that stream's arena. Memory that changes streams
+/// is ordered with the upstream's [`order_after`](MemoryResource::order_after), without blocking
+/// the host: a block freed on another stream than its arena's orders the arena's stream after the
+/// freeing stream; memory returned to the global arena is tagged with the streams that freed it, and
+/// whoever takes it next is ordered after them. (A free range that merges memory of more than four
+/// streams synchronizes them instead.) Memory fresh from the upstream is synchronized once taken.
+///
+/// # Upstream
+///
+/// Any resource: the arena asks it for superblock-aligned memory and falls back to 256-byte or
+/// natural alignment when the upstream refuses that alignment as unsupported. Every byte taken
+/// goes back to the upstream when the arena is dropped, whatever is still allocated. The arena is
+/// `Sync` (one arena for all threads) when `U` is.
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let gpu = Simulated::new(1 << 30);
+/// let mr = resource_stack![&gpu, Arena { size: 256 MiB }];
+/// let p = mr.allocate(1000, 256, StreamRef::DEFAULT)?;
+/// assert_eq!(mr.arena_size(), 256 << 20); // reserved on first use
+/// // SAFETY: p came from mr with this size and alignment.
+/// unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+/// drop(mr);
+/// assert_eq!(gpu.in_use(), 0);
+/// # Ok(()) }
+/// ```
 pub struct Arena<U: MemoryResource> {
     upstream: U,
     max_size: usize,
@@ -1159,3 +1172,55 @@ static_assertions::assert_impl_all!(
 static_assertions::assert_impl_all!(Arena<&crate::Simulated>: Send, Sync);
 static_assertions::assert_not_impl_any!(Arena<crate::System>: crate::Accessible<crate::DeviceAccessible>);
 const _: () = assert!(crate::property::alignment_of::<Arena<crate::System>>() == 256);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The max-tree finds what a scan of its leaves finds, as it grows and changes.
+        #[test]
+        fn max_tree_finds_the_first_leaf_reaching_a_bound(
+            ops in prop::collection::vec((0usize..700, 0u32..50, 0u32..60), 1..200)
+        ) {
+            let mut tree = MaxTree::default();
+            let mut model = Vec::new();
+            for (leaf, value, bound) in ops {
+                tree.ensure(leaf);
+                if model.len() <= leaf {
+                    model.resize(leaf + 1, 0);
+                }
+                tree.set(leaf, value);
+                model[leaf] = value;
+                let want = model.iter().position(|&v| v >= bound);
+                prop_assert_eq!(tree.first_at_least(bound), want);
+            }
+        }
+    }
+
+    #[test]
+    fn superblock_first_fit_aligns_and_coalesces() {
+        let mut sb = Superblock {
+            base: 1 << 20,
+            window: 0,
+            chunk: 0,
+            free_units: 64,
+            free: vec![(0, 64)],
+        };
+        assert_eq!(sb.take(1, 256), Some(0));
+        // 4 KiB alignment skips to unit 16, leaving units 1..16 free before it.
+        assert_eq!(sb.take(2, 4096), Some(16));
+        assert_eq!(sb.free, [(1, 15), (18, 46)]);
+        assert_eq!(
+            sb.take(15, 256),
+            Some(1),
+            "first fit fills the hole exactly"
+        );
+        assert_eq!(sb.take(47, 256), None);
+        sb.give(1, 15);
+        sb.give(16, 2);
+        sb.give(0, 1);
+        assert_eq!((sb.free.as_slice(), sb.free_units), (&[(0, 64)][..], 64));
+    }
+}

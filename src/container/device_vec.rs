@@ -176,3 +176,5 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
 }
 
 cudarc_interop!(DeviceVec, buf where R: MemoryResource + Accessible<DeviceAccessible>);
+
+static_assertions::assert_impl_all!(DeviceVec<f32, crate::Cuda>: Send, Sync);

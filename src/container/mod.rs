@@ -112,6 +112,13 @@ static_assertions::assert_eq_size!(sys::CUdeviceptr, NonNull<u8>);
 
 impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
     fn drop(&mut self) {
+        // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on
+        // the stream: wait for the kernels and copies that may still touch it.
+        if <R::Host as typenum::Bit>::BOOL && self.bytes() > 0 {
+            if let Err(e) = self.resource.synchronize(StreamRef::from(&self.stream)) {
+                record_in_context(&self.stream, e);
+            }
+        }
         // SAFETY: ptr came from `allocate` on this resource with these bytes and T's alignment,
         // ordered on this stream, and is freed once.
         unsafe {
@@ -204,6 +211,15 @@ macro_rules! cudarc_interop {
     };
 }
 pub(crate) use cudarc_interop;
+
+/// Keeps a CUDA error from a call that cannot return one (`Drop`, `Deref`) in the stream's context,
+/// where cudarc keeps such errors for `CudaContext::check_err`.
+pub(crate) fn record_in_context(stream: &CudaStream, e: AllocError) {
+    if let AllocErrorKind::Cuda(code) = e.kind {
+        let err: Result<(), _> = Err(cudarc::driver::DriverError(code));
+        stream.context().record_err(err);
+    }
+}
 
 /// The error for a host slice whose length does not match the container's.
 pub(crate) fn length_mismatch(got: usize, resource: &'static str) -> AllocError {

@@ -107,10 +107,7 @@ where
     /// (`CudaContext::check_err`), where cudarc keeps the errors of calls that cannot return one.
     fn wait_for_device(&self) {
         if let Err(e) = self.synchronize() {
-            if let crate::AllocErrorKind::Cuda(code) = e.kind {
-                let ctx = self.buf.stream().context();
-                ctx.record_err::<()>(Err(cudarc::driver::DriverError(code)));
-            }
+            super::record_in_context(self.buf.stream(), e);
         }
     }
 
@@ -142,18 +139,6 @@ where
         self.wait_for_device();
         // SAFETY: as for `deref`; `&mut self` makes this the only access.
         unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) }
-    }
-}
-
-impl<T, R> Drop for PinnedVec<T, R>
-where
-    T: DeviceRepr,
-    R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
-{
-    fn drop(&mut self) {
-        // A copy out of pinned memory may still be in flight; host frees (cuMemFreeHost) are not
-        // stream-ordered, so wait first.
-        self.wait_for_device();
     }
 }
 
@@ -189,3 +174,5 @@ where
 }
 
 cudarc_interop!(PinnedVec, buf where R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>);
+
+static_assertions::assert_impl_all!(PinnedVec<u8, crate::Pinned>: Send, Sync);

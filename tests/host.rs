@@ -1,0 +1,185 @@
+//! Host-only tests of the foundation: request validation on every resource, zero-size requests,
+//! `&R` / `Arc<R>` forwarding, `resource_stack!` on leaves, and CUDA constructors without a driver.
+
+use mrstack::prelude::*;
+use mrstack::resource::dangling;
+use std::sync::Arc;
+
+const S: StreamRef = StreamRef::DEFAULT;
+
+/// Every rule of `MemoryResource` about bad input, checked on one resource.
+fn rejects_bad_input<R: MemoryResource>(r: &R) {
+    let name = r.name();
+    let e = r.allocate(64, 3, S).unwrap_err();
+    assert!(
+        matches!(e.kind, AllocErrorKind::InvalidArgument(_)),
+        "{name}: {e}"
+    );
+    assert_eq!((e.size, e.align, e.resource), (64, 3, name));
+    assert!(e.to_string().contains("power of two"), "{e}");
+
+    let e = r.allocate(64, 0, S).unwrap_err();
+    assert!(
+        matches!(e.kind, AllocErrorKind::InvalidArgument(_)),
+        "{name}: {e}"
+    );
+
+    let e = r.allocate(usize::MAX, 1, S).unwrap_err();
+    assert!(
+        matches!(e.kind, AllocErrorKind::InvalidArgument(_)),
+        "{name}: {e}"
+    );
+    assert!(e.to_string().contains("overflows"), "{e}");
+
+    let e = r.allocate(isize::MAX as usize, 1, S).unwrap_err();
+    assert!(
+        matches!(e.kind, AllocErrorKind::InvalidArgument(_)),
+        "{name}: {e}"
+    );
+}
+
+/// Size 0: a dangling pointer aligned to max(align, R::Alignment), no upstream call, free is a no-op.
+fn zero_size_is_dangling<R: MemoryResource>(r: &R) {
+    for align in [1usize, 8, 256, 4096] {
+        let p = r.allocate(0, align, S).unwrap();
+        let expect = align.max(mrstack::property::alignment_of::<R>());
+        assert_eq!(p, dangling(expect), "{} align {align}", r.name());
+        // SAFETY: p came from allocate(0, align).
+        unsafe { r.deallocate(p, 0, align, S) };
+    }
+}
+
+#[test]
+fn system_validates_requests() {
+    rejects_bad_input(&System::new());
+    zero_size_is_dangling(&System::new());
+}
+
+#[test]
+fn simulated_validates_requests() {
+    let sim = Simulated::new(1 << 20);
+    rejects_bad_input(&sim);
+    zero_size_is_dangling(&sim);
+    assert_eq!(
+        sim.allocation_count(),
+        0,
+        "zero-size requests must not reach the address space"
+    );
+}
+
+#[test]
+fn references_and_arcs_are_resources() {
+    let sim = Arc::new(Simulated::new(1 << 20));
+    rejects_bad_input(&sim);
+    rejects_bad_input(&&*sim);
+    let p = sim.allocate(100, 512, S).unwrap();
+    assert_eq!(p.as_ptr() as usize % 512, 0);
+    let by_ref: &Simulated = &sim;
+    assert_eq!(MemoryResource::name(&by_ref), "Simulated");
+    // SAFETY: p came from sim (through the Arc) with this size and align.
+    unsafe { MemoryResource::deallocate(&by_ref, p, 100, 512, S) };
+    assert_eq!(sim.in_use(), 0);
+}
+
+#[test]
+fn system_memory_is_real_and_aligned() {
+    let sys = System::new();
+    let mut ptrs = Vec::new();
+    for (i, align) in [1usize, 16, 64, 4096, 1 << 16].into_iter().enumerate() {
+        let size = 1000 + i * 77;
+        let p = sys.allocate_sync(size, align).unwrap();
+        assert_eq!(p.as_ptr() as usize % align.max(16), 0);
+        // SAFETY: p is `size` bytes of host memory owned by this test.
+        unsafe { p.as_ptr().write_bytes(i as u8, size) };
+        ptrs.push((p, size, align, i as u8));
+    }
+    for (p, size, align, fill) in ptrs {
+        // SAFETY: as above; no other block overlaps it, so the pattern survived.
+        let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), size) };
+        assert!(bytes.iter().all(|&b| b == fill));
+        // SAFETY: p came from sys with this size and align.
+        unsafe { sys.deallocate_sync(p, size, align) };
+    }
+}
+
+#[test]
+fn simulated_out_of_memory_is_an_error_and_recoverable() {
+    let sim = Simulated::new(4096);
+    let a = sim.allocate(4096, 1, S).unwrap();
+    let e = sim.allocate(1, 1, S).unwrap_err();
+    assert_eq!(e.kind, AllocErrorKind::OutOfMemory);
+    assert!(e.is_out_of_memory());
+    assert_eq!(
+        e.to_string(),
+        "Simulated: out of memory (requested 1 bytes, alignment 1)"
+    );
+    // SAFETY: a came from sim with this size.
+    unsafe { sim.deallocate(a, 4096, 1, S) };
+    let b = sim.allocate(4096, 1, S).unwrap();
+    // SAFETY: b came from sim with this size.
+    unsafe { sim.deallocate(b, 4096, 1, S) };
+}
+
+#[test]
+fn stack_of_a_leaf() {
+    let sim = Simulated::new(1 << 30);
+    let mr = resource_stack![&sim];
+    let p = mr.allocate(1 << 20, 256, S).unwrap();
+    assert_eq!(sim.in_use(), 1 << 20);
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
+    let owned: System = resource_stack![System::new(),];
+    zero_size_is_dangling(&owned);
+}
+
+#[test]
+fn cuda_constructors_fail_cleanly_without_a_driver() {
+    if mrstack::driver_available() {
+        eprintln!("skipping: a CUDA driver is present here; the GPU suite covers this machine");
+        return;
+    }
+    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
+    no_driver(mrstack::cuda_context(0).unwrap_err());
+    no_driver(Cuda::on_device(0).unwrap_err());
+    no_driver(CudaAsync::on_device(0).unwrap_err());
+    no_driver(Managed::on_device(0).unwrap_err());
+    no_driver(Pinned::on_device(0).unwrap_err());
+    assert_eq!(mrstack::device_count(), 0);
+    let msg = Cuda::on_device(0).unwrap_err().to_string();
+    assert!(msg.contains("no CUDA driver"), "{msg}");
+}
+
+#[test]
+fn errors_say_what_failed() {
+    let e = AllocError::new(
+        AllocErrorKind::LimitExceeded {
+            limit: 100,
+            in_use: 90,
+        },
+        20,
+        8,
+        "Limiting",
+    );
+    assert_eq!(
+        e.to_string(),
+        "Limiting: limit of 100 bytes exceeded (90 bytes already allocated) (requested 20 bytes, alignment 8)"
+    );
+    assert!(e.is_out_of_memory());
+    let oom = AllocError::cuda(
+        cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        1,
+        1,
+        "Cuda",
+    );
+    assert_eq!(oom.kind, AllocErrorKind::OutOfMemory);
+    let other = AllocError::cuda(
+        cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+        1,
+        1,
+        "Cuda",
+    );
+    assert!(
+        other.to_string().contains("CUDA_ERROR_INVALID_VALUE"),
+        "{other}"
+    );
+}
