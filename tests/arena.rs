@@ -749,3 +749,34 @@ fn measure_random_workload_threads() {
         ops
     );
 }
+
+/// ns/op and minimum capacity of the `arena` preset on the two workloads, as the
+/// benchmark computes them (`cargo bench --bench suballocators` prints the same for every stack).
+#[test]
+#[ignore = "measurement: cargo test --release --test arena -- --ignored --nocapture"]
+fn measure_arena_preset() {
+    use mrstack::workload::{measure, min_capacity, random, stacks, timing_capacity};
+    let mut workloads = vec![random(&Default::default())];
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/traces/resnet50_train.csv.gz"
+    );
+    if let Ok(t) = mrstack::trace::read(std::path::Path::new(trace)) {
+        workloads.push(t.workload);
+    }
+    let stacks = stacks::<std::sync::Arc<Simulated>>();
+    let arena = stacks.iter().find(|s| s.name() == "arena").unwrap();
+    for w in &workloads {
+        let cap = timing_capacity(w);
+        let sim = std::sync::Arc::new(Simulated::new(cap));
+        let mut r = arena.replayer(sim, cap, w, w.default_streams()).unwrap();
+        let t = measure(r.as_mut(), 5).unwrap();
+        let c = min_capacity(arena.as_ref(), w, 0.001).unwrap();
+        println!(
+            "arena {}: {:.1} ns/op, min capacity {:.4}",
+            w.name(),
+            t.ns_per_op,
+            c.ratio
+        );
+    }
+}

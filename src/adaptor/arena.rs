@@ -25,8 +25,12 @@ const GRAN: usize = 256;
 const MAX_CHUNKS: usize = 64;
 /// The most local arenas; beyond, requests go to the global arena.
 const MAX_ARENAS: usize = 1024;
-/// Empty superblocks a local arena keeps instead of returning them to the global arena.
-const KEEP_EMPTY: u32 = 1;
+/// Superblocks a local arena takes from the global arena at once, when it has them whole.
+const TAKE: usize = 4;
+/// Empty superblocks a local arena holds before giving back all but [`KEEP`]: superblocks move
+/// between arenas in batches, so that the global lock is taken once per few of them.
+const HOLD: usize = 2 * TAKE;
+const KEEP: usize = TAKE;
 /// Streams a free range of the global arena remembers before synchronizing them.
 const TAGS: usize = 4;
 const MIN_SUPERBLOCK: usize = 64 << 10;
@@ -385,18 +389,25 @@ impl<U: MemoryResource> Arena<U> {
         }
     }
 
-    fn release_superblock(&self, stream: StreamRef, sb: Superblock) {
-        if let Some(m) = self.chunks[sb.chunk as usize]
-            .get()
-            .and_then(|c| c.meta_at(sb.base, self.sb_shift))
-        {
-            m.store(0, Ordering::Release);
+    /// Gives empty superblocks of a local arena on `stream` back to the global arena.
+    fn release_superblocks(&self, stream: StreamRef, sbs: Vec<Superblock>) {
+        if sbs.is_empty() {
+            return;
         }
-        lock(&self.global).spare.push(Spare {
+        for sb in &sbs {
+            if let Some(m) = self.chunks[sb.chunk as usize]
+                .get()
+                .and_then(|c| c.meta_at(sb.base, self.sb_shift))
+            {
+                m.store(0, Ordering::Release);
+            }
+        }
+        let mut g = lock(&self.global);
+        g.spare.extend(sbs.iter().map(|sb| Spare {
             at: sb.base,
             chunk: sb.chunk,
             tags: Tags::one(stream),
-        });
+        }));
     }
 
     /// Merges the spare superblocks into the free ranges, for a request they may make room for.
@@ -412,15 +423,13 @@ impl<U: MemoryResource> Arena<U> {
     fn reclaim(&self) {
         let n = self.narenas.load(Ordering::Acquire);
         for local in self.arenas[..n].iter().filter_map(OnceLock::get) {
-            let freed = local.lock().take_empty(self.units_per_superblock());
-            for sb in freed {
-                self.release_superblock(local.stream, sb);
-            }
+            let freed = local.lock().take_empty(0);
+            self.release_superblocks(local.stream, freed);
         }
     }
 
-    /// Moves a superblock from the global arena into local arena `id`; `Ok(false)` when there is
-    /// none to be had.
+    /// Moves superblocks (up to [`TAKE`] when the global arena has them whole) from the global
+    /// arena into local arena `id`; `Ok(false)` when there is none to be had.
     fn acquire_superblock(
         &self,
         id: u32,
@@ -428,19 +437,25 @@ impl<U: MemoryResource> Arena<U> {
         st: &mut LocalState,
     ) -> Result<bool, AllocError> {
         let sb = self.superblock_size();
-        let (at, run) = {
+        let mut taken: Vec<Spare> = Vec::with_capacity(TAKE);
+        {
             let mut g = lock(&self.global);
             loop {
-                if let Some(sp) = g.spare.pop() {
-                    let run = Run {
-                        len: sb,
-                        chunk: sp.chunk,
-                        tags: sp.tags,
-                    };
-                    break (sp.at, run);
+                let from = g.spare.len().saturating_sub(TAKE);
+                taken.extend(g.spare.drain(from..));
+                if !taken.is_empty() {
+                    break;
                 }
                 if let Some((start, at)) = g.find_window(sb) {
-                    break (at, g.carve(start, at, sb));
+                    let room = (start + g.runs[&start].len - at) / sb;
+                    let n = room.min(TAKE);
+                    let run = g.carve(start, at, n * sb);
+                    taken.extend((0..n).map(|i| Spare {
+                        at: at + i * sb,
+                        chunk: run.chunk,
+                        tags: run.tags,
+                    }));
+                    break;
                 }
                 match self.grow(&mut g, sb) {
                     Ok(()) => {}
@@ -448,30 +463,41 @@ impl<U: MemoryResource> Arena<U> {
                     Err(e) => return Err(e),
                 }
             }
-        };
-        if let Err(e) = self.order(local.stream, &run.tags) {
-            self.give_back(at, sb, run.chunk, run.tags);
+        }
+        let mut tags = Tags::NONE;
+        let mut sync = Vec::new();
+        for sp in &taken {
+            tags.absorb(&sp.tags, &mut sync);
+        }
+        let ordered = sync
+            .into_iter()
+            .try_for_each(|s| self.upstream.synchronize(s))
+            .and_then(|()| self.order(local.stream, &tags));
+        if let Err(e) = ordered {
+            lock(&self.global).spare.extend(taken);
             return Err(e);
         }
-        let chunk = self.chunks[run.chunk as usize]
-            .get()
-            .expect("Arena: a free range names a registered chunk");
-        let index = (at - chunk.win_base) >> self.sb_shift;
-        let window = chunk.first_window + index as u32;
-        let slot = st.insert(
-            Superblock {
-                base: at,
-                window,
-                chunk: run.chunk,
-                free_units: self.units_per_superblock(),
-                free: vec![(0, self.units_per_superblock())],
-            },
-            self.units_per_superblock(),
-        );
-        chunk.meta[index].store(
-            (u64::from(id) + 1) << 32 | u64::from(slot),
-            Ordering::Release,
-        );
+        let units = self.units_per_superblock();
+        for sp in taken {
+            let chunk = self.chunks[sp.chunk as usize]
+                .get()
+                .expect("Arena: a free range names a registered chunk");
+            let index = (sp.at - chunk.win_base) >> self.sb_shift;
+            let slot = st.insert(
+                Superblock {
+                    base: sp.at,
+                    window: chunk.first_window + index as u32,
+                    chunk: sp.chunk,
+                    free_units: units,
+                    free: vec![(0, units)],
+                },
+                units,
+            );
+            chunk.meta[index].store(
+                (u64::from(id) + 1) << 32 | u64::from(slot),
+                Ordering::Release,
+            );
+        }
         Ok(true)
     }
 
@@ -551,9 +577,7 @@ impl<U: MemoryResource> Arena<U> {
             self.order_or_wait(local.stream, stream);
             st.deallocate(slot, addr, (bytes / GRAN) as u32, units)
         };
-        if let Some(sb) = released {
-            self.release_superblock(local.stream, sb);
-        }
+        self.release_superblocks(local.stream, released);
     }
 }
 
@@ -888,8 +912,8 @@ struct LocalState {
     slot_of: Vec<u32>,
     sbs: Vec<Option<Superblock>>,
     vacant: Vec<u32>,
-    /// How many superblocks are wholly free.
-    empty: u32,
+    /// The slots of the superblocks that are wholly free.
+    empties: Vec<u32>,
 }
 
 impl LocalState {
@@ -911,7 +935,7 @@ impl LocalState {
         }
         self.slot_of[w] = slot;
         self.tree.set(w, units);
-        self.empty += 1;
+        self.empties.push(slot);
         slot
     }
 
@@ -936,14 +960,15 @@ impl LocalState {
         let max = sb.max_free();
         let addr = sb.base + off as usize * GRAN;
         if was_empty {
-            self.empty -= 1;
+            let slot = self.slot_of[w];
+            self.empties.retain(|&s| s != slot);
         }
         self.tree.set(w, max);
         Some(addr)
     }
 
-    /// Frees a block; returns its superblock when it became empty and is one too many to keep.
-    fn deallocate(&mut self, slot: u32, addr: usize, n: u32, units: u32) -> Option<Superblock> {
+    /// Frees a block; returns the empty superblocks to give back when there are too many.
+    fn deallocate(&mut self, slot: u32, addr: usize, n: u32, units: u32) -> Vec<Superblock> {
         let sb = self.sbs[slot as usize]
             .as_mut()
             .expect("Arena: the window table names a live superblock");
@@ -951,25 +976,23 @@ impl LocalState {
         let (w, max, empty) = (sb.window as usize, sb.max_free(), sb.free_units == units);
         self.tree.set(w, max);
         if !empty {
-            return None;
+            return Vec::new();
         }
-        if self.empty < KEEP_EMPTY {
-            self.empty += 1;
-            return None;
+        self.empties.push(slot);
+        if self.empties.len() <= HOLD {
+            return Vec::new();
         }
-        Some(self.remove(slot))
+        self.take_empty(KEEP)
     }
 
-    fn take_empty(&mut self, units: u32) -> Vec<Superblock> {
-        let slots: Vec<u32> = (0..self.sbs.len() as u32)
-            .filter(|&i| {
-                self.sbs[i as usize]
-                    .as_ref()
-                    .is_some_and(|sb| sb.free_units == units)
-            })
-            .collect();
-        self.empty = 0;
-        slots.into_iter().map(|s| self.remove(s)).collect()
+    /// Removes the empty superblocks but the `keep` lowest: first fit packs blocks low, so the
+    /// high ones are the least likely to be wanted again.
+    fn take_empty(&mut self, keep: usize) -> Vec<Superblock> {
+        let sbs = &self.sbs;
+        let base = |s: &u32| sbs[*s as usize].as_ref().map_or(0, |sb| sb.base);
+        self.empties.sort_unstable_by_key(base);
+        let gone: Vec<u32> = self.empties.drain(keep.min(self.empties.len())..).collect();
+        gone.into_iter().map(|s| self.remove(s)).collect()
     }
 }
 
