@@ -74,10 +74,10 @@ impl<U: MemoryResource> Layer<U> for ArenaConfig {
 /// * one local arena per thread for work on the default stream, and one per stream for other
 ///   streams. A local arena takes *superblocks* (chunks of [`ArenaConfig::superblock`] bytes,
 ///   aligned to their size) from the global arena and serves requests up to a quarter of a
-///   superblock from them by address-ordered first fit, coalescing what is freed. A superblock that
-///   becomes wholly free goes back to the global arena; each local arena keeps one empty superblock
-///   at hand, so that a thread allocating and freeing at a boundary does not trade superblocks with
-///   the global arena on every call;
+///   superblock from them by address-ordered first fit, coalescing what is freed. Superblocks that
+///   become wholly free go back to the global arena. They move in batches (a local arena takes up
+///   to 4 at once, holds up to 8 empty ones, then gives back all but the 4 lowest), so that a
+///   thread takes the global lock once per few superblocks, not on every exchange;
 /// * the global arena serves larger requests itself, by best fit at 256-byte granularity with
 ///   coalescing, and hands out superblocks. Superblocks given back stay whole in a spare list for
 ///   the next local arena that needs one; they merge into the free ranges when a large request
@@ -95,9 +95,11 @@ impl<U: MemoryResource> Layer<U> for ArenaConfig {
 /// allocated: no global lock, no shared counter. The first superblock that fits is found by a walk
 /// down a 16-ary max-tree over superblock-sized windows (O(log n), three steps for 4096 windows);
 /// inside the superblock, first fit scans its free blocks. A deallocation finds the owner of its
-/// pointer in a per-window table, without any lock but the owner's. Exchanging a superblock with
-/// the global arena takes the global lock for a push or a pop; large requests take it for a best
-/// fit over the free ranges (O(log n)). Host memory: each local arena keeps 8 to 16 bytes per
+/// pointer in a per-window table, without any lock but the owner's. Exchanging superblocks with
+/// the global arena takes the global lock for a few pushes or pops; large requests take it for a
+/// best fit over the free ranges (O(log n)). Up to 1024 local arenas (a thread that ends leaves
+/// its arena to the next new thread; a stream keeps its arena); past that, requests go to the
+/// global arena. Host memory: each local arena keeps 8 to 16 bytes per
 /// superblock-sized window of the arena (at most 64 KiB for 16 GiB with 4 MiB superblocks).
 ///
 /// # Streams
