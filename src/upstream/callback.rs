@@ -37,28 +37,27 @@ pub type OrderAfterFn<Ctx> = fn(&Ctx, StreamRef, StreamRef) -> Result<(), AllocE
 /// use mrstack::prelude::*;
 /// use mrstack::upstream::Callback;
 /// use std::alloc::{alloc, dealloc, Layout};
+/// use std::ptr::NonNull;
 /// use typenum::U16;
 ///
 /// // A foreign host allocator: here std::alloc, with the alignment floored at 16.
-/// let mr = unsafe {
-///     // SAFETY: the functions return host memory of `size` bytes aligned to max(align, 16),
-///     // valid until freed with the same layout; they do no stream-ordered work.
-///     Callback::<(), HostAccessible, U16>::new(
-///         (),
-///         |_, size, align, _| {
-///             let layout = Layout::from_size_align(size, align.max(16)).unwrap();
-///             // SAFETY: size > 0 (Callback never passes 0).
-///             std::ptr::NonNull::new(unsafe { alloc(layout) })
-///                 .ok_or(AllocError::out_of_memory(size, align, "std::alloc"))
-///         },
-///         |_, ptr, size, align, _| {
-///             let layout = Layout::from_size_align(size, align.max(16)).unwrap();
-///             // SAFETY: Callback passes back a pointer from the function above, same layout.
-///             unsafe { dealloc(ptr.as_ptr(), layout) }
-///         },
-///     )
+/// fn layout(size: usize, align: usize) -> Layout {
+///     Layout::from_size_align(size, align.max(16)).unwrap()
 /// }
-/// .with_name("std::alloc");
+/// fn my_alloc(_: &(), size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+///     // SAFETY: size > 0 (Callback never passes 0).
+///     NonNull::new(unsafe { alloc(layout(size, align)) })
+///         .ok_or(AllocError::out_of_memory(size, align, "std::alloc"))
+/// }
+/// unsafe fn my_free(_: &(), ptr: NonNull<u8>, size: usize, align: usize, _: StreamRef) {
+///     // SAFETY: Callback passes back a pointer from `my_alloc`, with the same layout.
+///     unsafe { dealloc(ptr.as_ptr(), layout(size, align)) }
+/// }
+///
+/// // SAFETY: the functions give host memory of `size` bytes aligned to max(align, 16), valid
+/// // until freed with the same layout; they do no stream-ordered work.
+/// let mr = unsafe { Callback::<(), HostAccessible, U16>::new((), my_alloc, my_free) }
+///     .with_name("std::alloc");
 /// let v = mr.allocate_sync(100, 64).unwrap();
 /// assert_eq!(v.as_ptr() as usize % 64, 0);
 /// // SAFETY: v came from mr with this size and alignment.
