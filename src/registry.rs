@@ -5,7 +5,7 @@
 //!
 //! Cost: a get is a read lock and an `Arc` clone (tens of nanoseconds); set and reset take the
 //! slot's write lock. Slots are independent, so threads on different devices never contend.
-//! Device ids are checked against [`device_count`](crate::device_count): an id out of range, or no
+//! Device ids are checked against [`device_count`]: an id out of range, or no
 //! driver at all, is an `Err`, never a panic.
 //!
 //! Containers take the resource of their stream's device through `*_in_current` constructors

@@ -4,7 +4,9 @@
 //!
 //! Cost: the resource's own, plus a `synchronize` of the allocator's stream after each non-empty
 //! allocation, so the host may write at once even into a block that a suballocator reclaimed from
-//! stream-ordered work (a no-op for `System`, a stream synchronize for CUDA-backed stacks).
+//! stream-ordered work (a no-op for `System`, a stream synchronize for CUDA-backed stacks). On the
+//! default stream that waits for the default stream's queued work too: give the allocator a stream
+//! of its own ([`HostAllocator::on_stream`]) where kernels run on the default stream meanwhile.
 //! Requires `R: Accessible<HostAccessible>` (a compile error otherwise).
 //!
 //! The collections know nothing of streams: before a `Vec` grows, shrinks or drops, no device work
