@@ -14,10 +14,12 @@
 
 mod device_box;
 mod device_vec;
+mod host_allocator;
 mod pinned_vec;
 
 pub use device_box::DeviceBox;
 pub use device_vec::DeviceVec;
+pub use host_allocator::HostAllocator;
 pub use pinned_vec::PinnedVec;
 
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
