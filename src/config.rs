@@ -475,7 +475,35 @@ impl<P: PropertySet> StackBuilder<P> {
     /// property of its upstream (`prefetch`: `Migratable`) first takes it with
     /// [`AnyResource::try_cast`]. A name not registered here is an unknown adaptor.
     fn with_crate_adaptors(self) -> Self {
-        self
+        self.with_adaptor("pool", |item, below| {
+            item.check_fields(&["initial", "max"])?;
+            let defaults = crate::layer::Pool::default();
+            let config = crate::layer::Pool {
+                initial: item.size("initial")?.unwrap_or(defaults.initial),
+                max: item.size("max")?.unwrap_or(defaults.max),
+            };
+            item.layer(config, below)
+        })
+        .with_adaptor("binning", |item, below| {
+            item.check_fields(&["min", "max"])?;
+            let defaults = crate::layer::Binning::default();
+            let config = crate::layer::Binning {
+                min: item.size("min")?.unwrap_or(defaults.min),
+                max: item.size("max")?.unwrap_or(defaults.max),
+            };
+            item.layer(config, below)
+        })
+        .with_adaptor("fixed_size", |item, below| {
+            item.check_fields(&["block_size", "blocks_to_preallocate"])?;
+            let defaults = crate::layer::FixedSize::default();
+            let config = crate::layer::FixedSize {
+                block_size: item.size("block_size")?.unwrap_or(defaults.block_size),
+                blocks_to_preallocate: item
+                    .number("blocks_to_preallocate")?
+                    .unwrap_or(defaults.blocks_to_preallocate),
+            };
+            item.layer(config, below)
+        })
     }
 
     /// Registers an adaptor under `name` (replacing one of that name): `build(item, below)` checks

@@ -294,8 +294,13 @@ fn names_and_fields_are_checked() {
         22,
         "it takes device, initial, release_threshold",
     );
-    let e = fails("simulatd(capacity=1GiB)", 1, "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, managed, pinned, system, simulated, count");
+    let e = fails(
+        "simulatd(capacity=1GiB)",
+        1,
+        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, managed, pinned, system, simulated, pool,",
+    );
     assert!(matches!(e.kind, K::Unknown { .. }));
+    assert!(e.to_string().ends_with(", count"), "{e}");
     fails(
         "simulated(capacity=1GiB) > frobnicate",
         28,
@@ -416,4 +421,36 @@ proptest! {
             Err(e) => prop_assert!(e.position <= chars, "{e} in {text:?}"),
         }
     }
+}
+
+#[test]
+fn the_issue_example_builds_a_pool_and_bins() {
+    // The stack from the issue, over a simulated device instead of CUDA; `statistics` joins once
+    // the behaviour adaptors exist, and then the issue's text builds verbatim.
+    let mr = config::build::<()>(
+        "simulated(capacity=16GiB) > pool(initial=1GiB,max=8GiB) > binning(min=256KiB,max=4MiB)",
+    )
+    .unwrap();
+    let small = mr.allocate(300 << 10, 256, S).unwrap();
+    let large = mr.allocate(64 << 20, 256, S).unwrap();
+    assert_ne!(small, large);
+    // SAFETY: both came from mr with these sizes and alignments.
+    unsafe {
+        mr.deallocate(small, 300 << 10, 256, S);
+        mr.deallocate(large, 64 << 20, 256, S);
+    }
+    let fixed = config::build::<()>(
+        "simulated(capacity=1GiB) > fixed_size(block_size=64KiB, blocks_to_preallocate=4)",
+    )
+    .unwrap();
+    let p = fixed.allocate(1000, 256, S).unwrap();
+    // SAFETY: p came from fixed with this size and align.
+    unsafe { fixed.deallocate(p, 1000, 256, S) };
+    let e = fixed.allocate(128 << 10, 256, S).unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+
+    let e = config::build::<()>("simulated(capacity=1GiB) > pool(maximum=1GiB)").unwrap_err();
+    assert!(e.to_string().contains("maximum"), "{e}");
+    let e = config::build::<()>("simulated(capacity=1GiB) > pool(max=1 GiBi)").unwrap_err();
+    assert!(e.to_string().contains("GiBi"), "{e}");
 }
