@@ -14,7 +14,6 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use mrstack::workload::{self, measure, min_capacity, timing_capacity, Replay, Workload};
 use mrstack::Simulated;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
