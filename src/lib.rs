@@ -107,6 +107,7 @@ pub use mrstack_macros::resource_stack;
 
 /// The names a user of mrstack needs, in one `use`.
 pub mod prelude {
+    pub use crate::adaptor::{Aligned, Limiting, Logging, Prefetch, Retry, Statistics, Tracking};
     pub use crate::container::{DeviceBox, DeviceVec, PinnedVec};
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
     pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};

@@ -1,3 +1,19 @@
 //! Adaptors: generic structs over an upstream resource, each with a `Layer` configuration so that
 //! `resource_stack!` can build it. Suballocators carve the upstream's memory; behaviour adaptors
 //! watch, cap or reshape requests and forward them.
+
+mod aligned;
+mod limiting;
+mod logging;
+mod prefetch;
+mod retry;
+mod statistics;
+mod tracking;
+
+pub use aligned::{Aligned, AlignedConfig};
+pub use limiting::{Limiting, LimitingConfig};
+pub use logging::{LogWriter, Logging, LoggingConfig, LOG_HEADER};
+pub use prefetch::{Prefetch, PrefetchConfig};
+pub use retry::{Retry, RetryCallback, RetryConfig};
+pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
+pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
