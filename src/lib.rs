@@ -63,7 +63,7 @@
 //! ## Modules
 //!
 //! * [`property`]: the property markers and [`Accessible`].
-//! * [`resource`]: [`MemoryResource`], [`Layer`](resource::Layer), [`AllocError`].
+//! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
 //! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
 //! * [`container`]: typed containers with cudarc interop.
 

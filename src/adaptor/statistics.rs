@@ -1,14 +1,19 @@
 //! `Statistics<U>`: counts what passes through — bytes and allocations, current, peak and total —
 //! as RMM's `statistics_resource_adaptor` and PyTorch's `memory_stats` do.
 //!
-//! Cost: a few uncontended atomic operations per call (no lock) while no scope is open; with
-//! [`push_scope`](Statistics::push_scope) open, one extra mutex per call. Counts requested sizes,
+//! Cost: two atomic additions per allocation, two per deallocation (no lock) while no scope is
+//! open; with [`push_scope`](Statistics::push_scope) open, one extra mutex per call. Exact for
+//! calls that do not overlap; under concurrent calls the peak may read low by what racing calls
+//! moved (see `AtomicCounter`), never high. Counts requested sizes,
 //! not what the upstream rounds them to. Requires nothing of its upstream and keeps its properties.
 
 use crate::resource::{check_request, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
 use std::sync::Mutex;
 
 /// One quantity (bytes or allocations): now, the most at once, and the sum of all allocations.
@@ -65,42 +70,53 @@ impl Stats {
     }
 }
 
-/// Lock-free counters for one quantity. `peak` is updated with `fetch_max` only when a new
-/// maximum is reached, so the common call costs two atomic adds (one on a deallocation).
+/// Lock-free counters for one quantity, as two running sums: everything allocated (`total`) and
+/// everything freed (`freed`); `current` is their difference. An allocation then costs one atomic
+/// add (and a `fetch_max` only when it sets a new peak), a deallocation one: four per
+/// allocate/deallocate pair for bytes and counts together, where keeping `current` as its own
+/// atomic would take six.
+///
+/// The price: with calls on several threads at once, the `current` an allocation computes for the
+/// peak may miss an allocation or include a deallocation made at the same instant on another
+/// thread, so the peak can read low by what those racing calls moved. Calls that do not overlap
+/// are counted exactly.
 #[derive(Debug, Default)]
 struct AtomicCounter {
-    current: AtomicI64,
-    peak: AtomicI64,
     total: AtomicI64,
+    freed: AtomicI64,
+    peak: AtomicI64,
 }
 
 impl AtomicCounter {
     #[inline]
     fn add(&self, n: i64) {
-        // The value returned by fetch_add is exact even under concurrency, so every current that
-        // an allocation produces is offered to `peak`, and the peak is exact.
-        let now = self.current.fetch_add(n, Relaxed) + n;
+        let total = self.total.fetch_add(n, AcqRel) + n;
+        let now = total - self.freed.load(Acquire);
         if now > self.peak.load(Relaxed) {
             self.peak.fetch_max(now, Relaxed);
         }
-        self.total.fetch_add(n, Relaxed);
     }
 
     #[inline]
     fn sub(&self, n: i64) {
-        self.current.fetch_sub(n, Relaxed);
+        // Release: a reader that sees this free also sees the allocation it frees (which happened
+        // before it), so `total - freed` never counts a free without its allocation.
+        self.freed.fetch_add(n, Release);
     }
 
     fn get(&self) -> Counter {
+        let freed = self.freed.load(Acquire);
+        let total = self.total.load(Acquire);
         Counter {
-            current: self.current.load(Relaxed),
+            current: total - freed,
             peak: self.peak.load(Relaxed),
-            total: self.total.load(Relaxed),
+            total,
         }
     }
 
     fn reset_peak(&self) {
-        self.peak.store(self.current.load(Relaxed), Relaxed);
+        let c = self.get();
+        self.peak.store(c.current, Relaxed);
     }
 }
 
