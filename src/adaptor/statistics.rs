@@ -2,10 +2,10 @@
 //! as RMM's `statistics_resource_adaptor` and PyTorch's `memory_stats` do.
 //!
 //! Cost: two atomic additions per allocation, two per deallocation (no lock) while no scope is
-//! open; with [`push_scope`](Statistics::push_scope) open, one extra mutex per call. Exact for
-//! calls that do not overlap; under concurrent calls the peak may read low by what racing calls
-//! moved (see `AtomicCounter`), never high. Counts requested sizes,
-//! not what the upstream rounds them to. Requires nothing of its upstream and keeps its properties.
+//! open; with [`push_scope`](Statistics::push_scope) open, one extra mutex per call. Counts are
+//! exact for calls that do not overlap; when calls race on several threads, a peak may read low
+//! by what the racing calls moved, never high. Counts requested sizes, not what the upstream
+//! rounds them to. Requires nothing of its upstream and keeps its properties.
 
 use crate::resource::{check_request, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
