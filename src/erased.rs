@@ -12,11 +12,13 @@
 //! missing property otherwise; [`AnyResource::try_new`] checks the same at run time for code that
 //! picks stacks from text), `Send + Sync + 'static` for `AnyResource`, `Sync` for `ResourceRef`.
 //!
-//! Alignment: erasure forgets the resource's alignment type, so both types claim `U1` at the type
-//! level (a promise that always holds) and report the erased resource's real guarantee at run time
-//! through [`AnyResource::properties`]. Ask for the alignment you need in `align`: every resource
-//! honours or refuses it, never ignores it. Claiming more (say `U256`, what CUDA leaves give) would
-//! be wrong for a `System` or a user's `Callback` below.
+//! Alignment: erasure forgets the resource's alignment type, so both types claim `U16` at the type
+//! level and keep that promise by asking the erased resource for at least 16 bytes of alignment
+//! (every resource honours or refuses an alignment, never ignores it), which lets containers of
+//! ordinary element types (up to 16-byte alignment: `f64`, `u128`, `[f32; 4]`) sit on an erased
+//! stack. The erased resource's real guarantee is reported at run time through
+//! [`AnyResource::properties`]. Claiming more (say `U256`, what CUDA leaves give) would cost every
+//! host allocation through a `System` below.
 
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
 use crate::resource::{check_request, AllocError, MemoryResource};
@@ -26,7 +28,7 @@ use std::marker::PhantomData;
 use std::ops::BitOr;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use typenum::{Bit, Or, Unsigned, B0, B1, U1};
+use typenum::{Bit, Or, Unsigned, B0, B1, U16};
 
 /// A set of properties as a type: a marker ([`HostAccessible`], [`DeviceAccessible`],
 /// [`Migratable`]), a tuple of them, or `()` for none (what [`Simulated`](crate::Simulated) gives).
@@ -157,6 +159,9 @@ impl std::fmt::Display for Properties {
         Ok(())
     }
 }
+
+/// The alignment erased resources guarantee: what they raise every request to.
+const ERASED_ALIGN: usize = 16;
 
 /// The object-safe face of a [`MemoryResource`]: what the vtable of an erased resource holds.
 trait DynResource {
@@ -365,13 +370,13 @@ impl<P: PropertySet> std::fmt::Debug for AnyResource<P> {
 }
 
 // SAFETY: built only from resources that give every property of P (checked by the `Accessible<P>`
-// bound or at run time against the resource type's bits); every call goes to that resource
-// unchanged, so its promises hold. The alignment claimed, 1, is met by any pointer.
+// bound or at run time against the resource type's bits); every call goes to that resource with
+// the alignment raised to at least 16, so its promises hold, and the alignment claimed (16) too.
 unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
     type Host = P::Host;
     type Device = P::Device;
     type Managed = P::Managed;
-    type Alignment = U1;
+    type Alignment = U16;
 
     #[inline]
     fn allocate(
@@ -383,7 +388,7 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
         if let Some(empty) = check_request::<Self>(size, align, "AnyResource")? {
             return Ok(empty);
         }
-        self.inner.allocate(size, align, stream)
+        self.inner.allocate(size, align.max(ERASED_ALIGN), stream)
     }
 
     #[inline]
@@ -393,7 +398,10 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
         }
         // SAFETY: forwarded from the caller; `ptr` came from `self.inner` (allocate sends every
         // non-zero request there).
-        unsafe { self.inner.deallocate(ptr, size, align, stream) }
+        unsafe {
+            self.inner
+                .deallocate(ptr, size, align.max(ERASED_ALIGN), stream)
+        }
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
@@ -476,12 +484,13 @@ impl<P: PropertySet> std::fmt::Debug for ResourceRef<'_, P> {
     }
 }
 
-// SAFETY: as for AnyResource: built only from resources with P's properties, every call forwarded.
+// SAFETY: as for AnyResource: built only from resources with P's properties, every call forwarded
+// with the alignment raised to at least 16.
 unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
     type Host = P::Host;
     type Device = P::Device;
     type Managed = P::Managed;
-    type Alignment = U1;
+    type Alignment = U16;
 
     #[inline]
     fn allocate(
@@ -493,7 +502,7 @@ unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
         if let Some(empty) = check_request::<Self>(size, align, "ResourceRef")? {
             return Ok(empty);
         }
-        self.inner.allocate(size, align, stream)
+        self.inner.allocate(size, align.max(ERASED_ALIGN), stream)
     }
 
     #[inline]
@@ -502,7 +511,10 @@ unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
             return;
         }
         // SAFETY: forwarded from the caller; non-zero requests all went to `self.inner`.
-        unsafe { self.inner.deallocate(ptr, size, align, stream) }
+        unsafe {
+            self.inner
+                .deallocate(ptr, size, align.max(ERASED_ALIGN), stream)
+        }
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {

@@ -122,7 +122,9 @@ pub use mrstack_macros::resource_stack;
 
 /// The names a user of mrstack needs, in one `use`.
 pub mod prelude {
-    pub use crate::adaptor::{Binning, FixedSize, Pool};
+    pub use crate::adaptor::{
+        Aligned, Binning, FixedSize, Limiting, Logging, Pool, Prefetch, Retry, Statistics, Tracking,
+    };
     pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
     pub use crate::erased::{AnyResource, ResourceRef};
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};

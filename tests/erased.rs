@@ -105,8 +105,8 @@ fn properties_are_the_erased_resources_own() {
     assert_eq!(sim.properties().alignment, 256);
     assert_eq!(
         mrstack::property::alignment_of::<AnyResource<HostAccessible>>(),
-        1,
-        "erasure forgets the alignment type; properties() keeps the value"
+        16,
+        "erasure claims 16 bytes (it asks for them); properties() keeps the real value"
     );
 }
 
@@ -334,4 +334,38 @@ proptest! {
         prop_assert_eq!(sim.in_use(), 0);
         prop_assert_eq!(sim.live(), 0);
     }
+}
+
+#[test]
+fn erased_resources_ask_for_the_alignment_they_claim() {
+    /// Host memory that guarantees nothing beyond what it is asked, recording what it was asked.
+    struct Asked(std::sync::Mutex<Vec<usize>>);
+    // SAFETY: forwards to System, which honours every alignment it is asked for.
+    unsafe impl MemoryResource for Asked {
+        type Host = typenum::B1;
+        type Device = typenum::B0;
+        type Managed = typenum::B0;
+        type Alignment = typenum::U1;
+        fn allocate(
+            &self,
+            size: usize,
+            align: usize,
+            s: StreamRef,
+        ) -> Result<NonNull<u8>, AllocError> {
+            self.0.lock().unwrap().push(align);
+            System::new().allocate(size, align, s)
+        }
+        unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+            self.0.lock().unwrap().push(align);
+            // SAFETY: forwarded from the caller, with the alignment it was allocated with.
+            unsafe { System::new().deallocate(p, size, align, s) }
+        }
+    }
+    let any = AnyResource::<HostAccessible>::new(Asked(Default::default()));
+    let p = any.allocate(10, 1, StreamRef::DEFAULT).unwrap();
+    assert_eq!(p.as_ptr() as usize % 16, 0);
+    // SAFETY: p came from any with this size and align.
+    unsafe { any.deallocate(p, 10, 1, StreamRef::DEFAULT) };
+    let asked: &Asked = any.downcast_ref().unwrap();
+    assert_eq!(*asked.0.lock().unwrap(), [16, 16]);
 }
