@@ -10,7 +10,6 @@
 
 // resource_stack! always adds `..Default::default()`, which clippy flags for a configuration whose
 // every field is given (`Limiting { limit: 1 TiB }`).
-#![allow(clippy::needless_update)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
 use mrstack::prelude::*;

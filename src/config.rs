@@ -504,6 +504,69 @@ impl<P: PropertySet> StackBuilder<P> {
             };
             item.layer(config, below)
         })
+        .with_adaptor("statistics", |item, below| {
+            item.check_fields(&[])?;
+            item.layer(crate::layer::Statistics::default(), below)
+        })
+        .with_adaptor("tracking", |item, below| {
+            item.check_fields(&["backtraces"])?;
+            let backtraces = match item.field("backtraces") {
+                None => false,
+                Some(f) => match f.value.as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(item.bad_value(f, "true or false")),
+                },
+            };
+            item.layer(crate::layer::Tracking { backtraces }, below)
+        })
+        .with_adaptor("limiting", |item, below| {
+            item.check_fields(&["limit"])?;
+            let limit = item.required_size("limit")?;
+            item.layer(crate::layer::Limiting { limit }, below)
+        })
+        .with_adaptor("logging", |item, below| {
+            item.check_fields(&["path"])?;
+            let to: crate::adaptor::LogWriter = match item.field("path") {
+                None => Box::new(std::io::stderr()),
+                Some(f) => Box::new(
+                    std::fs::File::create(&f.value)
+                        .map_err(|_| item.bad_value(f, "a file path that can be created"))?,
+                ),
+            };
+            item.layer(crate::layer::Logging { to }, below)
+        })
+        .with_adaptor("aligned", |item, below| {
+            use typenum::{U1024, U256, U4096, U512};
+            item.check_fields(&["alignment"])?;
+            let f = item
+                .field("alignment")
+                .ok_or_else(|| item.missing("alignment"))?;
+            // The alignment is a type parameter: text picks one of a few instantiations.
+            match item.required_size("alignment")? {
+                256 => item.layer(crate::layer::Aligned::<U256>::default(), below),
+                512 => item.layer(crate::layer::Aligned::<U512>::default(), below),
+                1024 => item.layer(crate::layer::Aligned::<U1024>::default(), below),
+                4096 => item.layer(crate::layer::Aligned::<U4096>::default(), below),
+                _ => Err(item.bad_value(f, "256, 512, 1024 or 4096")),
+            }
+        })
+        .with_adaptor("prefetch", |item, below| {
+            use crate::property::{DeviceAccessible, HostAccessible, Migratable};
+            type ManagedMemory = (HostAccessible, DeviceAccessible, Migratable);
+            item.check_fields(&["device"])?;
+            let device = item.number("device")?.unwrap_or(0);
+            let gives = below.properties();
+            let managed = below.try_cast::<ManagedMemory>().map_err(|_| {
+                item.error(ConfigErrorKind::Properties {
+                    item: item.name.clone(),
+                    gives,
+                    wants: ManagedMemory::properties(),
+                })
+            })?;
+            let prefetch = crate::layer::Prefetch { device }.layer(managed);
+            item.erase(prefetch)
+        })
     }
 
     /// Registers an adaptor under `name` (replacing one of that name): `build(item, below)` checks

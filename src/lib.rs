@@ -120,6 +120,9 @@ pub use allocator_api2;
 /// and KiB/MiB/GiB/TiB (powers of 1024), checked at compile time.
 pub use mrstack_macros::resource_stack;
 
+/// The type-level numbers properties are made of (`typenum::U4096` for `Aligned<U4096>`).
+pub use typenum;
+
 /// The names a user of mrstack needs, in one `use`.
 pub mod prelude {
     pub use crate::adaptor::{
@@ -134,6 +137,8 @@ pub mod prelude {
         Callback, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
     };
     pub use mrstack_macros::resource_stack;
+    /// Alignments for `Aligned<A>` lines (`resource_stack![Cuda::new(&ctx)?, Aligned<U4096>]`).
+    pub use typenum::{U1024, U128, U16384, U2048, U256, U4096, U512, U64, U65536, U8192};
 }
 
 /// The README's examples, compiled as doctests so they cannot rot.

@@ -1,10 +1,6 @@
 //! Host-only tests of the behaviour adaptors: Statistics, Tracking, Logging, Limiting, Aligned,
 //! Retry (Prefetch needs a GPU: tests/gpu_adaptors.rs), each through `resource_stack!`.
 
-// resource_stack! always adds `..Default::default()`, which clippy flags for a configuration whose
-// every field is given (`Limiting { limit: 1 MiB }`).
-#![allow(clippy::needless_update)]
-
 use mrstack::adaptor::{BadFreeKind, Counter, RetryCallback, Stats, LOG_HEADER};
 use mrstack::prelude::*;
 use mrstack::resource::{check_request, dangling};

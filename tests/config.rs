@@ -425,12 +425,12 @@ proptest! {
 
 #[test]
 fn the_issue_example_builds_a_pool_and_bins() {
-    // The stack from the issue, over a simulated device instead of CUDA; `statistics` joins once
-    // the behaviour adaptors exist, and then the issue's text builds verbatim.
+    // The stack from the issue, over a simulated device instead of CUDA.
     let mr = config::build::<()>(
-        "simulated(capacity=16GiB) > pool(initial=1GiB,max=8GiB) > binning(min=256KiB,max=4MiB)",
+        "simulated(capacity=16GiB) > pool(initial=1GiB,max=8GiB) > binning(min=256KiB,max=4MiB) > statistics",
     )
     .unwrap();
+    assert_eq!(mr.name(), "Statistics");
     let small = mr.allocate(300 << 10, 256, S).unwrap();
     let large = mr.allocate(64 << 20, 256, S).unwrap();
     assert_ne!(small, large);
@@ -453,4 +453,59 @@ fn the_issue_example_builds_a_pool_and_bins() {
     assert!(e.to_string().contains("maximum"), "{e}");
     let e = config::build::<()>("simulated(capacity=1GiB) > pool(max=1 GiBi)").unwrap_err();
     assert!(e.to_string().contains("GiBi"), "{e}");
+}
+
+#[test]
+fn behaviour_adaptors_from_text() {
+    let dir = std::env::temp_dir().join(format!("mrstack-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("alloc.csv");
+    let text = format!(
+        "system > aligned(alignment=4096) > limiting(limit=1MiB) > tracking > logging(path=\"{}\")",
+        log.display()
+    );
+    let mr = config::build::<HostAccessible>(&text).unwrap();
+    let p = mr.allocate(100, 8, S).unwrap();
+    assert_eq!(p.as_ptr() as usize % 4096, 0);
+    let e = mr.allocate(2 << 20, 8, S).unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            AllocErrorKind::LimitExceeded {
+                limit: 1_048_576,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 100, 8, S) };
+    drop(mr);
+    let csv = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        csv.starts_with("Thread,Time,Action,Pointer,Size,Stream"),
+        "{csv}"
+    );
+    assert_eq!(
+        csv.lines().filter(|l| l.contains(",allocate,")).count(),
+        1,
+        "{csv}"
+    );
+    assert_eq!(
+        csv.lines().filter(|l| l.contains(",free,")).count(),
+        1,
+        "{csv}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let e = config::build::<()>("simulated(capacity=1GiB) > aligned(alignment=300)").unwrap_err();
+    assert!(e.to_string().contains("256, 512, 1024 or 4096"), "{e}");
+    let e = config::build::<()>("simulated(capacity=1GiB) > limiting").unwrap_err();
+    assert!(e.to_string().contains("limit"), "{e}");
+    let e =
+        config::build::<()>("simulated(capacity=1GiB) > tracking(backtraces=maybe)").unwrap_err();
+    assert!(e.to_string().contains("true or false"), "{e}");
+    // Prefetch needs managed memory below it: a clear error, not a panic, over anything else.
+    let e = config::build::<()>("simulated(capacity=1GiB) > prefetch").unwrap_err();
+    assert!(matches!(e.kind, ConfigErrorKind::Properties { .. }), "{e}");
 }

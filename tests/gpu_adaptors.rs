@@ -117,8 +117,11 @@ fn statistics_count_a_kernel_workload_exactly() {
     let Some(ctx) = gpu() else { return };
     let stream = ctx.new_stream().unwrap();
     let f = affine(&ctx);
-    // The lead switches this to Statistics<Pool<Cuda>> once Pool is merged.
-    let mr = resource_stack![Cuda::new(&ctx).unwrap(), Statistics];
+    let mr = resource_stack![
+        Cuda::new(&ctx).unwrap(),
+        Pool { initial: 16 MiB, max: 256 MiB },
+        Statistics,
+    ];
 
     let sizes = [1000usize, 250_000, 4096, 77_777, 1 << 20, 3];
     let mut total_bytes = 0i64;
@@ -150,6 +153,8 @@ fn statistics_count_a_kernel_workload_exactly() {
     assert_eq!(s.bytes.peak, peak_bytes);
     assert_eq!(s.allocations.current, sizes.len() as i64);
     assert_eq!(s.allocations.total, 2 * sizes.len() as i64);
+    // The pool holds at least the peak from the device; the statistics see what the program uses.
+    assert!(mr.upstream().pool_size() >= peak_bytes as usize);
     drop(kept);
     assert_eq!(mr.bytes().current, 0);
     assert_eq!(mr.allocations().current, 0);
