@@ -122,7 +122,12 @@ impl Parse for Field {
             let unit: Ident = input.parse()?;
             let span = n.span().join(unit.span()).unwrap_or_else(|| n.span());
             size_tokens(&n.to_string(), &unit.to_string(), span)?
-        } else if input.peek(LitInt) {
+        } else if input.peek(LitInt) && {
+            // A lone literal (`4096`, `512MiB`); one followed by an operator (`1 << 40`) is an
+            // expression.
+            let fork = input.fork();
+            fork.parse::<LitInt>().is_ok() && (fork.is_empty() || fork.peek(Token![,]))
+        } {
             let n: LitInt = input.parse()?;
             match n.suffix() {
                 "" | "usize" | "u64" | "u32" | "u16" | "u8" | "i32" | "i64" | "isize" => {
