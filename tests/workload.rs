@@ -532,3 +532,36 @@ fn raw_upstream_needs_exactly_the_peak_of_the_random_workload() {
     let cap = min_capacity(raw.as_ref(), &w, 0.001).unwrap();
     assert_eq!((cap.capacity, cap.ratio), (w.peak_live(), 1.0));
 }
+
+#[test]
+fn threads_share_one_stack_and_failures_come_back() {
+    use mrstack::workload::{measure_threads, Op, Workload};
+    let w = |size| {
+        Workload::new(
+            "two",
+            vec![
+                Op::Alloc {
+                    id: 0,
+                    size,
+                    stream: 0,
+                },
+                Op::Alloc {
+                    id: 1,
+                    size,
+                    stream: 0,
+                },
+                Op::Free { id: 0 },
+                Op::Free { id: 1 },
+            ],
+        )
+        .unwrap()
+    };
+    let sim = mrstack::Simulated::new(1 << 20);
+    let ns = measure_threads(&sim, &[w(1000), w(2000), w(3000)], 3).unwrap();
+    assert!(ns.is_finite() && ns > 0.0);
+    assert_eq!((sim.in_use(), sim.allocation_count()), (0, 3 * 2 * 4));
+    // One thread's workload does not fit: its error comes back, and no thread is left waiting.
+    let e = measure_threads(&sim, &[w(1000), w(1 << 20)], 1).unwrap_err();
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    assert_eq!(sim.in_use(), 0);
+}
