@@ -28,7 +28,7 @@ const BUDGET: Duration = Duration::from_secs(20);
 const RMM: [(&str, f64, f64); 4] = [
     ("cuda-async", 1345.0, 1518.0),
     ("pool", 3480.0, 590.0),
-    ("binning+pool", 280.0, 616.0),
+    ("binning", 280.0, 616.0),
     ("arena", 10502.0, 1098.0),
 ];
 
