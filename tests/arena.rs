@@ -1,18 +1,8 @@
 //! `Arena`: model tests over `Simulated`, pattern and stress tests over `System`, stream ordering
 //! with a recording upstream, out-of-memory behaviour, and a GPU round trip.
 
-fn gpu() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
-    match mrstack::cuda_context(0) {
-        Ok(ctx) => Some(ctx),
-        Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU test: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::gpu;
 
 use mrstack::adaptor::ArenaConfig;
 use mrstack::prelude::*;

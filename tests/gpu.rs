@@ -8,18 +8,8 @@ use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use std::sync::Arc;
 
-fn gpu() -> Option<Arc<CudaContext>> {
-    match mrstack::cuda_context(0) {
-        Ok(ctx) => Some(ctx),
-        Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU test: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::gpu;
 
 const KERNELS: &str = r#"
 extern "C" __global__ void fill(unsigned int* out, unsigned int n, unsigned int k) {

@@ -12,18 +12,8 @@ use mrstack::prelude::*;
 use std::sync::Arc;
 use typenum::U4096;
 
-fn gpu() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
-    match mrstack::cuda_context(0) {
-        Ok(ctx) => Some(ctx),
-        Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU test: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::gpu;
 
 const AFFINE: &str = r#"
 extern "C" __global__ void affine(float *out, const float *in, float a, float b, unsigned int n) {

@@ -13,18 +13,8 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use typenum::U256;
 
-fn gpu() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
-    match mrstack::cuda_context(0) {
-        Ok(ctx) => Some(ctx),
-        Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
-            panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU test: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::gpu;
 
 /// The process-wide registry is shared by the tests of this binary, which run on threads: the
 /// tests that set or reset it take this lock.
