@@ -67,6 +67,7 @@
 //! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
 //! * [`container`]: typed containers with cudarc interop.
 //! * [`workload`] and [`trace`]: workloads and RMM logs to replay and measure stacks with.
+//! * `replay` (feature `cli`, on by default): what the `mrstack replay` command does.
 
 #![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -77,6 +78,8 @@ pub mod adaptor;
 pub mod container;
 pub mod layer;
 pub mod property;
+#[cfg(feature = "cli")]
+pub mod replay;
 pub mod resource;
 pub mod stream;
 pub mod trace;
