@@ -9,10 +9,13 @@
 //!   ([`workload::measure`]); a many-threaded workload replays each thread on an OS thread of its
 //!   own, and ns/op is then wall time over all ops;
 //! * **upstream peak**: the most bytes the stack took from its upstream during those passes, with
-//!   the stack built with a capacity (pool maximum, arena size) of [`timing_capacity`];
+//!   the stack built with a capacity (pool maximum, arena size) of [`timed_capacity`]: twice the
+//!   peak live bytes, or twice the stack's minimum capacity where that is more, so that the timing
+//!   measures speed rather than a squeeze;
 //! * **peak live**: the most bytes the workload holds at once, in log order;
 //! * **min capacity**: the smallest capacity with which the workload completes, found by
-//!   [`min_capacity`] over `Simulated` (host-side, on any machine), and its ratio to peak live.
+//!   [`min_capacity`] over `Simulated` (host-side, on any machine, in log order: the same answer
+//!   every run), and its ratio to peak live.
 //!
 //! Requires the `cli` feature (on by default).
 //!
@@ -107,6 +110,8 @@ pub struct StackReport {
     pub ns_per_op: Option<f64>,
     /// Each timed pass, ns per op, in the order run.
     pub pass_ns_per_op: Vec<f64>,
+    /// The capacity the stack was timed with (pool maximum, arena size): [`timed_capacity`].
+    pub capacity: usize,
     /// The most bytes the stack took from its upstream while timed.
     pub upstream_peak: Option<usize>,
     /// The workload's peak live bytes (the same for every stack).
@@ -191,8 +196,10 @@ pub struct Report {
     pub upstream: String,
     /// The device (`NVIDIA H100 80GB HBM3`), or why there is none for `simulated`.
     pub device: String,
-    /// The capacity each timed stack was built with (pool maximum, arena size).
-    pub stack_capacity: usize,
+    /// The least capacity a stack is timed with: twice the peak live bytes, at least 1 MiB
+    /// ([`timing_capacity`]); a stack whose minimum capacity is more than half that gets twice its
+    /// minimum.
+    pub base_capacity: usize,
     /// Timed passes per stack.
     pub passes: usize,
     /// Whether a many-threaded workload replayed with its threads.
@@ -240,10 +247,10 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "upstream: {} ({}); each stack built with capacity {}",
+            "upstream: {} ({}); stacks timed with capacity {} (2 × peak live), or twice their min capacity where more",
             self.upstream,
             self.device,
-            bytes(self.stack_capacity)
+            bytes(self.base_capacity)
         );
         let threads = if w.threads > 1 {
             if self.replayed_with_threads {
@@ -422,13 +429,22 @@ impl StackFactory<Arc<Simulated>> for Probing<'_> {
     }
 }
 
+/// The capacity to time a stack with, given its minimum capacity where known: twice the
+/// workload's peak live bytes (at least 1 MiB, [`timing_capacity`]), or twice the minimum
+/// capacity where that is more.
+pub fn timed_capacity(workload: &Workload, min_capacity: Option<usize>) -> usize {
+    timing_capacity(workload).max(min_capacity.unwrap_or(0).saturating_mul(2))
+}
+
 /// Replays `workload` through one stack and reports it.
 ///
-/// Timing: the stack is built over `upstream` with capacity [`timing_capacity`] and replayed
-/// (with the workload's threads if `settings.threads`): a warm-up pass, then `settings.passes`
-/// timed ones; `upstream_peak` is read after them, before the stack is dropped. Capacity: the
-/// search runs over `Simulated`, in log order, so its answer is the same on every machine and
-/// every run. A failure in either step is kept in the report, and the other step still runs.
+/// Capacity first: the search runs over `Simulated`, in log order, so its answer is the same on
+/// every machine and every run. Timing next: the stack is built over `upstream` with
+/// [`timed_capacity`] and replayed (with the workload's threads if `settings.threads`): a
+/// warm-up pass, then `settings.passes` timed ones; `upstream_peak` is read after them, before
+/// the stack is dropped. `upstream` should not bound the stack more than its capacity does (an
+/// unlimited `Simulated`, a GPU). A failure in either step is kept in the report, and the other
+/// step still runs.
 pub fn run_stack<U>(
     candidate: &Candidate<'_, U>,
     upstream: U,
@@ -444,38 +460,13 @@ pub fn run_stack<U>(
         pass_ns_per_op: Vec::new(),
         upstream_peak: None,
         peak_live: workload.peak_live(),
+        capacity: 0,
         min_capacity: None,
         min_capacity_ratio: None,
         capacity_probes: None,
         timing_error: None,
         capacity_error: None,
     };
-
-    progress.phase(candidate.name, "timing");
-    let capacity = timing_capacity(workload);
-    let built = if settings.threads {
-        candidate
-            .timing
-            .threaded_replayer(upstream, capacity, workload, streams)
-    } else {
-        candidate
-            .timing
-            .replayer(upstream, capacity, workload, streams)
-    };
-    let timed = built.and_then(|inner| {
-        let mut replay = Ticking { inner, progress };
-        let timing = workload::measure(&mut replay, settings.passes)?;
-        // Read while the stack is alive: a driver pool's reservation goes with it.
-        Ok((timing, upstream_peak()))
-    });
-    match timed {
-        Ok((timing, peak)) => {
-            report.ns_per_op = Some(timing.ns_per_op);
-            report.pass_ns_per_op = timing.passes;
-            report.upstream_peak = peak;
-        }
-        Err(e) => report.timing_error = Some(e.to_string()),
-    }
 
     if let (true, Some(stack)) = (settings.search_capacity, candidate.capacity) {
         progress.phase(candidate.name, "capacity search");
@@ -491,6 +482,32 @@ pub fn run_stack<U>(
             }
             Err(e) => report.capacity_error = Some(e.to_string()),
         }
+    }
+
+    progress.phase(candidate.name, "timing");
+    report.capacity = timed_capacity(workload, report.min_capacity);
+    let built = if settings.threads {
+        candidate
+            .timing
+            .threaded_replayer(upstream, report.capacity, workload, streams)
+    } else {
+        candidate
+            .timing
+            .replayer(upstream, report.capacity, workload, streams)
+    };
+    let timed = built.and_then(|inner| {
+        let mut replay = Ticking { inner, progress };
+        let timing = workload::measure(&mut replay, settings.passes)?;
+        // Read while the stack is alive: a driver pool's reservation goes with it.
+        Ok((timing, upstream_peak()))
+    });
+    match timed {
+        Ok((timing, peak)) => {
+            report.ns_per_op = Some(timing.ns_per_op);
+            report.pass_ns_per_op = timing.passes;
+            report.upstream_peak = peak;
+        }
+        Err(e) => report.timing_error = Some(e.to_string()),
     }
     report
 }
@@ -562,7 +579,7 @@ mod tests {
             timing: stacks[0].as_ref(),
             capacity: Some(stacks[0].as_ref()),
         };
-        let sim = Arc::new(Simulated::new(timing_capacity(&w)));
+        let sim = Arc::new(Simulated::new(usize::MAX));
         let settings = Settings {
             passes: 3,
             ..Settings::default()
@@ -585,12 +602,13 @@ mod tests {
             (r.min_capacity, r.min_capacity_ratio, r.capacity_probes),
             (Some(300), Some(1.0), Some(1))
         );
-        // A warm-up and 3 timed passes, then one probe.
+        // One probe, then a warm-up and 3 timed passes.
         assert_eq!(steps.steps.get(), 5);
         assert_eq!(
             *steps.phases.borrow(),
-            ["upstream: timing", "upstream: capacity search"]
+            ["upstream: capacity search", "upstream: timing"]
         );
+        assert_eq!(r.capacity, 1 << 20);
 
         let no_search = Settings {
             search_capacity: false,
@@ -673,7 +691,7 @@ mod tests {
             workload: WorkloadSummary::of(&tiny(), "test"),
             upstream: "simulated".into(),
             device: "chosen".into(),
-            stack_capacity: 1 << 20,
+            base_capacity: 1 << 20,
             passes: 5,
             replayed_with_threads: true,
             precision: 0.001,
@@ -688,6 +706,7 @@ mod tests {
             pass_ns_per_op: vec![12.25],
             upstream_peak: Some(3 << 20),
             peak_live: 300,
+            capacity: 1 << 20,
             min_capacity: Some(450),
             min_capacity_ratio: Some(1.5),
             capacity_probes: Some(9),
@@ -778,6 +797,15 @@ mod tests {
             e,
             "unknown stack `binning`; available: upstream, pool, arena, cuda (= upstream)"
         );
+    }
+
+    #[test]
+    fn timed_capacity_leaves_room_for_the_stack() {
+        let w = tiny();
+        assert_eq!(timed_capacity(&w, None), 1 << 20);
+        assert_eq!(timed_capacity(&w, Some(300)), 1 << 20);
+        assert_eq!(timed_capacity(&w, Some(3 << 20)), 6 << 20);
+        assert_eq!(timed_capacity(&w, Some(usize::MAX)), usize::MAX);
     }
 
     #[test]

@@ -490,11 +490,12 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
 /// thread of its own, each keeping its ops in log order, pass after pass.
 ///
 /// A free waits until the allocation it names is made, which matters only where another thread
-/// made it: one atomic load when it is already there, yielding the core until it is. Waits cannot
-/// deadlock: the op earliest in the log among those not done yet can always run. The lanes of ops,
-/// each allocation's size and stream, and the slots that hand pointers between threads are laid
-/// out before any pass, so a pass does no work of its own but an atomic store per allocation and
-/// a load and store per free.
+/// makes it: one atomic load when it is already there; otherwise a short spin, then yielding the
+/// core, then parking until the allocating thread wakes it (there may be more threads than
+/// cores). Waits cannot deadlock: the op earliest in the log among those not done yet can always
+/// run. The lanes of ops, each allocation's size and stream, and the slots that hand pointers
+/// between threads are laid out before any pass, so a pass does no work of its own but two atomic
+/// operations per allocation and two per free that finds its block made.
 ///
 /// The time of a pass is wall time, from the moment every thread is started and waiting until the
 /// last one finishes, plus synchronizing the streams: ns per op is then the inverse of throughput.
@@ -508,8 +509,40 @@ pub struct ThreadedReplayer<'w, R> {
     lanes: Vec<Vec<(usize, Op)>>,
     /// Each allocation's size and stream, for its free.
     blocks: Vec<(usize, StreamRef)>,
-    /// Each allocation's pointer while it is live; null before it is made and after it is freed.
-    live: Vec<AtomicPtr<u8>>,
+    /// Each allocation's hand-over slot.
+    live: Vec<Slot>,
+}
+
+/// Where a pointer passes from the thread that allocates a block to the one that frees it.
+#[derive(Debug, Default)]
+struct Slot {
+    /// The pointer while the block is live; null before it is made and after it is freed.
+    ptr: AtomicPtr<u8>,
+    /// 1 + the lane of the thread parked waiting for `ptr`, or 0.
+    waiter: AtomicUsize,
+}
+
+/// What the threads of one pass share.
+struct PassState {
+    /// Set when a thread failed: the others stop at their next wait.
+    abort: AtomicBool,
+    /// Each lane's thread, to wake it; set before any op runs.
+    threads: Vec<std::sync::OnceLock<std::thread::Thread>>,
+}
+
+impl PassState {
+    fn wake(&self, lane: usize) {
+        if let Some(t) = self.threads.get(lane).and_then(|t| t.get()) {
+            t.unpark();
+        }
+    }
+
+    fn fail(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        for lane in 0..self.threads.len() {
+            self.wake(lane);
+        }
+    }
 }
 
 impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
@@ -542,7 +575,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             lanes,
             blocks,
             live: (0..workload.allocations())
-                .map(|_| AtomicPtr::new(null_mut()))
+                .map(|_| Slot::default())
                 .collect(),
         })
     }
@@ -557,7 +590,12 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
     /// afterwards, untimed, and on a failure every block is freed before the error returns; the
     /// failure reported is the one earliest in the log.
     pub fn pass(&mut self) -> Result<Duration, ReplayError> {
-        let abort = AtomicBool::new(false);
+        let state = PassState {
+            abort: AtomicBool::new(false),
+            threads: (0..self.lanes.len())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        };
         let ready = AtomicUsize::new(0);
         // Held for writing until every thread is started and waiting to read it.
         let gate = RwLock::new(());
@@ -567,18 +605,19 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             let mut handles = Vec::with_capacity(this.lanes.len());
             let mut spawn_error = None;
             for (thread, lane) in this.lanes.iter().enumerate() {
-                let (gate, ready, abort) = (&gate, &ready, &abort);
+                let (gate, ready, state) = (&gate, &ready, &state);
                 let spawned = std::thread::Builder::new()
                     .name(format!("replay-{thread}"))
                     .spawn_scoped(scope, move || {
+                        let _ = state.threads[thread].set(std::thread::current());
                         ready.fetch_add(1, Ordering::Release);
                         drop(gate.read().unwrap_or_else(|p| p.into_inner()));
-                        this.run_lane(lane, abort)
+                        this.run_lane(thread, lane, state)
                     });
                 match spawned {
                     Ok(h) => handles.push(h),
                     Err(e) => {
-                        abort.store(true, Ordering::Relaxed);
+                        state.fail();
                         spawn_error = Some(ReplayError::Thread {
                             thread,
                             message: e.to_string(),
@@ -620,29 +659,39 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         outcome
     }
 
-    /// Runs one thread's ops; returns when it finished, or the op that failed and why. Stops early,
-    /// with `Ok`, once another thread has failed.
+    /// Runs the ops of lane `me`; returns when it finished, or the op that failed and why. Stops
+    /// early, with `Ok`, once another thread has failed.
     fn run_lane(
         &self,
+        me: usize,
         lane: &[(usize, Op)],
-        abort: &AtomicBool,
+        state: &PassState,
     ) -> Result<Instant, (usize, ReplayError)> {
-        if abort.load(Ordering::Relaxed) {
+        if state.abort.load(Ordering::Relaxed) {
             return Ok(Instant::now());
         }
         for &(op, o) in lane {
             match o {
                 Op::Alloc { id, size, stream } => {
                     match self.resource.allocate(size, ALIGN, self.streams[stream]) {
-                        Ok(ptr) => self.live[id].store(ptr.as_ptr(), Ordering::Release),
+                        Ok(ptr) => {
+                            let slot = &self.live[id];
+                            // SeqCst with the waiter's store of `waiter` then load of `ptr`: either
+                            // it sees the pointer, or this sees it waiting and wakes it.
+                            slot.ptr.store(ptr.as_ptr(), Ordering::SeqCst);
+                            let waiter = slot.waiter.load(Ordering::SeqCst);
+                            if waiter != 0 {
+                                state.wake(waiter - 1);
+                            }
+                        }
                         Err(error) => {
-                            abort.store(true, Ordering::Relaxed);
+                            state.fail();
                             return Err((op, ReplayError::Alloc { op, size, error }));
                         }
                     }
                 }
                 Op::Free { id } => {
-                    let Some(ptr) = self.wait_for(id, abort) else {
+                    let Some(ptr) = self.wait_for(id, me, state) else {
                         return Ok(Instant::now());
                     };
                     let (size, stream) = self.blocks[id];
@@ -656,33 +705,50 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         Ok(Instant::now())
     }
 
-    /// Takes allocation `id`'s pointer once its thread has made it; None if the replay aborts.
-    fn wait_for(&self, id: usize, abort: &AtomicBool) -> Option<NonNull<u8>> {
+    /// Takes allocation `id`'s pointer once its thread has made it, waiting as lane `me`; None if
+    /// the replay aborts.
+    fn wait_for(&self, id: usize, me: usize, state: &PassState) -> Option<NonNull<u8>> {
+        /// Spins that catch a hand-over in flight, then yields that let a thread on this core
+        /// make the allocation, before parking.
+        const SPINS: u32 = 16;
+        const YIELDS: u32 = 4;
         let slot = &self.live[id];
-        let mut spins = 0u32;
-        loop {
-            if let Some(ptr) = NonNull::new(slot.load(Ordering::Acquire)) {
-                // Only this thread frees `id`, so no one else writes the slot now.
-                slot.store(null_mut(), Ordering::Relaxed);
-                return Some(ptr);
+        // Only this thread frees `id`, so no one else writes the slot once the pointer is in.
+        let take = |ptr| {
+            slot.ptr.store(null_mut(), Ordering::Relaxed);
+            Some(ptr)
+        };
+        for i in 0..SPINS + YIELDS {
+            if let Some(ptr) = NonNull::new(slot.ptr.load(Ordering::Acquire)) {
+                return take(ptr);
             }
-            if abort.load(Ordering::Relaxed) {
+            if state.abort.load(Ordering::Relaxed) {
                 return None;
             }
-            // A short spin catches a hand-over in flight; then give the core to the thread that
-            // has the allocation to make (there may be more threads than cores).
-            if spins < 64 {
-                spins += 1;
+            if i < SPINS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
         }
+        slot.waiter.store(me + 1, Ordering::SeqCst);
+        loop {
+            if let Some(ptr) = NonNull::new(slot.ptr.load(Ordering::SeqCst)) {
+                slot.waiter.store(0, Ordering::Relaxed);
+                return take(ptr);
+            }
+            if state.abort.load(Ordering::SeqCst) {
+                return None;
+            }
+            // Woken by the allocation, by a failure, or spuriously: the loop looks again.
+            std::thread::park();
+        }
     }
 
     fn release(&mut self) {
         for (slot, &(size, stream)) in self.live.iter_mut().zip(&self.blocks) {
-            if let Some(ptr) = NonNull::new(std::mem::replace(slot.get_mut(), null_mut())) {
+            *slot.waiter.get_mut() = 0;
+            if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
                 // SAFETY: a live block of this resource with its size and ALIGN; the slot is
                 // emptied, so it is freed once, and every replay thread has finished.
                 unsafe { self.resource.deallocate(ptr, size, ALIGN, stream) };

@@ -252,31 +252,27 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
         },
     };
 
-    let bar = Bar::new(
-        args.quiet,
-        chosen.len() * per_stack_steps(&settings),
-        "stacks",
-    );
+    let bar = Bar::new(args.quiet, chosen.len(), &settings);
     let stacks = match &upstream {
         Upstream::Simulated => replay_simulated(&chosen, &workload, &settings, &bar),
         Upstream::Cuda { ctx } => {
             match replay_cuda(ctx, &chosen, &workload, &stream_ids, &settings, &bar) {
                 Ok(s) => s,
                 Err(e) => {
-                    bar.0.finish_and_clear();
+                    bar.bar.finish_and_clear();
                     eprintln!("error: {e}");
                     return ExitCode::FAILURE;
                 }
             }
         }
     };
-    bar.0.finish_and_clear();
+    bar.bar.finish_and_clear();
 
     let report = Report {
         workload: summary,
         upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
         device,
-        stack_capacity: timing_capacity(&workload),
+        base_capacity: timing_capacity(&workload),
         passes: settings.passes,
         replayed_with_threads: settings.threads,
         precision: settings.precision,
@@ -318,17 +314,15 @@ fn read_trace(
         kind: trace::TraceErrorKind::Open(e),
     })?;
     let size = file.metadata().map_or(0, |m| m.len());
-    let bar = Bar::new(args.quiet, 0, "");
-    bar.0.set_length(size);
-    bar.0.set_style(
+    let bar = ProgressBar::with_draw_target(Some(size), draw_target(args.quiet)).with_style(
         ProgressStyle::with_template(
-            "reading {msg} {wide_bar} {binary_bytes}/{binary_total_bytes}",
+            "[{elapsed_precise}] {wide_bar} reading {msg}: {binary_bytes}/{binary_total_bytes}",
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.0.set_message(trace::workload_name(path));
-    let parsed = trace::read_from(bar.0.wrap_read(file), trace::workload_name(path), on_error);
-    bar.0.finish_and_clear();
+    bar.set_message(trace::workload_name(path));
+    let parsed = trace::read_from(bar.wrap_read(file), trace::workload_name(path), on_error);
+    bar.finish_and_clear();
     parsed.map_err(|e| trace::TraceError {
         path: Some(path.to_owned()),
         ..e
@@ -365,38 +359,58 @@ fn per_stack_steps(settings: &Settings) -> usize {
     1 + settings.passes + search
 }
 
-/// The progress bar, on stderr: hidden with --quiet and where stderr is not a terminal.
-struct Bar(ProgressBar);
+/// Progress bars draw on stderr, and not at all with --quiet or where stderr is not a terminal.
+fn draw_target(quiet: bool) -> ProgressDrawTarget {
+    if quiet {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    }
+}
+
+/// The progress bar of the replays: a step per pass and per capacity probe.
+struct Bar {
+    bar: ProgressBar,
+    stacks: usize,
+    done: Cell<usize>,
+    steps_per_stack: usize,
+}
 
 impl Bar {
-    fn new(quiet: bool, len: usize, unit: &str) -> Self {
-        let target = if quiet {
-            ProgressDrawTarget::hidden()
-        } else {
-            ProgressDrawTarget::stderr()
-        };
-        let bar = ProgressBar::with_draw_target(Some(len as u64), target);
-        let template = format!("[{{elapsed_precise}}] {{wide_bar}} {{msg}} ({unit})");
-        bar.set_style(
-            ProgressStyle::with_template(&template)
+    fn new(quiet: bool, stacks: usize, settings: &Settings) -> Self {
+        let steps_per_stack = per_stack_steps(settings);
+        let bar = ProgressBar::with_draw_target(
+            Some((stacks * steps_per_stack) as u64),
+            draw_target(quiet),
+        )
+        .with_style(
+            ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        Bar(bar)
+        Bar {
+            bar,
+            stacks,
+            done: Cell::new(0),
+            steps_per_stack,
+        }
     }
 
-    /// Moves to the end of stack `done` (counted from 1), whatever the estimate of its steps.
-    fn stack_done(&self, done: usize, settings: &Settings) {
-        self.0
-            .set_position((done * per_stack_steps(settings)) as u64);
+    /// Ends a stack: the bar moves to its end, whatever the estimate of its steps was.
+    fn stack_done(&self) {
+        self.done.set(self.done.get() + 1);
+        self.bar
+            .set_position((self.done.get() * self.steps_per_stack) as u64);
     }
 }
 
 impl replay::Progress for Bar {
     fn phase(&self, stack: &str, phase: &str) {
-        self.0.set_message(format!("{stack}: {phase}"));
+        let n = self.done.get() + 1;
+        self.bar
+            .set_message(format!("{stack} ({n}/{}): {phase}", self.stacks));
     }
     fn step(&self) {
-        self.0.inc(1);
+        self.bar.inc(1);
     }
 }
 
@@ -408,7 +422,7 @@ fn replay_simulated(
 ) -> Vec<replay::StackReport> {
     let stacks = workload::stacks::<Arc<Simulated>>();
     let mut reports = Vec::new();
-    for (i, name) in chosen.iter().enumerate() {
+    for name in chosen {
         let Some(factory) = stacks.iter().find(|s| s.name() == name) else {
             continue;
         };
@@ -417,7 +431,8 @@ fn replay_simulated(
             timing: factory.as_ref(),
             capacity: Some(factory.as_ref()),
         };
-        let sim = Arc::new(Simulated::new(timing_capacity(w)));
+        // Unlimited: the stack's own capacity bounds it, as device memory would hardly.
+        let sim = Arc::new(Simulated::new(usize::MAX));
         // SAFETY: the stacks sit on Simulated, which never passes streams to the driver.
         let streams = unsafe { fake_streams(w.stream_count()) };
         reports.push(run_stack(
@@ -429,7 +444,7 @@ fn replay_simulated(
             settings,
             bar,
         ));
-        bar.stack_done(i + 1, settings);
+        bar.stack_done();
     }
     reports
 }
@@ -490,7 +505,7 @@ fn replay_cuda(
     let on_simulated = workload::stacks::<Arc<Simulated>>();
 
     let mut reports = Vec::new();
-    for (i, name) in chosen.iter().enumerate() {
+    for name in chosen {
         let Some(factory) = stacks.iter().find(|s| s.name() == name) else {
             continue;
         };
@@ -520,7 +535,7 @@ fn replay_cuda(
             settings,
             bar,
         ));
-        bar.stack_done(i + 1, settings);
+        bar.stack_done();
     }
     // The streams outlive every replay on them: `reports` is complete, every stack dropped.
     drop(owned);
