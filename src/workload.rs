@@ -530,6 +530,18 @@ struct PassState {
     threads: Vec<std::sync::OnceLock<std::thread::Thread>>,
 }
 
+/// Stops the other threads of a pass when the one that holds it panics (a resource that panics
+/// on a broken contract), so that none waits forever for an allocation that will not come.
+struct FailOnPanic<'a>(&'a PassState);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail();
+        }
+    }
+}
+
 impl PassState {
     fn wake(&self, lane: usize) {
         if let Some(t) = self.threads.get(lane).and_then(|t| t.get()) {
@@ -609,6 +621,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                 let spawned = std::thread::Builder::new()
                     .name(format!("replay-{thread}"))
                     .spawn_scoped(scope, move || {
+                        let _failing = FailOnPanic(state);
                         let _ = state.threads[thread].set(std::thread::current());
                         ready.fetch_add(1, Ordering::Release);
                         drop(gate.read().unwrap_or_else(|p| p.into_inner()));

@@ -739,3 +739,42 @@ fn metered_counts_what_reaches_its_upstream_from_many_threads() {
     assert!(meter.allocate(8, 3, StreamRef::DEFAULT).is_err());
     assert_eq!(meter.upstream().allocation_count(), 800);
 }
+
+/// Panics on a request of 999 bytes: a stand-in for a resource that catches a broken contract.
+struct PanicsOn999(Simulated);
+
+// SAFETY: every call goes to the Simulated inside, unchanged, or panics before reaching it.
+unsafe impl MemoryResource for PanicsOn999 {
+    type Host = <Simulated as MemoryResource>::Host;
+    type Device = <Simulated as MemoryResource>::Device;
+    type Managed = <Simulated as MemoryResource>::Managed;
+    type Alignment = <Simulated as MemoryResource>::Alignment;
+
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        assert_ne!(size, 999, "PanicsOn999 was asked for 999 bytes");
+        self.0.allocate(size, align, s)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.deallocate(ptr, size, align, s) }
+    }
+}
+
+#[test]
+fn a_panic_in_one_replay_thread_reaches_the_caller_without_a_hang() {
+    // Thread 1 waits to free what thread 0 never makes: thread 0 panics first.
+    let log =
+        format!("{HEADER}1,1,allocate,0x100,8,0\n0,2,allocate,0x200,999,0\n1,3,free,0x200,999,0\n");
+    let t = trace::parse(log.as_bytes(), "panics").unwrap();
+    let resource = PanicsOn999(Simulated::new(1 << 20));
+    let w = &t.workload;
+    let mut r = workload::ThreadedReplayer::new(&resource, w, w.default_streams()).unwrap();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.pass()));
+    let panic = outcome.unwrap_err();
+    let msg = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or("");
+    assert!(msg.contains("999 bytes"), "{msg}");
+}

@@ -100,7 +100,7 @@ struct ReplayArgs {
     #[arg(long)]
     json: bool,
 
-    /// No progress bar and no notes on stderr (warnings and errors still show).
+    /// No progress bar (there is none either where stderr is not a terminal).
     #[arg(short, long)]
     quiet: bool,
 }
@@ -191,17 +191,22 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
     };
 
     // Which upstream, decided before anything slow so that a usage error comes at once.
-    let (upstream, device) = match (args.upstream, mrstack::cuda_context(0)) {
-        (UpstreamArg::Simulated, _) => (Upstream::Simulated, "chosen".to_owned()),
-        (UpstreamArg::Auto | UpstreamArg::Cuda, Ok(ctx)) => {
+    // Simulated opens no CUDA context, even where there is a GPU.
+    let gpu = match args.upstream {
+        UpstreamArg::Simulated => None,
+        UpstreamArg::Auto | UpstreamArg::Cuda => Some(mrstack::cuda_context(0)),
+    };
+    let (upstream, device) = match (args.upstream, gpu) {
+        (_, None) => (Upstream::Simulated, "chosen".to_owned()),
+        (_, Some(Ok(ctx))) => {
             let device = ctx.name().unwrap_or_else(|_| "device 0".to_owned());
             (Upstream::Cuda { ctx }, device)
         }
-        (UpstreamArg::Cuda, Err(e)) => {
+        (UpstreamArg::Cuda, Some(Err(e))) => {
             eprintln!("error: --upstream cuda: no GPU: {e}");
             return ExitCode::FAILURE;
         }
-        (UpstreamArg::Auto, Err(e)) => (Upstream::Simulated, format!("no GPU found: {e}")),
+        (_, Some(Err(e))) => (Upstream::Simulated, format!("no GPU found: {e}")),
     };
     let is_cuda = matches!(upstream, Upstream::Cuda { .. });
     if !is_cuda && args.stacks.iter().any(|s| s.trim() == CUDA_ASYNC) {
