@@ -16,7 +16,6 @@ use mrstack::workload::{
 };
 use mrstack::{Cuda, CudaAsync, Simulated, StreamRef};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,8 +34,7 @@ const RMM: [(&str, f64, f64); 4] = [
 
 fn workloads() -> Vec<Workload> {
     let mut all = vec![workload::random(&Default::default())];
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/resnet50_train.csv.gz");
+    let path = mrstack::trace::resnet50_path();
     match mrstack::trace::read(&path) {
         Ok(t) => all.push(t.workload),
         Err(e) => println!("skipping the ResNet-50 trace: {e}"),

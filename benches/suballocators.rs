@@ -14,15 +14,13 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use mrstack::workload::{self, measure, min_capacity, timing_capacity, Replay, Workload};
 use mrstack::Simulated;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The random workload, and the ResNet-50 trace where `shared/` is beside the repository.
 fn workloads() -> Vec<Workload> {
     let mut all = vec![workload::random(&Default::default())];
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/resnet50_train.csv.gz");
+    let path = mrstack::trace::resnet50_path();
     if path.exists() {
         match mrstack::trace::read(&path) {
             Ok(t) => all.push(t.workload),

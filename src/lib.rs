@@ -65,8 +65,12 @@
 //! * [`property`]: the property markers and [`Accessible`].
 //! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
 //! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
-//! * [`container`]: typed containers with cudarc interop.
 //! * [`workload`] and [`trace`]: workloads and RMM logs to replay and measure stacks with.
+//! * [`container`]: typed containers with cudarc interop, and [`HostAllocator`] for
+//!   `allocator-api2` collections in host-accessible memory.
+//! * [`erased`]: [`AnyResource`] and [`ResourceRef`], stacks chosen at run time with their
+//!   properties still checked; [`registry`]: the per-device current resource;
+//!   [`config`]: stacks built from text such as `"cuda > pool(initial=1GiB)"`.
 //! * `replay` (feature `cli`, on by default): what the `mrstack replay` command does.
 
 #![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
@@ -75,9 +79,12 @@
 extern crate self as mrstack;
 
 pub mod adaptor;
+pub mod config;
 pub mod container;
+pub mod erased;
 pub mod layer;
 pub mod property;
+pub mod registry;
 #[cfg(feature = "cli")]
 pub mod replay;
 pub mod resource;
@@ -86,14 +93,19 @@ pub mod trace;
 pub mod upstream;
 pub mod workload;
 
-pub use container::{DeviceBox, DeviceVec, PinnedVec};
+pub use container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
+pub use erased::{AnyResource, PropertySet, ResourceRef};
 pub use property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
 pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
 pub use stream::StreamRef;
 pub use upstream::{
-    cuda_context, device_count, driver_available, Cuda, CudaAsync, CudaAsyncOptions, Managed,
-    Pinned, Simulated, System,
+    cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,
+    Managed, Pinned, Simulated, System,
 };
+
+/// The `allocator-api2` crate [`HostAllocator`] implements, re-exported so that its `Vec` and
+/// `Box` match the version mrstack uses.
+pub use allocator_api2;
 
 /// Builds a resource stack from a list: the first item is a leaf resource (any expression), each
 /// following line wraps the one above through its [`Layer`] configuration.
@@ -111,16 +123,26 @@ pub use upstream::{
 /// and KiB/MiB/GiB/TiB (powers of 1024), checked at compile time.
 pub use mrstack_macros::resource_stack;
 
+/// The type-level numbers properties are made of (`typenum::U4096` for `Aligned<U4096>`).
+pub use typenum;
+
 /// The names a user of mrstack needs, in one `use`.
 pub mod prelude {
-    pub use crate::container::{DeviceBox, DeviceVec, PinnedVec};
+    pub use crate::adaptor::{
+        Aligned, Arena, Binning, FixedSize, Limiting, Logging, Pool, Prefetch, Retry, Statistics,
+        Tracking,
+    };
+    pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
+    pub use crate::erased::{AnyResource, ResourceRef};
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
     pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
     pub use crate::stream::StreamRef;
     pub use crate::upstream::{
-        Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
+        Callback, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
     };
     pub use mrstack_macros::resource_stack;
+    /// Alignments for `Aligned<A>` lines (`resource_stack![Cuda::new(&ctx)?, Aligned<U4096>]`).
+    pub use typenum::{U1024, U128, U16384, U2048, U256, U4096, U512, U64, U65536, U8192};
 }
 
 /// The README's examples, compiled as doctests so they cannot rot.

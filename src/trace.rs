@@ -177,6 +177,16 @@ impl std::error::Error for TraceError {
     }
 }
 
+/// The ResNet-50 training trace this project measures with (an RMM log of a real run on an H100):
+/// `$MRSTACK_TRACES/resnet50_train.csv.gz` where that variable is set (a GPU machine that gets the
+/// file beside the test binaries), else `shared/traces/` beside the repository.
+pub fn resnet50_path() -> PathBuf {
+    let dir = std::env::var_os("MRSTACK_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"));
+    dir.join("resnet50_train.csv.gz")
+}
+
 /// Reads the log at `path`, gzip-compressed or not (told by its first bytes, not its name),
 /// stopping at the first bad line; the workload is named after the file, less `.csv` and `.gz`
 /// (`resnet50_train`).

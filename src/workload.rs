@@ -941,12 +941,28 @@ where
 pub fn stacks<U: MemoryResource + Send + Sync + 'static>() -> Vec<Box<dyn StackFactory<U>>> {
     vec![
         stack("upstream", |upstream: U, _capacity| Ok(upstream)),
-        // added once Pool/Binning/Arena merge:
-        // stack("pool", |up: U, cap| Ok(crate::resource_stack![up, Pool { initial: cap, max: cap }])),
-        // stack("binning+pool", |up: U, cap| {
-        //     Ok(crate::resource_stack![up, Pool { initial: cap, max: cap }, Binning])
-        // }),
-        // stack("arena", |up: U, cap| Ok(crate::resource_stack![up, Arena { size: cap }])),
+        stack("pool", |up: U, cap| {
+            Ok(crate::resource_stack![
+                up,
+                Pool {
+                    initial: cap,
+                    max: cap
+                }
+            ])
+        }),
+        stack("binning", |up: U, cap| {
+            Ok(crate::resource_stack![
+                up,
+                Pool {
+                    initial: cap,
+                    max: cap
+                },
+                Binning
+            ])
+        }),
+        stack("arena", |up: U, cap| {
+            Ok(crate::resource_stack![up, Arena { size: cap }])
+        }),
     ]
 }
 

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
@@ -252,7 +252,7 @@ fn quiet_leaves_stderr_empty_and_no_capacity_skips_the_search() {
 
 #[test]
 fn the_resnet_trace_replays() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/resnet50_train.csv.gz");
+    let path = mrstack::trace::resnet50_path();
     if !path.exists() {
         eprintln!("skipping: no trace at {}", path.display());
         return;

@@ -308,3 +308,34 @@ fn a_stack_built_by_the_macro_allocates_on_the_gpu() {
     let mut v = DeviceVec::<u32, _>::zeroed(12_345, &mr, &stream).unwrap();
     fill_and_check(&ctx, &mut v, 17);
 }
+
+#[test]
+fn suballocators_serve_kernels_on_two_streams() {
+    let Some(ctx) = gpu() else { return };
+    let a = ctx.new_stream().unwrap();
+    let b = ctx.new_stream().unwrap();
+    let mr = resource_stack![
+        Cuda::new(&ctx).unwrap(),
+        Pool { initial: 64 MiB, max: 1 GiB },
+        Binning { min: 256 B, max: 1 MiB },
+    ];
+    for round in 0..3u32 {
+        // Blocks freed on `a` are handed to `b` only after `b` waits for `a` (Pool::order_after).
+        for (k, stream) in [(round * 2 + 3, &a), (round * 2 + 4, &b)] {
+            let mut small = DeviceVec::<u32, _>::zeroed(1000, &mr, stream).unwrap();
+            let mut large = DeviceVec::<u32, _>::zeroed(3 << 20, &mr, stream).unwrap();
+            fill_and_check(&ctx, &mut small, k);
+            fill_and_check(&ctx, &mut large, k + 100);
+        }
+    }
+    let fixed = resource_stack![Cuda::new(&ctx).unwrap(), FixedSize { block_size: 1 MiB, blocks_to_preallocate: 4 }];
+    let vs: Vec<_> = (0..10u32)
+        .map(|k| {
+            let mut v = DeviceVec::<u32, _>::zeroed(1 << 18, &fixed, &a).unwrap();
+            fill_and_check(&ctx, &mut v, k);
+            v
+        })
+        .collect();
+    let addrs: std::collections::HashSet<_> = vs.iter().map(|v| v.device_address()).collect();
+    assert_eq!(addrs.len(), 10, "live blocks are distinct");
+}

@@ -183,3 +183,31 @@ fn errors_say_what_failed() {
         "{other}"
     );
 }
+
+#[test]
+fn macro_fields_take_sizes_literals_and_expressions() {
+    let sim = Simulated::new(1 << 50);
+    let shift = 30;
+    let mr = resource_stack![
+        &sim,
+        Pool {
+            initial: 1 << 20,
+            max: 1 << shift
+        },
+        Limiting { limit: "512 MiB" },
+    ];
+    let e = mr.allocate(600 << 20, 256, S).unwrap_err();
+    assert!(
+        matches!(e.kind, AllocErrorKind::LimitExceeded { limit, .. } if limit == 512 << 20),
+        "{e}"
+    );
+    let p = mr.allocate(1 << 20, 256, S).unwrap();
+    assert_eq!(mr.upstream().pool_size(), 1 << 20);
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
+    let aligned = resource_stack![System::new(), Aligned<U4096>];
+    let p = aligned.allocate(10, 1, S).unwrap();
+    assert_eq!(p.as_ptr() as usize % 4096, 0);
+    // SAFETY: p came from aligned with this size and align.
+    unsafe { aligned.deallocate(p, 10, 1, S) };
+}

@@ -51,8 +51,7 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 /// The shared ResNet-50 trace, or None (with a message) where `shared/` is not beside the repo.
 fn resnet_trace() -> Option<PathBuf> {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/resnet50_train.csv.gz");
+    let path = mrstack::trace::resnet50_path();
     if path.exists() {
         Some(path)
     } else {

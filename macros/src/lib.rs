@@ -122,7 +122,12 @@ impl Parse for Field {
             let unit: Ident = input.parse()?;
             let span = n.span().join(unit.span()).unwrap_or_else(|| n.span());
             size_tokens(&n.to_string(), &unit.to_string(), span)?
-        } else if input.peek(LitInt) {
+        } else if input.peek(LitInt) && {
+            // A lone literal (`4096`, `512MiB`); one followed by an operator (`1 << 40`) is an
+            // expression.
+            let fork = input.fork();
+            fork.parse::<LitInt>().is_ok() && (fork.is_empty() || fork.peek(Token![,]))
+        } {
             let n: LitInt = input.parse()?;
             match n.suffix() {
                 "" | "usize" | "u64" | "u32" | "u16" | "u8" | "i32" | "i64" | "isize" => {
@@ -210,7 +215,13 @@ impl Stack {
                         }
                         Some(fields) => {
                             let fields = fields.iter().map(|(f, v)| quote!(#f: #v));
-                            quote_spanned!(span=> #path { #(#fields,)* ..::core::default::Default::default() })
+                            // A `let` so that the lint attribute is allowed: naming every field
+                            // makes the `..Default::default()` needless, which is fine here.
+                            quote_spanned!(span=> {
+                                #[allow(clippy::needless_update)]
+                                let config = #path { #(#fields,)* ..::core::default::Default::default() };
+                                config
+                            })
                         }
                     };
                     (config, span)

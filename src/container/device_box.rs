@@ -1,7 +1,7 @@
 //! `DeviceBox<T, R>`: one `T` in device-accessible memory. Requires `R: Accessible<DeviceAccessible>`.
 //! A `DeviceVec` of length one underneath, with a value-shaped API.
 
-use super::{cudarc_interop, DeviceVec};
+use super::{cudarc_interop, AlignmentFits, DeviceVec};
 use crate::property::{Accessible, DeviceAccessible};
 use crate::resource::{AllocError, MemoryResource};
 use cudarc::driver::{CudaStream, DeviceRepr};
@@ -16,6 +16,7 @@ pub struct DeviceBox<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessi
 impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceBox<T, R> {
     /// `value`, copied to memory from `resource` on `stream`.
     pub fn new(value: T, resource: R, stream: &Arc<CudaStream>) -> Result<Self, AllocError> {
+        let () = AlignmentFits::<T, R>::CHECK;
         // SAFETY: the value is written by `set` before the box is handed out.
         let inner = unsafe { DeviceVec::uninit(1, resource, stream) }?;
         let mut b = DeviceBox { inner };

@@ -2,7 +2,7 @@
 //! `rmm::device_uvector`. Requires `R: Accessible<DeviceAccessible>`; host access to the elements
 //! (`as_host_slice`) exists only when `R` is host-accessible too (managed, pinned).
 
-use super::{copy_error, cudarc_interop, length_mismatch, RawBuf};
+use super::{copy_error, cudarc_interop, length_mismatch, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, MemoryResource};
 use cudarc::driver::{result, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -36,6 +36,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         resource: R,
         stream: &Arc<CudaStream>,
     ) -> Result<Self, AllocError> {
+        let () = AlignmentFits::<T, R>::CHECK;
         Ok(DeviceVec {
             buf: RawBuf::allocate(len, resource, stream)?,
         })
@@ -46,6 +47,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     where
         T: ValidAsZeroBits,
     {
+        let () = AlignmentFits::<T, R>::CHECK;
         // SAFETY: every byte is set by the memset below before the vector is handed out.
         let v = unsafe { Self::uninit(len, resource, stream) }?;
         let bytes = v.buf.bytes();
@@ -65,6 +67,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         resource: R,
         stream: &Arc<CudaStream>,
     ) -> Result<Self, AllocError> {
+        let () = AlignmentFits::<T, R>::CHECK;
         // SAFETY: every value is written by the copy below before the vector is handed out.
         let mut v = unsafe { Self::uninit(host.len(), resource, stream) }?;
         v.copy_from(host)?;

@@ -14,10 +14,12 @@
 
 mod device_box;
 mod device_vec;
+mod host_allocator;
 mod pinned_vec;
 
 pub use device_box::DeviceBox;
 pub use device_vec::DeviceVec;
+pub use host_allocator::HostAllocator;
 pub use pinned_vec::PinnedVec;
 
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
@@ -26,6 +28,22 @@ use cudarc::driver::{sys, CudaStream, SyncOnDrop};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
+
+/// The compile-time check that `R` guarantees the alignment of `T`, which every container
+/// constructor makes: without it an over-aligned `T` on, say, `Cuda` (256 bytes) would be refused
+/// at run time with `Unsupported`. Stable Rust cannot compare `align_of::<T>()` with a type-level
+/// number in a bound, so this is a constant evaluated per `(T, R)`: `cargo build` reports it (as
+/// "evaluation of `AlignmentFits::<T, R>::CHECK` failed"), `cargo check` does not.
+pub(crate) struct AlignmentFits<T, R>(PhantomData<(T, R)>);
+
+impl<T, R: MemoryResource> AlignmentFits<T, R> {
+    pub(crate) const CHECK: () = assert!(
+        std::mem::align_of::<T>() <= crate::property::alignment_of::<R>(),
+        "DeviceBox/DeviceVec/PinnedVec<T, R>: T is aligned to more bytes than R guarantees \
+         (R::Alignment): wrap R in Aligned<A, R> with A >= align_of::<T>(), \
+         e.g. resource_stack![Cuda::new(&ctx)?, Aligned<U512>]; `AlignmentFits::<T, R>` below names T and R"
+    );
+}
 
 /// `len` values of `T` allocated from `R`, ordered on `stream`: the part the three containers share.
 /// It does not initialize or drop the values (containers hold `Copy`-like `DeviceRepr` data).

@@ -5,7 +5,7 @@
 //! argument, a copy), the next host access first waits for the vector's stream, so the host never
 //! reads values a kernel is still writing, nor overwrites values a copy is still reading.
 
-use super::{cudarc_interop, RawBuf};
+use super::{cudarc_interop, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, MemoryResource};
 use cudarc::driver::{CudaStream, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits};
@@ -43,6 +43,7 @@ where
     R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
 {
     fn with_len(len: usize, resource: R, stream: &Arc<CudaStream>) -> Result<Self, AllocError> {
+        let () = AlignmentFits::<T, R>::CHECK;
         Ok(PinnedVec {
             buf: RawBuf::allocate(len, resource, stream)?,
             in_use_by_device: AtomicBool::new(false),
@@ -58,6 +59,7 @@ where
     where
         T: Clone,
     {
+        let () = AlignmentFits::<T, R>::CHECK;
         let v = Self::with_len(values.len(), resource, stream)?;
         for (i, x) in values.iter().enumerate() {
             // SAFETY: the memory is host-accessible, holds `len` slots, and slot i is written once.
@@ -71,6 +73,7 @@ where
     where
         T: ValidAsZeroBits,
     {
+        let () = AlignmentFits::<T, R>::CHECK;
         let v = Self::with_len(len, resource, stream)?;
         // SAFETY: the memory is host-accessible and `len` values long; all-zero is a valid T.
         unsafe { v.buf.ptr().as_ptr().write_bytes(0, len) };

@@ -3,8 +3,10 @@
 //! The CUDA ones (`Cuda`, `CudaAsync`, `Managed`, `Pinned`) call the driver through cudarc's
 //! dynamically loaded bindings, so the crate builds and runs with no CUDA toolkit: on a machine with
 //! no driver their constructors return [`AllocErrorKind::NoDriver`] instead of panicking.
-//! `System` is host memory, `Simulated` hands out address ranges and no memory, for tests and replay.
+//! `System` is host memory, `Simulated` hands out address ranges and no memory, for tests and replay;
+//! `Callback` wraps a foreign allocator given as functions.
 
+pub mod callback;
 mod cuda;
 mod cuda_async;
 mod managed;
@@ -12,6 +14,7 @@ mod pinned;
 mod simulated;
 mod system;
 
+pub use callback::Callback;
 pub use cuda::Cuda;
 pub use cuda_async::{CudaAsync, CudaAsyncOptions};
 pub use managed::Managed;

@@ -1,0 +1,247 @@
+//! `Binning`: power-of-two size classes served from fixed-size bins, larger requests from the
+//! upstream.
+//!
+//! **What it does.** Bins of block sizes `min, 2·min, 4·min, …, max` each work as a
+//! [`FixedSize`](crate::adaptor::FixedSize) resource: a request of at most `max` bytes takes one
+//! block of the smallest bin that holds it; a larger request, or one aligned beyond 256 bytes, goes
+//! to the upstream directly. The bins are not resources of their own but free lists that `Binning`
+//! refills from the upstream it owns, so that the bins and the large requests share one upstream
+//! (typically a [`Pool`](crate::adaptor::Pool)) with no `Arc` or borrow between them. A bin grows
+//! geometrically: each refill doubles the blocks it holds, up to 128 blocks at a time (RMM's
+//! `fixed_size_memory_resource` step), so a little-used bin holds little memory. Every chunk goes
+//! back to the upstream when the resource is dropped.
+//!
+//! **Streams.** Each bin keeps free blocks per stream, as `FixedSize` does: reuse on the same stream
+//! is immediate, and taking blocks freed on another stream `S` costs one `upstream.order_after(T, S)`.
+//!
+//! **What it costs.** For a binned request: a bit scan to pick the bin, then a pop or a push on a
+//! vector under that bin's own mutex (bins do not contend with each other). Other requests cost
+//! what the upstream costs. Blocks waste up to half their size to rounding.
+//!
+//! **What it requires of its upstream.** Any [`MemoryResource`] that honours a 256-byte alignment
+//! request: bins' chunks and large requests are asked for at least 256-byte alignment, which is
+//! what `Binning` guarantees.
+
+use crate::adaptor::fixed_size::Bin;
+use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::stream::StreamRef;
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use typenum::U256;
+
+/// The smallest bin (and every block's alignment).
+const GRANULE: usize = 256;
+/// The most blocks a bin takes from the upstream at once.
+const MAX_GROWTH: usize = 128;
+const NAME: &str = "Binning";
+
+/// The configuration of a [`Binning`]; `resource_stack!` builds one from
+/// `Binning { min: 256 KiB, max: 4 MiB }`.
+///
+/// Both bounds are rounded up to powers of two, and `min` to at least 256 bytes. Defaults: `min:
+/// 256` bytes and `max: 1 MiB`, so that every request of at most 1 MiB is a free-list operation.
+#[derive(Debug, Clone)]
+pub struct BinningConfig {
+    /// The smallest bin's block size: smaller requests take a block of this size.
+    pub min: usize,
+    /// The largest bin's block size: larger requests go to the upstream.
+    pub max: usize,
+}
+
+impl Default for BinningConfig {
+    fn default() -> Self {
+        BinningConfig {
+            min: GRANULE,
+            max: 1 << 20,
+        }
+    }
+}
+
+impl<U: MemoryResource> Layer<U> for BinningConfig {
+    type Resource = Binning<U>;
+    fn layer(self, upstream: U) -> Binning<U> {
+        Binning::new(upstream, self)
+    }
+}
+
+/// Power-of-two bins over an upstream resource `U`.
+///
+/// Requests of at most [`BinningConfig::max`] bytes (aligned to at most 256) take a block of the
+/// smallest power-of-two bin that holds them: a pop or push on that bin's free list under its own
+/// mutex. Bins are refilled from the upstream in chunks that double what the bin holds, up to 128
+/// blocks at a time. Larger or over-aligned requests go to the upstream, which the bins share
+/// (typically a [`Pool`](crate::adaptor::Pool)). Free blocks are kept per stream, handed to another
+/// stream only after `upstream.order_after`. Everything goes back to the upstream on drop.
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let sim = Simulated::new(1 << 30);
+/// let mr = resource_stack![
+///     &sim,
+///     Pool { max: 512 MiB },
+///     Binning { min: 256 KiB, max: 4 MiB },
+/// ];
+/// let small = mr.allocate(1000, 256, StreamRef::DEFAULT).unwrap(); // a 256 KiB block
+/// let large = mr.allocate(64 << 20, 256, StreamRef::DEFAULT).unwrap(); // from the pool
+/// assert_eq!(mr.bin_sizes().first(), Some(&(256 << 10)));
+/// # unsafe {
+/// #     mr.deallocate(small, 1000, 256, StreamRef::DEFAULT);
+/// #     mr.deallocate(large, 64 << 20, 256, StreamRef::DEFAULT);
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Binning<U: MemoryResource> {
+    upstream: U,
+    /// log2 of the smallest bin's block size.
+    min_shift: u32,
+    /// The largest bin's block size: requests above it go to the upstream.
+    max_block: usize,
+    bins: Box<[Mutex<Bin>]>,
+}
+
+impl<U: MemoryResource> Binning<U> {
+    /// Bins from `config.min` to `config.max` over `upstream`. The bins start empty and take memory
+    /// when first used.
+    pub fn new(upstream: U, config: BinningConfig) -> Self {
+        let pow2 = |n: usize| {
+            n.checked_next_power_of_two()
+                .unwrap_or(1 << (usize::BITS - 1))
+        };
+        let min = pow2(config.min.max(GRANULE));
+        let max = pow2(config.max);
+        let bins: Box<[Mutex<Bin>]> = std::iter::successors(Some(min), |&b| b.checked_mul(2))
+            .take_while(|&b| b <= max)
+            .map(|b| Mutex::new(Bin::new(b)))
+            .collect();
+        Binning {
+            upstream,
+            min_shift: min.trailing_zeros(),
+            max_block: if bins.is_empty() { 0 } else { max },
+            bins,
+        }
+    }
+
+    /// The block size of each bin, smallest first.
+    pub fn bin_sizes(&self) -> Vec<usize> {
+        (0..self.bins.len())
+            .map(|i| 1 << (self.min_shift + i as u32))
+            .collect()
+    }
+
+    /// Bytes the bins hold from the upstream (not counting requests passed through).
+    pub fn bins_size(&self) -> usize {
+        self.bins.iter().map(|b| lock(b).held()).sum()
+    }
+
+    /// Free blocks in each bin, smallest bin first.
+    pub fn free_blocks(&self) -> Vec<usize> {
+        self.bins.iter().map(|b| lock(b).free_blocks()).collect()
+    }
+
+    /// The resource the bins and the large requests take memory from.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// The bin serving a request, or `None` for the upstream.
+    #[inline]
+    fn bin(&self, size: usize, align: usize) -> Option<&Mutex<Bin>> {
+        if size > self.max_block || align > GRANULE {
+            return None;
+        }
+        // The smallest power of two holding `size`, at least the smallest bin's.
+        let shift = (usize::BITS - (size - 1).leading_zeros()).max(self.min_shift);
+        self.bins.get((shift - self.min_shift) as usize)
+    }
+}
+
+fn lock(bin: &Mutex<Bin>) -> MutexGuard<'_, Bin> {
+    // Bin's updates complete before any upstream call (the only thing that may panic inside the
+    // lock), so the state behind a poisoned lock is consistent.
+    bin.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// SAFETY: a binned request gets a whole block of its bin (block ≥ size, 256-aligned, distinct, see
+// `FixedSize`), handed to another stream only after `order_after`; other requests are the
+// upstream's, asked for at least 256-byte alignment, which the upstream honours or refuses.
+unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U256;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(p) = check_request::<Self>(size, align, NAME)? {
+            return Ok(p);
+        }
+        let Some(bin) = self.bin(size, align) else {
+            return self.upstream.allocate(size, align.max(GRANULE), stream);
+        };
+        let mut bin = lock(bin);
+        let grow_by = bin.blocks().clamp(1, MAX_GROWTH);
+        let addr = bin.pop(&self.upstream, stream, grow_by, size, align, NAME)?;
+        drop(bin);
+        NonNull::new(std::ptr::without_provenance_mut(addr))
+            .ok_or(AllocError::out_of_memory(size, align, NAME))
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        match self.bin(size, align) {
+            Some(bin) => lock(bin).push(ptr.as_ptr() as usize, stream),
+            // SAFETY: requests that no bin serves were passed to the upstream with this size and
+            // alignment (the same routing decides both ways).
+            None => unsafe {
+                self.upstream
+                    .deallocate(ptr, size, align.max(GRANULE), stream)
+            },
+        }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+}
+
+impl<U: MemoryResource> Drop for Binning<U> {
+    fn drop(&mut self) {
+        for bin in self.bins.iter_mut() {
+            let bin = bin.get_mut().unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: the resource is being dropped, so it hands out no block any more.
+            unsafe { bin.release_all(&self.upstream) };
+        }
+    }
+}
+
+static_assertions::assert_impl_all!(
+    Binning<crate::Cuda>: Send,
+    Sync,
+    crate::Accessible<crate::DeviceAccessible>
+);
+static_assertions::assert_impl_all!(
+    Binning<crate::adaptor::Pool<crate::Cuda>>: Send,
+    Sync,
+    crate::Accessible<crate::DeviceAccessible>
+);
+static_assertions::assert_not_impl_any!(Binning<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Binning<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(Binning<crate::System>: crate::Accessible<crate::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<Binning<crate::System>>() == 256);

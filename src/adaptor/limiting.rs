@@ -1,0 +1,163 @@
+//! `Limiting<U>`: a cap on the bytes allocated at once through it, as RMM's
+//! `limiting_resource_adaptor` and PyTorch's `set_per_process_memory_fraction`.
+//!
+//! A request that would take the total over the cap fails with
+//! [`AllocErrorKind::LimitExceeded`] (the cap and the bytes in use) without reaching the upstream.
+//! Cost: one compare-and-swap per allocation, one atomic subtraction per deallocation; no lock.
+//! Counts requested sizes, not what the upstream rounds them to. Requires nothing of its upstream
+//! and keeps its properties.
+
+use crate::resource::{check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use crate::stream::StreamRef;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// At most `limit` bytes allocated through it at once.
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let mr = resource_stack![Simulated::new(1 << 30), Limiting { limit: 1 MiB }];
+/// let a = mr.allocate(768 << 10, 256, StreamRef::DEFAULT).unwrap();
+/// let err = mr.allocate(512 << 10, 256, StreamRef::DEFAULT).unwrap_err();
+/// assert_eq!(err.kind, AllocErrorKind::LimitExceeded { limit: 1 << 20, in_use: 768 << 10 });
+/// # unsafe { mr.deallocate(a, 768 << 10, 256, StreamRef::DEFAULT) };
+/// ```
+#[derive(Debug)]
+pub struct Limiting<U> {
+    upstream: U,
+    limit: usize,
+    in_use: AtomicUsize,
+}
+
+impl<U: MemoryResource> Limiting<U> {
+    const NAME: &'static str = "Limiting";
+
+    /// Caps what goes to `upstream` at `limit` bytes at once.
+    pub fn new(upstream: U, limit: usize) -> Self {
+        Limiting {
+            upstream,
+            limit,
+            in_use: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<U> Limiting<U> {
+    /// The cap in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes allocated through the adaptor now.
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(Relaxed)
+    }
+
+    /// Bytes that may still be allocated before the cap.
+    pub fn available(&self) -> usize {
+        self.limit.saturating_sub(self.in_use())
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// Unwraps the adaptor.
+    pub fn into_inner(self) -> U {
+        self.upstream
+    }
+}
+
+// SAFETY: every allocation is the upstream's, returned unchanged; the adaptor only refuses some.
+unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        // Reserve before asking the upstream, so that concurrent requests cannot together pass
+        // the cap; give the reservation back if the upstream fails.
+        self.in_use
+            .fetch_update(Relaxed, Relaxed, |used| {
+                used.checked_add(size).filter(|&n| n <= self.limit)
+            })
+            .map_err(|used| {
+                AllocError::new(
+                    AllocErrorKind::LimitExceeded {
+                        limit: self.limit,
+                        in_use: used,
+                    },
+                    size,
+                    align,
+                    Self::NAME,
+                )
+            })?;
+        self.upstream
+            .allocate(size, align, stream)
+            .inspect_err(|_| {
+                self.in_use.fetch_sub(size, Relaxed);
+            })
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.upstream.deallocate(ptr, size, align, stream) };
+        // Released after the upstream has the memory back, so that a request the cap lets through
+        // can be served by it.
+        self.in_use.fetch_sub(size, Relaxed);
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+/// `resource_stack!` configuration of [`Limiting`]: `Limiting { limit: 8 GiB }`.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitingConfig {
+    /// The cap in bytes; the default, `usize::MAX`, caps nothing.
+    pub limit: usize,
+}
+
+impl Default for LimitingConfig {
+    fn default() -> Self {
+        LimitingConfig { limit: usize::MAX }
+    }
+}
+
+impl<U: MemoryResource> Layer<U> for LimitingConfig {
+    type Resource = Limiting<U>;
+    fn layer(self, upstream: U) -> Limiting<U> {
+        Limiting::new(upstream, self.limit)
+    }
+}
+
+static_assertions::assert_impl_all!(Limiting<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Limiting<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(Limiting<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+// The cap and the counter, nothing else.
+static_assertions::assert_eq_size!(Limiting<crate::System>, [usize; 2]);

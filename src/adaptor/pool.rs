@@ -1,0 +1,629 @@
+//! `Pool`: a coalescing best-fit suballocator that takes memory from its upstream in large chunks,
+//! up to a maximum, and carves it into blocks.
+//!
+//! **What it does.** Free blocks are kept per stream, indexed twice: by `(size, address)` for best
+//! fit and by address for coalescing with their neighbours. An allocation takes the smallest free
+//! block that fits, splits off what it does not need and keeps the rest free; a deallocation merges
+//! the block with the free blocks right before and after it, when they were freed on the same stream
+//! and lie in the same upstream chunk (two upstream allocations are never one block, even when
+//! adjacent). When no block fits, the pool grows by a new chunk: doubling without a maximum, and
+//! near the maximum by exactly what is still allowed, so that a pool whose maximum is barely above
+//! the peak of live bytes still serves the workload. Every chunk goes back to the upstream when the
+//! pool is dropped; [`Pool::release`] gives back the chunks that are wholly free before that.
+//!
+//! **Streams.** Like RMM, a block freed on stream `S` is handed out again at once to work on `S`.
+//! Another stream `T` may take it only after `upstream.order_after(T, S)` (CUDA leaves record an event
+//! on `S` and make `T` wait on it); the pool then moves all of `S`'s free blocks to `T`, since the one
+//! wait orders all of them, so a second request on `T` needs no second wait. The initial
+//! reservation belongs to the default stream, as in RMM; a chunk grown for a request belongs to
+//! the request's stream.
+//!
+//! **What it costs.** Allocation and deallocation are a handful of B-tree operations under one
+//! mutex: O(log n) in the number of free blocks, no scan. Sizes are rounded up to 256 bytes.
+//! Upstream calls happen only when the pool grows, releases, or is dropped.
+//!
+//! **What it requires of its upstream.** Any [`MemoryResource`] that honours a 256-byte alignment
+//! request (every CUDA leaf guarantees it, `System` and `Simulated` honour it). The pool gives
+//! the upstream's properties and guarantees 256-byte alignment; larger alignments are honoured by
+//! carving an aligned block out of a larger free one.
+
+use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use crate::stream::StreamRef;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use typenum::U256;
+
+/// Every block's size and offset in its chunk is a multiple of this.
+const GRANULE: usize = 256;
+/// The smallest chunk a pool without a maximum takes from its upstream: the page size the CUDA
+/// driver maps device memory in, so that smaller chunks would waste address space.
+const MIN_GROWTH: usize = 2 << 20;
+const NAME: &str = "Pool";
+
+/// The configuration of a [`Pool`]; `resource_stack!` builds one from `Pool { initial: 1 GiB, max: 8 GiB }`.
+///
+/// Defaults: `initial: 0` (take nothing until the first allocation: RMM's default of half the free
+/// device memory is too greedy for tests and for processes that share a GPU) and `max: usize::MAX`
+/// (no cap but the upstream's).
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Bytes to take from the upstream when the pool is built (rounded up to 256 bytes, at most `max`).
+    pub initial: usize,
+    /// The most bytes the pool holds from its upstream at once; `usize::MAX` for no cap.
+    pub max: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            initial: 0,
+            max: usize::MAX,
+        }
+    }
+}
+
+impl<U: MemoryResource> Layer<U> for PoolConfig {
+    type Resource = Pool<U>;
+    fn layer(self, upstream: U) -> Pool<U> {
+        Pool::new(upstream, self)
+    }
+}
+
+/// A coalescing best-fit pool over an upstream resource `U`.
+///
+/// Best fit and coalescing in O(log n) per operation (B-trees of free blocks by size and by
+/// address, per stream); grows from the upstream in chunks up to [`PoolConfig::max`], doubling,
+/// and near the maximum by exactly what is left; never merges blocks of two upstream chunks.
+/// Blocks freed on one stream go to another only after `upstream.order_after`. Guarantees 256-byte
+/// alignment and honours larger requested ones. Every chunk goes back to the upstream on drop, or
+/// earlier through [`release`](Self::release) once wholly free. `Sync` when `U` is.
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let sim = Simulated::new(1 << 30);
+/// let pool = resource_stack![&sim, Pool { initial: 1 MiB, max: 64 MiB }];
+/// let a = pool.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+/// assert_eq!(pool.pool_size(), 1 << 20); // taken from the upstream once
+/// // SAFETY: `a` came from this pool with this size and alignment.
+/// unsafe { pool.deallocate(a, 1000, 256, StreamRef::DEFAULT) };
+/// let b = pool.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+/// assert_eq!(a, b); // the same block, no upstream call
+/// # unsafe { pool.deallocate(b, 1000, 256, StreamRef::DEFAULT) };
+/// drop(pool);
+/// assert_eq!(sim.in_use(), 0); // everything went back
+/// ```
+#[derive(Debug)]
+pub struct Pool<U: MemoryResource> {
+    upstream: U,
+    /// The cap on `pool_size`, rounded down to the granule.
+    max: usize,
+    state: Mutex<State>,
+}
+
+/// What a [`Pool`] holds, as [`Pool::stats`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes held from the upstream.
+    pub pool_size: usize,
+    /// Bytes in live blocks (each request's size rounded up to 256 bytes).
+    pub allocated: usize,
+    /// Free blocks, over all streams.
+    pub free_blocks: usize,
+    /// Upstream allocations (chunks) held.
+    pub chunks: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Free {
+    size: usize,
+    stream: StreamRef,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    size: usize,
+    /// The stream the chunk was allocated on, which it is given back on.
+    stream: StreamRef,
+}
+
+/// The free blocks last freed on one stream, by `(size, address)`: the best fit for `n` bytes is
+/// the first entry at or after `(n, 0)`.
+#[derive(Debug)]
+struct StreamFree {
+    stream: StreamRef,
+    by_size: BTreeSet<(usize, usize)>,
+}
+
+/// Hashes addresses (multiples of 256) for the neighbour maps: one multiply and a fold, instead
+/// of SipHash, whose flooding resistance buys nothing for keys the pool makes itself.
+#[derive(Debug, Clone, Copy, Default)]
+struct AddrHash;
+
+#[derive(Debug, Default)]
+struct AddrHasher(u64);
+
+impl BuildHasher for AddrHash {
+    type Hasher = AddrHasher;
+    fn build_hasher(&self) -> AddrHasher {
+        AddrHasher(0)
+    }
+}
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        // The table indexes by the low bits and tags by the top ones: fold the well-mixed high
+        // half of the product onto the low half so both are good.
+        let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type AddrMap<V> = HashMap<usize, V, AddrHash>;
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every free block by start address, with its size and stream.
+    starts: AddrMap<Free>,
+    /// Every free block by end address, with its start: with `starts`, a freed block finds both
+    /// its neighbours in two lookups.
+    ends: AddrMap<usize>,
+    /// One best-fit index per stream that has free blocks; few streams, so a short vector.
+    lists: Vec<StreamFree>,
+    /// Upstream allocations by address: coalescing stops at their starts.
+    chunks: BTreeMap<usize, Chunk>,
+    pool_size: usize,
+    allocated: usize,
+}
+
+impl State {
+    fn list_index(&mut self, stream: StreamRef) -> usize {
+        match self.lists.iter().position(|l| l.stream == stream) {
+            Some(i) => i,
+            None => {
+                self.lists.push(StreamFree {
+                    stream,
+                    by_size: BTreeSet::new(),
+                });
+                self.lists.len() - 1
+            }
+        }
+    }
+
+    /// Records a free block in the three indexes (`li` is its stream's list).
+    fn insert(&mut self, li: usize, addr: usize, size: usize) {
+        let stream = self.lists[li].stream;
+        self.starts.insert(addr, Free { size, stream });
+        self.ends.insert(addr + size, addr);
+        self.lists[li].by_size.insert((size, addr));
+    }
+
+    /// Adds a chunk taken from the upstream as one free block on `stream`.
+    fn add_chunk(&mut self, addr: usize, size: usize, stream: StreamRef) {
+        self.chunks.insert(addr, Chunk { size, stream });
+        self.pool_size += size;
+        let li = self.list_index(stream);
+        self.insert(li, addr, size);
+    }
+
+    /// Makes `[addr, addr + size)` free on `stream`, merged with same-stream free neighbours in its chunk.
+    fn free(&mut self, addr: usize, size: usize, stream: StreamRef) {
+        let li = self.list_index(stream);
+        let (mut start, mut end) = (addr, addr + size);
+        if let Some(&next) = self.starts.get(&end) {
+            if next.stream == stream && !self.chunks.contains_key(&end) {
+                self.starts.remove(&end);
+                self.ends.remove(&(end + next.size));
+                self.lists[li].by_size.remove(&(next.size, end));
+                end += next.size;
+            }
+        }
+        if let Some(&prev) = self.ends.get(&addr) {
+            let p = self.starts[&prev];
+            if p.stream == stream && !self.chunks.contains_key(&addr) {
+                self.starts.remove(&prev);
+                self.ends.remove(&addr);
+                self.lists[li].by_size.remove(&(p.size, prev));
+                start = prev;
+            }
+        }
+        self.insert(li, start, end - start);
+    }
+
+    /// Takes the best-fitting free block of list `li` for `size` bytes (a granule multiple) at
+    /// `align` (at least a granule), carving the block from its end.
+    fn take(&mut self, li: usize, size: usize, align: usize) -> Option<usize> {
+        // Free blocks start at granule multiples, so `align - GRANULE` bytes of slack always
+        // suffice to place an aligned block.
+        let need = size + (align - GRANULE);
+        let by_size = &mut self.lists[li].by_size;
+        let &(free_size, addr) = by_size.range((need, 0)..).next()?;
+        by_size.remove(&(free_size, addr));
+        let end = addr + free_size;
+        let start = (end - size) & !(align - 1);
+        let (before, after) = (start - addr, end - (start + size));
+        self.ends.remove(&end);
+        if before == 0 {
+            self.starts.remove(&addr);
+        } else {
+            // The piece in front keeps its start: one size update instead of a removal and an
+            // insertion in `starts`.
+            if let Some(f) = self.starts.get_mut(&addr) {
+                f.size = before;
+            }
+            self.ends.insert(start, addr);
+            by_size.insert((before, addr));
+        }
+        if after > 0 {
+            // The carved block's successor is not a same-stream free block of this chunk (it
+            // would have been merged), so the slack behind it needs no coalescing.
+            self.insert(li, start + size, after);
+        }
+        Some(start)
+    }
+
+    /// Another stream's list holding a block of at least `need` bytes.
+    fn other_with_fit(&self, stream: StreamRef, need: usize) -> Option<usize> {
+        self.lists
+            .iter()
+            .position(|l| l.stream != stream && l.by_size.last().is_some_and(|&(s, _)| s >= need))
+    }
+
+    /// Moves every free block of list `from` to `to`, coalescing them with `to`'s.
+    fn merge(&mut self, from: usize, to: StreamRef) {
+        let list = self.lists.swap_remove(from);
+        for (size, addr) in list.by_size {
+            self.starts.remove(&addr);
+            self.ends.remove(&(addr + size));
+            self.free(addr, size, to);
+        }
+    }
+
+    /// For each chunk, the free bytes inside it and the streams they were freed on (blocks never
+    /// straddle chunks, so a chunk is wholly free when its free bytes add up to its size).
+    /// O(n log c) for n free blocks in c chunks: for `release` and drop, not the hot path.
+    fn census(&self) -> BTreeMap<usize, (usize, Vec<StreamRef>)> {
+        let mut census: BTreeMap<usize, (usize, Vec<StreamRef>)> = BTreeMap::new();
+        for (&addr, f) in &self.starts {
+            if let Some((&chunk, _)) = self.chunks.range(..=addr).next_back() {
+                let (bytes, streams) = census.entry(chunk).or_default();
+                *bytes += f.size;
+                if !streams.contains(&f.stream) {
+                    streams.push(f.stream);
+                }
+            }
+        }
+        census
+    }
+
+    /// Forgets the chunks starting at `removed` and the free blocks inside them; returns them.
+    fn remove_chunks(&mut self, removed: &[usize]) -> Vec<(usize, Chunk)> {
+        let chunks = &self.chunks;
+        let inside = |addr: usize| {
+            chunks
+                .range(..=addr)
+                .next_back()
+                .is_some_and(|(c, _)| removed.contains(c))
+        };
+        let gone: Vec<(usize, Free)> = self
+            .starts
+            .iter()
+            .filter(|&(&a, _)| inside(a))
+            .map(|(&a, &f)| (a, f))
+            .collect();
+        for (addr, f) in gone {
+            self.starts.remove(&addr);
+            self.ends.remove(&(addr + f.size));
+            if let Some(l) = self.lists.iter_mut().find(|l| l.stream == f.stream) {
+                l.by_size.remove(&(f.size, addr));
+            }
+        }
+        self.lists.retain(|l| !l.by_size.is_empty());
+        let mut out = Vec::with_capacity(removed.len());
+        for &start in removed {
+            if let Some(c) = self.chunks.remove(&start) {
+                self.pool_size -= c.size;
+                out.push((start, c));
+            }
+        }
+        out
+    }
+}
+
+impl<U: MemoryResource> Pool<U> {
+    /// A pool over `upstream`. It takes `config.initial` bytes at once if the upstream has them,
+    /// and starts empty otherwise, growing on demand (a [`Layer`] cannot fail; use
+    /// [`try_new`](Self::try_new) to learn whether the reservation succeeded).
+    pub fn new(upstream: U, config: PoolConfig) -> Self {
+        let pool = Self::empty(upstream, config.max);
+        let _ = pool.reserve(config.initial);
+        pool
+    }
+
+    /// A pool over `upstream` that takes `config.initial` bytes at once, or the upstream's error
+    /// when it cannot; `initial > max` is an invalid argument.
+    pub fn try_new(upstream: U, config: PoolConfig) -> Result<Self, AllocError> {
+        if config.initial > config.max {
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument("Pool's initial size is above its maximum"),
+                config.initial,
+                GRANULE,
+                NAME,
+            ));
+        }
+        let pool = Self::empty(upstream, config.max);
+        pool.reserve(config.initial)?;
+        Ok(pool)
+    }
+
+    fn empty(upstream: U, max: usize) -> Self {
+        Pool {
+            upstream,
+            max: max & !(GRANULE - 1),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Takes one chunk of `bytes` (rounded up to the granule, capped at `max`) from the upstream.
+    fn reserve(&self, bytes: usize) -> Result<(), AllocError> {
+        let size = align_up(bytes, GRANULE).unwrap_or(usize::MAX).min(self.max);
+        if size == 0 {
+            return Ok(());
+        }
+        let ptr = self.upstream.allocate(size, GRANULE, StreamRef::DEFAULT)?;
+        self.lock()
+            .add_chunk(ptr.as_ptr() as usize, size, StreamRef::DEFAULT);
+        Ok(())
+    }
+
+    /// Bytes currently held from the upstream.
+    pub fn pool_size(&self) -> usize {
+        self.lock().pool_size
+    }
+
+    /// The cap on [`pool_size`](Self::pool_size) (the configured maximum rounded down to 256 bytes).
+    pub fn max_size(&self) -> usize {
+        self.max
+    }
+
+    /// Sizes and counts, read at one instant.
+    pub fn stats(&self) -> PoolStats {
+        let st = self.lock();
+        PoolStats {
+            pool_size: st.pool_size,
+            allocated: st.allocated,
+            free_blocks: st.starts.len(),
+            chunks: st.chunks.len(),
+        }
+    }
+
+    /// The resource the pool takes its chunks from.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// Gives every wholly free chunk back to the upstream; returns the bytes given back.
+    ///
+    /// A chunk whose free blocks were freed on several streams is given back on the stream it was
+    /// allocated on, after `order_after` that stream behind the others; a chunk whose ordering
+    /// fails is kept.
+    pub fn release(&self) -> usize {
+        let mut st = self.lock();
+        self.release_locked(&mut st)
+    }
+
+    fn release_locked(&self, st: &mut State) -> usize {
+        let mut released = Vec::new();
+        for (start, (free, streams)) in st.census() {
+            let chunk = st.chunks[&start];
+            if free != chunk.size {
+                continue;
+            }
+            let ordered = streams
+                .into_iter()
+                .filter(|&s| s != chunk.stream)
+                .try_for_each(|s| self.upstream.order_after(chunk.stream, s));
+            if ordered.is_ok() {
+                released.push(start);
+            }
+        }
+        let mut bytes = 0;
+        for (start, chunk) in st.remove_chunks(&released) {
+            bytes += chunk.size;
+            // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE, chunk.stream)`,
+            // is wholly free (no live block inside it), and was just forgotten, so it is given
+            // back once; its stream is ordered after every stream that freed a block inside it.
+            unsafe { self.give_back(start, chunk) };
+        }
+        bytes
+    }
+
+    /// # Safety
+    ///
+    /// `start`/`chunk` describe an upstream allocation that nothing uses any more.
+    unsafe fn give_back(&self, start: usize, chunk: Chunk) {
+        if let Some(ptr) = NonNull::new(std::ptr::without_provenance_mut(start)) {
+            // SAFETY: forwarded from the caller: a live upstream allocation of this size.
+            unsafe {
+                self.upstream
+                    .deallocate(ptr, chunk.size, GRANULE, chunk.stream)
+            };
+        }
+    }
+
+    /// Takes a chunk that can hold a block of `need` bytes from the upstream, on `stream`.
+    fn grow(
+        &self,
+        st: &mut State,
+        need: usize,
+        stream: StreamRef,
+        size: usize,
+        align: usize,
+    ) -> Result<(), AllocError> {
+        let mut released = false;
+        if need > self.max - st.pool_size {
+            // Wholly free chunks too small for this request still count against the maximum:
+            // give them back to make room for one that fits.
+            released = true;
+            if self.release_locked(st) == 0 || need > self.max - st.pool_size {
+                return Err(AllocError::out_of_memory(size, align, NAME));
+            }
+        }
+        let mut want = Self::growth(st.pool_size, need, self.max - st.pool_size);
+        loop {
+            match self.upstream.allocate(want, GRANULE, stream) {
+                Ok(ptr) => {
+                    st.add_chunk(ptr.as_ptr() as usize, want, stream);
+                    return Ok(());
+                }
+                // Like RMM: an upstream short of memory may still have a smaller chunk.
+                Err(e) if e.is_out_of_memory() && want > need => {
+                    want = ((want / 2) & !(GRANULE - 1)).max(need);
+                }
+                Err(e) if e.is_out_of_memory() && !released && self.release_locked(st) > 0 => {
+                    released = true;
+                    want = need;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// How much to take from the upstream for a block of `need` bytes, when the pool holds
+    /// `pool_size` and may take `remaining` more (`need <= remaining`).
+    fn growth(pool_size: usize, need: usize, remaining: usize) -> usize {
+        // Doubling keeps the number of chunks (and upstream calls) logarithmic in the peak.
+        let want = need.max(pool_size).max(MIN_GROWTH).min(remaining);
+        // Near the cap, a chunk that left less than itself behind would strand the rest in a
+        // piece too small for the next growth: take everything that is still allowed instead.
+        if remaining - want < want {
+            remaining
+        } else {
+            want
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update of State completes before the next upstream call, which is the only thing
+        // that may panic inside the lock (a test upstream catching a broken contract), so the state
+        // behind a poisoned lock is consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+// SAFETY: blocks are disjoint pieces of live upstream chunks (the free and allocated blocks of a
+// chunk tile it), each at least `size` bytes, aligned to max(align, 256) (chunks are 256-aligned
+// and blocks are carved at `align` multiples); a block goes to another stream only after
+// `order_after`. The memory is the upstream's, with its properties.
+unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U256;
+
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(p) = check_request::<Self>(size, align, NAME)? {
+            return Ok(p);
+        }
+        // check_request bounds size by isize::MAX - align, so neither sum overflows.
+        let align = align.max(GRANULE);
+        let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
+        let need = block + (align - GRANULE);
+        let mut st = self.lock();
+        let li = st.list_index(stream);
+        let addr = match st.take(li, block, align) {
+            Some(addr) => addr,
+            None => {
+                // Streams whose free blocks are all in use keep empty lists; drop them here, off
+                // the hot path, so that short-lived streams do not lengthen the list scan.
+                st.lists
+                    .retain(|l| l.stream == stream || !l.by_size.is_empty());
+                if let Some(other) = st.other_with_fit(stream, need) {
+                    self.upstream.order_after(stream, st.lists[other].stream)?;
+                    st.merge(other, stream);
+                } else {
+                    self.grow(&mut st, need, stream, size, align)?;
+                }
+                let li = st.list_index(stream);
+                st.take(li, block, align)
+                    .ok_or(AllocError::out_of_memory(size, align, NAME))?
+            }
+        };
+        st.allocated += block;
+        drop(st);
+        NonNull::new(std::ptr::without_provenance_mut(addr))
+            .ok_or(AllocError::out_of_memory(size, align, NAME))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // The size was accepted by `allocate`, so rounding it up does not overflow.
+        let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
+        let mut st = self.lock();
+        st.allocated -= block;
+        st.free(ptr.as_ptr() as usize, block, stream);
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+}
+
+impl<U: MemoryResource> Drop for Pool<U> {
+    fn drop(&mut self) {
+        let st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let mut census = st.census();
+        for (start, chunk) in st.chunks {
+            let streams = census.remove(&start).map(|(_, s)| s).unwrap_or_default();
+            for s in streams {
+                if s != chunk.stream && self.upstream.order_after(chunk.stream, s).is_err() {
+                    // No event: wait for the stream instead; a failure here leaves nothing
+                    // better to do than give the memory back.
+                    let _ = self.upstream.synchronize(s);
+                }
+            }
+            // SAFETY: the chunk came from the upstream with this size, and the pool, being
+            // dropped, hands out none of it any more; each chunk is visited once. Its stream is
+            // ordered after every stream that freed a block inside it.
+            unsafe { self.give_back(start, chunk) };
+        }
+    }
+}
+
+static_assertions::assert_impl_all!(
+    Pool<crate::Cuda>: Send,
+    Sync,
+    crate::Accessible<crate::DeviceAccessible>
+);
+static_assertions::assert_not_impl_any!(Pool<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(
+    Pool<crate::Pinned>: crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+);
+static_assertions::assert_impl_all!(Pool<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(Pool<crate::System>: crate::Accessible<crate::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<Pool<crate::System>>() == 256);

@@ -1,0 +1,178 @@
+//! `Prefetch<U>`: prefetches each allocation to a device on the allocation's stream
+//! (`cuMemPrefetchAsync`), as RMM's `prefetch_resource_adaptor`, so that the first kernel touching
+//! managed memory does not stall on page faults.
+//!
+//! Requires an upstream whose memory is [`Migratable`] (managed: `Managed`, or an adaptor stack
+//! over it); over anything else — `Cuda`, `Pinned`, `System` — it does not compile, since the
+//! driver would refuse the prefetch at run time.
+//!
+//! Cost: one asynchronous driver call per allocation (queued on the stream; the migration itself
+//! runs on the device), none per deallocation. The device is a configuration value (default 0);
+//! its primary context is opened on the first allocation. A prefetch the driver refuses fails the
+//! allocation (the block goes back to the upstream) with the driver's error.
+
+use crate::property::{Accessible, Migratable};
+use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::stream::StreamRef;
+use cudarc::driver::{result, sys, CudaContext};
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
+
+/// Prefetches every allocation of `U` to one device.
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+/// # fn main() -> Result<(), AllocError> {
+/// let ctx = mrstack::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let mr = resource_stack![Managed::new(&ctx)?, Prefetch { device: 0 }];
+/// let v = DeviceVec::<f32, _>::zeroed(1 << 20, &mr, &stream)?; // already on device 0
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Prefetch<U> {
+    upstream: U,
+    device: usize,
+    context: OnceLock<Arc<CudaContext>>,
+}
+
+impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
+    const NAME: &'static str = "Prefetch";
+
+    /// Prefetches what `upstream` allocates to device `device` (its primary context is opened
+    /// on the first allocation).
+    pub fn new(upstream: U, device: usize) -> Self {
+        Prefetch {
+            upstream,
+            device,
+            context: OnceLock::new(),
+        }
+    }
+
+    /// Prefetches what `upstream` allocates to `ctx`'s device.
+    pub fn with_context(upstream: U, ctx: &Arc<CudaContext>) -> Self {
+        Prefetch {
+            upstream,
+            device: ctx.ordinal(),
+            context: OnceLock::from(ctx.clone()),
+        }
+    }
+
+    fn context(&self) -> Result<&Arc<CudaContext>, AllocError> {
+        if let Some(ctx) = self.context.get() {
+            return Ok(ctx);
+        }
+        let opened = crate::upstream::cuda_context(self.device)?;
+        // Another thread may have opened it meanwhile: both are the same primary context.
+        Ok(self.context.get_or_init(|| opened))
+    }
+
+    fn prefetch(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<(), AllocError> {
+        let err = |e| AllocError::cuda(e, size, align, Self::NAME);
+        let ctx = self.context()?;
+        ctx.bind_to_thread().map_err(err)?;
+        let location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.device as i32,
+        };
+        // SAFETY: `ptr..ptr + size` is managed memory (the upstream is Migratable) just allocated
+        // and live; `stream` is null or a live stream (StreamRef's contract). A prefetch only
+        // moves pages, it does not change their contents.
+        unsafe {
+            result::mem_prefetch_async(
+                ptr.as_ptr() as sys::CUdeviceptr,
+                size,
+                location,
+                stream.as_raw(),
+            )
+        }
+        .map_err(err)
+    }
+}
+
+impl<U> Prefetch<U> {
+    /// The device allocations are prefetched to.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+}
+
+// SAFETY: every allocation is the upstream's, returned unchanged; the prefetch moves its pages
+// without changing what they hold.
+unsafe impl<U: MemoryResource + Accessible<Migratable>> MemoryResource for Prefetch<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        let ptr = self.upstream.allocate(size, align, stream)?;
+        if let Err(e) = self.prefetch(ptr, size, align, stream) {
+            // SAFETY: ptr was just allocated with these arguments and is not handed out.
+            unsafe { self.upstream.deallocate(ptr, size, align, stream) };
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.upstream.deallocate(ptr, size, align, stream) }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+/// `resource_stack!` configuration of [`Prefetch`]: `Prefetch { device: 1 }` (default device 0).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrefetchConfig {
+    /// The ordinal of the device to prefetch to.
+    pub device: usize,
+}
+
+impl<U: MemoryResource + Accessible<Migratable>> Layer<U> for PrefetchConfig {
+    type Resource = Prefetch<U>;
+    fn layer(self, upstream: U) -> Prefetch<U> {
+        Prefetch::new(upstream, self.device)
+    }
+}
+
+static_assertions::assert_impl_all!(
+    Prefetch<crate::Managed>: Send,
+    Sync,
+    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
+    Accessible<Migratable>
+);
+static_assertions::assert_impl_all!(Prefetch<crate::adaptor::Statistics<crate::Managed>>: Send, Sync, Accessible<Migratable>);

@@ -1,0 +1,330 @@
+//! `Statistics<U>`: counts what passes through — bytes and allocations, current, peak and total —
+//! as RMM's `statistics_resource_adaptor` and PyTorch's `memory_stats` do.
+//!
+//! Cost: two atomic additions per allocation, two per deallocation (no lock) while no scope is
+//! open; with [`push_scope`](Statistics::push_scope) open, one extra mutex per call. Counts are
+//! exact for calls that do not overlap; when calls race on several threads, a peak may read low
+//! by what the racing calls moved, never high. Counts requested sizes, not what the upstream
+//! rounds them to. Requires nothing of its upstream and keeps its properties.
+
+use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::stream::StreamRef;
+use std::ptr::NonNull;
+use std::sync::atomic::{
+    AtomicBool, AtomicI64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+use std::sync::Mutex;
+
+/// One quantity (bytes or allocations): now, the most at once, and the sum of all allocations.
+///
+/// Signed, as RMM's: a [scope](Statistics::push_scope) that frees memory allocated before it opened
+/// sees its `current` go below zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Counter {
+    /// Allocated now (allocations minus deallocations).
+    pub current: i64,
+    /// The largest `current` seen (since creation, the scope's start, or the last `reset_peak`).
+    pub peak: i64,
+    /// The sum of every allocation, whatever was freed since.
+    pub total: i64,
+}
+
+impl Counter {
+    fn add(&mut self, n: i64) {
+        self.current += n;
+        self.peak = self.peak.max(self.current);
+        self.total += n;
+    }
+
+    fn sub(&mut self, n: i64) {
+        self.current -= n;
+    }
+
+    /// Folds a finished inner scope into this one, as RMM's `add_counters_from_tracked_sub_block`.
+    fn absorb(&mut self, inner: Counter) {
+        self.peak = self.peak.max(self.current + inner.peak);
+        self.current += inner.current;
+        self.total += inner.total;
+    }
+}
+
+/// The byte and allocation counters of a [`Statistics`] adaptor or of one of its scopes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Stats {
+    /// Bytes requested.
+    pub bytes: Counter,
+    /// Allocations (zero-size requests are not counted: they take no memory).
+    pub allocations: Counter,
+}
+
+impl Stats {
+    fn allocated(&mut self, size: i64) {
+        self.bytes.add(size);
+        self.allocations.add(1);
+    }
+
+    fn freed(&mut self, size: i64) {
+        self.bytes.sub(size);
+        self.allocations.sub(1);
+    }
+}
+
+/// Lock-free counters for one quantity, as two running sums: everything allocated (`total`) and
+/// everything freed (`freed`); `current` is their difference. An allocation then costs one atomic
+/// add (and a `fetch_max` only when it sets a new peak), a deallocation one: four per
+/// allocate/deallocate pair for bytes and counts together, where keeping `current` as its own
+/// atomic would take six.
+///
+/// The price: with calls on several threads at once, the `current` an allocation computes for the
+/// peak may miss an allocation or include a deallocation made at the same instant on another
+/// thread, so the peak can read low by what those racing calls moved. Calls that do not overlap
+/// are counted exactly.
+#[derive(Debug, Default)]
+struct AtomicCounter {
+    total: AtomicI64,
+    freed: AtomicI64,
+    peak: AtomicI64,
+}
+
+impl AtomicCounter {
+    #[inline]
+    fn add(&self, n: i64) {
+        let total = self.total.fetch_add(n, AcqRel) + n;
+        let now = total - self.freed.load(Acquire);
+        if now > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now, Relaxed);
+        }
+    }
+
+    #[inline]
+    fn sub(&self, n: i64) {
+        // Release: a reader that sees this free also sees the allocation it frees (which happened
+        // before it), so `total - freed` never counts a free without its allocation.
+        self.freed.fetch_add(n, Release);
+    }
+
+    fn get(&self) -> Counter {
+        let freed = self.freed.load(Acquire);
+        let total = self.total.load(Acquire);
+        Counter {
+            current: total - freed,
+            peak: self.peak.load(Relaxed),
+            total,
+        }
+    }
+
+    fn reset_peak(&self) {
+        let c = self.get();
+        self.peak.store(c.current, Relaxed);
+    }
+}
+
+/// Counts bytes and allocations going through to `U`.
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let sim = Simulated::new(1 << 30);
+/// let mr = resource_stack![&sim, Statistics];
+/// let a = mr.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+/// let b = mr.allocate(500, 256, StreamRef::DEFAULT).unwrap();
+/// // SAFETY: a came from mr with this size and alignment.
+/// unsafe { mr.deallocate(a, 1000, 256, StreamRef::DEFAULT) };
+/// let s = mr.stats();
+/// assert_eq!((s.bytes.current, s.bytes.peak, s.bytes.total), (500, 1500, 1500));
+/// assert_eq!((s.allocations.current, s.allocations.peak, s.allocations.total), (1, 2, 2));
+/// # unsafe { mr.deallocate(b, 500, 256, StreamRef::DEFAULT) };
+/// ```
+#[derive(Debug)]
+pub struct Statistics<U> {
+    upstream: U,
+    bytes: AtomicCounter,
+    allocations: AtomicCounter,
+    /// True while `scopes` is not empty: the hot path reads only this flag when no scope is open.
+    scoped: AtomicBool,
+    scopes: Mutex<Vec<Stats>>,
+}
+
+impl<U: MemoryResource> Statistics<U> {
+    const NAME: &'static str = "Statistics";
+
+    /// Counts what goes to `upstream`.
+    pub fn new(upstream: U) -> Self {
+        Statistics {
+            upstream,
+            bytes: AtomicCounter::default(),
+            allocations: AtomicCounter::default(),
+            scoped: AtomicBool::new(false),
+            scopes: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<U> Statistics<U> {
+    /// The counters over the adaptor's whole life (peaks since the last [`reset_peak`](Self::reset_peak)).
+    pub fn stats(&self) -> Stats {
+        Stats {
+            bytes: self.bytes.get(),
+            allocations: self.allocations.get(),
+        }
+    }
+
+    /// The byte counters: `stats().bytes`.
+    pub fn bytes(&self) -> Counter {
+        self.bytes.get()
+    }
+
+    /// The allocation counters: `stats().allocations`.
+    pub fn allocations(&self) -> Counter {
+        self.allocations.get()
+    }
+
+    /// Sets both peaks to the current values, so that the next peak is measured from now
+    /// (PyTorch's `reset_peak_memory_stats`). Open scopes keep their own peaks.
+    pub fn reset_peak(&self) {
+        self.bytes.reset_peak();
+        self.allocations.reset_peak();
+    }
+
+    /// Opens a nested scope with counters at zero: from now until the matching
+    /// [`pop_scope`](Self::pop_scope), every call is counted in it as well (RMM's `push_counters`).
+    /// Scopes nest; while any is open each call takes a mutex.
+    pub fn push_scope(&self) {
+        let mut scopes = self.lock_scopes();
+        scopes.push(Stats::default());
+        self.scoped.store(true, Relaxed);
+    }
+
+    /// Closes the innermost scope and returns its counters, which are folded into the enclosing
+    /// scope (its peak becomes at least its current plus the inner peak), as RMM's `pop_counters`.
+    /// `None` when no scope is open.
+    pub fn pop_scope(&self) -> Option<Stats> {
+        let mut scopes = self.lock_scopes();
+        let inner = scopes.pop()?;
+        match scopes.last_mut() {
+            Some(outer) => {
+                outer.bytes.absorb(inner.bytes);
+                outer.allocations.absorb(inner.allocations);
+            }
+            None => self.scoped.store(false, Relaxed),
+        }
+        Some(inner)
+    }
+
+    /// The counters of the innermost open scope, `None` when no scope is open.
+    pub fn scope_stats(&self) -> Option<Stats> {
+        self.lock_scopes().last().copied()
+    }
+
+    /// The number of open scopes.
+    pub fn scope_depth(&self) -> usize {
+        self.lock_scopes().len()
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// Unwraps the adaptor.
+    pub fn into_inner(self) -> U {
+        self.upstream
+    }
+
+    fn lock_scopes(&self) -> std::sync::MutexGuard<'_, Vec<Stats>> {
+        // Every update under the lock is a few additions that cannot panic halfway: a poisoned
+        // lock still holds consistent counters.
+        self.scopes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[inline]
+    fn count_allocation(&self, size: usize) {
+        let size = size as i64;
+        self.bytes.add(size);
+        self.allocations.add(1);
+        if self.scoped.load(Relaxed) {
+            if let Some(top) = self.lock_scopes().last_mut() {
+                top.allocated(size);
+            }
+        }
+    }
+
+    #[inline]
+    fn count_deallocation(&self, size: usize) {
+        let size = size as i64;
+        self.bytes.sub(size);
+        self.allocations.sub(1);
+        if self.scoped.load(Relaxed) {
+            if let Some(top) = self.lock_scopes().last_mut() {
+                top.freed(size);
+            }
+        }
+    }
+}
+
+// SAFETY: every allocation is the upstream's, returned unchanged; the counters do not touch memory.
+unsafe impl<U: MemoryResource> MemoryResource for Statistics<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        let ptr = self.upstream.allocate(size, align, stream)?;
+        self.count_allocation(size);
+        Ok(ptr)
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        self.count_deallocation(size);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.upstream.deallocate(ptr, size, align, stream) }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+/// `resource_stack!` configuration of [`Statistics`]: `Statistics` (no fields).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatisticsConfig {}
+
+impl<U: MemoryResource> Layer<U> for StatisticsConfig {
+    type Resource = Statistics<U>;
+    fn layer(self, upstream: U) -> Statistics<U> {
+        Statistics::new(upstream)
+    }
+}
+
+static_assertions::assert_impl_all!(Statistics<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(
+    Statistics<crate::Managed>: Send,
+    Sync,
+    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
+    crate::Accessible<crate::Migratable>
+);
+static_assertions::assert_not_impl_any!(Statistics<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_eq_size!(StatisticsConfig, ());

@@ -1,0 +1,344 @@
+//! `Tracking<U>`: remembers every live allocation — address, size, alignment, stream and, when
+//! enabled, the backtrace of the call that made it — as RMM's `tracking_resource_adaptor` and
+//! PyTorch's memory history do.
+//!
+//! It answers what is allocated now ([`outstanding`](Tracking::outstanding)), writes a leak report
+//! on demand and to stderr when dropped with allocations live, and catches a deallocation of a
+//! pointer that is not live here (a double free, a pointer from elsewhere) or with another size or
+//! alignment than it was allocated with: such a call is recorded, reported on stderr and *not*
+//! passed to the upstream, so the bug cannot corrupt it.
+//!
+//! Cost: a mutex and a hash-map operation per call; capturing a backtrace costs microseconds, so
+//! it is off by default. Requires nothing of its upstream and keeps its properties. Allocations
+//! still live when the adaptor is dropped are reported, not freed: their owner may still use them.
+
+use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::stream::StreamRef;
+use std::backtrace::Backtrace;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+/// A live allocation, as [`Tracking::outstanding`] lists it.
+#[derive(Debug, Clone)]
+pub struct Allocation {
+    /// Its address.
+    pub address: usize,
+    /// Its size in bytes.
+    pub size: usize,
+    /// The alignment it was asked with.
+    pub align: usize,
+    /// The stream it was allocated on.
+    pub stream: StreamRef,
+    /// Where it was allocated, when the adaptor captures backtraces.
+    pub backtrace: Option<Arc<Backtrace>>,
+}
+
+/// What was wrong with a deallocation that [`Tracking`] refused to pass on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadFreeKind {
+    /// The pointer is not a live allocation of this adaptor: freed already, or never allocated here.
+    NotLive,
+    /// The pointer is live, but was allocated with another size or alignment; it stays live.
+    Mismatch {
+        /// The size it was allocated with.
+        size: usize,
+        /// The alignment it was allocated with.
+        align: usize,
+    },
+}
+
+/// A deallocation [`Tracking`] refused to pass on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadFree {
+    /// What was wrong.
+    pub kind: BadFreeKind,
+    /// The address passed.
+    pub address: usize,
+    /// The size passed.
+    pub size: usize,
+    /// The alignment passed.
+    pub align: usize,
+    /// The stream passed.
+    pub stream: StreamRef,
+}
+
+impl std::fmt::Display for BadFree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "deallocate({:#x}, size {}, align {}, stream {:#x}): ",
+            self.address,
+            self.size,
+            self.align,
+            self.stream.id()
+        )?;
+        match self.kind {
+            BadFreeKind::NotLive => {
+                f.write_str("not a live allocation (double free, or allocated elsewhere)")
+            }
+            BadFreeKind::Mismatch { size, align } => write!(
+                f,
+                "allocated with size {size}, align {align}; the block stays allocated"
+            ),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Live {
+    size: usize,
+    align: usize,
+    stream: StreamRef,
+    backtrace: Option<Arc<Backtrace>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    live: HashMap<usize, Live>,
+    bytes: usize,
+    bad_frees: Vec<BadFree>,
+}
+
+/// Tracks every live allocation of `U`.
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let mr = resource_stack![Simulated::new(1 << 30), Tracking];
+/// let p = mr.allocate(4096, 256, StreamRef::DEFAULT).unwrap();
+/// assert_eq!(mr.outstanding_bytes(), 4096);
+/// assert!(mr.leak_report().contains("4096 bytes"));
+/// // SAFETY: p came from mr with this size and alignment.
+/// unsafe { mr.deallocate(p, 4096, 256, StreamRef::DEFAULT) };
+/// assert_eq!(mr.outstanding_count(), 0);
+/// ```
+#[derive(Debug)]
+pub struct Tracking<U> {
+    upstream: U,
+    backtraces: bool,
+    state: Mutex<State>,
+}
+
+impl<U: MemoryResource> Tracking<U> {
+    const NAME: &'static str = "Tracking";
+
+    /// Tracks what goes to `upstream`, without backtraces.
+    pub fn new(upstream: U) -> Self {
+        Self::with_backtraces(upstream, false)
+    }
+
+    /// Tracks what goes to `upstream`, capturing a backtrace per allocation when `backtraces`.
+    /// The backtraces are resolved (symbolized) only when printed.
+    pub fn with_backtraces(upstream: U, backtraces: bool) -> Self {
+        Tracking {
+            upstream,
+            backtraces,
+            state: Mutex::new(State::default()),
+        }
+    }
+}
+
+impl<U> Tracking<U> {
+    /// The live allocations, by address.
+    pub fn outstanding(&self) -> Vec<Allocation> {
+        let mut list: Vec<Allocation> = self
+            .lock()
+            .live
+            .iter()
+            .map(|(&address, l)| Allocation {
+                address,
+                size: l.size,
+                align: l.align,
+                stream: l.stream,
+                backtrace: l.backtrace.clone(),
+            })
+            .collect();
+        list.sort_by_key(|a| a.address);
+        list
+    }
+
+    /// The number of live allocations.
+    pub fn outstanding_count(&self) -> usize {
+        self.lock().live.len()
+    }
+
+    /// The bytes in live allocations.
+    pub fn outstanding_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// The deallocations refused so far (double frees, unknown pointers, mismatched sizes).
+    pub fn bad_frees(&self) -> Vec<BadFree> {
+        self.lock().bad_frees.clone()
+    }
+
+    /// The number of deallocations refused so far.
+    pub fn bad_free_count(&self) -> usize {
+        self.lock().bad_frees.len()
+    }
+
+    /// A report of the live allocations, one line each (and its backtrace, when captured); an
+    /// empty string when there are none.
+    pub fn leak_report(&self) -> String {
+        let list = self.outstanding();
+        if list.is_empty() {
+            return String::new();
+        }
+        let bytes: usize = list.iter().map(|a| a.size).sum();
+        let mut out = format!(
+            "Tracking: {} allocation(s) still live, {bytes} bytes:\n",
+            list.len()
+        );
+        for a in &list {
+            let _ = writeln!(
+                out,
+                "  {:#x}: {} bytes, align {}, stream {:#x}",
+                a.address,
+                a.size,
+                a.align,
+                a.stream.id()
+            );
+            if let Some(bt) = &a.backtrace {
+                let _ = writeln!(out, "    allocated at:\n{bt}");
+            }
+        }
+        out
+    }
+
+    /// Whether backtraces are captured.
+    pub fn captures_backtraces(&self) -> bool {
+        self.backtraces
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update under the lock is one map operation and a counter: a poisoned lock still
+        // holds a consistent state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+// SAFETY: every allocation is the upstream's, returned unchanged; a deallocation reaches the
+// upstream only for a pointer live here with the size and alignment it was allocated with.
+unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        let backtrace = self
+            .backtraces
+            .then(|| Arc::new(Backtrace::force_capture()));
+        let ptr = self.upstream.allocate(size, align, stream)?;
+        let mut s = self.lock();
+        s.bytes += size;
+        s.live.insert(
+            ptr.as_ptr() as usize,
+            Live {
+                size,
+                align,
+                stream,
+                backtrace,
+            },
+        );
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        let address = ptr.as_ptr() as usize;
+        let bad = |kind| BadFree {
+            kind,
+            address,
+            size,
+            align,
+            stream,
+        };
+        let refused = {
+            let mut s = self.lock();
+            match s.live.remove(&address) {
+                Some(l) if l.size == size && l.align == align => {
+                    s.bytes -= size;
+                    None
+                }
+                Some(l) => {
+                    let b = bad(BadFreeKind::Mismatch {
+                        size: l.size,
+                        align: l.align,
+                    });
+                    s.live.insert(address, l);
+                    s.bad_frees.push(b);
+                    Some(b)
+                }
+                None => {
+                    let b = bad(BadFreeKind::NotLive);
+                    s.bad_frees.push(b);
+                    Some(b)
+                }
+            }
+        };
+        match refused {
+            Some(b) => eprintln!("{}: refused {b}", Self::NAME),
+            // SAFETY: the pointer was live here with this size and alignment: the upstream gave
+            // it, and it is freed once (it just left the table).
+            None => unsafe { self.upstream.deallocate(ptr, size, align, stream) },
+        }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+}
+
+impl<U> Drop for Tracking<U> {
+    fn drop(&mut self) {
+        let report = self.leak_report();
+        if !report.is_empty() {
+            eprint!("{report}");
+        }
+    }
+}
+
+/// `resource_stack!` configuration of [`Tracking`]: `Tracking` or `Tracking { backtraces: true }`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TrackingConfig {
+    /// Capture a backtrace per allocation (costly: for debugging leaks).
+    pub backtraces: bool,
+}
+
+impl<U: MemoryResource> Layer<U> for TrackingConfig {
+    type Resource = Tracking<U>;
+    fn layer(self, upstream: U) -> Tracking<U> {
+        Tracking::with_backtraces(upstream, self.backtraces)
+    }
+}
+
+static_assertions::assert_impl_all!(Tracking<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Tracking<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(Tracking<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Allocation: Send, Sync);

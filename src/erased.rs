@@ -1,0 +1,544 @@
+//! Type erasure that keeps the checks: [`AnyResource<P>`] owns any resource stack behind one type,
+//! [`ResourceRef<'a, P>`] borrows one. `P` names the properties the caller may rely on
+//! (`AnyResource<DeviceAccessible>`, `AnyResource<(HostAccessible, DeviceAccessible)>`), so containers
+//! and adaptors still check them at compile time.
+//!
+//! Cost: one virtual call per operation (`allocate`, `deallocate`, `synchronize`, `order_after`),
+//! through an `Arc<dyn …>` (owned) or `&dyn …` (borrowed); the concrete resource's body is inlined
+//! behind it. Cloning an `AnyResource` clones the `Arc`: clones share one resource, as RMM's
+//! `any_resource` copies share their state.
+//!
+//! Requirements of the erased resource: `MemoryResource + Accessible<P>` (a compile error naming the
+//! missing property otherwise; [`AnyResource::try_new`] checks the same at run time for code that
+//! picks stacks from text), `Send + Sync + 'static` for `AnyResource`, `Sync` for `ResourceRef`.
+//!
+//! Alignment: erasure forgets the resource's alignment type, so both types claim `U16` at the type
+//! level and keep that promise by asking the erased resource for at least 16 bytes of alignment
+//! (every resource honours or refuses an alignment, never ignores it), which lets containers of
+//! ordinary element types (up to 16-byte alignment: `f64`, `u128`, `[f32; 4]`) sit on an erased
+//! stack. The erased resource's real guarantee is reported at run time through
+//! [`AnyResource::properties`]. Claiming more (say `U256`, what CUDA leaves give) would cost every
+//! host allocation through a `System` below.
+
+use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
+use crate::resource::{check_request, AllocError, MemoryResource};
+use crate::stream::StreamRef;
+use std::any::Any;
+use std::marker::PhantomData;
+use std::ops::BitOr;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use typenum::{Bit, Or, Unsigned, B0, B1, U16};
+
+/// A set of properties as a type: a marker ([`HostAccessible`], [`DeviceAccessible`],
+/// [`Migratable`]), a tuple of them, or `()` for none (what [`Simulated`](crate::Simulated) gives).
+///
+/// It maps the markers to the typenum bits a [`MemoryResource`] states, so that
+/// `AnyResource<(HostAccessible, DeviceAccessible)>` is a resource with `Host = B1, Device = B1`.
+pub trait PropertySet: 'static {
+    /// `B1` when the set includes [`HostAccessible`].
+    type Host: Bit;
+    /// `B1` when the set includes [`DeviceAccessible`].
+    type Device: Bit;
+    /// `B1` when the set includes [`Migratable`].
+    type Managed: Bit;
+
+    /// The set as run-time values, alignment 1.
+    fn properties() -> Properties {
+        Properties {
+            host: Self::Host::BOOL,
+            device: Self::Device::BOOL,
+            managed: Self::Managed::BOOL,
+            alignment: 1,
+        }
+    }
+}
+
+impl PropertySet for () {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B0;
+}
+
+impl PropertySet for HostAccessible {
+    type Host = B1;
+    type Device = B0;
+    type Managed = B0;
+}
+
+impl PropertySet for DeviceAccessible {
+    type Host = B0;
+    type Device = B1;
+    type Managed = B0;
+}
+
+impl PropertySet for Migratable {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B1;
+}
+
+impl<A: PropertySet, B: PropertySet> PropertySet for (A, B)
+where
+    A::Host: BitOr<B::Host, Output: Bit>,
+    A::Device: BitOr<B::Device, Output: Bit>,
+    A::Managed: BitOr<B::Managed, Output: Bit>,
+{
+    type Host = Or<A::Host, B::Host>;
+    type Device = Or<A::Device, B::Device>;
+    type Managed = Or<A::Managed, B::Managed>;
+}
+
+impl<A: PropertySet, B: PropertySet, C: PropertySet> PropertySet for (A, B, C)
+where
+    (A, B): PropertySet,
+    <(A, B) as PropertySet>::Host: BitOr<C::Host, Output: Bit>,
+    <(A, B) as PropertySet>::Device: BitOr<C::Device, Output: Bit>,
+    <(A, B) as PropertySet>::Managed: BitOr<C::Managed, Output: Bit>,
+{
+    type Host = Or<<(A, B) as PropertySet>::Host, C::Host>;
+    type Device = Or<<(A, B) as PropertySet>::Device, C::Device>;
+    type Managed = Or<<(A, B) as PropertySet>::Managed, C::Managed>;
+}
+
+// The empty set asks for nothing, so every resource gives it: `AnyResource<()>` can hold a
+// `Simulated` stack. Here rather than in property.rs because only erasure needs to name it.
+impl<R: ?Sized> Accessible<()> for R {}
+
+/// What an erased resource really gives, known at run time: its property bits and its alignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Properties {
+    /// The CPU may dereference the memory.
+    pub host: bool,
+    /// Kernels may dereference the memory.
+    pub device: bool,
+    /// The memory is managed (migratable) memory.
+    pub managed: bool,
+    /// Every pointer is aligned to this many bytes.
+    pub alignment: usize,
+}
+
+impl Properties {
+    /// The properties resource type `R` states.
+    pub fn of<R: MemoryResource + ?Sized>() -> Self {
+        Properties {
+            host: R::Host::BOOL,
+            device: R::Device::BOOL,
+            managed: R::Managed::BOOL,
+            alignment: <R::Alignment as Unsigned>::USIZE,
+        }
+    }
+
+    /// True when every property of `wanted` is in `self` (alignment aside).
+    pub fn includes(&self, wanted: &Properties) -> bool {
+        (self.host || !wanted.host)
+            && (self.device || !wanted.device)
+            && (self.managed || !wanted.managed)
+    }
+}
+
+impl std::fmt::Display for Properties {
+    /// `HostAccessible + DeviceAccessible`, or `no access property` for none.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = [
+            (self.host, "HostAccessible"),
+            (self.device, "DeviceAccessible"),
+            (self.managed, "Migratable"),
+        ];
+        let mut first = true;
+        for (_, name) in names.iter().filter(|(set, _)| *set) {
+            if !first {
+                f.write_str(" + ")?;
+            }
+            f.write_str(name)?;
+            first = false;
+        }
+        if first {
+            f.write_str("no access property")?;
+        }
+        Ok(())
+    }
+}
+
+/// The alignment erased resources guarantee: what they raise every request to.
+const ERASED_ALIGN: usize = 16;
+
+/// The object-safe face of a [`MemoryResource`]: what the vtable of an erased resource holds.
+trait DynResource {
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError>;
+    /// # Safety
+    /// As for [`MemoryResource::deallocate`].
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError>;
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError>;
+    fn name(&self) -> &'static str;
+    fn properties(&self) -> Properties;
+}
+
+impl<R: MemoryResource> DynResource for R {
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        MemoryResource::allocate(self, size, align, stream)
+    }
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { MemoryResource::deallocate(self, ptr, size, align, stream) }
+    }
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        MemoryResource::synchronize(self, stream)
+    }
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        MemoryResource::order_after(self, stream, after)
+    }
+    fn name(&self) -> &'static str {
+        MemoryResource::name(self)
+    }
+    fn properties(&self) -> Properties {
+        Properties::of::<R>()
+    }
+}
+
+/// What an [`AnyResource`] holds: a resource that is also `Any`, for downcasts, and that can lend
+/// itself as a plain `DynResource` for a [`ResourceRef`] (trait upcasting needs Rust 1.86).
+trait DynOwned: DynResource + Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    fn as_dyn(&self) -> &(dyn DynResource + Sync);
+}
+
+impl<R: MemoryResource + Send + Sync + 'static> DynOwned for R {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_dyn(&self) -> &(dyn DynResource + Sync) {
+        self
+    }
+}
+
+/// An owned resource stack of any type, with properties `P` still checked at compile time.
+///
+/// ```
+/// use mrstack::prelude::*;
+/// use mrstack::erased::AnyResource;
+///
+/// // Chosen at run time, one type either way:
+/// fn pick(real_bytes: bool) -> AnyResource<HostAccessible> {
+///     if real_bytes { AnyResource::new(System::new()) } else { AnyResource::new(&SYSTEM) }
+/// }
+/// static SYSTEM: System = System::new();
+///
+/// let mr = pick(true);
+/// let p = mr.allocate(64, 8, StreamRef::DEFAULT).unwrap();
+/// // SAFETY: host-accessible memory of 64 bytes.
+/// unsafe { p.as_ptr().write_bytes(7, 64) };
+/// // SAFETY: p came from mr with this size and alignment.
+/// unsafe { mr.deallocate(p, 64, 8, StreamRef::DEFAULT) };
+/// assert_eq!(mr.properties().alignment, 16);
+/// ```
+///
+/// A stack that lacks a property does not compile:
+///
+/// ```compile_fail,E0277
+/// use mrstack::prelude::*;
+/// use mrstack::erased::AnyResource;
+/// // error: `System` does not give DeviceAccessible memory
+/// let mr = AnyResource::<DeviceAccessible>::new(System::new());
+/// ```
+pub struct AnyResource<P: PropertySet> {
+    inner: Arc<dyn DynOwned>,
+    _props: PhantomData<fn() -> P>,
+}
+
+impl<P: PropertySet> AnyResource<P> {
+    /// Erases `resource`, which must give every property of `P`.
+    pub fn new<R>(resource: R) -> Self
+    where
+        R: MemoryResource + Accessible<P> + Send + Sync + 'static,
+    {
+        Self::from_arc(Arc::new(resource))
+    }
+
+    /// Erases a shared resource, without a second `Arc`.
+    pub fn from_arc<R>(resource: Arc<R>) -> Self
+    where
+        R: MemoryResource + Accessible<P> + Send + Sync + 'static,
+    {
+        AnyResource {
+            inner: resource,
+            _props: PhantomData,
+        }
+    }
+
+    /// Erases `resource` if it gives every property of `P`, checked at run time; gives it back
+    /// otherwise. For generic code (a stack built from text) where the compiler cannot see the
+    /// properties; [`new`](Self::new) checks the same at compile time.
+    pub fn try_new<R>(resource: R) -> Result<Self, R>
+    where
+        R: MemoryResource + Send + Sync + 'static,
+    {
+        if Properties::of::<R>().includes(&P::properties()) {
+            Ok(AnyResource {
+                inner: Arc::new(resource),
+                _props: PhantomData,
+            })
+        } else {
+            Err(resource)
+        }
+    }
+
+    /// The same resource seen with properties `Q`, if the erased resource really gives them
+    /// (checked at run time against its own type's properties, not against `P`); `self` otherwise.
+    /// Lets a stack built as `AnyResource<DeviceAccessible>` from `managed` go under an adaptor that
+    /// needs `Migratable`.
+    pub fn try_cast<Q: PropertySet>(self) -> Result<AnyResource<Q>, Self> {
+        if self.inner.properties().includes(&Q::properties()) {
+            Ok(AnyResource {
+                inner: self.inner,
+                _props: PhantomData,
+            })
+        } else {
+            Err(self)
+        }
+    }
+
+    /// The same resource with fewer properties promised, checked at compile time:
+    /// `AnyResource<(HostAccessible, DeviceAccessible)>` → `AnyResource<DeviceAccessible>`.
+    pub fn forget<Q: PropertySet>(self) -> AnyResource<Q>
+    where
+        Self: Accessible<Q>,
+    {
+        AnyResource {
+            inner: self.inner,
+            _props: PhantomData,
+        }
+    }
+
+    /// What the erased resource really gives (its own type's properties and alignment), which may
+    /// be more than `P`.
+    pub fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+
+    /// The erased resource, if it is an `R`: how to read a `Statistics` at the top of a stack built
+    /// from text.
+    pub fn downcast_ref<R: 'static>(&self) -> Option<&R> {
+        self.inner.as_any().downcast_ref()
+    }
+
+    /// A borrowed handle on the same resource.
+    pub fn as_resource_ref(&self) -> ResourceRef<'_, P> {
+        ResourceRef {
+            inner: self.inner.as_dyn(),
+            _props: PhantomData,
+        }
+    }
+
+    /// True when both handles share one resource.
+    pub fn ptr_eq(&self, other: &Self) -> bool {
+        // Compare data addresses only: vtable pointers of one type may differ between codegen units.
+        std::ptr::addr_eq(Arc::as_ptr(&self.inner), Arc::as_ptr(&other.inner))
+    }
+}
+
+impl<P: PropertySet> Clone for AnyResource<P> {
+    /// Another handle on the same resource (the `Arc` is cloned, not the resource).
+    fn clone(&self) -> Self {
+        AnyResource {
+            inner: self.inner.clone(),
+            _props: PhantomData,
+        }
+    }
+}
+
+impl<P: PropertySet> std::fmt::Debug for AnyResource<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnyResource")
+            .field("resource", &self.inner.name())
+            .field("properties", &self.inner.properties())
+            .finish()
+    }
+}
+
+// SAFETY: built only from resources that give every property of P (checked by the `Accessible<P>`
+// bound or at run time against the resource type's bits); every call goes to that resource with
+// the alignment raised to at least 16, so its promises hold, and the alignment claimed (16) too.
+unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
+    type Host = P::Host;
+    type Device = P::Device;
+    type Managed = P::Managed;
+    type Alignment = U16;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, "AnyResource")? {
+            return Ok(empty);
+        }
+        self.inner.allocate(size, align.max(ERASED_ALIGN), stream)
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: forwarded from the caller; `ptr` came from `self.inner` (allocate sends every
+        // non-zero request there).
+        unsafe {
+            self.inner
+                .deallocate(ptr, size, align.max(ERASED_ALIGN), stream)
+        }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.inner.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.inner.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
+/// A borrowed resource of any type with properties `P`: `Copy`, two words, and it cannot outlive
+/// the resource it borrows.
+///
+/// ```
+/// use mrstack::prelude::*;
+/// use mrstack::erased::ResourceRef;
+///
+/// fn library_call(mr: ResourceRef<'_, HostAccessible>) -> usize {
+///     let p = mr.allocate(32, 8, StreamRef::DEFAULT).unwrap();
+///     // SAFETY: p came from mr with this size and alignment.
+///     unsafe { mr.deallocate(p, 32, 8, StreamRef::DEFAULT) };
+///     32
+/// }
+/// let system = System::new();
+/// assert_eq!(library_call(ResourceRef::new(&system)), 32);
+/// ```
+pub struct ResourceRef<'a, P: PropertySet> {
+    inner: &'a (dyn DynResource + Sync + 'a),
+    _props: PhantomData<fn() -> P>,
+}
+
+impl<'a, P: PropertySet> ResourceRef<'a, P> {
+    /// Borrows `resource`, which must give every property of `P`.
+    pub fn new<R>(resource: &'a R) -> Self
+    where
+        R: MemoryResource + Accessible<P> + Sync + 'a,
+    {
+        ResourceRef {
+            inner: resource,
+            _props: PhantomData,
+        }
+    }
+
+    /// The same borrow with fewer properties promised, checked at compile time.
+    pub fn forget<Q: PropertySet>(self) -> ResourceRef<'a, Q>
+    where
+        Self: Accessible<Q>,
+    {
+        ResourceRef {
+            inner: self.inner,
+            _props: PhantomData,
+        }
+    }
+
+    /// What the borrowed resource really gives.
+    pub fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+}
+
+impl<P: PropertySet> Clone for ResourceRef<'_, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P: PropertySet> Copy for ResourceRef<'_, P> {}
+
+impl<P: PropertySet> std::fmt::Debug for ResourceRef<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceRef")
+            .field("resource", &self.inner.name())
+            .field("properties", &self.inner.properties())
+            .finish()
+    }
+}
+
+// SAFETY: as for AnyResource: built only from resources with P's properties, every call forwarded
+// with the alignment raised to at least 16.
+unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
+    type Host = P::Host;
+    type Device = P::Device;
+    type Managed = P::Managed;
+    type Alignment = U16;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = check_request::<Self>(size, align, "ResourceRef")? {
+            return Ok(empty);
+        }
+        self.inner.allocate(size, align.max(ERASED_ALIGN), stream)
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: forwarded from the caller; non-zero requests all went to `self.inner`.
+        unsafe {
+            self.inner
+                .deallocate(ptr, size, align.max(ERASED_ALIGN), stream)
+        }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.inner.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.inner.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
+static_assertions::assert_impl_all!(AnyResource<DeviceAccessible>: Send, Sync, Clone, Accessible<DeviceAccessible>);
+static_assertions::assert_impl_all!(
+    AnyResource<(HostAccessible, DeviceAccessible)>: Accessible<(HostAccessible, DeviceAccessible)>,
+    Accessible<HostAccessible>
+);
+static_assertions::assert_impl_all!(AnyResource<(HostAccessible, DeviceAccessible, Migratable)>: Accessible<Migratable>);
+static_assertions::assert_not_impl_any!(AnyResource<DeviceAccessible>: Accessible<HostAccessible>);
+static_assertions::assert_not_impl_any!(AnyResource<()>: Accessible<HostAccessible>, Accessible<DeviceAccessible>);
+static_assertions::assert_impl_all!(ResourceRef<'static, HostAccessible>: Send, Sync, Copy, Accessible<HostAccessible>);
+static_assertions::assert_eq_size!(AnyResource<DeviceAccessible>, [usize; 2]);
+static_assertions::assert_eq_size!(ResourceRef<'static, DeviceAccessible>, [usize; 2]);
+static_assertions::assert_eq_size!(Option<AnyResource<DeviceAccessible>>, [usize; 2]);

@@ -1,0 +1,932 @@
+//! Host-only tests of the behaviour adaptors: Statistics, Tracking, Logging, Limiting, Aligned,
+//! Retry (Prefetch needs a GPU: tests/gpu_adaptors.rs), each through `resource_stack!`.
+
+use mrstack::adaptor::{BadFreeKind, Counter, RetryCallback, Stats, LOG_HEADER};
+use mrstack::prelude::*;
+use mrstack::resource::{check_request, dangling};
+use proptest::prelude::*;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use typenum::{B0, B1, U1024, U16, U256, U4096, U64};
+
+const S: StreamRef = StreamRef::DEFAULT;
+
+fn stream(n: usize) -> StreamRef {
+    // SAFETY: Simulated and System never pass streams to the driver.
+    unsafe { StreamRef::from_raw(n as *mut _) }
+}
+
+fn counter(current: i64, peak: i64, total: i64) -> Counter {
+    Counter {
+        current,
+        peak,
+        total,
+    }
+}
+
+/// Host memory that, like the CUDA leaves, guarantees 256 bytes and refuses any larger alignment
+/// with `Unsupported`; counts its live blocks so a test can check that everything came back.
+#[derive(Default)]
+struct Refusing {
+    live: Mutex<HashMap<usize, usize>>,
+}
+
+// SAFETY: memory from System at alignment 256, freed with the same size; larger alignments refused.
+unsafe impl MemoryResource for Refusing {
+    type Host = B1;
+    type Device = B0;
+    type Managed = B0;
+    type Alignment = U256;
+
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        if let Some(p) = check_request::<Self>(size, align, "Refusing")? {
+            return Ok(p);
+        }
+        if align > 256 {
+            return Err(AllocError::new(
+                AllocErrorKind::Unsupported("alignment above 256"),
+                size,
+                align,
+                "Refusing",
+            ));
+        }
+        let p = System.allocate(size, 256, s)?;
+        self.live.lock().unwrap().insert(p.as_ptr() as usize, size);
+        Ok(p)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, s: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        let was = self.live.lock().unwrap().remove(&(ptr.as_ptr() as usize));
+        assert_eq!(was, Some(size), "Refusing: bad deallocate");
+        // SAFETY: allocated above from System with this size and alignment 256.
+        unsafe { System.deallocate(ptr, size, 256, s) };
+    }
+}
+
+/// Fills `len` bytes at `p` with `tag`.
+fn fill(p: NonNull<u8>, len: usize, tag: u8) {
+    // SAFETY: callers pass a live host allocation of at least `len` bytes.
+    unsafe { p.as_ptr().write_bytes(tag, len) };
+}
+
+/// True when the `len` bytes at `p` all hold `tag`.
+fn holds(p: NonNull<u8>, len: usize, tag: u8) -> bool {
+    // SAFETY: callers pass a live host allocation of at least `len` bytes, filled by `fill`.
+    unsafe { std::slice::from_raw_parts(p.as_ptr(), len) }
+        .iter()
+        .all(|&b| b == tag)
+}
+
+// ---------------------------------------------------------------- Statistics
+
+#[test]
+fn statistics_after_a_known_sequence() {
+    let sim = Simulated::new(1 << 20);
+    let mr = resource_stack![&sim, Statistics];
+    let a = mr.allocate(100, 8, S).unwrap();
+    let b = mr.allocate(200, 8, S).unwrap();
+    // SAFETY: a came from mr with this size and alignment.
+    unsafe { mr.deallocate(a, 100, 8, S) };
+    let c = mr.allocate(50, 8, S).unwrap();
+    assert_eq!(mr.bytes(), counter(250, 300, 350));
+    assert_eq!(mr.allocations(), counter(2, 2, 3));
+
+    mr.reset_peak();
+    assert_eq!(mr.bytes(), counter(250, 250, 350));
+    assert_eq!(mr.allocations(), counter(2, 2, 3));
+    let d = mr.allocate(10, 8, S).unwrap();
+    assert_eq!(mr.bytes(), counter(260, 260, 360));
+
+    // Zero-size requests and failures take no memory and are not counted.
+    let z = mr.allocate(0, 8, S).unwrap();
+    assert!(mr.allocate(1 << 21, 8, S).is_err());
+    assert!(mr.allocate(8, 3, S).is_err());
+    assert_eq!(mr.allocations(), counter(3, 3, 4));
+    // SAFETY: each came from mr with this size and alignment.
+    unsafe {
+        mr.deallocate(z, 0, 8, S);
+        mr.deallocate(b, 200, 8, S);
+        mr.deallocate(c, 50, 8, S);
+        mr.deallocate(d, 10, 8, S);
+    }
+    assert_eq!(
+        mr.stats(),
+        Stats {
+            bytes: counter(0, 260, 360),
+            allocations: counter(0, 3, 4)
+        }
+    );
+    assert_eq!(sim.in_use(), 0);
+    assert_eq!(mr.name(), "Statistics");
+}
+
+#[test]
+fn statistics_scopes_nest_as_rmm() {
+    let mr = resource_stack![Simulated::new(1 << 20), Statistics];
+    let before = mr.allocate(1000, 8, S).unwrap();
+    assert_eq!(mr.scope_stats(), None);
+    assert_eq!(mr.pop_scope(), None);
+
+    mr.push_scope();
+    let a = mr.allocate(100, 8, S).unwrap();
+    // SAFETY: before came from mr with this size and alignment.
+    unsafe { mr.deallocate(before, 1000, 8, S) }; // freed inside, allocated outside: goes negative
+    assert_eq!(mr.scope_stats().unwrap().bytes, counter(-900, 100, 100));
+
+    mr.push_scope();
+    assert_eq!(mr.scope_depth(), 2);
+    let b = mr.allocate(300, 8, S).unwrap();
+    let c = mr.allocate(200, 8, S).unwrap();
+    // SAFETY: c came from mr with this size and alignment.
+    unsafe { mr.deallocate(c, 200, 8, S) };
+    let inner = mr.pop_scope().unwrap();
+    assert_eq!(inner.bytes, counter(300, 500, 500));
+    assert_eq!(inner.allocations, counter(1, 2, 2));
+
+    // The outer scope absorbed the inner one: peak = max(100, -900 + 500).
+    let outer = mr.pop_scope().unwrap();
+    assert_eq!(outer.bytes, counter(-600, 100, 600));
+    assert_eq!(outer.allocations, counter(1, 2, 3));
+    assert_eq!(mr.scope_depth(), 0);
+
+    // The lifetime counters saw everything.
+    assert_eq!(mr.bytes(), counter(400, 1100, 1600));
+    // SAFETY: each came from mr with this size and alignment.
+    unsafe {
+        mr.deallocate(a, 100, 8, S);
+        mr.deallocate(b, 300, 8, S);
+    }
+    assert_eq!(mr.bytes().current, 0);
+}
+
+#[test]
+fn statistics_are_exact_across_threads() {
+    let mr = resource_stack![System::new(), Statistics];
+    let threads = 4;
+    let rounds = 500;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let mr = &mr;
+            s.spawn(move || {
+                for i in 0..rounds {
+                    let size = 1 + (i * 7 + t) % 300;
+                    let p = mr.allocate(size, 16, S).unwrap();
+                    fill(p, size, t as u8);
+                    assert!(holds(p, size, t as u8));
+                    // SAFETY: p came from mr with this size and alignment.
+                    unsafe { mr.deallocate(p, size, 16, S) };
+                }
+            });
+        }
+    });
+    let total: i64 = (0..threads)
+        .flat_map(|t| (0..rounds).map(move |i| (1 + (i * 7 + t) % 300) as i64))
+        .sum();
+    let s = mr.stats();
+    assert_eq!((s.bytes.current, s.bytes.total), (0, total));
+    assert_eq!(
+        (s.allocations.current, s.allocations.total),
+        (0, (threads * rounds) as i64)
+    );
+    // Each thread holds at most one block at a time; racing calls may make the peak read low,
+    // never high.
+    assert!(s.allocations.peak <= threads as i64);
+    assert!(s.bytes.peak <= threads as i64 * 300);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(usize),
+    Free(usize),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            (0usize..5000).prop_map(Op::Alloc),
+            (0usize..64).prop_map(Op::Free)
+        ],
+        0..120,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Statistics agree with a model that sums sizes, whatever the sequence.
+    #[test]
+    fn statistics_match_a_model(ops in ops()) {
+        let sim = Simulated::new(1 << 24);
+        let mr = resource_stack![&sim, Statistics];
+        let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
+        let (mut cur, mut peak, mut total, mut n, mut npeak, mut ntotal) = (0i64, 0i64, 0i64, 0i64, 0i64, 0i64);
+        for op in ops {
+            match op {
+                Op::Alloc(size) => {
+                    let p = mr.allocate(size, 64, S).unwrap();
+                    if size > 0 {
+                        live.push((p, size));
+                        cur += size as i64; total += size as i64; peak = peak.max(cur);
+                        n += 1; ntotal += 1; npeak = npeak.max(n);
+                    }
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let (p, size) = live.swap_remove(i % live.len());
+                    // SAFETY: p came from mr with this size and alignment.
+                    unsafe { mr.deallocate(p, size, 64, S) };
+                    cur -= size as i64; n -= 1;
+                }
+                Op::Free(_) => {}
+            }
+            prop_assert_eq!(mr.bytes(), counter(cur, peak, total));
+            prop_assert_eq!(mr.allocations(), counter(n, npeak, ntotal));
+            prop_assert_eq!(sim.in_use() as i64, cur);
+        }
+        for (p, size) in live {
+            // SAFETY: p came from mr with this size and alignment.
+            unsafe { mr.deallocate(p, size, 64, S) };
+        }
+        prop_assert_eq!(sim.in_use(), 0);
+    }
+}
+
+// ---------------------------------------------------------------- Limiting
+
+#[test]
+fn limiting_refuses_over_the_cap() {
+    let sim = Simulated::new(1 << 30);
+    let mr = resource_stack![&sim, Limiting { limit: 1 MiB }];
+    assert_eq!(mr.limit(), 1 << 20);
+    let a = mr.allocate(600 << 10, 256, S).unwrap();
+    let err = mr.allocate(500 << 10, 256, S).unwrap_err();
+    assert_eq!(
+        err,
+        AllocError::new(
+            AllocErrorKind::LimitExceeded {
+                limit: 1 << 20,
+                in_use: 600 << 10
+            },
+            500 << 10,
+            256,
+            "Limiting"
+        )
+    );
+    assert!(err.is_out_of_memory());
+    assert_eq!(
+        err.to_string(),
+        "Limiting: limit of 1048576 bytes exceeded (614400 bytes already allocated) (requested 512000 bytes, alignment 256)"
+    );
+    // The refused request never reached the upstream.
+    assert_eq!(sim.allocation_count(), 1);
+    // Exactly up to the cap is allowed.
+    let b = mr.allocate(424 << 10, 256, S).unwrap();
+    assert_eq!((mr.in_use(), mr.available()), (1 << 20, 0));
+    assert!(mr.allocate(1, 1, S).is_err());
+    // SAFETY: a came from mr with this size and alignment.
+    unsafe { mr.deallocate(a, 600 << 10, 256, S) };
+    let c = mr.allocate(500 << 10, 256, S).unwrap();
+    // SAFETY: each came from mr with this size and alignment.
+    unsafe {
+        mr.deallocate(b, 424 << 10, 256, S);
+        mr.deallocate(c, 500 << 10, 256, S);
+    }
+    assert_eq!((mr.in_use(), sim.in_use()), (0, 0));
+    // A huge size is refused by the cap, before the upstream sees it.
+    let big = mr.allocate(usize::MAX / 4, 1, S).unwrap_err();
+    assert!(matches!(big.kind, AllocErrorKind::LimitExceeded { .. }));
+}
+
+#[test]
+fn limiting_gives_back_the_reservation_when_the_upstream_fails() {
+    let mr = resource_stack![Simulated::new(1000), Limiting { limit: 5000 }];
+    let err = mr.allocate(2000, 1, S).unwrap_err();
+    assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
+    assert_eq!(mr.in_use(), 0);
+    let p = mr.allocate(1000, 1, S).unwrap();
+    assert_eq!(mr.in_use(), 1000);
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 1000, 1, S) };
+}
+
+#[test]
+fn limiting_holds_under_concurrency() {
+    let sim = Simulated::new(1 << 30);
+    let mr = Limiting::new(&sim, 10_000);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let mr = &mr;
+            s.spawn(move || {
+                for i in 0..400 {
+                    let size = 500 + (i * 13 + t * 7) % 2500;
+                    if let Ok(p) = mr.allocate(size, 256, S) {
+                        assert!(mr.in_use() <= 10_000);
+                        // SAFETY: p came from mr with this size and alignment.
+                        unsafe { mr.deallocate(p, size, 256, S) };
+                    }
+                }
+            });
+        }
+    });
+    assert!(sim.peak() <= 10_000, "peak {} over the cap", sim.peak());
+    assert_eq!((mr.in_use(), sim.in_use()), (0, 0));
+}
+
+// ---------------------------------------------------------------- Tracking
+
+#[test]
+fn tracking_lists_outstanding_and_reports_leaks() {
+    let sim = Simulated::new(1 << 30);
+    let mr = resource_stack![&sim, Tracking];
+    assert!(!mr.captures_backtraces());
+    assert_eq!(mr.leak_report(), "");
+    let a = mr.allocate(4096, 256, stream(7)).unwrap();
+    let b = mr.allocate(12345, 512, S).unwrap();
+    let z = mr.allocate(0, 1, S).unwrap();
+    assert_eq!(
+        (mr.outstanding_count(), mr.outstanding_bytes()),
+        (2, 4096 + 12345)
+    );
+    let list = mr.outstanding();
+    assert_eq!(list.len(), 2);
+    let (la, lb) = (&list[0], &list[1]);
+    assert_eq!(
+        (la.address, la.size, la.align, la.stream),
+        (a.as_ptr() as usize, 4096, 256, stream(7))
+    );
+    assert_eq!(
+        (lb.address, lb.size, lb.align, lb.stream),
+        (b.as_ptr() as usize, 12345, 512, S)
+    );
+    assert!(la.backtrace.is_none());
+
+    // SAFETY: a came from mr with this size, alignment and stream.
+    unsafe { mr.deallocate(a, 4096, 256, stream(7)) };
+    // SAFETY: a zero-size block is a no-op.
+    unsafe { mr.deallocate(z, 0, 1, S) };
+    let report = mr.leak_report();
+    assert_eq!(
+        report,
+        format!(
+            "Tracking: 1 allocation(s) still live, 12345 bytes:\n  {:#x}: 12345 bytes, align 512, stream 0x0\n",
+            b.as_ptr() as usize
+        )
+    );
+    // SAFETY: b came from mr with this size and alignment.
+    unsafe { mr.deallocate(b, 12345, 512, S) };
+    assert_eq!(mr.leak_report(), "");
+    assert_eq!(mr.bad_free_count(), 0);
+    assert_eq!(sim.in_use(), 0);
+}
+
+#[test]
+fn tracking_refuses_double_and_foreign_frees() {
+    // Simulated panics on a double free: reaching it would fail the test.
+    let sim = Simulated::new(1 << 30);
+    let mr = resource_stack![&sim, Tracking];
+    let a = mr.allocate(64, 8, S).unwrap();
+    // SAFETY: a came from mr with this size and alignment.
+    unsafe { mr.deallocate(a, 64, 8, S) };
+    // SAFETY: deliberately broken (a double free): Tracking must refuse it before the upstream.
+    unsafe { mr.deallocate(a, 64, 8, S) };
+    let foreign = dangling(4096);
+    // SAFETY: deliberately broken (never allocated here): Tracking must refuse it.
+    unsafe { mr.deallocate(foreign, 32, 8, stream(3)) };
+    let b = mr.allocate(100, 8, S).unwrap();
+    // SAFETY: deliberately broken (wrong size): Tracking must refuse it and keep b live.
+    unsafe { mr.deallocate(b, 99, 8, S) };
+    assert_eq!(mr.outstanding_count(), 1);
+    assert_eq!(mr.bad_free_count(), 3);
+    let bad = mr.bad_frees();
+    assert_eq!(bad[0].kind, BadFreeKind::NotLive);
+    assert_eq!((bad[0].address, bad[0].size), (a.as_ptr() as usize, 64));
+    assert_eq!(bad[1].kind, BadFreeKind::NotLive);
+    assert_eq!((bad[1].address, bad[1].stream), (4096, stream(3)));
+    assert_eq!(
+        bad[2].kind,
+        BadFreeKind::Mismatch {
+            size: 100,
+            align: 8
+        }
+    );
+    assert!(bad[0].to_string().contains("not a live allocation"));
+    // SAFETY: b came from mr with this size and alignment.
+    unsafe { mr.deallocate(b, 100, 8, S) };
+    assert_eq!((mr.outstanding_count(), sim.in_use()), (0, 0));
+}
+
+#[test]
+fn tracking_captures_backtraces_when_asked() {
+    let mr = resource_stack![Simulated::new(1 << 20), Tracking { backtraces: true }];
+    assert!(mr.captures_backtraces());
+    let p = mr.allocate(777, 8, S).unwrap();
+    let list = mr.outstanding();
+    assert!(list[0].backtrace.is_some());
+    let report = mr.leak_report();
+    assert!(report.contains("777 bytes"), "{report}");
+    assert!(report.contains("allocated at:"), "{report}");
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 777, 8, S) };
+}
+
+#[test]
+fn tracking_drop_with_leaks_does_not_free_them() {
+    let sim = Simulated::new(1 << 20);
+    {
+        let mr = resource_stack![&sim, Tracking];
+        mr.allocate(321, 8, S).unwrap();
+        // Dropped here with one live allocation: reported on stderr, left to its owner.
+    }
+    assert_eq!(sim.in_use(), 321);
+}
+
+// ---------------------------------------------------------------- Logging
+
+/// One parsed line of the CSV log.
+#[derive(Debug, PartialEq)]
+struct Event {
+    thread: u64,
+    time: u64,
+    action: String,
+    pointer: usize,
+    size: usize,
+    stream: usize,
+}
+
+/// Parses a log as RMM's replay benchmark does: a header, then the named columns.
+fn parse_log(text: &str) -> Vec<Event> {
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(LOG_HEADER));
+    lines
+        .map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            assert_eq!(f.len(), 6, "{line}");
+            Event {
+                thread: f[0].parse().unwrap(),
+                time: f[1].parse().unwrap(),
+                action: f[2].to_string(),
+                pointer: usize::from_str_radix(f[3].strip_prefix("0x").unwrap(), 16).unwrap(),
+                size: f[4].parse().unwrap(),
+                stream: f[5].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn logging_writes_rmm_csv() {
+    assert_eq!(LOG_HEADER, "Thread,Time,Action,Pointer,Size,Stream");
+    let mr = Logging::new(Simulated::new(10_000), Vec::new());
+    let a = mr.allocate(1000, 256, S).unwrap();
+    let b = mr.allocate(3000, 256, stream(0x5000)).unwrap();
+    assert!(mr.allocate(9000, 256, S).is_err());
+    let z = mr.allocate(0, 256, S).unwrap();
+    // SAFETY: each came from mr with this size, alignment and stream.
+    unsafe {
+        mr.deallocate(z, 0, 256, S);
+        mr.deallocate(a, 1000, 256, S);
+        mr.deallocate(b, 3000, 256, stream(0x5000));
+    }
+    mr.flush().unwrap();
+    let (sim, log) = mr.into_parts().unwrap();
+    assert_eq!(sim.in_use(), 0);
+    let text = String::from_utf8(log).unwrap();
+    let events = parse_log(&text);
+    let (a, b) = (a.as_ptr() as usize, b.as_ptr() as usize);
+    let got: Vec<(&str, usize, usize, usize)> = events
+        .iter()
+        .map(|e| (e.action.as_str(), e.pointer, e.size, e.stream))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("allocate", a, 1000, 0),
+            ("allocate", b, 3000, 0x5000),
+            ("allocate failure", 0, 9000, 0),
+            ("free", a, 1000, 0),
+            ("free", b, 3000, 0x5000),
+        ]
+    );
+    assert!(events.iter().all(|e| e.thread == events[0].thread));
+    assert!(events.windows(2).all(|w| w[0].time <= w[1].time));
+    // Microseconds since the epoch: after 2020, before 2100.
+    assert!((1_577_836_800_000_000..4_102_444_800_000_000).contains(&events[0].time));
+    // The text itself, column by column, for the failure line.
+    let failure = text.lines().nth(3).unwrap();
+    assert!(
+        failure.ends_with(",allocate failure,0x0,9000,0"),
+        "{failure}"
+    );
+    assert!(text
+        .lines()
+        .nth(1)
+        .unwrap()
+        .ends_with(&format!(",allocate,{a:#x},1000,0")));
+}
+
+#[test]
+fn logging_threads_get_their_own_numbers() {
+    let mr = Logging::new(System::new(), Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                let p = mr.allocate(64, 16, S).unwrap();
+                // SAFETY: p came from mr with this size and alignment.
+                unsafe { mr.deallocate(p, 64, 16, S) };
+            });
+        }
+    });
+    let (_, log) = mr.into_parts().unwrap();
+    let events = parse_log(&String::from_utf8(log).unwrap());
+    assert_eq!(events.len(), 6);
+    let mut threads: Vec<u64> = events.iter().map(|e| e.thread).collect();
+    threads.sort_unstable();
+    threads.dedup();
+    assert_eq!(threads.len(), 3);
+    // Each thread's free follows its allocate of the same pointer.
+    for t in threads {
+        let mine: Vec<&Event> = events.iter().filter(|e| e.thread == t).collect();
+        assert_eq!(
+            (mine[0].action.as_str(), mine[1].action.as_str()),
+            ("allocate", "free")
+        );
+        assert_eq!(mine[0].pointer, mine[1].pointer);
+    }
+}
+
+/// A writer that fails every write.
+struct Broken;
+
+impl std::io::Write for Broken {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::other("disk on fire"))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn logging_write_errors_do_not_fail_allocations() {
+    let mr = Logging::new(System::new(), Broken);
+    // The header sits in the buffer; the error shows when the buffer is written out.
+    let p = mr.allocate(64, 16, S).unwrap();
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 64, 16, S) };
+    let err = mr.flush().unwrap_err();
+    assert_eq!(err.to_string(), "disk on fire");
+}
+
+#[test]
+fn logging_through_resource_stack_to_a_file() {
+    let path = std::env::temp_dir().join(format!("mrstack-log-{}.csv", std::process::id()));
+    let sim = Simulated::new(1 << 20);
+    {
+        let mr = resource_stack![
+            &sim,
+            Logging {
+                to: Box::new(std::fs::File::create(&path).unwrap())
+            }
+        ];
+        let p = mr.allocate(4 << 10, 256, S).unwrap();
+        // SAFETY: p came from mr with this size and alignment.
+        unsafe { mr.deallocate(p, 4 << 10, 256, S) };
+        // Dropping the adaptor flushes the buffer.
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let events = parse_log(&text);
+    assert_eq!(events.len(), 2);
+    assert_eq!(
+        (events[0].action.as_str(), events[0].size),
+        ("allocate", 4096)
+    );
+    assert_eq!(
+        (events[1].action.as_str(), events[1].pointer),
+        ("free", events[0].pointer)
+    );
+}
+
+// ---------------------------------------------------------------- Aligned
+
+#[test]
+fn aligned_over_an_upstream_that_honours_the_alignment() {
+    let mr = resource_stack![System::new(), Aligned<U4096>];
+    let blocks: Vec<(NonNull<u8>, usize)> = (1..20)
+        .map(|i| {
+            let size = i * 300;
+            let p = mr.allocate(size, 1, S).unwrap();
+            assert_eq!(p.as_ptr() as usize % 4096, 0);
+            fill(p, size, i as u8);
+            (p, size)
+        })
+        .collect();
+    for (i, &(p, size)) in blocks.iter().enumerate() {
+        assert!(holds(p, size, i as u8 + 1));
+        // SAFETY: p came from mr with this size and alignment.
+        unsafe { mr.deallocate(p, size, 1, S) };
+    }
+    assert_eq!(mr.over_allocated(), 0);
+    // A larger alignment than A in the request still wins.
+    let p = mr.allocate(10, 1 << 14, S).unwrap();
+    assert_eq!(p.as_ptr() as usize % (1 << 14), 0);
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 10, 1 << 14, S) };
+    // A zero-size request gets a dangling pointer with the type's alignment.
+    assert_eq!(mr.allocate(0, 1, S).unwrap().as_ptr() as usize % 4096, 0);
+}
+
+#[test]
+fn aligned_over_allocates_when_the_upstream_refuses() {
+    let up = Refusing::default();
+    let mr = resource_stack![&up, Aligned<U4096>];
+    assert_eq!(
+        mrstack::property::alignment_of::<Aligned<U4096, &Refusing>>(),
+        4096
+    );
+    let mut blocks = Vec::new();
+    for i in 1..30usize {
+        let size = i * 1000;
+        let p = mr.allocate(size, 64, S).unwrap();
+        assert_eq!(p.as_ptr() as usize % 4096, 0);
+        fill(p, size, i as u8);
+        blocks.push((p, size, i as u8));
+    }
+    assert_eq!(mr.over_allocated(), 29);
+    // Each block sits inside an upstream block of size + 4096 - 256 bytes.
+    let live = up.live.lock().unwrap().clone();
+    for &(p, size, _) in &blocks {
+        let addr = p.as_ptr() as usize;
+        let (&raw, &raw_size) = live
+            .iter()
+            .find(|(&raw, &raw_size)| raw <= addr && addr + size <= raw + raw_size)
+            .expect("block inside an upstream block");
+        assert_eq!(raw_size, size + 4096 - 256);
+        assert!(addr - raw < 4096);
+    }
+    for &(p, size, tag) in &blocks {
+        assert!(holds(p, size, tag));
+        // SAFETY: p came from mr with this size and alignment.
+        unsafe { mr.deallocate(p, size, 64, S) };
+    }
+    assert_eq!(mr.over_allocated(), 0);
+    assert!(up.live.lock().unwrap().is_empty());
+    // Requests the upstream's own alignment covers go straight through.
+    let p = mr.allocate(100, 128, S).unwrap();
+    assert_eq!(p.as_ptr() as usize % 4096, 0);
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 100, 128, S) };
+    assert!(up.live.lock().unwrap().is_empty());
+}
+
+#[test]
+fn aligned_passes_errors_through_and_keeps_nothing() {
+    let up = Refusing::default();
+    let mr = Aligned::<U4096, _>::new(&up);
+    let err = mr.allocate(isize::MAX as usize - 5000, 1, S).unwrap_err();
+    assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
+    let err = mr.allocate(64, 6, S).unwrap_err();
+    assert!(
+        matches!(err.kind, AllocErrorKind::InvalidArgument(_)),
+        "{err}"
+    );
+    assert_eq!(mr.over_allocated(), 0);
+    assert!(up.live.lock().unwrap().is_empty());
+}
+
+#[test]
+fn aligned_types_compute_the_maximum() {
+    use mrstack::property::alignment_of;
+    assert_eq!(alignment_of::<Aligned<U64, Simulated>>(), 256);
+    assert_eq!(alignment_of::<Aligned<U1024, Simulated>>(), 1024);
+    assert_eq!(alignment_of::<Aligned<U16, System>>(), 16);
+    // Zero bytes for the alignment itself: the same size whatever A.
+    assert_eq!(
+        std::mem::size_of::<Aligned<U4096, System>>(),
+        std::mem::size_of::<Aligned<U16, System>>()
+    );
+}
+
+// ---------------------------------------------------------------- Retry
+
+#[test]
+fn retry_calls_back_until_told_to_stop() {
+    let calls = AtomicUsize::new(0);
+    let attempts = Mutex::new(Vec::new());
+    let mr = Retry::new(Simulated::new(1000), |e: &AllocError, attempt| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        attempts.lock().unwrap().push((e.kind, attempt));
+        attempt < 4
+    });
+    let err = mr.allocate(5000, 1, S).unwrap_err();
+    assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
+    assert_eq!(calls.load(Ordering::Relaxed), 4);
+    assert_eq!(
+        *attempts.lock().unwrap(),
+        (1..=4)
+            .map(|n| (AllocErrorKind::OutOfMemory, n))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn retry_succeeds_once_the_callback_frees_memory() {
+    let sim = Simulated::new(10_000);
+    // A "cache" holding memory that the callback releases.
+    let cache: Mutex<Vec<NonNull<u8>>> = Mutex::new(
+        (0..3)
+            .map(|_| sim.allocate(3000, 256, S).unwrap())
+            .collect(),
+    );
+    let calls = AtomicUsize::new(0);
+    let mr = Retry::new(&sim, |_: &AllocError, _| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        match cache.lock().unwrap().pop() {
+            Some(p) => {
+                // SAFETY: p came from sim with this size and alignment and is released once.
+                unsafe { sim.deallocate(p, 3000, 256, S) };
+                true
+            }
+            None => false,
+        }
+    });
+    // 1000 free: needs two blocks released from the cache.
+    let p = mr.allocate(6000, 256, S).unwrap();
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    assert_eq!(cache.lock().unwrap().len(), 1);
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 6000, 256, S) };
+    // A success costs no call.
+    let q = mr.allocate(10, 1, S).unwrap();
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    // SAFETY: q came from mr with this size and alignment.
+    unsafe { mr.deallocate(q, 10, 1, S) };
+    let last = cache.lock().unwrap().pop().unwrap();
+    // SAFETY: last came from sim with this size and alignment.
+    unsafe { sim.deallocate(last, 3000, 256, S) };
+    assert_eq!(sim.in_use(), 0);
+}
+
+#[test]
+fn retry_leaves_other_errors_alone() {
+    let calls = AtomicUsize::new(0);
+    let up = Refusing::default();
+    let mr = Retry::new(&up, |_: &AllocError, _| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        true
+    });
+    let err = mr.allocate(64, 4096, S).unwrap_err();
+    assert!(matches!(err.kind, AllocErrorKind::Unsupported(_)));
+    assert!(mr.allocate(64, 3, S).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn retry_through_resource_stack_over_a_limit() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let mr = resource_stack![
+        Simulated::new(1 << 30),
+        Limiting { limit: 1 KiB },
+        Retry {
+            on_failure: Box::new(move |e, attempt| {
+                seen.fetch_add(1, Ordering::Relaxed);
+                assert!(matches!(e.kind, AllocErrorKind::LimitExceeded { limit: 1024, .. }));
+                attempt < 2
+            })
+        },
+    ];
+    assert!(mr.allocate(2048, 1, S).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    // The default configuration never retries.
+    let plain = resource_stack![Simulated::new(100), Retry];
+    assert!(plain.allocate(200, 1, S).is_err());
+}
+
+// ---------------------------------------------------------------- stacks
+
+/// What the five-adaptor stack below builds.
+type FiveStack<'a> =
+    Logging<Retry<Statistics<Tracking<Limiting<Aligned<U4096, &'a Simulated>>>>, RetryCallback>>;
+
+#[test]
+fn five_adaptors_in_one_stack() {
+    let sim = Simulated::new(1 << 30);
+    let retries = Arc::new(AtomicUsize::new(0));
+    let seen = retries.clone();
+    let mr = resource_stack![
+        &sim,
+        Aligned<U4096>,
+        Limiting { limit: 64 KiB },
+        Tracking,
+        Statistics,
+        Retry {
+            on_failure: Box::new(move |_, _| {
+                seen.fetch_add(1, Ordering::Relaxed);
+                false
+            })
+        },
+        Logging { to: Box::new(std::io::sink()) },
+    ];
+    // The type is the stack, outermost first.
+    let _: &FiveStack<'_> = &mr;
+    assert_eq!(alignment(&mr), 4096);
+
+    let a = mr.allocate(10_000, 8, S).unwrap();
+    let b = mr.allocate(20_000, 8, stream(2)).unwrap();
+    assert_eq!(a.as_ptr() as usize % 4096, 0);
+    assert_eq!(b.as_ptr() as usize % 4096, 0);
+    let err = mr.allocate(40_000, 8, S).unwrap_err();
+    assert!(matches!(
+        err.kind,
+        AllocErrorKind::LimitExceeded {
+            limit: 65536,
+            in_use: 30_000
+        }
+    ));
+    assert_eq!(retries.load(Ordering::Relaxed), 1);
+
+    let stats = mr.upstream().upstream();
+    assert_eq!(stats.bytes(), counter(30_000, 30_000, 30_000));
+    let tracking = stats.upstream();
+    assert_eq!(tracking.outstanding_bytes(), 30_000);
+    assert_eq!(tracking.upstream().in_use(), 30_000);
+
+    // SAFETY: each came from mr with this size, alignment and stream.
+    unsafe {
+        mr.deallocate(a, 10_000, 8, S);
+        mr.deallocate(b, 20_000, 8, stream(2));
+    }
+    assert_eq!(stats.bytes(), counter(0, 30_000, 30_000));
+    assert_eq!(tracking.outstanding_count(), 0);
+    assert_eq!(sim.in_use(), 0);
+    mr.flush().unwrap();
+}
+
+/// A resource's guaranteed alignment, read from a value whose type is long to write.
+fn alignment<R: MemoryResource>(_: &R) -> usize {
+    mrstack::property::alignment_of::<R>()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A stack of every host adaptor over real memory (an upstream that refuses large
+    /// alignments, so Aligned over-allocates): every block aligned, no two overlapping (each
+    /// keeps its pattern), the counters agree, and everything goes back.
+    #[test]
+    fn host_stack_matches_a_model(ops in ops()) {
+        let up = Refusing::default();
+        let mr = resource_stack![
+            &up,
+            Aligned<U1024>,
+            Tracking,
+            Limiting { limit: 64 KiB },
+            Statistics,
+        ];
+        let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
+        let mut in_use = 0usize;
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Alloc(size) => match mr.allocate(size, 16, S) {
+                    Ok(p) => {
+                        prop_assert_eq!(p.as_ptr() as usize % 1024, 0);
+                        if size > 0 {
+                            let tag = i as u8;
+                            fill(p, size, tag);
+                            live.push((p, size, tag));
+                            in_use += size;
+                        }
+                    }
+                    Err(e) => {
+                        prop_assert!(in_use + size > 64 << 10, "{}", e);
+                        let over = matches!(e.kind, AllocErrorKind::LimitExceeded { limit: 65536, .. });
+                        prop_assert!(over);
+                    }
+                },
+                Op::Free(i) if !live.is_empty() => {
+                    let (p, size, tag) = live.swap_remove(i % live.len());
+                    prop_assert!(holds(p, size, tag));
+                    // SAFETY: p came from mr with this size and alignment.
+                    unsafe { mr.deallocate(p, size, 16, S) };
+                    in_use -= size;
+                }
+                Op::Free(_) => {}
+            }
+            prop_assert_eq!(mr.bytes().current as usize, in_use);
+            prop_assert_eq!(mr.upstream().in_use(), in_use);
+            prop_assert_eq!(mr.upstream().upstream().outstanding_bytes(), in_use);
+            prop_assert_eq!(mr.allocations().current as usize, live.len());
+        }
+        for (p, size, tag) in live {
+            prop_assert!(holds(p, size, tag));
+            // SAFETY: p came from mr with this size and alignment.
+            unsafe { mr.deallocate(p, size, 16, S) };
+        }
+        prop_assert!(up.live.lock().unwrap().is_empty());
+    }
+}

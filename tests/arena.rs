@@ -1,0 +1,782 @@
+//! `Arena`: model tests over `Simulated`, pattern and stress tests over `System`, stream ordering
+//! with a recording upstream, out-of-memory behaviour, and a GPU round trip.
+
+fn gpu() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
+    match mrstack::cuda_context(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+    }
+}
+
+use mrstack::adaptor::ArenaConfig;
+use mrstack::prelude::*;
+use mrstack::resource::AllocError;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use typenum::{B0, U256};
+
+const MIB: usize = 1 << 20;
+const D: StreamRef = StreamRef::DEFAULT;
+
+fn stream(n: usize) -> StreamRef {
+    // SAFETY: Simulated/System never pass streams to the driver.
+    unsafe { StreamRef::from_raw(n as *mut _) }
+}
+
+fn config(size: usize, superblock: usize) -> ArenaConfig {
+    ArenaConfig { size, superblock }
+}
+
+/// `Simulated` that records the `order_after` and `synchronize` calls it gets.
+struct Recorder {
+    sim: Simulated,
+    orders: Mutex<Vec<(usize, usize)>>,
+    syncs: Mutex<Vec<usize>>,
+}
+
+impl Recorder {
+    fn new(capacity: usize) -> Self {
+        Recorder {
+            sim: Simulated::new(capacity),
+            orders: Mutex::new(Vec::new()),
+            syncs: Mutex::new(Vec::new()),
+        }
+    }
+    fn orders(&self) -> Vec<(usize, usize)> {
+        std::mem::take(&mut *self.orders.lock().unwrap())
+    }
+}
+
+// SAFETY: forwards allocation to Simulated unchanged.
+unsafe impl MemoryResource for Recorder {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B0;
+    type Alignment = U256;
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        self.sim.allocate(size, align, s)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.sim.deallocate(p, size, align, s) }
+    }
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.syncs.lock().unwrap().push(s.id());
+        Ok(())
+    }
+    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.orders.lock().unwrap().push((s.id(), after.id()));
+        Ok(())
+    }
+}
+
+fn addr(p: NonNull<u8>) -> usize {
+    p.as_ptr() as usize
+}
+
+#[test]
+fn bad_requests_are_errors_and_zero_size_is_free() {
+    let sim = Simulated::new(64 * MIB);
+    let arena = Arena::new(&sim, config(16 * MIB, 4 * MIB));
+    let p = arena.allocate(0, 8, D).unwrap();
+    assert_eq!(addr(p) % 256, 0);
+    // SAFETY: zero-size deallocation is a no-op.
+    unsafe { arena.deallocate(p, 0, 8, D) };
+    assert_eq!(
+        arena.arena_size(),
+        0,
+        "nothing taken for a zero-size request"
+    );
+    assert!(arena.allocate(8, 3, D).is_err());
+    assert!(arena.allocate(usize::MAX, 1, D).is_err());
+    let err = arena.allocate(17 * MIB, 256, D).unwrap_err();
+    assert!(err.is_out_of_memory());
+    assert_eq!((err.size, err.resource), (17 * MIB, "Arena"));
+}
+
+#[test]
+fn resource_stack_builds_an_arena_reserving_lazily() {
+    let sim = Simulated::new(2 << 30);
+    let mr = resource_stack![&sim, Arena { size: 64 MiB }];
+    assert_eq!((mr.max_size(), mr.superblock_size()), (64 * MIB, 4 * MIB));
+    assert_eq!(sim.in_use(), 0);
+    let p = mr.allocate(100, 1, D).unwrap();
+    assert_eq!(
+        (sim.in_use(), sim.live(), mr.arena_size()),
+        (64 * MIB, 1, 64 * MIB)
+    );
+    // SAFETY: p came from mr with this size.
+    unsafe { mr.deallocate(p, 100, 1, D) };
+    drop(mr);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    let defaults = resource_stack![&sim, Arena];
+    assert_eq!(
+        (defaults.max_size(), defaults.superblock_size()),
+        (1 << 30, 4 * MIB)
+    );
+    let odd = resource_stack![&sim, Arena { superblock: 3 MiB }];
+    assert_eq!(
+        odd.superblock_size(),
+        4 * MIB,
+        "rounded up to a power of two"
+    );
+}
+
+#[test]
+fn try_new_reserves_now_or_fails() {
+    let sim = Simulated::new(32 * MIB);
+    let arena = Arena::try_new(&sim, config(16 * MIB, MIB)).unwrap();
+    assert_eq!((sim.in_use(), arena.arena_size()), (16 * MIB, 16 * MIB));
+    drop(arena);
+    let err = Arena::try_new(&sim, config(64 * MIB, MIB)).unwrap_err();
+    assert!(err.is_out_of_memory());
+    assert_eq!(sim.in_use(), 0);
+}
+
+#[test]
+fn freed_memory_is_reused_at_once_on_its_stream() {
+    let sim = Simulated::new(64 * MIB);
+    let arena = Arena::new(&sim, config(32 * MIB, 4 * MIB));
+    for (s, size) in [
+        (D, 1000),
+        (stream(1), 5000),
+        (D, 3 * MIB),
+        (stream(2), 3 * MIB),
+    ] {
+        let a = arena.allocate(size, 256, s).unwrap();
+        // SAFETY: a came from arena with this size.
+        unsafe { arena.deallocate(a, size, 256, s) };
+        let b = arena.allocate(size, 256, s).unwrap();
+        assert_eq!(a, b, "{size} bytes on stream {s:?}");
+        // SAFETY: b came from arena with this size.
+        unsafe { arena.deallocate(b, size, 256, s) };
+    }
+}
+
+#[test]
+fn streams_and_threads_get_their_own_superblocks() {
+    let sim = Simulated::new(64 * MIB);
+    let sb = 4 * MIB;
+    let arena = Arena::new(&sim, config(32 * MIB, sb));
+    let a = arena.allocate(256, 256, D).unwrap();
+    let b = arena.allocate(256, 256, stream(1)).unwrap();
+    let c = arena.allocate(256, 256, stream(2)).unwrap();
+    let d = std::thread::scope(|s| {
+        s.spawn(|| addr(arena.allocate(256, 256, D).unwrap()))
+            .join()
+    })
+    .unwrap();
+    let e = arena.allocate(256, 256, stream(1)).unwrap();
+    let windows: Vec<usize> = [addr(a), addr(b), addr(c), d]
+        .iter()
+        .map(|p| p / sb)
+        .collect();
+    let mut distinct = windows.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "one superblock per arena: {windows:x?}");
+    assert_eq!(
+        addr(e) / sb,
+        addr(b) / sb,
+        "stream 1 keeps using its superblock"
+    );
+    // The other thread's block is freed here: found by address, returned to its own arena.
+    for (p, s) in [(a, D), (b, stream(1)), (c, stream(2)), (e, stream(1))] {
+        // SAFETY: p came from arena with 256 bytes.
+        unsafe { arena.deallocate(p, 256, 256, s) };
+    }
+    // SAFETY: d came from arena (on the other thread) with 256 bytes.
+    unsafe { arena.deallocate(NonNull::new(d as *mut u8).unwrap(), 256, 256, D) };
+    drop(arena);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+#[test]
+fn a_superblock_changing_streams_is_ordered_after_the_old_one() {
+    let rec = Recorder::new(64 * MIB);
+    let sb = MIB;
+    // Room for exactly one superblock: stream 2 can only get it after stream 1 gave it back.
+    let arena = Arena::new(&rec, config(sb, sb));
+    let a = arena.allocate(1000, 256, stream(1)).unwrap();
+    assert_eq!(rec.orders(), [], "fresh memory goes to any stream");
+    assert_eq!(
+        *rec.syncs.lock().unwrap(),
+        [0],
+        "it was synchronized once taken"
+    );
+    // SAFETY: a came from arena with this size.
+    unsafe { arena.deallocate(a, 1000, 256, stream(1)) };
+    let b = arena.allocate(1000, 256, stream(2)).unwrap();
+    assert_eq!(addr(a) / sb, addr(b) / sb);
+    assert!(
+        rec.orders().contains(&(2, 1)),
+        "stream 2 waits for stream 1"
+    );
+    // SAFETY: b came from arena with this size.
+    unsafe { arena.deallocate(b, 1000, 256, stream(2)) };
+    // Back and forth on the same stream: no ordering needed.
+    let c = arena.allocate(1000, 256, stream(2)).unwrap();
+    assert_eq!(rec.orders(), []);
+    // SAFETY: c came from arena with this size.
+    unsafe { arena.deallocate(c, 1000, 256, stream(2)) };
+}
+
+#[test]
+fn a_large_block_changing_streams_is_ordered_after_the_old_one() {
+    let rec = Recorder::new(64 * MIB);
+    let arena = Arena::new(&rec, config(8 * MIB, MIB));
+    let a = arena.allocate(3 * MIB, 256, stream(1)).unwrap();
+    // SAFETY: a came from arena with this size.
+    unsafe { arena.deallocate(a, 3 * MIB, 256, stream(1)) };
+    rec.orders();
+    let b = arena.allocate(3 * MIB, 256, stream(1)).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(rec.orders(), [], "same stream: reused at once");
+    // SAFETY: b came from arena with this size.
+    unsafe { arena.deallocate(b, 3 * MIB, 256, stream(1)) };
+    let c = arena.allocate(3 * MIB, 256, stream(3)).unwrap();
+    assert_eq!(a, c);
+    assert!(rec.orders().contains(&(3, 1)));
+    // SAFETY: c came from arena with this size.
+    unsafe { arena.deallocate(c, 3 * MIB, 256, stream(3)) };
+}
+
+#[test]
+fn a_block_freed_on_another_stream_orders_its_arena_after_that_stream() {
+    let rec = Recorder::new(64 * MIB);
+    let arena = Arena::new(&rec, config(8 * MIB, MIB));
+    let a = arena.allocate(1000, 256, stream(1)).unwrap();
+    rec.orders();
+    // SAFETY: a came from arena with this size; the caller's work on it is on stream 5.
+    unsafe { arena.deallocate(a, 1000, 256, stream(5)) };
+    assert_eq!(rec.orders(), [(1, 5)]);
+    drop(arena);
+    assert_eq!(rec.sim.in_use(), 0);
+    assert!(
+        rec.orders().contains(&(0, 1)),
+        "chunks go back after stream 1's work"
+    );
+}
+
+#[test]
+fn many_streams_merging_are_synchronized_not_forgotten() {
+    let rec = Recorder::new(64 * MIB);
+    let arena = Arena::new(&rec, config(8 * MIB, MIB));
+    let blocks: Vec<_> = (0..6)
+        .map(|_| arena.allocate(1 << 20 | 256, 256, D).unwrap())
+        .collect();
+    rec.syncs.lock().unwrap().clear();
+    for (i, p) in blocks.into_iter().enumerate() {
+        // SAFETY: p came from arena with this size.
+        unsafe { arena.deallocate(p, 1 << 20 | 256, 256, stream(10 + i)) };
+    }
+    // Six streams' ranges coalesced: more than a range remembers, so some were waited for.
+    assert!(!rec.syncs.lock().unwrap().is_empty());
+    let p = arena.allocate(6 * MIB, 256, stream(99)).unwrap();
+    // SAFETY: p came from arena with this size.
+    unsafe { arena.deallocate(p, 6 * MIB, 256, stream(99)) };
+}
+
+#[test]
+fn out_of_memory_at_the_arena_size_then_usable_again() {
+    let sim = Simulated::new(1 << 30);
+    let arena = Arena::new(&sim, config(32 * MIB, MIB));
+    let mut live = Vec::new();
+    let err = loop {
+        match arena.allocate(100_000, 256, D) {
+            Ok(p) => live.push(p),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
+    assert_eq!(
+        arena.arena_size(),
+        32 * MIB,
+        "never more than the configured size"
+    );
+    // Nearly all of it was handed out (a superblock holds 10 blocks of 100,000 bytes).
+    assert!(live.len() * 100_000 > 30 * MIB, "{} blocks", live.len());
+    assert!(arena
+        .allocate(8 * MIB, 256, D)
+        .unwrap_err()
+        .is_out_of_memory());
+    for p in live.drain(..) {
+        // SAFETY: p came from arena with this size.
+        unsafe { arena.deallocate(p, 100_000, 256, D) };
+    }
+    // Everything coalesced back, even the superblock the thread keeps.
+    let whole = arena.allocate(32 * MIB, 256, stream(7)).unwrap();
+    // SAFETY: whole came from arena with this size.
+    unsafe { arena.deallocate(whole, 32 * MIB, 256, stream(7)) };
+    let p = arena.allocate(1000, 256, D).unwrap();
+    // SAFETY: p came from arena with this size.
+    unsafe { arena.deallocate(p, 1000, 256, D) };
+}
+
+#[test]
+fn empty_superblocks_of_other_arenas_are_reclaimed_when_memory_runs_out() {
+    let sim = Simulated::new(1 << 30);
+    let arena = Arena::new(&sim, config(4 * MIB, MIB));
+    // Four streams each take a superblock, then free it: each arena keeps its empty superblock.
+    for s in 1..=4 {
+        let p = arena.allocate(1000, 256, stream(s)).unwrap();
+        // SAFETY: p came from arena with this size.
+        unsafe { arena.deallocate(p, 1000, 256, stream(s)) };
+    }
+    // Another stream needs the whole arena: all four come back and coalesce.
+    let p = arena.allocate(4 * MIB, 256, stream(5)).unwrap();
+    // SAFETY: p came from arena with this size.
+    unsafe { arena.deallocate(p, 4 * MIB, 256, stream(5)) };
+}
+
+#[test]
+fn a_small_request_uses_the_global_arena_when_no_superblock_is_free() {
+    let sim = Simulated::new(1 << 30);
+    let arena = Arena::new(&sim, config(4 * MIB, MIB));
+    // A large block straddling every window: no whole superblock is left.
+    let big = arena.allocate(3 * MIB + 512 * 1024, 256, D).unwrap();
+    let small = arena.allocate(1000, 256, D).unwrap();
+    assert!(addr(small) >= addr(big) + 3 * MIB + 512 * 1024);
+    for (p, n) in [(big, 3 * MIB + 512 * 1024), (small, 1000)] {
+        // SAFETY: p came from arena with this size.
+        unsafe { arena.deallocate(p, n, 256, D) };
+    }
+    let whole = arena.allocate(4 * MIB, 256, D).unwrap();
+    // SAFETY: whole came from arena with this size.
+    unsafe { arena.deallocate(whole, 4 * MIB, 256, D) };
+}
+
+#[test]
+fn grows_in_pieces_when_the_upstream_refuses_the_whole_size() {
+    let sim = Simulated::new(10 * MIB);
+    let arena = Arena::new(&sim, config(1 << 30, MIB));
+    let mut live = Vec::new();
+    while let Ok(p) = arena.allocate(200_000, 256, D) {
+        live.push(p);
+    }
+    assert!(arena.arena_size() <= 10 * MIB);
+    assert!(live.len() * 200_000 > 7 * MIB, "{} blocks", live.len());
+    drop(arena);
+    assert_eq!(
+        (sim.in_use(), sim.live()),
+        (0, 0),
+        "dropped with blocks live"
+    );
+}
+
+#[test]
+fn threads_exiting_leave_their_arenas_to_the_next_threads() {
+    let sim = Simulated::new(1 << 30);
+    let arena = Arena::new(&sim, config(64 * MIB, MIB));
+    // Each thread keeps one block and an arena's worth of superblock; later threads adopt arenas
+    // of earlier ones, so 200 threads fit in 64 superblocks.
+    let kept: Vec<usize> = (0..200)
+        .map(|_| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let p = arena.allocate(5000, 256, D).unwrap();
+                    let q = arena.allocate(7000, 256, D).unwrap();
+                    // SAFETY: q came from arena with this size.
+                    unsafe { arena.deallocate(q, 7000, 256, D) };
+                    addr(p)
+                })
+                .join()
+                .unwrap()
+            })
+        })
+        .collect();
+    for p in kept {
+        // SAFETY: p came from arena with 5000 bytes, on a thread now gone.
+        unsafe { arena.deallocate(NonNull::new(p as *mut u8).unwrap(), 5000, 256, D) };
+    }
+    drop(arena);
+    assert_eq!(sim.in_use(), 0);
+}
+
+// ---------------------------------------------------------------- model test over Simulated
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc {
+        size: usize,
+        align: usize,
+        stream: usize,
+    },
+    Free {
+        index: usize,
+        stream: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let size = prop_oneof![
+        4 => 1usize..4096,
+        3 => 4096usize..(300 << 10),
+        2 => (300usize << 10)..(3 << 20),
+        1 => Just(0usize),
+    ];
+    let align = prop_oneof![8 => Just(256usize), 1 => Just(1), 1 => Just(4096), 1 => Just(1 << 17)];
+    prop_oneof![
+        3 => (size, align, 0usize..3).prop_map(|(size, align, stream)| Op::Alloc { size, align, stream }),
+        2 => (any::<usize>(), 0usize..3).prop_map(|(index, stream)| Op::Free { index, stream }),
+    ]
+}
+
+/// The live blocks, by address: checks that a new block overlaps none of them.
+#[derive(Default)]
+struct Model {
+    live: BTreeMap<usize, (usize, usize, usize)>,
+}
+
+impl Model {
+    fn insert(&mut self, p: usize, size: usize, align: usize, stream: usize) {
+        assert_eq!(p % align.max(256), 0, "{p:#x} not aligned to {align}");
+        if let Some((&q, &(n, _, _))) = self.live.range(..=p).next_back() {
+            assert!(q + n <= p, "{p:#x}+{size} overlaps {q:#x}+{n}");
+        }
+        if let Some((&q, _)) = self.live.range(p..).next() {
+            assert!(p + size <= q, "{p:#x}+{size} overlaps {q:#x}");
+        }
+        self.live.insert(p, (size, align, stream));
+    }
+}
+
+fn run_model(ops: &[Op], size: usize, superblock: usize) {
+    let sim = Simulated::new(size + 8 * MIB);
+    let arena = Arena::new(&sim, config(size, superblock));
+    let mut model = Model::default();
+    let mut zero = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Alloc {
+                size: n,
+                align,
+                stream: s,
+            } => match arena.allocate(n, align, stream(s)) {
+                Ok(p) if n == 0 => zero.push((p, align)),
+                Ok(p) => model.insert(addr(p), n, align, s),
+                Err(e) => {
+                    assert!(e.is_out_of_memory(), "{e}");
+                    let live: usize = model.live.values().map(|v| v.0).sum();
+                    // Failing is fine only when the arena is fairly full or the request is big.
+                    assert!(
+                        live + 2 * (n + align + superblock) > size / 2,
+                        "{e}: {live} live"
+                    );
+                }
+            },
+            Op::Free { index, stream: s } if !model.live.is_empty() => {
+                let (&p, &(n, align, _)) = model.live.iter().nth(index % model.live.len()).unwrap();
+                model.live.remove(&p);
+                // SAFETY: p is live in the model, allocated with this size and alignment.
+                unsafe {
+                    arena.deallocate(NonNull::new(p as *mut u8).unwrap(), n, align, stream(s))
+                };
+            }
+            Op::Free { .. } => {}
+        }
+        assert_eq!(sim.in_use(), arena.arena_size());
+        assert!(arena.arena_size() <= size);
+    }
+    for (p, align) in zero {
+        assert_eq!(addr(p) % align.max(256), 0);
+    }
+    for (p, (n, align, s)) in std::mem::take(&mut model.live) {
+        // SAFETY: p is live in the model, allocated with this size and alignment.
+        unsafe { arena.deallocate(NonNull::new(p as *mut u8).unwrap(), n, align, stream(s)) };
+    }
+    if arena.arena_size() == size {
+        // Everything came back together: the whole arena is one free range again.
+        let p = arena
+            .allocate(size, 256, stream(9))
+            .expect("whole arena after freeing all");
+        // SAFETY: p came from arena with this size.
+        unsafe { arena.deallocate(p, size, 256, stream(9)) };
+    }
+    drop(arena);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn model_over_simulated(ops in prop::collection::vec(op(), 1..64)) {
+        run_model(&ops, 16 * MIB, MIB);
+    }
+}
+
+#[test]
+fn model_with_small_arena_and_large_superblocks() {
+    // A deterministic sweep of tight configurations: superblocks as large as the arena.
+    let mut rng = Rng(7);
+    for _ in 0..300 {
+        let ops: Vec<Op> = (0..64)
+            .map(|_| {
+                if rng.below(5) < 3 {
+                    Op::Alloc {
+                        size: 1 + rng.below(2 * MIB),
+                        align: 1 << (8 + rng.below(6)),
+                        stream: rng.below(3),
+                    }
+                } else {
+                    Op::Free {
+                        index: rng.below(64),
+                        stream: rng.below(3),
+                    }
+                }
+            })
+            .collect();
+        run_model(&ops, 4 * MIB, 4 * MIB);
+    }
+}
+
+// ---------------------------------------------------------------- real bytes over System
+
+/// Fills `n` bytes at `p` with `byte`.
+fn fill(p: NonNull<u8>, n: usize, byte: u8) {
+    // SAFETY: p is a live host block of at least n bytes owned by the caller.
+    unsafe { std::ptr::write_bytes(p.as_ptr(), byte, n) };
+}
+
+/// True when all `n` bytes at `p` still hold `byte`.
+fn holds(p: NonNull<u8>, n: usize, byte: u8) -> bool {
+    // SAFETY: p is a live host block of at least n bytes owned by the caller.
+    unsafe { std::slice::from_raw_parts(p.as_ptr(), n) == vec![byte; n].as_slice() }
+}
+
+#[test]
+fn patterns_survive_over_system() {
+    let arena = Arena::new(System, config(64 * MIB, MIB));
+    let mut rng = Rng(11);
+    let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
+    for i in 0..3000 {
+        if live.is_empty() || rng.below(100) < 60 {
+            let n = if rng.below(10) == 0 {
+                MIB + rng.below(2 * MIB)
+            } else {
+                1 + rng.below(64 << 10)
+            };
+            let s = if rng.below(4) == 0 { stream(1) } else { D };
+            if let Ok(p) = arena.allocate(n, 256, s) {
+                let byte = (i % 251) as u8;
+                fill(p, n, byte);
+                live.push((p, n, byte));
+            }
+        } else {
+            let (p, n, byte) = live.swap_remove(rng.below(live.len()));
+            assert!(
+                holds(p, n, byte),
+                "block {p:?} of {n} bytes was overwritten"
+            );
+            // SAFETY: p came from arena with this size.
+            unsafe { arena.deallocate(p, n, 256, D) };
+        }
+    }
+    for (p, n, byte) in live {
+        assert!(holds(p, n, byte));
+        // SAFETY: p came from arena with this size.
+        unsafe { arena.deallocate(p, n, 256, D) };
+    }
+}
+
+#[test]
+fn sixteen_threads_over_system() {
+    let arena = Arena::new(System, config(256 * MIB, MIB));
+    // Blocks handed between threads: a thread frees what another allocated and filled.
+    let exchange: Mutex<Vec<(usize, usize, u8)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..16u8 {
+            let (arena, exchange) = (&arena, &exchange);
+            s.spawn(move || {
+                let mut rng = Rng(u64::from(t) + 100);
+                let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
+                let st = if t % 4 == 3 {
+                    stream(usize::from(t))
+                } else {
+                    D
+                };
+                for _ in 0..1500 {
+                    match rng.below(10) {
+                        0..=3 => {
+                            let n = if rng.below(20) == 0 {
+                                MIB + rng.below(MIB)
+                            } else {
+                                1 + rng.below(32 << 10)
+                            };
+                            let p = arena.allocate(n, 256, st).expect("the arena has room");
+                            fill(p, n, t);
+                            live.push((p, n, t));
+                        }
+                        4 if !live.is_empty() => {
+                            let (p, n, b) = live.swap_remove(rng.below(live.len()));
+                            exchange.lock().unwrap().push((addr(p), n, b));
+                        }
+                        5 => {
+                            let got = exchange.lock().unwrap().pop();
+                            if let Some((p, n, b)) = got {
+                                let p = NonNull::new(p as *mut u8).unwrap();
+                                assert!(holds(p, n, b), "shared block overwritten");
+                                // SAFETY: p came from arena with this size, on another thread.
+                                unsafe { arena.deallocate(p, n, 256, st) };
+                            }
+                        }
+                        _ if !live.is_empty() => {
+                            let (p, n, b) = live.swap_remove(rng.below(live.len()));
+                            assert!(holds(p, n, b), "thread {t}: block overwritten");
+                            // SAFETY: p came from arena with this size.
+                            unsafe { arena.deallocate(p, n, 256, st) };
+                        }
+                        _ => {}
+                    }
+                }
+                for (p, n, b) in live {
+                    assert!(holds(p, n, b));
+                    // SAFETY: p came from arena with this size.
+                    unsafe { arena.deallocate(p, n, 256, st) };
+                }
+            });
+        }
+    });
+    for (p, n, b) in exchange.into_inner().unwrap() {
+        let p = NonNull::new(p as *mut u8).unwrap();
+        assert!(holds(p, n, b));
+        // SAFETY: p came from arena with this size.
+        unsafe { arena.deallocate(p, n, 256, D) };
+    }
+    // Everything is free again: the whole arena can be taken in one block.
+    let whole = arena
+        .allocate(256 * MIB, 256, D)
+        .expect("all superblocks came back");
+    // SAFETY: whole came from arena with this size.
+    unsafe { arena.deallocate(whole, 256 * MIB, 256, D) };
+}
+
+// ---------------------------------------------------------------- GPU
+
+#[test]
+fn gpu_round_trip_over_cuda() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.default_stream();
+    let other = ctx.new_stream().expect("a second stream");
+    let arena = Arena::new(Cuda::new(&ctx).unwrap(), config(64 * MIB, MIB));
+    for round in 0..3u32 {
+        let small: Vec<u32> = (0..1000).map(|i| i * 7 + round).collect();
+        let large: Vec<u32> = (0..(1 << 20)).map(|i| i ^ 0x5a5a_5a5a ^ round).collect();
+        let a = DeviceVec::from_slice(&small, &arena, &stream).unwrap();
+        let b = DeviceVec::from_slice(&large, &arena, &stream).unwrap();
+        let c = DeviceVec::from_slice(&small[..500], &arena, &other).unwrap();
+        assert_eq!(a.to_vec().unwrap(), small);
+        assert_eq!(b.to_vec().unwrap(), large);
+        assert_eq!(c.to_vec().unwrap(), &small[..500]);
+    }
+}
+
+// ---------------------------------------------------------------- measurements (run by hand)
+
+/// splitmix64: a small deterministic generator for workloads.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Aggregate throughput of `THREADS` threads (default 1) replaying the random workload
+/// through one shared arena, each on the default stream (so each in its own thread arena).
+#[test]
+#[ignore = "measurement: THREADS=8 cargo test --release --test arena -- --ignored --nocapture"]
+fn measure_random_workload_threads() {
+    use mrstack::workload::{random, RandomConfig, Replayer};
+    let threads: usize = std::env::var("THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let passes: usize = std::env::var("PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let workloads: Vec<_> = (0..threads as u64)
+        .map(|t| {
+            random(&RandomConfig {
+                seed: 42 + t,
+                ..RandomConfig::default()
+            })
+        })
+        .collect();
+    let sim = Simulated::new(1 << 46);
+    let peak: usize = workloads.iter().map(|w| w.peak_live()).sum();
+    let arena = Arena::new(&sim, config(2 * peak, 4 * MIB));
+    let ops: usize = workloads.iter().map(|w| w.ops().len()).sum();
+    let barrier = std::sync::Barrier::new(threads + 1);
+    let wall = std::thread::scope(|s| {
+        for w in &workloads {
+            let (arena, barrier) = (&arena, &barrier);
+            s.spawn(move || {
+                let mut r = Replayer::new(arena, w, w.default_streams()).unwrap();
+                r.pass().unwrap(); // warm-up: the arena takes its superblocks
+                barrier.wait();
+                for _ in 0..passes {
+                    r.pass().unwrap();
+                }
+                barrier.wait();
+            });
+        }
+        barrier.wait();
+        let t0 = std::time::Instant::now();
+        barrier.wait();
+        t0.elapsed()
+    });
+    println!(
+        "random workload, {threads} thread(s), {passes} passes: {:.1} ns/op aggregate ({} ops/pass)",
+        wall.as_nanos() as f64 / (ops * passes) as f64,
+        ops
+    );
+}
+
+/// ns/op and minimum capacity of the `arena` preset on the two workloads, as the
+/// benchmark computes them (`cargo bench --bench suballocators` prints the same for every stack).
+#[test]
+#[ignore = "measurement: cargo test --release --test arena -- --ignored --nocapture"]
+fn measure_arena_preset() {
+    use mrstack::workload::{measure, min_capacity, random, stacks, timing_capacity};
+    let mut workloads = vec![random(&Default::default())];
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/traces/resnet50_train.csv.gz"
+    );
+    if let Ok(t) = mrstack::trace::read(std::path::Path::new(trace)) {
+        workloads.push(t.workload);
+    }
+    let stacks = stacks::<std::sync::Arc<Simulated>>();
+    let arena = stacks.iter().find(|s| s.name() == "arena").unwrap();
+    for w in &workloads {
+        let cap = timing_capacity(w);
+        let sim = std::sync::Arc::new(Simulated::new(cap));
+        let mut r = arena.replayer(sim, cap, w, w.default_streams()).unwrap();
+        let t = measure(r.as_mut(), 5).unwrap();
+        let c = min_capacity(arena.as_ref(), w, 0.001).unwrap();
+        println!(
+            "arena {}: {:.1} ns/op, min capacity {:.4}",
+            w.name(),
+            t.ns_per_op,
+            c.ratio
+        );
+    }
+}

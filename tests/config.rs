@@ -1,0 +1,511 @@
+//! Host tests of stacks from text: good inputs build the stack they say, every malformed input is
+//! an error naming the column and what is wrong, and printing a parsed stack reads back the same.
+
+use mrstack::config::{self, ConfigError, ConfigErrorKind, StackBuilder, StackSpec};
+use mrstack::prelude::*;
+use proptest::prelude::*;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const S: StreamRef = StreamRef::DEFAULT;
+
+/// A test adaptor: counts allocations and carries a label, so that tests can see the order of
+/// the layers a text built.
+struct Counting<U> {
+    upstream: U,
+    label: String,
+    count: AtomicUsize,
+}
+
+// SAFETY: every call goes to `upstream` unchanged.
+unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.upstream.allocate(size, align, s)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.upstream.deallocate(p, size, align, s) }
+    }
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(s, a)
+    }
+    fn name(&self) -> &'static str {
+        "Counting"
+    }
+}
+
+struct CountingConfig {
+    label: String,
+}
+
+impl<U: MemoryResource> Layer<U> for CountingConfig {
+    type Resource = Counting<U>;
+    fn layer(self, upstream: U) -> Counting<U> {
+        Counting {
+            upstream,
+            label: self.label,
+            count: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// A builder that knows `count(label=…)`, as the crate's adaptors are registered.
+fn builder<P: mrstack::PropertySet>() -> StackBuilder<P> {
+    StackBuilder::new().with_adaptor("count", |item, below| {
+        item.check_fields(&["label"])?;
+        let label = item.text("label").ok_or_else(|| item.missing("label"))?;
+        item.layer(
+            CountingConfig {
+                label: label.to_string(),
+            },
+            below,
+        )
+    })
+}
+
+#[test]
+fn a_leaf_alone() {
+    let mr = config::build::<()>("simulated(capacity=1GiB)").unwrap();
+    let sim: &Simulated = mr.downcast_ref().unwrap();
+    assert_eq!(sim.capacity(), 1 << 30);
+    let p = mr.allocate(1 << 20, 256, S).unwrap();
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
+
+    let host = config::build::<HostAccessible>("system").unwrap();
+    let p = host.allocate(64, 8, S).unwrap();
+    // SAFETY: host memory of 64 bytes, just allocated; then freed with its size and align.
+    unsafe {
+        p.as_ptr().write_bytes(1, 64);
+        host.deallocate(p, 64, 8, S);
+    }
+    assert_eq!(host.name(), "System");
+}
+
+#[test]
+fn white_space_sizes_and_quotes_are_read() {
+    for text in [
+        "simulated(capacity=65536)",
+        "  simulated ( capacity = 64 KiB )  ",
+        "simulated(capacity=64KiB,)",
+        "simulated(capacity=\"64 KiB\")",
+        "simulated(\n\tcapacity = 65_536 B\n)",
+    ] {
+        let mr = config::build::<()>(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert_eq!(
+            mr.downcast_ref::<Simulated>().unwrap().capacity(),
+            65536,
+            "{text:?}"
+        );
+    }
+    let spec: StackSpec = r#"x(path="a, (b) > \"c\" \\ d", n = 3 )"#.parse().unwrap();
+    assert_eq!(spec.items[0].text("path"), Some(r#"a, (b) > "c" \ d"#));
+    assert_eq!(spec.items[0].number("n").unwrap(), Some(3));
+    assert_eq!(spec.items[0].fields[1].value_position, 34);
+}
+
+#[test]
+fn adaptors_wrap_the_item_before_them_in_order() {
+    let mr = builder::<()>()
+        .build("simulated(capacity=1MiB) > count(label=inner) > count(label=outer)")
+        .unwrap();
+    let outer: &Counting<AnyResource<()>> = mr.downcast_ref().unwrap();
+    assert_eq!(outer.label, "outer");
+    let inner: &Counting<AnyResource<()>> = outer.upstream.downcast_ref().unwrap();
+    assert_eq!(inner.label, "inner");
+    let sim: &Simulated = inner.upstream.downcast_ref().unwrap();
+    let p = mr.allocate(1000, 8, S).unwrap();
+    assert_eq!(sim.in_use(), 1000);
+    assert_eq!(outer.count.load(Ordering::Relaxed), 1);
+    assert_eq!(inner.count.load(Ordering::Relaxed), 1);
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 1000, 8, S) };
+    assert_eq!(sim.in_use(), 0);
+    assert_eq!(mr.name(), "Counting");
+}
+
+#[test]
+fn a_leaf_lacking_a_property_is_refused_before_it_is_built() {
+    let e = config::build::<DeviceAccessible>("system").unwrap_err();
+    assert!(matches!(e.kind, ConfigErrorKind::Properties { .. }));
+    assert_eq!(
+        e.to_string(),
+        "column 1: `system` gives HostAccessible memory, but the stack must give DeviceAccessible"
+    );
+    // `cuda` lacks HostAccessible: refused without touching a driver.
+    let e = config::build::<HostAccessible>("cuda(device=0)").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "column 1: `cuda` gives DeviceAccessible memory, but the stack must give HostAccessible"
+    );
+    let e = config::build::<(HostAccessible, DeviceAccessible)>("simulated(capacity=1KiB)")
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("gives no access property memory"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cuda_leaves_without_a_driver_say_so() {
+    if mrstack::driver_available() {
+        eprintln!("skipping: a driver is loaded here (tests/gpu_erased.rs builds CUDA leaves)");
+        return;
+    }
+    for text in [
+        "cuda",
+        "cuda_async(initial=1MiB)",
+        "managed",
+        "pinned(device=0)",
+    ] {
+        let e = config::build::<DeviceAccessible>(text).unwrap_err();
+        match &e.kind {
+            ConfigErrorKind::Resource { error, .. } => {
+                assert_eq!(error.kind, AllocErrorKind::NoDriver, "{text}: {e}")
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+/// `text` fails with an error at `column` (from 1) whose message contains `says`.
+fn fails(text: &str, column: usize, says: &str) -> ConfigError {
+    let e = builder::<()>().build(text).unwrap_err();
+    assert_eq!(e.position + 1, column, "{text:?}: {e}");
+    assert!(e.to_string().contains(says), "{text:?}: {e}");
+    assert!(
+        e.to_string().starts_with(&format!("column {column}: ")),
+        "{e}"
+    );
+    e
+}
+
+#[test]
+fn malformed_text_is_an_error_at_its_column() {
+    use ConfigErrorKind as K;
+    let e = fails("", 1, "empty configuration");
+    assert_eq!(e.kind, K::Empty);
+    fails("   \n ", 6, "empty configuration");
+    fails(
+        "simulated(capacity=1GiB) >",
+        27,
+        "expected a resource or adaptor name, found the end of the text",
+    );
+    fails(
+        "> system",
+        1,
+        "expected a resource or adaptor name, found `>`",
+    );
+    fails(
+        "simulated(capacity=1GiB",
+        24,
+        "expected `,` or `)` after the value of `capacity`, found the end",
+    );
+    fails(
+        "simulated(capacity=1GiB > system",
+        25,
+        "expected `,` or `)` after the value of `capacity`, found `>`",
+    );
+    fails(
+        "simulated(capacity)",
+        19,
+        "expected `=` after the field `capacity`, found `)`",
+    );
+    fails(
+        "simulated(capacity=)",
+        20,
+        "expected a value for `capacity`, found `)`",
+    );
+    fails(
+        "simulated(capacity= , x=1)",
+        21,
+        "expected a value for `capacity`",
+    );
+    fails(
+        "simulated(=5)",
+        11,
+        "expected a field name of `simulated`, or `)`, found `=`",
+    );
+    fails(
+        "simulated(capacity=1GiB) system",
+        26,
+        "expected `>` between items, or the end, found `s`",
+    );
+    fails("simulated(capacity=1GiB) # x", 26, "found `#`");
+    fails("sim-ulated", 4, "found `-`");
+    fails("é > system", 1, "found `é`");
+    let e = fails("simulated(capacity=\"1GiB)", 20, "not closed");
+    assert_eq!(e.kind, K::UnterminatedString);
+    let e = fails(
+        "simulated(capacity=1GiB, capacity=2GiB)",
+        26,
+        "has the field `capacity` twice",
+    );
+    assert!(matches!(e.kind, K::DuplicateField { .. }));
+}
+
+#[test]
+fn bad_sizes_and_values_are_errors_at_the_value() {
+    fails(
+        "simulated(capacity=1XB)",
+        20,
+        "bad size `1XB` for `simulated.capacity`: unknown unit `XB`",
+    );
+    fails(
+        "simulated(capacity=1.5GiB)",
+        20,
+        "whole number of bytes or units",
+    );
+    fails("simulated(capacity = lots)", 22, "bad size `lots`");
+    fails(
+        "simulated(capacity=99999999999TiB)",
+        20,
+        "does not fit in usize",
+    );
+    fails("simulated(capacity=-1)", 20, "bad size `-1`");
+    fails(
+        "cuda(device=first)",
+        13,
+        "bad value `first` for `cuda.device`: expected a whole number",
+    );
+}
+
+#[test]
+fn names_and_fields_are_checked() {
+    use ConfigErrorKind as K;
+    let e = fails("simulated", 1, "`simulated` needs the field `capacity`");
+    assert!(matches!(e.kind, K::MissingField { .. }));
+    fails(
+        "simulated(capacity=1GiB, cap=3)",
+        26,
+        "`simulated` has no field `cap`; it takes capacity",
+    );
+    fails("system(x=1)", 8, "`system` has no field `x`; it takes none");
+    fails(
+        "cuda_async(device=0, threshold=1GiB)",
+        22,
+        "it takes device, initial, release_threshold",
+    );
+    let e = fails(
+        "simulatd(capacity=1GiB)",
+        1,
+        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, managed, pinned, system, simulated, pool,",
+    );
+    assert!(matches!(e.kind, K::Unknown { .. }));
+    assert!(e.to_string().ends_with(", count"), "{e}");
+    fails(
+        "simulated(capacity=1GiB) > frobnicate",
+        28,
+        "unknown resource or adaptor `frobnicate`",
+    );
+    fails(
+        "simulated(capacity=1GiB) > system",
+        28,
+        "`system` is a leaf resource: only the first item may be one",
+    );
+    fails(
+        "count(label=a) > system",
+        1,
+        "`count` is an adaptor: it needs a leaf resource before it, as in `cuda > count`",
+    );
+    fails(
+        "simulated(capacity=1GiB) > count",
+        28,
+        "`count` needs the field `label`",
+    );
+    fails(
+        "simulated(capacity=1GiB) > count(label=a, size=3)",
+        43,
+        "`count` has no field `size`; it takes label",
+    );
+}
+
+#[test]
+fn columns_count_characters() {
+    fails(
+        "simulated(capacity=1KiB) > count(label=\"é\") > frobnicate",
+        47,
+        "frobnicate",
+    );
+}
+
+#[test]
+fn custom_adaptors_replace_by_name_and_are_listed() {
+    let b = builder::<()>().with_adaptor("count", |item, below| {
+        item.check_fields(&[])?;
+        Ok(below)
+    });
+    assert_eq!(b.names().iter().filter(|n| **n == "count").count(), 1);
+    assert!(b.build("simulated(capacity=1KiB) > count").is_ok());
+    assert!(StackBuilder::<()>::without_adaptors()
+        .build("simulated(capacity=1KiB) > count")
+        .is_err());
+    assert!(format!("{b:?}").contains("count"));
+}
+
+fn name() -> impl Strategy<Value = String> {
+    "[a-z_][a-z0-9_]{0,8}"
+}
+
+fn value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[0-9]{1,6} ?(KiB|MiB|GB)?",
+        "[ -~]{0,12}",
+        "[a-zé,()>=\"\\\\ ]{0,8}",
+    ]
+}
+
+fn item() -> impl Strategy<Value = (String, Vec<(String, String)>)> {
+    (
+        name(),
+        proptest::collection::btree_map(name(), value(), 0..4),
+    )
+        .prop_map(|(n, fields)| (n, fields.into_iter().collect()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Printing a stack and parsing the text gives the same items, fields and values back.
+    #[test]
+    fn printed_stacks_read_back(items in proptest::collection::vec(item(), 1..5)) {
+        let text = items
+            .iter()
+            .map(|(n, fields)| {
+                let spec = mrstack::config::ItemSpec {
+                    name: n.clone(),
+                    position: 0,
+                    fields: fields
+                        .iter()
+                        .map(|(k, v)| mrstack::config::FieldSpec {
+                            name: k.clone(),
+                            value: v.clone(),
+                            position: 0,
+                            value_position: 0,
+                        })
+                        .collect(),
+                };
+                spec.to_string()
+            })
+            .collect::<Vec<_>>()
+            .join(" > ");
+        let spec: StackSpec = text.parse().map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+        prop_assert_eq!(spec.to_string(), text.clone());
+        prop_assert_eq!(spec.items.len(), items.len());
+        for (got, (n, fields)) in spec.items.iter().zip(&items) {
+            prop_assert_eq!(&got.name, n);
+            let got: Vec<_> = got.fields.iter().map(|f| (f.name.clone(), f.value.clone())).collect();
+            prop_assert_eq!(&got, fields);
+        }
+    }
+
+    /// Any text at all gives a stack or an error inside the text, never a panic.
+    #[test]
+    fn any_text_is_an_answer_not_a_panic(text in "[a-z_()=,>\" 0-9KiBM]{0,40}") {
+        let chars = text.chars().count();
+        match text.parse::<StackSpec>() {
+            Ok(spec) => {
+                prop_assert!(!spec.items.is_empty());
+                if let Err(e) = builder::<()>().build_spec(&spec) {
+                    prop_assert!(e.position <= chars);
+                }
+            }
+            Err(e) => prop_assert!(e.position <= chars, "{e} in {text:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_issue_example_builds_a_pool_and_bins() {
+    // The stack from the issue, over a simulated device instead of CUDA.
+    let mr = config::build::<()>(
+        "simulated(capacity=16GiB) > pool(initial=1GiB,max=8GiB) > binning(min=256KiB,max=4MiB) > statistics",
+    )
+    .unwrap();
+    assert_eq!(mr.name(), "Statistics");
+    let small = mr.allocate(300 << 10, 256, S).unwrap();
+    let large = mr.allocate(64 << 20, 256, S).unwrap();
+    assert_ne!(small, large);
+    // SAFETY: both came from mr with these sizes and alignments.
+    unsafe {
+        mr.deallocate(small, 300 << 10, 256, S);
+        mr.deallocate(large, 64 << 20, 256, S);
+    }
+    let fixed = config::build::<()>(
+        "simulated(capacity=1GiB) > fixed_size(block_size=64KiB, blocks_to_preallocate=4)",
+    )
+    .unwrap();
+    let p = fixed.allocate(1000, 256, S).unwrap();
+    // SAFETY: p came from fixed with this size and align.
+    unsafe { fixed.deallocate(p, 1000, 256, S) };
+    let e = fixed.allocate(128 << 10, 256, S).unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+
+    let e = config::build::<()>("simulated(capacity=1GiB) > pool(maximum=1GiB)").unwrap_err();
+    assert!(e.to_string().contains("maximum"), "{e}");
+    let e = config::build::<()>("simulated(capacity=1GiB) > pool(max=1 GiBi)").unwrap_err();
+    assert!(e.to_string().contains("GiBi"), "{e}");
+}
+
+#[test]
+fn behaviour_adaptors_from_text() {
+    let dir = std::env::temp_dir().join(format!("mrstack-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("alloc.csv");
+    let text = format!(
+        "system > aligned(alignment=4096) > limiting(limit=1MiB) > tracking > logging(path=\"{}\")",
+        log.display()
+    );
+    let mr = config::build::<HostAccessible>(&text).unwrap();
+    let p = mr.allocate(100, 8, S).unwrap();
+    assert_eq!(p.as_ptr() as usize % 4096, 0);
+    let e = mr.allocate(2 << 20, 8, S).unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            AllocErrorKind::LimitExceeded {
+                limit: 1_048_576,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 100, 8, S) };
+    drop(mr);
+    let csv = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        csv.starts_with("Thread,Time,Action,Pointer,Size,Stream"),
+        "{csv}"
+    );
+    assert_eq!(
+        csv.lines().filter(|l| l.contains(",allocate,")).count(),
+        1,
+        "{csv}"
+    );
+    assert_eq!(
+        csv.lines().filter(|l| l.contains(",free,")).count(),
+        1,
+        "{csv}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let e = config::build::<()>("simulated(capacity=1GiB) > aligned(alignment=300)").unwrap_err();
+    assert!(e.to_string().contains("256, 512, 1024 or 4096"), "{e}");
+    let e = config::build::<()>("simulated(capacity=1GiB) > limiting").unwrap_err();
+    assert!(e.to_string().contains("limit"), "{e}");
+    let e =
+        config::build::<()>("simulated(capacity=1GiB) > tracking(backtraces=maybe)").unwrap_err();
+    assert!(e.to_string().contains("true or false"), "{e}");
+    // Prefetch needs managed memory below it: a clear error, not a panic, over anything else.
+    let e = config::build::<()>("simulated(capacity=1GiB) > prefetch").unwrap_err();
+    assert!(matches!(e.kind, ConfigErrorKind::Properties { .. }), "{e}");
+}

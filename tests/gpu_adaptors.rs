@@ -1,0 +1,227 @@
+//! GPU tests of the behaviour adaptors: Prefetch over Managed, Statistics under a kernel workload,
+//! Aligned over Cuda (which refuses large alignments, so Aligned over-allocates), and a stack of
+//! five adaptors feeding a kernel. Each skips without a GPU, and fails instead when
+//! `MRSTACK_REQUIRE_GPU=1`.
+
+// resource_stack! always adds `..Default::default()`, which clippy flags for a configuration whose
+// every field is given (`Limiting { limit: 1 TiB }`).
+#![allow(clippy::needless_update)]
+
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use mrstack::prelude::*;
+use std::sync::Arc;
+use typenum::U4096;
+
+fn gpu() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
+    match mrstack::cuda_context(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+    }
+}
+
+const AFFINE: &str = r#"
+extern "C" __global__ void affine(float *out, const float *in, float a, float b, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = a * in[i] + b;
+    }
+}
+"#;
+
+/// `out[i] = a * in[i] + b`, compiled with NVRTC.
+fn affine(ctx: &Arc<CudaContext>) -> CudaFunction {
+    let ptx = cudarc::nvrtc::compile_ptx(AFFINE).expect("NVRTC compiles the kernel");
+    let module = ctx.load_module(ptx).expect("the module loads");
+    module.load_function("affine").expect("the kernel is there")
+}
+
+/// Runs `out = a * x + b` on the vectors' stream.
+fn run_affine<R1, R2>(
+    f: &CudaFunction,
+    stream: &Arc<CudaStream>,
+    out: &mut DeviceVec<f32, R1>,
+    x: &DeviceVec<f32, R2>,
+    a: f32,
+    b: f32,
+) where
+    R1: MemoryResource + Accessible<DeviceAccessible>,
+    R2: MemoryResource + Accessible<DeviceAccessible>,
+{
+    let n = x.len() as u32;
+    let mut launch = stream.launch_builder(f);
+    launch.arg(out).arg(x).arg(&a).arg(&b).arg(&n);
+    // SAFETY: the kernel takes (float*, const float*, float, float, unsigned int), as pushed; both
+    // vectors hold n floats and the kernel touches indices below n only.
+    unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.expect("the kernel launches");
+}
+
+fn input(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32 * 31 + seed) % 1000) as f32 * 0.25)
+        .collect()
+}
+
+/// The device a range of managed memory was last prefetched to (-1: the host).
+fn last_prefetch_location(ctx: &CudaContext, address: u64, bytes: usize) -> i32 {
+    ctx.bind_to_thread().unwrap();
+    let mut device: i32 = -2;
+    // SAFETY: the attribute is one 4-byte int, written into `device`; the range is live managed memory.
+    unsafe {
+        sys::cuMemRangeGetAttribute(
+            (&mut device as *mut i32).cast(),
+            std::mem::size_of::<i32>(),
+            sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+            address,
+            bytes,
+        )
+    }
+    .result()
+    .expect("cuMemRangeGetAttribute");
+    device
+}
+
+#[test]
+fn prefetch_over_managed_moves_allocations_to_the_device() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let f = affine(&ctx);
+    let ordinal = ctx.ordinal();
+    let mr = resource_stack![Managed::new(&ctx).unwrap(), Prefetch { device: ordinal }];
+    assert_eq!(mr.device(), ordinal);
+
+    let n = 1 << 18; // 1 MiB of floats per vector
+    let host = input(n, 7);
+    let x = DeviceVec::from_slice(&host, &mr, &stream).unwrap();
+    // SAFETY: every value is written by the kernel below before it is read.
+    let mut y = unsafe { DeviceVec::<f32, _>::uninit(n, &mr, &stream) }.unwrap();
+    stream.synchronize().unwrap();
+    for v in [x.device_address(), y.device_address()] {
+        assert_eq!(last_prefetch_location(&ctx, v, n * 4), ordinal as i32);
+    }
+
+    run_affine(&f, &stream, &mut y, &x, 3.0, -1.0);
+    let want: Vec<f32> = host.iter().map(|v| 3.0 * v - 1.0).collect();
+    assert_eq!(y.to_vec().unwrap(), want);
+    // Managed memory reads on the host too.
+    assert_eq!(y.as_host_slice().unwrap(), &want[..]);
+}
+
+#[test]
+fn statistics_count_a_kernel_workload_exactly() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let f = affine(&ctx);
+    let mr = resource_stack![
+        Cuda::new(&ctx).unwrap(),
+        Pool { initial: 16 MiB, max: 256 MiB },
+        Statistics,
+    ];
+
+    let sizes = [1000usize, 250_000, 4096, 77_777, 1 << 20, 3];
+    let mut total_bytes = 0i64;
+    let mut peak_bytes = 0i64;
+    let mut kept = Vec::new();
+    for (round, &n) in sizes.iter().enumerate() {
+        let host = input(n, round as u32);
+        let x = DeviceVec::from_slice(&host, &mr, &stream).unwrap();
+        // SAFETY: every value is written by the kernel below before it is read.
+        let mut y = unsafe { DeviceVec::<f32, _>::uninit(n, &mr, &stream) }.unwrap();
+        let live_before: i64 = kept
+            .iter()
+            .map(|v: &DeviceVec<f32, _>| v.len() as i64 * 4)
+            .sum();
+        total_bytes += 2 * n as i64 * 4;
+        peak_bytes = peak_bytes.max(live_before + 2 * n as i64 * 4);
+        assert_eq!(mr.bytes().current, live_before + 2 * n as i64 * 4);
+
+        run_affine(&f, &stream, &mut y, &x, 0.5, round as f32);
+        let want: Vec<f32> = host.iter().map(|v| 0.5 * v + round as f32).collect();
+        assert_eq!(y.to_vec().unwrap(), want, "round {round}");
+        drop(x);
+        kept.push(y);
+    }
+    let kept_bytes: i64 = kept.iter().map(|v| v.len() as i64 * 4).sum();
+    let s = mr.stats();
+    assert_eq!(s.bytes.current, kept_bytes);
+    assert_eq!(s.bytes.total, total_bytes);
+    assert_eq!(s.bytes.peak, peak_bytes);
+    assert_eq!(s.allocations.current, sizes.len() as i64);
+    assert_eq!(s.allocations.total, 2 * sizes.len() as i64);
+    // The pool holds at least the peak from the device; the statistics see what the program uses.
+    assert!(mr.upstream().pool_size() >= peak_bytes as usize);
+    drop(kept);
+    assert_eq!(mr.bytes().current, 0);
+    assert_eq!(mr.allocations().current, 0);
+}
+
+#[test]
+fn aligned_over_cuda_over_allocates_and_kernels_see_the_right_bytes() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let f = affine(&ctx);
+    let mr = resource_stack![Cuda::new(&ctx).unwrap(), Aligned<U4096>];
+    // Cuda refuses 4096-byte alignment itself.
+    let plain = Cuda::new(&ctx).unwrap();
+    assert!(matches!(
+        plain
+            .allocate(64, 4096, StreamRef::DEFAULT)
+            .unwrap_err()
+            .kind,
+        AllocErrorKind::Unsupported(_)
+    ));
+
+    let n = 10_000;
+    let host = input(n, 3);
+    let xs: Vec<_> = (0..8)
+        .map(|_| DeviceVec::from_slice(&host, &mr, &stream).unwrap())
+        .collect();
+    assert_eq!(mr.over_allocated(), 8);
+    for x in &xs {
+        assert_eq!(x.device_address() % 4096, 0);
+        // SAFETY: every value is written by the kernel below before it is read.
+        let mut y = unsafe { DeviceVec::<f32, _>::uninit(n, &mr, &stream) }.unwrap();
+        assert_eq!(y.device_address() % 4096, 0);
+        run_affine(&f, &stream, &mut y, x, 2.0, 1.0);
+        let want: Vec<f32> = host.iter().map(|v| 2.0 * v + 1.0).collect();
+        assert_eq!(y.to_vec().unwrap(), want);
+    }
+    drop(xs);
+    assert_eq!(mr.over_allocated(), 0);
+}
+
+#[test]
+fn five_adaptors_over_cuda_feed_a_kernel() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let f = affine(&ctx);
+    let mr = resource_stack![
+        Cuda::new(&ctx).unwrap(),
+        Aligned<U4096>,
+        Limiting { limit: 64 MiB },
+        Tracking,
+        Statistics,
+        Logging { to: Box::new(std::io::sink()) },
+    ];
+    let n = 1 << 16;
+    let host = input(n, 11);
+    let x = DeviceVec::from_slice(&host, &mr, &stream).unwrap();
+    let mut y = DeviceVec::<f32, _>::zeroed(n, &mr, &stream).unwrap();
+    run_affine(&f, &stream, &mut y, &x, -1.0, 0.0);
+    let want: Vec<f32> = host.iter().map(|v| -v).collect();
+    assert_eq!(y.to_vec().unwrap(), want);
+    let stats = mr.upstream();
+    assert_eq!(stats.bytes().current, 2 * n as i64 * 4);
+    assert_eq!(stats.upstream().outstanding_count(), 2);
+    // Over the cap: refused before reaching the driver.
+    let err = DeviceVec::<f32, _>::zeroed(16 << 20, &mr, &stream).unwrap_err();
+    assert!(matches!(err.kind, AllocErrorKind::LimitExceeded { .. }));
+    drop((x, y));
+    assert_eq!(stats.upstream().outstanding_count(), 0);
+    mr.flush().unwrap();
+}

@@ -1,0 +1,343 @@
+//! GPU tests of run-time choice: the per-device registry on every device the machine has, the
+//! `Callback` resource over foreign allocators (cudarc's stream-ordered allocation, the driver's
+//! pinned allocation), `AnyResource` and text-built stacks under containers and kernels, and
+//! `HostAllocator` on pinned memory. Every test writes, copies back and compares.
+//!
+//! Without a CUDA driver each test prints why and returns; with `MRSTACK_REQUIRE_GPU=1` a missing
+//! GPU fails the test instead.
+
+use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use mrstack::prelude::*;
+use mrstack::registry::{self, DeviceResource};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use typenum::U256;
+
+fn gpu() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
+    match mrstack::cuda_context(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+    }
+}
+
+/// The process-wide registry is shared by the tests of this binary, which run on threads: the
+/// tests that set or reset it take this lock.
+static REGISTRY: Mutex<()> = Mutex::new(());
+
+const KERNELS: &str = r#"
+extern "C" __global__ void fill(unsigned int* out, unsigned int n, unsigned int k) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = i * k + 1u;
+}
+extern "C" __global__ void increment(unsigned int* data, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) data[i] += 1u;
+}
+"#;
+
+fn kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
+    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
+    ctx.load_module(ptx)
+        .expect("module loads")
+        .load_function(name)
+        .expect("function exists")
+}
+
+/// Fills `v` with `fill` on its stream and checks every value on the host.
+fn fill_and_check<R>(ctx: &Arc<CudaContext>, v: &mut DeviceVec<u32, R>, k: u32)
+where
+    R: MemoryResource + Accessible<DeviceAccessible>,
+{
+    let f = kernel(ctx, "fill");
+    let n = v.len() as u32;
+    let stream = v.stream().clone();
+    // SAFETY: `fill` takes (unsigned*, unsigned, unsigned) and writes indices < n of a buffer of n.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&mut *v)
+            .arg(&n)
+            .arg(&k)
+            .launch(LaunchConfig::for_num_elems(n))
+    }
+    .expect("launch");
+    let want: Vec<u32> = (0..n).map(|i| i.wrapping_mul(k) + 1).collect();
+    assert_eq!(v.to_vec().unwrap(), want);
+}
+
+#[test]
+fn the_registry_serves_every_device_from_its_own_slot() {
+    let Some(_) = gpu() else { return };
+    let _lock = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    let devices = mrstack::device_count();
+    assert!(devices >= 1);
+    eprintln!("registry test on {devices} device(s)");
+    for d in 0..devices {
+        let ctx = mrstack::cuda_context(d).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        registry::reset_per_device_resource(d).unwrap();
+
+        // The default: a Cuda resource for this device, made on first use, shared after.
+        let default = registry::per_device_resource(d).unwrap();
+        assert_eq!(default.name(), "Cuda");
+        assert!(default.ptr_eq(&registry::per_device_resource(d).unwrap()));
+        let host: Vec<u32> = (0..100_003u32)
+            .map(|i| i.wrapping_mul(2654435761))
+            .collect();
+        let v = DeviceVec::from_slice_in_current(&host, &stream).unwrap();
+        assert_eq!(v.resource().name(), "Cuda");
+        assert_eq!(v.to_vec().unwrap(), host);
+        // The memory is on the stream's device: a kernel there writes it.
+        let mut w = DeviceVec::<u32, _>::zeroed_in_current(4097, &stream).unwrap();
+        fill_and_check(&ctx, &mut w, 5 + d as u32);
+
+        // Set: a stream-ordered pool takes over; the previous resource comes back.
+        let pool = AnyResource::new(CudaAsync::new(&ctx).unwrap());
+        let previous = registry::set_per_device_resource(d, pool.clone()).unwrap();
+        assert!(previous.unwrap().ptr_eq(&default));
+        let z = DeviceVec::<u64, _>::zeroed_in_current(10_000, &stream).unwrap();
+        assert!(z.resource().ptr_eq(&pool));
+        assert!(z.to_vec().unwrap().iter().all(|&x| x == 0));
+        let b = DeviceBox::new_in_current(0xfeed_beef_u64 + d as u64, &stream).unwrap();
+        assert_eq!(b.get().unwrap(), 0xfeed_beef + d as u64);
+        // SAFETY: `fill_and_check` writes every value before reading.
+        let mut u = unsafe { DeviceVec::<u32, _>::uninit_in_current(777, &stream) }.unwrap();
+        fill_and_check(&ctx, &mut u, 3);
+
+        // Memory from the replaced default stays valid: `v` holds its resource.
+        assert_eq!(v.to_vec().unwrap(), host);
+
+        // The thread's current device picks the same slot.
+        ctx.bind_to_thread().unwrap();
+        assert_eq!(registry::current_device().unwrap(), d);
+        assert!(registry::current_device_resource().unwrap().ptr_eq(&pool));
+
+        // Reset: the pool comes back; the next get makes a new default.
+        drop((z, b, u));
+        let was = registry::reset_per_device_resource(d).unwrap();
+        assert!(was.unwrap().ptr_eq(&pool));
+        assert_eq!(registry::per_device_resource(d).unwrap().name(), "Cuda");
+    }
+
+    // Ids past the last device are errors, not panics.
+    for bad in [devices, devices + 7] {
+        let e = registry::per_device_resource(bad).unwrap_err();
+        assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+        let any = AnyResource::new(Cuda::on_device(0).unwrap());
+        assert!(registry::set_per_device_resource(bad, any).is_err());
+    }
+}
+
+#[test]
+fn threads_race_on_the_registry_with_real_memory() {
+    let Some(ctx) = gpu() else { return };
+    let _lock = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    let cuda: DeviceResource = AnyResource::new(Cuda::new(&ctx).unwrap());
+    let pool: DeviceResource = AnyResource::new(CudaAsync::new(&ctx).unwrap());
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let (ctx, cuda, pool) = (ctx.clone(), cuda.clone(), pool.clone());
+            s.spawn(move || {
+                let stream = ctx.new_stream().unwrap();
+                for i in 0..20u32 {
+                    if (t + i) % 3 == 0 {
+                        let next = if i % 2 == 0 { &cuda } else { &pool };
+                        registry::set_per_device_resource(0, next.clone()).unwrap();
+                    }
+                    let host: Vec<u32> = (0..10_000).map(|x| x ^ (t << 24) ^ i).collect();
+                    let v = DeviceVec::from_slice_in_current(&host, &stream).unwrap();
+                    assert_eq!(v.to_vec().unwrap(), host);
+                }
+            });
+        }
+    });
+    registry::reset_per_device_resource(0).unwrap();
+}
+
+/// A foreign allocator: cudarc's own `CudaStream::alloc` (cuMemAllocAsync on its stream) and
+/// `CudaSlice` drop (cuMemFreeAsync). Requests for another stream are ordered by waiting.
+fn cudarc_allocator(stream: Arc<CudaStream>) -> Callback<Arc<CudaStream>, DeviceAccessible, U256> {
+    fn allocate(
+        own: &Arc<CudaStream>,
+        size: usize,
+        align: usize,
+        s: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let err = |e| AllocError::cuda(e, size, align, "cudarc");
+        // SAFETY: uninitialized device memory, handed out as raw bytes.
+        let ptr = unsafe { own.alloc::<u8>(size) }.map_err(err)?.leak();
+        if s != StreamRef::from(own) {
+            own.synchronize().map_err(err)?;
+        }
+        NonNull::new(ptr as *mut u8).ok_or(AllocError::out_of_memory(size, align, "cudarc"))
+    }
+    /// # Safety
+    /// `ptr` came from `allocate` on `own` with `size` bytes.
+    unsafe fn deallocate(
+        own: &Arc<CudaStream>,
+        ptr: NonNull<u8>,
+        size: usize,
+        _: usize,
+        s: StreamRef,
+    ) {
+        if s != StreamRef::from(own) {
+            // SAFETY: `s` is a live stream (StreamRef's contract); the free below waits for it.
+            own.context()
+                .record_err(unsafe { result::stream::synchronize(s.as_raw()) });
+        }
+        // SAFETY: the pointer and size came from `own.alloc::<u8>(size)`, leaked once.
+        drop(unsafe { own.upgrade_device_ptr::<u8>(ptr.as_ptr() as u64, size) });
+    }
+    // SAFETY: cudarc's allocation is device memory of `size` bytes, usable on `own` at once and on
+    // another stream after the synchronize above, freed after the work on the freeing stream.
+    // The driver's allocations are 256-aligned, which Callback checks on every pointer.
+    unsafe { Callback::new(stream, allocate, deallocate) }.with_name("cudarc")
+}
+
+#[test]
+fn callback_wraps_cudarcs_stream_ordered_allocation() {
+    let Some(ctx) = gpu() else { return };
+    let own = ctx.new_stream().unwrap();
+    let mr = cudarc_allocator(own.clone());
+    for (round, stream) in [own.clone(), ctx.new_stream().unwrap()].iter().enumerate() {
+        let host: Vec<u32> = (0..250_000u32).map(|i| i * 7 + round as u32).collect();
+        let v = DeviceVec::from_slice(&host, &mr, stream).unwrap();
+        assert_eq!(v.device_address() % 256, 0);
+        assert_eq!(v.to_vec().unwrap(), host);
+        let mut w = DeviceVec::<u32, _>::zeroed(65_537, &mr, stream).unwrap();
+        fill_and_check(&ctx, &mut w, 11);
+    }
+    // Under erasure and in the registry's slot type, it is one more device resource.
+    let any: DeviceResource = AnyResource::new(cudarc_allocator(own.clone()));
+    let mut v = DeviceVec::<u32, _>::zeroed(1000, any, &own).unwrap();
+    fill_and_check(&ctx, &mut v, 9);
+    assert_eq!(v.resource().name(), "cudarc");
+}
+
+/// Pinned memory from the driver, through a Callback: host and device may both touch it.
+fn pinned_callback(
+    ctx: Arc<CudaContext>,
+) -> Callback<Arc<CudaContext>, (HostAccessible, DeviceAccessible), U256> {
+    fn allocate(
+        ctx: &Arc<CudaContext>,
+        size: usize,
+        align: usize,
+        _: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let err = |e| AllocError::cuda(e, size, align, "pinned callback");
+        ctx.bind_to_thread().map_err(err)?;
+        let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE
+            | cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: a plain allocation with the context current; the memory is not read.
+        let p = unsafe { result::malloc_host(size, flags) }.map_err(err)?;
+        NonNull::new(p.cast()).ok_or(AllocError::out_of_memory(size, align, "pinned callback"))
+    }
+    /// # Safety
+    /// `p` came from `allocate` and was not freed since.
+    unsafe fn deallocate(ctx: &Arc<CudaContext>, p: NonNull<u8>, _: usize, _: usize, _: StreamRef) {
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: p came from malloc_host above and is freed once.
+        ctx.record_err(unsafe { result::free_host(p.as_ptr().cast()) });
+    }
+    // SAFETY: cuMemHostAlloc(PORTABLE | DEVICEMAP) returns page-locked host memory mapped for the
+    // device (unified addressing), page-aligned (checked by Callback), valid until cuMemFreeHost;
+    // neither call is stream-ordered, and the default synchronize waits for kernels using it.
+    unsafe { Callback::new(ctx, allocate, deallocate) }.with_name("pinned callback")
+}
+
+#[test]
+fn callback_pinned_memory_is_shared_by_host_and_kernels() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let mr = pinned_callback(ctx.clone());
+    let n = 200_001usize;
+    let mut v = PinnedVec::<u32, _>::zeroed(n, &mr, &stream).unwrap();
+    for (i, x) in v.iter_mut().enumerate() {
+        *x = i as u32 * 5;
+    }
+    let inc = kernel(&ctx, "increment");
+    let n32 = n as u32;
+    // SAFETY: `increment` updates n values of `v` in place.
+    unsafe {
+        stream
+            .launch_builder(&inc)
+            .arg(&mut v)
+            .arg(&n32)
+            .launch(LaunchConfig::for_num_elems(n32))
+    }
+    .unwrap();
+    // The host read waits for the kernel through the Callback's default synchronize.
+    assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32 * 5 + 1));
+    let d = DeviceVec::from_slice(&v, Cuda::new(&ctx).unwrap(), &stream).unwrap();
+    assert_eq!(d.to_vec().unwrap(), &v[..]);
+}
+
+#[test]
+fn erased_and_text_built_stacks_carry_kernels() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.default_stream();
+    let cuda: AnyResource<DeviceAccessible> = AnyResource::new(Cuda::new(&ctx).unwrap());
+    assert_eq!(cuda.properties().alignment, 256);
+    let mut v = DeviceVec::<u32, _>::zeroed(50_000, cuda.as_resource_ref(), &stream).unwrap();
+    fill_and_check(&ctx, &mut v, 2);
+
+    let both = AnyResource::<(HostAccessible, DeviceAccessible)>::new(Pinned::new(&ctx).unwrap());
+    let p = PinnedVec::from_slice(&[3u32, 1, 4, 1, 5], both.clone(), &stream).unwrap();
+    let on_device = DeviceVec::from_slice(&p, both.forget::<DeviceAccessible>(), &stream).unwrap();
+    assert_eq!(on_device.to_vec().unwrap(), [3, 1, 4, 1, 5]);
+
+    for text in [
+        "cuda",
+        "cuda(device=0)",
+        "cuda_async(initial=4MiB, release_threshold=64MiB)",
+        "managed",
+        "pinned",
+    ] {
+        let mr = mrstack::config::build::<DeviceAccessible>(text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        let mut v = DeviceVec::<u32, _>::zeroed(65_536, &mr, &stream).unwrap();
+        fill_and_check(&ctx, &mut v, 13);
+    }
+    let e = mrstack::config::build::<DeviceAccessible>(&format!(
+        "cuda(device={})",
+        mrstack::device_count()
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(e.kind, mrstack::config::ConfigErrorKind::Resource { .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn host_allocator_keeps_a_vec_in_pinned_memory() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.default_stream();
+    let pinned = Pinned::new(&ctx).unwrap();
+    let mut v = allocator_api2::vec::Vec::new_in(HostAllocator::new(&pinned));
+    v.extend(0..300_000u32);
+    let mut memory_type = 0u32;
+    // SAFETY: the pointer is a live allocation of `v`; the attribute writes one u32.
+    unsafe {
+        cudarc::driver::sys::cuPointerGetAttribute(
+            (&mut memory_type as *mut u32).cast(),
+            cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            v.as_ptr() as u64,
+        )
+    }
+    .result()
+    .unwrap();
+    assert_eq!(
+        memory_type,
+        cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32,
+        "the Vec's buffer is driver-pinned host memory"
+    );
+    let d = DeviceVec::from_slice(&v, Cuda::new(&ctx).unwrap(), &stream).unwrap();
+    assert_eq!(d.to_vec().unwrap(), &v[..]);
+}

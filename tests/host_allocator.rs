@@ -1,0 +1,223 @@
+//! Host tests of `HostAllocator`: allocator-api2 collections over mrstack resources, checked
+//! against `std::vec::Vec` and against the resource's own accounting.
+
+use allocator_api2::boxed::Box as ABox;
+use allocator_api2::vec::Vec as AVec;
+use mrstack::prelude::*;
+use proptest::prelude::*;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// System memory, recording each live block with the stream it was ordered on, and counting
+/// synchronizations.
+#[derive(Default)]
+struct Ledger {
+    live: Mutex<HashMap<usize, (usize, usize, usize)>>,
+    allocations: AtomicUsize,
+    syncs: AtomicUsize,
+}
+
+// SAFETY: allocation and deallocation go to System unchanged; the ledger only records them.
+unsafe impl MemoryResource for Ledger {
+    type Host = typenum::B1;
+    type Device = typenum::B0;
+    type Managed = typenum::B0;
+    type Alignment = typenum::U16;
+
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        let p = System.allocate(size, align, s)?;
+        if size > 0 {
+            self.allocations.fetch_add(1, Ordering::Relaxed);
+            let old = self
+                .live
+                .lock()
+                .unwrap()
+                .insert(p.as_ptr() as usize, (size, align, s.id()));
+            assert!(old.is_none(), "a live block handed out twice");
+        }
+        Ok(p)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        if size > 0 {
+            let rec = self.live.lock().unwrap().remove(&(p.as_ptr() as usize));
+            assert_eq!(
+                rec,
+                Some((size, align, s.id())),
+                "freed with another size, align or stream"
+            );
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { System.deallocate(p, size, align, s) }
+    }
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_vec_grows_keeps_its_values_and_gives_everything_back() {
+    let ledger = Ledger::default();
+    {
+        let mut v = AVec::new_in(HostAllocator::new(&ledger));
+        for i in 0..100_000u64 {
+            v.push(i * 3);
+        }
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64 * 3));
+        v.truncate(10);
+        v.shrink_to_fit();
+        assert_eq!(v.iter().sum::<u64>(), 135);
+        assert_eq!(ledger.live.lock().unwrap().len(), 1);
+    }
+    assert!(ledger.live.lock().unwrap().is_empty());
+    // Each allocation waited for the stream before the host could write.
+    assert_eq!(
+        ledger.syncs.load(Ordering::Relaxed),
+        ledger.allocations.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn the_allocators_stream_orders_every_block() {
+    let ledger = Ledger::default();
+    // SAFETY: the ledger never passes streams to a driver.
+    let stream = unsafe { StreamRef::from_raw(42 as *mut _) };
+    let alloc = HostAllocator::on_stream(&ledger, stream);
+    assert_eq!(alloc.stream(), stream);
+    let mut v = AVec::with_capacity_in(4, alloc);
+    v.extend_from_slice(&[1u8, 2, 3, 4, 5]);
+    assert!(ledger
+        .live
+        .lock()
+        .unwrap()
+        .values()
+        .all(|&(_, _, s)| s == 42));
+    drop(v);
+    assert!(ledger.live.lock().unwrap().is_empty());
+}
+
+#[test]
+fn boxes_zero_sized_values_and_empty_vecs_cost_nothing_or_one_block() {
+    let ledger = Ledger::default();
+    let b = ABox::new_in([7u64; 33], HostAllocator::new(&ledger));
+    assert_eq!(b.iter().sum::<u64>(), 231);
+    let unit = ABox::new_in((), HostAllocator::new(&ledger));
+    let empty: AVec<u128, _> = AVec::new_in(HostAllocator::new(&ledger));
+    let zsts: AVec<(), _> = {
+        let mut v = AVec::new_in(HostAllocator::new(&ledger));
+        v.resize(1000, ());
+        v
+    };
+    assert_eq!((empty.len(), zsts.len()), (0, 1000));
+    assert_eq!(
+        ledger.allocations.load(Ordering::Relaxed),
+        1,
+        "only the [u64; 33] took memory"
+    );
+    drop((b, unit, empty, zsts));
+    assert!(ledger.live.lock().unwrap().is_empty());
+}
+
+#[test]
+fn alignment_of_the_element_type_is_honoured() {
+    #[repr(align(256))]
+    #[derive(Clone, Copy)]
+    struct Wide(#[allow(dead_code)] u8);
+    let mut v = AVec::new_in(HostAllocator::new(System::new()));
+    v.extend((0..10).map(Wide));
+    assert_eq!(v.as_ptr() as usize % 256, 0);
+}
+
+#[test]
+fn a_failed_allocation_is_an_error_not_a_panic() {
+    let any = AnyResource::<HostAccessible>::new(System::new());
+    let mut v: AVec<u8, _> = AVec::new_in(HostAllocator::new(any));
+    assert!(v.try_reserve(usize::MAX / 2).is_err());
+    v.try_reserve(1000).unwrap();
+    v.extend(std::iter::repeat_n(9u8, 1000));
+    assert!(v.iter().all(|&b| b == 9));
+}
+
+#[test]
+fn clones_share_the_resource_and_free_each_others_blocks() {
+    let ledger = Arc::new(Ledger::default());
+    let a = HostAllocator::new(ledger.clone());
+    let mut v = AVec::new_in(a.clone());
+    v.extend(0..1000u32);
+    let w = v.clone(); // allocated by a clone of the allocator
+    drop(v);
+    assert_eq!(w.iter().copied().sum::<u32>(), 499_500);
+    drop(w);
+    drop(a);
+    assert!(ledger.live.lock().unwrap().is_empty());
+    let any = HostAllocator::new(AnyResource::<HostAccessible>::new(System::new()));
+    let mut x = AVec::new_in(any.clone());
+    x.push(1u8);
+    assert!(any.resource().ptr_eq(x.allocator().resource()));
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Push(u32),
+    Pop,
+    Extend(Vec<u32>),
+    Truncate(usize),
+    Shrink,
+    Insert(usize, u32),
+    Remove(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => any::<u32>().prop_map(Op::Push),
+        1 => Just(Op::Pop),
+        2 => proptest::collection::vec(any::<u32>(), 0..300).prop_map(Op::Extend),
+        1 => any::<usize>().prop_map(Op::Truncate),
+        1 => Just(Op::Shrink),
+        1 => (any::<usize>(), any::<u32>()).prop_map(|(i, x)| Op::Insert(i, x)),
+        1 => any::<usize>().prop_map(Op::Remove),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A Vec on HostAllocator holds exactly what a std Vec holds after the same operations, and
+    /// its memory goes back to the resource.
+    #[test]
+    fn vec_matches_std_vec(ops in proptest::collection::vec(op(), 1..100)) {
+        let ledger = Ledger::default();
+        {
+            let mut v = AVec::new_in(HostAllocator::new(&ledger));
+            let mut model = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Push(x) => { v.push(x); model.push(x); }
+                    Op::Pop => prop_assert_eq!(v.pop(), model.pop()),
+                    Op::Extend(xs) => { v.extend_from_slice(&xs); model.extend_from_slice(&xs); }
+                    Op::Truncate(n) => {
+                        let n = n % (model.len() + 1);
+                        v.truncate(n);
+                        model.truncate(n);
+                    }
+                    Op::Shrink => { v.shrink_to_fit(); model.shrink_to_fit(); }
+                    Op::Insert(i, x) => {
+                        let i = i % (model.len() + 1);
+                        v.insert(i, x);
+                        model.insert(i, x);
+                    }
+                    Op::Remove(i) if !model.is_empty() => {
+                        let i = i % model.len();
+                        prop_assert_eq!(v.remove(i), model.remove(i));
+                    }
+                    Op::Remove(_) => {}
+                }
+                prop_assert_eq!(&v[..], &model[..]);
+                prop_assert!(ledger.live.lock().unwrap().len() <= 1);
+            }
+        }
+        prop_assert!(ledger.live.lock().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,183 @@
+//! Host tests of the per-device registry: the mechanism (`DeviceRegistry`) over simulated devices,
+//! threads racing set/get, and the process-wide functions on a machine without a driver.
+
+use mrstack::prelude::*;
+use mrstack::registry::{self, DeviceRegistry};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+const S: StreamRef = StreamRef::DEFAULT;
+
+/// The simulated leaves a registry's defaults were made of, kept for inspection.
+type Made = Arc<Mutex<Vec<Arc<Simulated>>>>;
+
+/// A registry of `devices` simulated devices whose defaults are counted and kept.
+fn simulated_registry(devices: usize) -> (DeviceRegistry<()>, Arc<AtomicUsize>, Made) {
+    let made = Arc::new(AtomicUsize::new(0));
+    let all: Made = Arc::default();
+    let (m, a) = (made.clone(), all.clone());
+    let reg = DeviceRegistry::new(devices, move |_| {
+        m.fetch_add(1, Ordering::Relaxed);
+        let sim = Arc::new(Simulated::new(1 << 30));
+        a.lock().unwrap().push(sim.clone());
+        Ok(AnyResource::from_arc(sim))
+    });
+    (reg, made, all)
+}
+
+#[test]
+fn a_default_is_made_once_per_slot_on_first_use() {
+    let (reg, made, _) = simulated_registry(3);
+    assert_eq!(reg.devices(), 3);
+    assert_eq!(
+        made.load(Ordering::Relaxed),
+        0,
+        "nothing is made before it is needed"
+    );
+    let a = reg.get(1).unwrap();
+    let b = reg.get(1).unwrap();
+    assert!(a.ptr_eq(&b));
+    assert_eq!(made.load(Ordering::Relaxed), 1);
+    let c = reg.get(2).unwrap();
+    assert!(!c.ptr_eq(&a), "each device has its own slot");
+    assert_eq!(made.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn set_returns_the_previous_and_reset_empties_the_slot() {
+    let (reg, made, _) = simulated_registry(2);
+    let mine = AnyResource::<()>::new(Simulated::new(1 << 20));
+    assert!(
+        reg.set(0, mine.clone()).unwrap().is_none(),
+        "nothing was there yet"
+    );
+    assert!(reg.get(0).unwrap().ptr_eq(&mine));
+    assert_eq!(
+        made.load(Ordering::Relaxed),
+        0,
+        "a set slot makes no default"
+    );
+    let other = AnyResource::<()>::new(Simulated::new(1 << 20));
+    assert!(reg.set(0, other.clone()).unwrap().unwrap().ptr_eq(&mine));
+    assert!(reg.reset(0).unwrap().unwrap().ptr_eq(&other));
+    assert!(reg.reset(0).unwrap().is_none());
+    let fresh = reg.get(0).unwrap();
+    assert!(!fresh.ptr_eq(&other));
+    assert_eq!(
+        made.load(Ordering::Relaxed),
+        1,
+        "after a reset the default is made again"
+    );
+}
+
+#[test]
+fn device_ids_are_checked() {
+    let (reg, _, _) = simulated_registry(2);
+    for bad in [2, 3, usize::MAX] {
+        let e = reg.get(bad).unwrap_err();
+        assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)));
+        assert!(e.to_string().contains("device id out of range"), "{e}");
+        assert!(reg.set(bad, AnyResource::new(Simulated::new(1))).is_err());
+        assert!(reg.reset(bad).is_err());
+    }
+    let none = DeviceRegistry::<()>::new(0, |_| unreachable!("no device to make a default for"));
+    assert!(none.get(0).is_err());
+}
+
+#[test]
+fn a_failing_default_is_an_error_and_leaves_the_slot_empty() {
+    let tries = Arc::new(AtomicUsize::new(0));
+    let t = tries.clone();
+    let reg = DeviceRegistry::<HostAccessible>::new(1, move |_| {
+        if t.fetch_add(1, Ordering::Relaxed) == 0 {
+            Err(AllocError::new(
+                AllocErrorKind::NoDriver,
+                0,
+                0,
+                "test default",
+            ))
+        } else {
+            Ok(AnyResource::new(System::new()))
+        }
+    });
+    assert_eq!(reg.get(0).unwrap_err().kind, AllocErrorKind::NoDriver);
+    assert_eq!(reg.get(0).unwrap().name(), "System");
+    assert_eq!(tries.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_replaced_resource_stays_valid_for_its_holders() {
+    let (reg, _, all) = simulated_registry(1);
+    let old = reg.get(0).unwrap();
+    let p = old.allocate(4096, 256, S).unwrap();
+    reg.set(0, AnyResource::new(Simulated::new(1 << 20)))
+        .unwrap();
+    // The handle keeps the old resource alive: memory from it goes back to it.
+    let q = old.allocate(100, 8, S).unwrap();
+    // SAFETY: p and q came from old with these sizes and aligns.
+    unsafe {
+        old.deallocate(p, 4096, 256, S);
+        old.deallocate(q, 100, 8, S);
+    }
+    assert_eq!(all.lock().unwrap()[0].in_use(), 0);
+}
+
+#[test]
+fn threads_racing_set_and_get() {
+    const DEVICES: usize = 4;
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 400;
+    let (reg, made, defaults) = simulated_registry(DEVICES);
+    let replacements: Mutex<Vec<Arc<Simulated>>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (reg, replacements) = (&reg, &replacements);
+            s.spawn(move || {
+                for i in 0..ROUNDS {
+                    let device = (t + i) % DEVICES;
+                    if (t * 7 + i) % 5 == 0 {
+                        let sim = Arc::new(Simulated::new(1 << 30));
+                        replacements.lock().unwrap().push(sim.clone());
+                        reg.set(device, AnyResource::from_arc(sim)).unwrap();
+                    } else if (t + i) % 97 == 0 {
+                        reg.reset(device).unwrap();
+                    } else {
+                        // Whatever another thread set meanwhile, the handle got works to the end.
+                        let mr = reg.get(device).unwrap();
+                        let size = 256 * (1 + i % 8);
+                        let p = mr.allocate(size, 256, S).unwrap();
+                        std::thread::yield_now();
+                        // SAFETY: p came from mr with this size and align.
+                        unsafe { mr.deallocate(p, size, 256, S) };
+                    }
+                }
+            });
+        }
+    });
+    // Every resource that was ever current gave back everything it handed out.
+    let defaults = defaults.lock().unwrap();
+    let replacements = replacements.into_inner().unwrap();
+    for sim in defaults.iter().chain(replacements.iter()) {
+        assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    }
+    assert_eq!(replacements.len(), THREADS * ROUNDS / 5);
+    assert!(made.load(Ordering::Relaxed) >= 1);
+    // Each slot still answers with one resource, shared by every get.
+    for d in 0..DEVICES {
+        assert!(reg.get(d).unwrap().ptr_eq(&reg.get(d).unwrap()));
+    }
+}
+
+#[test]
+fn the_process_wide_registry_needs_a_driver() {
+    if mrstack::driver_available() {
+        eprintln!("skipping: a driver is loaded here; tests/gpu_erased.rs covers the registry");
+        return;
+    }
+    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
+    no_driver(registry::per_device_resource(0).unwrap_err());
+    no_driver(registry::reset_per_device_resource(0).unwrap_err());
+    no_driver(registry::current_device_resource().unwrap_err());
+    no_driver(registry::current_device().unwrap_err());
+    no_driver(registry::reset_current_device_resource().unwrap_err());
+}

@@ -1,0 +1,1038 @@
+//! Host tests of the suballocators `Pool`, `FixedSize` and `Binning`: model-based property tests
+//! over `Simulated` (exact accounting) and `System` (real bytes, pattern checks), stream ordering
+//! with a recording upstream, out of memory and recovery, and a 16-thread stress test.
+
+use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig};
+use mrstack::prelude::*;
+use mrstack::resource::align_up;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// A fake stream handle: `Simulated`, `System` and `Recorder` never pass streams to the driver.
+fn stream(n: usize) -> StreamRef {
+    if n == 0 {
+        return StreamRef::DEFAULT;
+    }
+    // SAFETY: the handle is only compared and recorded, never given to the driver.
+    unsafe { StreamRef::from_raw(n as *mut _) }
+}
+
+/// An upstream that forwards to `inner`, records every `order_after(stream, after)` call and
+/// counts the bytes it has handed out.
+struct Recorder<U> {
+    inner: U,
+    orders: Mutex<Vec<(StreamRef, StreamRef)>>,
+    in_use: AtomicUsize,
+}
+
+impl<U> Recorder<U> {
+    fn new(inner: U) -> Self {
+        Recorder {
+            inner,
+            orders: Mutex::new(Vec::new()),
+            in_use: AtomicUsize::new(0),
+        }
+    }
+    fn orders(&self) -> Vec<(StreamRef, StreamRef)> {
+        self.orders.lock().unwrap().clone()
+    }
+    fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
+    }
+}
+
+// SAFETY: every allocation is `inner`'s, unchanged.
+unsafe impl<U: MemoryResource> MemoryResource for Recorder<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        let p = self.inner.allocate(size, align, s)?;
+        self.in_use.fetch_add(size, Ordering::Relaxed);
+        Ok(p)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        self.in_use.fetch_sub(size, Ordering::Relaxed);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.deallocate(p, size, align, s) }
+    }
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.orders.lock().unwrap().push((stream, after));
+        self.inner.order_after(stream, after)
+    }
+    fn name(&self) -> &'static str {
+        "Recorder"
+    }
+}
+
+/// Live blocks by address, for overlap checks: `[addr, addr + len)`.
+#[derive(Default)]
+struct Live(BTreeMap<usize, usize>);
+
+impl Live {
+    /// Records a block, panicking if it overlaps a live one.
+    fn insert(&mut self, addr: usize, len: usize) {
+        if let Some((&a, &l)) = self.0.range(..=addr).next_back() {
+            assert!(a + l <= addr, "block {addr:#x}+{len} overlaps {a:#x}+{l}");
+        }
+        if let Some((&a, &l)) = self.0.range(addr..).next() {
+            assert!(addr + len <= a, "block {addr:#x}+{len} overlaps {a:#x}+{l}");
+        }
+        self.0.insert(addr, len);
+    }
+    fn remove(&mut self, addr: usize) {
+        self.0
+            .remove(&addr)
+            .expect("freeing a block that is not live");
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc {
+        size: usize,
+        align: usize,
+        stream: usize,
+    },
+    Free {
+        pick: prop::sample::Index,
+        stream: usize,
+    },
+}
+
+/// Up to 64 operations, sizes mostly small, some large, alignments 1 to 4096, three streams.
+fn ops(max_size: usize) -> impl Strategy<Value = Vec<Op>> {
+    let size = prop_oneof![
+        2 => 0..=1024usize,
+        3 => 1..=max_size / 8,
+        1 => 1..=max_size,
+    ];
+    let op = prop_oneof![
+        3 => (size, 0..=12u32, 0..3usize).prop_map(|(size, a, stream)| Op::Alloc {
+            size,
+            align: 1 << a,
+            stream
+        }),
+        2 => (any::<prop::sample::Index>(), 0..3usize)
+            .prop_map(|(pick, stream)| Op::Free { pick, stream }),
+    ];
+    prop::collection::vec(op, 1..64)
+}
+
+fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: n,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+fn nn(addr: usize) -> NonNull<u8> {
+    NonNull::new(addr as *mut u8).unwrap()
+}
+
+/// A live allocation in a model test.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    addr: usize,
+    size: usize,
+    align: usize,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pool
+
+fn pool_config() -> impl Strategy<Value = (usize, usize, usize)> {
+    // (initial, max, upstream capacity)
+    (
+        prop_oneof![Just(0usize), 0..(4usize << 20)],
+        prop_oneof![Just(usize::MAX), (256usize << 10)..(8 << 20)],
+        prop_oneof![Just(1usize << 40), (1usize << 20)..(16 << 20)],
+    )
+}
+
+proptest! {
+    #![proptest_config(cases(10_000))]
+
+    /// Random allocate/deallocate sequences on three streams against a model: alignment holds,
+    /// no two live blocks overlap, the pool's accounting agrees with the model and with the
+    /// upstream's, a failure is out-of-memory only and never happens with nothing live when the
+    /// request fits under the cap, and everything returns to the upstream.
+    #[test]
+    fn pool_model((initial, max, capacity) in pool_config(), ops in ops(1 << 20)) {
+        let sim = Simulated::new(capacity);
+        let pool = Pool::new(&sim, PoolConfig { initial, max });
+        let cap = pool.max_size().min(capacity);
+        let mut live: Vec<Block> = Vec::new();
+        let mut extents = Live::default();
+        for op in ops {
+            match op {
+                Op::Alloc { size, align, stream: s } => {
+                    match pool.allocate(size, align, stream(s)) {
+                        Ok(p) => {
+                            let addr = p.as_ptr() as usize;
+                            prop_assert_eq!(addr % align.max(256), 0);
+                            if size > 0 {
+                                extents.insert(addr, size);
+                            }
+                            live.push(Block { addr, size, align });
+                        }
+                        Err(e) => {
+                            prop_assert!(e.is_out_of_memory(), "{e}");
+                            let need = align_up(size, 256).unwrap() + align.max(256) - 256;
+                            let nothing_live = live.iter().all(|b| b.size == 0);
+                            prop_assert!(!(nothing_live && need <= cap), "{e} with nothing live");
+                        }
+                    }
+                }
+                Op::Free { pick, stream: s } => {
+                    if !live.is_empty() {
+                        let b = live.swap_remove(pick.index(live.len()));
+                        if b.size > 0 {
+                            extents.remove(b.addr);
+                        }
+                        // SAFETY: b is live, from this pool, with this size and alignment.
+                        unsafe { pool.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
+                    }
+                }
+            }
+            let stats = pool.stats();
+            let allocated: usize = live.iter().map(|b| align_up(b.size, 256).unwrap()).sum();
+            prop_assert_eq!(stats.allocated, allocated);
+            prop_assert_eq!(stats.pool_size, sim.in_use());
+            prop_assert_eq!(stats.chunks, sim.live());
+            prop_assert!(stats.pool_size <= pool.max_size());
+        }
+        for b in live.drain(..) {
+            // SAFETY: b is live, from this pool, with this size and alignment.
+            unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
+        }
+        prop_assert_eq!(pool.stats().allocated, 0);
+        let size = pool.pool_size();
+        prop_assert_eq!(pool.release(), size, "every chunk is wholly free once all is freed");
+        prop_assert_eq!(pool.stats(), mrstack::adaptor::PoolStats::default());
+        drop(pool);
+        prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(2_000))]
+
+    /// The same sequences over real host memory: each block is filled with its own byte, and
+    /// checked when freed, so an overlap or a block handed out twice shows up as a wrong byte.
+    #[test]
+    fn pool_system_patterns(max in prop_oneof![Just(usize::MAX), (256usize << 10)..(4 << 20)], ops in ops(256 << 10)) {
+        let rec = Recorder::new(System::new());
+        let pool = Pool::new(&rec, PoolConfig { initial: 0, max });
+        let mut live: Vec<(Block, u8)> = Vec::new();
+        let mut tag = 0u8;
+        for op in ops {
+            match op {
+                Op::Alloc { size, align, stream: s } => {
+                    if let Ok(p) = pool.allocate(size, align, stream(s)) {
+                        prop_assert_eq!(p.as_ptr() as usize % align.max(256), 0);
+                        tag = tag.wrapping_add(1);
+                        // SAFETY: p is a live host block of at least `size` bytes.
+                        unsafe { p.as_ptr().write_bytes(tag, size) };
+                        live.push((Block { addr: p.as_ptr() as usize, size, align }, tag));
+                    }
+                }
+                Op::Free { pick, stream: s } => {
+                    if !live.is_empty() {
+                        let (b, t) = live.swap_remove(pick.index(live.len()));
+                        check_pattern(b.addr, b.size, t);
+                        // SAFETY: b is live, from this pool, with this size and alignment.
+                        unsafe { pool.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
+                    }
+                }
+            }
+        }
+        for (b, t) in live {
+            check_pattern(b.addr, b.size, t);
+            // SAFETY: b is live, from this pool, with this size and alignment.
+            unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
+        }
+        drop(pool);
+        prop_assert_eq!(rec.in_use(), 0);
+    }
+}
+
+/// Panics unless the `size` bytes at `addr` all hold `tag`.
+fn check_pattern(addr: usize, size: usize, tag: u8) {
+    if size == 0 {
+        return;
+    }
+    // SAFETY: the caller passes a live host block of `size` bytes that it filled.
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, size) };
+    assert!(
+        bytes == vec![tag; size].as_slice(),
+        "block {addr:#x}+{size} was overwritten"
+    );
+}
+
+#[test]
+fn pool_reuses_blocks_and_returns_everything() {
+    let sim = Simulated::new(1 << 30);
+    let pool = resource_stack![&sim, Pool { initial: 4 MiB }];
+    assert_eq!((pool.pool_size(), sim.in_use()), (4 << 20, 4 << 20));
+    let a = pool.allocate(1000, 8, StreamRef::DEFAULT).unwrap();
+    let b = pool.allocate(3000, 8, StreamRef::DEFAULT).unwrap();
+    assert_eq!(pool.stats().allocated, 1024 + 3072);
+    // SAFETY: a and b are live with these sizes.
+    unsafe {
+        pool.deallocate(a, 1000, 8, StreamRef::DEFAULT);
+        pool.deallocate(b, 3000, 8, StreamRef::DEFAULT);
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.allocated, stats.free_blocks, stats.chunks),
+        (0, 1, 1),
+        "coalesced"
+    );
+    assert_eq!(
+        sim.allocation_count(),
+        1,
+        "no upstream call after the reservation"
+    );
+    drop(pool);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+#[test]
+fn pool_best_fit_picks_the_smallest_block_that_fits() {
+    let sim = Simulated::new(1 << 30);
+    let pool = Pool::new(
+        &sim,
+        PoolConfig {
+            initial: 1 << 20,
+            max: 1 << 20,
+        },
+    );
+    let d = StreamRef::DEFAULT;
+    // Carve holes of 8 KiB, 2 KiB and 4 KiB separated by live blocks.
+    let sizes = [8192, 256, 2048, 256, 4096, 256];
+    let blocks: Vec<_> = sizes
+        .iter()
+        .map(|&s| pool.allocate(s, 256, d).unwrap())
+        .collect();
+    for i in [0, 2, 4] {
+        // SAFETY: live with this size.
+        unsafe { pool.deallocate(blocks[i], sizes[i], 256, d) };
+    }
+    let p = pool.allocate(3000, 256, d).unwrap().as_ptr() as usize;
+    let hole = blocks[4].as_ptr() as usize;
+    assert!(
+        (hole..hole + 4096).contains(&p),
+        "a 3000-byte request takes the 4 KiB hole, not the 8 KiB one"
+    );
+    let q = pool.allocate(2048, 256, d).unwrap();
+    assert_eq!(q, blocks[2]);
+}
+
+#[test]
+fn pool_never_coalesces_across_upstream_chunks() {
+    // Simulated hands out adjacent ranges for 256-multiple sizes, so two chunks touch.
+    let sim = Simulated::new(1 << 30);
+    let pool = Pool::new(
+        &sim,
+        PoolConfig {
+            initial: 0,
+            max: 4 << 20,
+        },
+    );
+    let d = StreamRef::DEFAULT;
+    let a = pool.allocate(2 << 20, 256, d).unwrap();
+    let b = pool.allocate(2 << 20, 256, d).unwrap();
+    assert_eq!(pool.stats().chunks, 2);
+    assert_eq!(
+        b.as_ptr() as usize,
+        a.as_ptr() as usize + (2 << 20),
+        "the chunks are adjacent"
+    );
+    // SAFETY: live with these sizes.
+    unsafe {
+        pool.deallocate(a, 2 << 20, 256, d);
+        pool.deallocate(b, 2 << 20, 256, d);
+    }
+    assert_eq!(pool.stats().free_blocks, 2, "one free block per chunk");
+    let err = pool.allocate(3 << 20, 256, d);
+    // Both chunks are wholly free: the pool gives them back to make room for one that fits.
+    let p = err.expect("released free chunks to grow within the cap");
+    assert_eq!(pool.stats().chunks, 1);
+    // SAFETY: live with this size.
+    unsafe { pool.deallocate(p, 3 << 20, 256, d) };
+    drop(pool);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+#[test]
+fn pool_at_its_maximum_is_out_of_memory_and_recovers() {
+    let sim = Simulated::new(1 << 30);
+    let pool = Pool::new(
+        &sim,
+        PoolConfig {
+            initial: 0,
+            max: 1 << 20,
+        },
+    );
+    let d = StreamRef::DEFAULT;
+    let blocks: Vec<_> = (0..4)
+        .map(|_| pool.allocate(256 << 10, 256, d).unwrap())
+        .collect();
+    assert_eq!(pool.pool_size(), 1 << 20, "grew to exactly the maximum");
+    let err = pool.allocate(1, 1, d).unwrap_err();
+    assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
+    assert_eq!(err.resource, "Pool");
+    assert!(err.to_string().contains("Pool: out of memory"), "{err}");
+    // SAFETY: live with this size.
+    unsafe { pool.deallocate(blocks[1], 256 << 10, 256, d) };
+    let again = pool.allocate(256 << 10, 256, d).unwrap();
+    assert_eq!(again, blocks[1]);
+    for b in [blocks[0], again, blocks[2], blocks[3]] {
+        // SAFETY: live with this size.
+        unsafe { pool.deallocate(b, 256 << 10, 256, d) };
+    }
+    assert_eq!(pool.stats().allocated, 0);
+    let all = pool.allocate(1 << 20, 256, d).unwrap();
+    // SAFETY: live with this size.
+    unsafe { pool.deallocate(all, 1 << 20, 256, d) };
+}
+
+#[test]
+fn pool_near_its_maximum_grows_by_what_is_left() {
+    let sim = Simulated::new(1 << 30);
+    let max = (10 << 20) + 768;
+    let pool = Pool::new(&sim, PoolConfig { initial: 0, max });
+    let d = StreamRef::DEFAULT;
+    let a = pool.allocate(6 << 20, 256, d).unwrap();
+    let b = pool.allocate((4 << 20) + 700, 256, d).unwrap();
+    assert_eq!(pool.pool_size(), (10 << 20) + 768);
+    // SAFETY: live with these sizes.
+    unsafe {
+        pool.deallocate(a, 6 << 20, 256, d);
+        pool.deallocate(b, (4 << 20) + 700, 256, d);
+    }
+}
+
+#[test]
+fn pool_honours_large_alignments() {
+    let sim = Simulated::new(1 << 30);
+    let pool = Pool::new(&sim, PoolConfig::default());
+    let d = StreamRef::DEFAULT;
+    let mut blocks = Vec::new();
+    for shift in 8..=20 {
+        let p = pool.allocate(300, 1 << shift, d).unwrap();
+        assert_eq!(p.as_ptr() as usize % (1 << shift), 0);
+        blocks.push((p, 1 << shift));
+    }
+    for (p, align) in blocks {
+        // SAFETY: live with this size and alignment.
+        unsafe { pool.deallocate(p, 300, align, d) };
+    }
+    assert_eq!(pool.stats().allocated, 0);
+    let size = pool.pool_size();
+    assert_eq!(pool.release(), size);
+}
+
+#[test]
+fn pool_rejects_bad_requests_without_panicking() {
+    let sim = Simulated::new(1 << 30);
+    let pool = Pool::new(&sim, PoolConfig::default());
+    let d = StreamRef::DEFAULT;
+    let e = pool.allocate(64, 3, d).unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+    let e = pool.allocate(usize::MAX, 1, d).unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+    let e = pool.allocate(1 << 41, 1, d).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let z = pool.allocate(0, 4096, d).unwrap();
+    assert_eq!(z.as_ptr() as usize % 4096, 0);
+    // SAFETY: a zero-size block, whose deallocation is a no-op.
+    unsafe { pool.deallocate(z, 0, 4096, d) };
+    assert_eq!(sim.allocation_count(), 0, "nothing reached the upstream");
+}
+
+#[test]
+fn pool_try_new_reports_a_failed_reservation() {
+    let sim = Simulated::new(1 << 20);
+    let e = Pool::try_new(
+        &sim,
+        PoolConfig {
+            initial: 2 << 20,
+            max: usize::MAX,
+        },
+    )
+    .unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let e = Pool::try_new(
+        &sim,
+        PoolConfig {
+            initial: 2 << 20,
+            max: 1 << 20,
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+    // `new` (and the macro) start empty instead, and still serve what fits.
+    let pool = resource_stack![&sim, Pool { initial: 2 MiB }];
+    assert_eq!(pool.pool_size(), 0);
+    let p = pool.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+    // SAFETY: live with this size.
+    unsafe { pool.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+    drop(pool);
+    let ok = Pool::try_new(
+        &sim,
+        PoolConfig {
+            initial: 1 << 20,
+            max: 1 << 20,
+        },
+    )
+    .unwrap();
+    assert_eq!(ok.pool_size(), 1 << 20);
+}
+
+#[test]
+fn pool_orders_streams_before_handing_blocks_across() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let pool = Pool::new(&rec, PoolConfig::default());
+    let (s, t) = (stream(1), stream(2));
+    let a = pool.allocate(1000, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { pool.deallocate(a, 1000, 256, s) };
+    let b = pool.allocate(1000, 256, s).unwrap();
+    assert_eq!(b, a, "same-stream reuse is immediate");
+    assert!(rec.orders().is_empty(), "and needs no ordering");
+    // SAFETY: live with this size.
+    unsafe { pool.deallocate(b, 1000, 256, s) };
+
+    let c = pool.allocate(1000, 256, t).unwrap();
+    assert_eq!(c, a, "the block freed on s goes to t");
+    assert_eq!(rec.orders(), [(t, s)], "after t is ordered behind s, once");
+    let d = pool.allocate(5000, 256, t).unwrap();
+    assert_eq!(rec.orders().len(), 1, "s's other free blocks came along");
+    // SAFETY: live with these sizes.
+    unsafe {
+        pool.deallocate(c, 1000, 256, t);
+        pool.deallocate(d, 5000, 256, t);
+    }
+    let e = pool.allocate(1000, 256, t).unwrap();
+    assert_eq!(rec.orders().len(), 1);
+    // SAFETY: live with this size.
+    unsafe { pool.deallocate(e, 1000, 256, t) };
+    assert_eq!(pool.stats().free_blocks, 1, "all coalesced on t");
+    drop(pool);
+    assert_eq!(rec.in_use(), 0);
+}
+
+#[test]
+fn pool_keeps_streams_apart_until_ordered() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let pool = Pool::new(&rec, PoolConfig::default());
+    let (s, t) = (stream(1), stream(2));
+    // Two neighbouring blocks freed on different streams stay apart.
+    let a = pool.allocate(1024, 256, s).unwrap();
+    let b = pool.allocate(1024, 256, s).unwrap();
+    let keep = pool.allocate(1024, 256, s).unwrap();
+    // SAFETY: live with these sizes.
+    unsafe {
+        pool.deallocate(a, 1024, 256, s);
+        pool.deallocate(b, 1024, 256, t);
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.free_blocks, 3,
+        "a, b and the chunk's rest: a and b not merged"
+    );
+    // A request on s that fits a's hole takes it without ordering.
+    let c = pool.allocate(1024, 256, s).unwrap();
+    assert_eq!(c, a);
+    assert!(rec.orders().is_empty());
+    // SAFETY: live with these sizes.
+    unsafe {
+        pool.deallocate(c, 1024, 256, s);
+        pool.deallocate(keep, 1024, 256, s);
+    }
+    // Releasing a chunk whose blocks were freed on s and t orders the chunk's stream after t.
+    assert_eq!(pool.release(), 2 << 20);
+    assert_eq!(rec.orders(), [(s, t)]);
+    assert_eq!(rec.in_use(), 0);
+}
+
+#[test]
+fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
+    let rec = Recorder::new(System::new());
+    let pool = Pool::new(
+        &rec,
+        PoolConfig {
+            initial: 0,
+            max: 1 << 30,
+        },
+    );
+    std::thread::scope(|scope| {
+        for t in 0..16usize {
+            let pool = &pool;
+            scope.spawn(move || {
+                // Half the threads share the default stream, the others each have their own.
+                let s = if t % 2 == 0 {
+                    StreamRef::DEFAULT
+                } else {
+                    stream(t)
+                };
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut live: Vec<(NonNull<u8>, usize, usize, u8)> = Vec::new();
+                for i in 0..1500usize {
+                    if live.len() < 24 && next() % 8 < 5 {
+                        let size = match next() % 16 {
+                            0 => (next() % (1 << 20)) as usize + 1,
+                            _ => (next() % 8192) as usize + 1,
+                        };
+                        let align = 1 << (next() % 13);
+                        let p = pool
+                            .allocate(size, align, s)
+                            .expect("1 GiB holds 16 x 24 blocks of at most 1 MiB");
+                        assert_eq!(p.as_ptr() as usize % align.max(256), 0);
+                        let tag = (t * 16 + i % 16) as u8;
+                        // SAFETY: p is a live host block of at least `size` bytes.
+                        unsafe { p.as_ptr().write_bytes(tag, size) };
+                        live.push((p, size, align, tag));
+                    } else if !live.is_empty() {
+                        let (p, size, align, tag) = live.swap_remove(next() as usize % live.len());
+                        check_pattern(p.as_ptr() as usize, size, tag);
+                        // SAFETY: p is live, from this pool, with this size and alignment.
+                        unsafe { pool.deallocate(p, size, align, s) };
+                    }
+                }
+                for (p, size, align, tag) in live {
+                    check_pattern(p.as_ptr() as usize, size, tag);
+                    // SAFETY: as above.
+                    unsafe { pool.deallocate(p, size, align, s) };
+                }
+            });
+        }
+    });
+    assert_eq!(pool.stats().allocated, 0);
+    let size = pool.pool_size();
+    assert_eq!(pool.release(), size, "every chunk came back whole");
+    drop(pool);
+    assert_eq!(rec.in_use(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// FixedSize
+
+proptest! {
+    #![proptest_config(cases(10_000))]
+
+    /// Random sequences against a model: each block is a whole block-sized extent, aligned, not
+    /// overlapping any other; free plus live blocks are all the blocks taken; larger or
+    /// over-aligned requests are refused; everything returns to the upstream.
+    #[test]
+    fn fixed_size_model(
+        block in 1usize..(64 << 10),
+        prealloc in 0usize..8,
+        capacity in prop_oneof![Just(1usize << 40), (64usize << 10)..(4 << 20)],
+        ops in ops(96 << 10),
+    ) {
+        let sim = Simulated::new(capacity);
+        let mr = FixedSize::new(&sim, FixedSizeConfig { block_size: block, blocks_to_preallocate: prealloc });
+        let bs = mr.block_size();
+        prop_assert_eq!(bs, align_up(block, 256).unwrap());
+        let mut live: Vec<Block> = Vec::new();
+        let mut extents = Live::default();
+        for op in ops {
+            match op {
+                Op::Alloc { size, align, stream: s } => match mr.allocate(size, align, stream(s)) {
+                    Ok(p) => {
+                        let addr = p.as_ptr() as usize;
+                        prop_assert_eq!(addr % align.max(256), 0);
+                        prop_assert!(size <= bs);
+                        if size > 0 {
+                            extents.insert(addr, bs);
+                        }
+                        live.push(Block { addr, size, align });
+                    }
+                    Err(e) => {
+                        if size > bs {
+                            prop_assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+                        } else if align > 256 {
+                            prop_assert!(matches!(e.kind, AllocErrorKind::Unsupported(_)), "{e}");
+                        } else {
+                            prop_assert!(e.is_out_of_memory(), "{e}");
+                            prop_assert_eq!(mr.free_blocks(), 0);
+                            prop_assert!(capacity - sim.in_use() < bs, "the upstream had room for a block");
+                        }
+                    }
+                },
+                Op::Free { pick, stream: s } => {
+                    if !live.is_empty() {
+                        let b = live.swap_remove(pick.index(live.len()));
+                        if b.size > 0 {
+                            extents.remove(b.addr);
+                        }
+                        // SAFETY: b is live, from this resource, with this size and alignment.
+                        unsafe { mr.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
+                    }
+                }
+            }
+            let nonzero = live.iter().filter(|b| b.size > 0).count();
+            prop_assert_eq!(mr.pool_size(), sim.in_use());
+            prop_assert_eq!(mr.free_blocks() + nonzero, mr.pool_size() / bs);
+        }
+        for b in live {
+            // SAFETY: b is live, from this resource, with this size and alignment.
+            unsafe { mr.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
+        }
+        prop_assert_eq!(mr.free_blocks(), mr.pool_size() / bs);
+        drop(mr);
+        prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    }
+}
+
+#[test]
+fn fixed_size_preallocates_and_grows_by_chunks() {
+    let sim = Simulated::new(1 << 30);
+    // Naming every field in `resource_stack!` trips clippy's needless_update on the macro's
+    // `..Default::default()`, so this names one and leaves the count to a plain constructor below.
+    let mr = resource_stack![&sim, FixedSize { block_size: 4 KiB }];
+    assert_eq!(mr.free_blocks(), 128);
+    drop(mr);
+    let mr = FixedSize::new(
+        &sim,
+        FixedSizeConfig {
+            block_size: 4096,
+            blocks_to_preallocate: 4,
+        },
+    );
+    assert_eq!(
+        (sim.in_use(), sim.live(), mr.free_blocks()),
+        (16 << 10, 1, 4)
+    );
+    let d = StreamRef::DEFAULT;
+    let blocks: Vec<_> = (0..5).map(|_| mr.allocate(4096, 256, d).unwrap()).collect();
+    assert_eq!(
+        (sim.live(), mr.free_blocks()),
+        (2, 3),
+        "a second chunk of 4 blocks"
+    );
+    assert_eq!(
+        blocks[1].as_ptr() as usize,
+        blocks[0].as_ptr() as usize + 4096,
+        "handed out from the chunk's start"
+    );
+    for p in blocks {
+        // SAFETY: live with this size.
+        unsafe { mr.deallocate(p, 4096, 256, d) };
+    }
+    let defaults = resource_stack![&sim, FixedSize];
+    assert_eq!(
+        (defaults.block_size(), defaults.free_blocks()),
+        (1 << 20, 128)
+    );
+    drop((mr, defaults));
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+#[test]
+fn fixed_size_orders_streams_before_handing_blocks_across() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let mr = FixedSize::new(
+        &rec,
+        FixedSizeConfig {
+            block_size: 4096,
+            blocks_to_preallocate: 0,
+        },
+    );
+    let (s, t) = (stream(1), stream(2));
+    let a = mr.allocate(100, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(a, 100, 256, s) };
+    assert_eq!(mr.allocate(100, 256, s).unwrap(), a);
+    assert!(rec.orders().is_empty());
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(a, 100, 256, s) };
+    assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
+    assert_eq!(rec.orders(), [(t, s)]);
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(a, 100, 256, t) };
+    assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
+    assert_eq!(rec.orders().len(), 1);
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(a, 100, 256, t) };
+    drop(mr);
+    assert_eq!(rec.in_use(), 0);
+}
+
+#[test]
+fn fixed_size_out_of_memory_recovers() {
+    let sim = Simulated::new(3 * 4096);
+    let mr = FixedSize::new(
+        &sim,
+        FixedSizeConfig {
+            block_size: 4096,
+            blocks_to_preallocate: 2,
+        },
+    );
+    let d = StreamRef::DEFAULT;
+    let a = mr.allocate(4096, 256, d).unwrap();
+    let b = mr.allocate(4096, 256, d).unwrap();
+    // The next chunk of 2 blocks does not fit; one block does.
+    let c = mr.allocate(4096, 256, d).unwrap();
+    let e = mr.allocate(4096, 256, d).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(b, 4096, 256, d) };
+    assert_eq!(mr.allocate(4096, 256, d).unwrap(), b);
+    for p in [a, b, c] {
+        // SAFETY: live with this size.
+        unsafe { mr.deallocate(p, 4096, 256, d) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binning
+
+proptest! {
+    #![proptest_config(cases(10_000))]
+
+    /// Random sequences against a model, with bins between random bounds and requests above them
+    /// and over-aligned: alignment holds, blocks do not overlap, the upstream holds exactly the
+    /// bins' chunks plus the requests passed through, and everything returns to it.
+    #[test]
+    fn binning_model(
+        min_shift in 0u32..14,
+        bins in 0u32..6,
+        capacity in prop_oneof![Just(1usize << 40), (1usize << 20)..(32 << 20)],
+        ops in ops(1 << 20),
+    ) {
+        let sim = Simulated::new(capacity);
+        let mr = Binning::new(&sim, BinningConfig { min: 1 << min_shift, max: 1 << (min_shift + bins) });
+        let sizes = mr.bin_sizes();
+        let max_bin = sizes.last().copied().unwrap_or(0);
+        let mut live: Vec<Block> = Vec::new();
+        let mut extents = Live::default();
+        let passed = |b: &Block| b.size > max_bin || b.align > 256;
+        for op in ops {
+            match op {
+                Op::Alloc { size, align, stream: s } => match mr.allocate(size, align, stream(s)) {
+                    Ok(p) => {
+                        let addr = p.as_ptr() as usize;
+                        prop_assert_eq!(addr % align.max(256), 0);
+                        if size > 0 {
+                            let b = Block { addr, size, align };
+                            let len = if passed(&b) { size } else { *sizes.iter().find(|&&s| s >= size).unwrap() };
+                            extents.insert(addr, len);
+                        }
+                        live.push(Block { addr, size, align });
+                    }
+                    Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
+                },
+                Op::Free { pick, stream: s } => {
+                    if !live.is_empty() {
+                        let b = live.swap_remove(pick.index(live.len()));
+                        if b.size > 0 {
+                            extents.remove(b.addr);
+                        }
+                        // SAFETY: b is live, from this resource, with this size and alignment.
+                        unsafe { mr.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
+                    }
+                }
+            }
+            let direct: usize = live.iter().filter(|b| b.size > 0 && passed(b)).map(|b| b.size).sum();
+            prop_assert_eq!(sim.in_use(), mr.bins_size() + direct);
+        }
+        for b in live {
+            // SAFETY: b is live, from this resource, with this size and alignment.
+            unsafe { mr.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
+        }
+        prop_assert_eq!(sim.in_use(), mr.bins_size());
+        drop(mr);
+        prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    }
+}
+
+#[test]
+fn binning_routes_by_size_and_alignment() {
+    let sim = Simulated::new(1 << 30);
+    let mr = Binning::new(
+        &sim,
+        BinningConfig {
+            min: 1024,
+            max: 8192,
+        },
+    );
+    assert_eq!(mr.bin_sizes(), [1024, 2048, 4096, 8192]);
+    let d = StreamRef::DEFAULT;
+    let small = mr.allocate(10, 1, d).unwrap();
+    let mid = mr.allocate(3000, 256, d).unwrap();
+    assert_eq!(sim.live(), 2, "one chunk per bin used");
+    assert_eq!(
+        mr.free_blocks(),
+        [0, 0, 0, 0],
+        "a new bin takes one block first"
+    );
+    let large = mr.allocate(9000, 256, d).unwrap();
+    let aligned = mr.allocate(100, 4096, d).unwrap();
+    assert_eq!(aligned.as_ptr() as usize % 4096, 0);
+    assert_eq!(
+        sim.live(),
+        4,
+        "large and over-aligned requests went to the upstream"
+    );
+    assert_eq!(sim.in_use(), 1024 + 4096 + 9000 + 100);
+    // SAFETY: live with these sizes and alignments.
+    unsafe {
+        mr.deallocate(small, 10, 1, d);
+        mr.deallocate(mid, 3000, 256, d);
+        mr.deallocate(large, 9000, 256, d);
+        mr.deallocate(aligned, 100, 4096, d);
+    }
+    assert_eq!(mr.free_blocks(), [1, 0, 1, 0]);
+    assert_eq!(sim.in_use(), 1024 + 4096);
+    // The next refill of a bin doubles what it holds.
+    let a = mr.allocate(1000, 256, d).unwrap();
+    let b = mr.allocate(1000, 256, d).unwrap();
+    assert_eq!(mr.bins_size(), 1024 * 2 + 4096);
+    // SAFETY: live with these sizes.
+    unsafe {
+        mr.deallocate(a, 1000, 256, d);
+        mr.deallocate(b, 1000, 256, d);
+    }
+    drop(mr);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+#[test]
+fn binning_orders_streams_before_handing_blocks_across() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let mr = Binning::new(
+        &rec,
+        BinningConfig {
+            min: 256,
+            max: 4096,
+        },
+    );
+    let (s, t) = (stream(1), stream(2));
+    let a = mr.allocate(2000, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(a, 2000, 256, s) };
+    assert_eq!(
+        mr.allocate(1500, 256, s).unwrap(),
+        a,
+        "same bin, same stream"
+    );
+    assert!(rec.orders().is_empty());
+    // SAFETY: live; 1500 bytes pick the same bin as 2000.
+    unsafe { mr.deallocate(a, 1500, 256, s) };
+    assert_eq!(mr.allocate(2000, 256, t).unwrap(), a);
+    assert_eq!(rec.orders(), [(t, s)]);
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(a, 2000, 256, t) };
+    drop(mr);
+    assert_eq!(rec.in_use(), 0);
+}
+
+#[test]
+fn binning_over_a_pool_shares_one_upstream() {
+    let sim = Simulated::new(1 << 30);
+    let mr = resource_stack![
+        &sim,
+        Pool { max: 64 MiB },
+        Binning { min: 256 KiB },
+    ];
+    let d = StreamRef::DEFAULT;
+    let small = mr.allocate(1000, 256, d).unwrap();
+    assert_eq!(mr.bin_sizes(), [256 << 10, 512 << 10, 1 << 20]);
+    let large = mr.allocate(16 << 20, 256, d).unwrap();
+    let pool = mr.upstream();
+    assert_eq!(pool.stats().allocated, (256 << 10) + (16 << 20));
+    // The pool is out of room for another 64 MiB; the bins' blocks still serve.
+    assert!(mr
+        .allocate(60 << 20, 256, d)
+        .unwrap_err()
+        .is_out_of_memory());
+    let small2 = mr.allocate(2000, 256, d).unwrap();
+    // SAFETY: live with these sizes.
+    unsafe {
+        mr.deallocate(small, 1000, 256, d);
+        mr.deallocate(small2, 2000, 256, d);
+        mr.deallocate(large, 16 << 20, 256, d);
+    }
+    drop(mr);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+#[test]
+fn binning_sixteen_threads_over_a_pool() {
+    let rec = Recorder::new(System::new());
+    let mr = Binning::new(
+        Pool::new(
+            &rec,
+            PoolConfig {
+                initial: 0,
+                max: 512 << 20,
+            },
+        ),
+        BinningConfig {
+            min: 256,
+            max: 64 << 10,
+        },
+    );
+    std::thread::scope(|scope| {
+        for t in 0..16usize {
+            let mr = &mr;
+            scope.spawn(move || {
+                let s = if t % 2 == 0 {
+                    StreamRef::DEFAULT
+                } else {
+                    stream(t)
+                };
+                let mut rng = 0xD1B5_4A32_D192_ED03u64 ^ (t as u64 + 1);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
+                for i in 0..1500usize {
+                    if live.len() < 24 && next() % 8 < 5 {
+                        let size = (next() % (128 << 10)) as usize + 1;
+                        let p = mr.allocate(size, 256, s).unwrap();
+                        let tag = (t * 16 + i % 16) as u8;
+                        // SAFETY: p is a live host block of at least `size` bytes.
+                        unsafe { p.as_ptr().write_bytes(tag, size) };
+                        live.push((p, size, tag));
+                    } else if !live.is_empty() {
+                        let (p, size, tag) = live.swap_remove(next() as usize % live.len());
+                        check_pattern(p.as_ptr() as usize, size, tag);
+                        // SAFETY: p is live, from this resource, with this size.
+                        unsafe { mr.deallocate(p, size, 256, s) };
+                    }
+                }
+                for (p, size, tag) in live {
+                    check_pattern(p.as_ptr() as usize, size, tag);
+                    // SAFETY: as above.
+                    unsafe { mr.deallocate(p, size, 256, s) };
+                }
+            });
+        }
+    });
+    assert_eq!(mr.upstream().stats().allocated, mr.bins_size());
+    drop(mr);
+    assert_eq!(rec.in_use(), 0);
+}

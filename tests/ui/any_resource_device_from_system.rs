@@ -1,0 +1,7 @@
+// An AnyResource<DeviceAccessible> promises memory kernels can read: System's host memory cannot be
+// erased into one.
+use mrstack::prelude::*;
+
+fn main() {
+    let _mr = AnyResource::<DeviceAccessible>::new(System::new());
+}
