@@ -1,8 +1,9 @@
 //! The `mrstack` binary: `replay`'s output (table and JSON), its answers on hand-made traces, bad
 //! traces, and its exit status (0 success, 1 trace or replay error, 2 usage error).
 //!
-//! Runs the binary cargo built for this test, on Simulated unless a test says otherwise, with few
-//! passes and a coarse capacity search so that the suite stays fast in debug builds.
+//! Runs the binary cargo built for this test (or `$MRSTACK_BIN`), on Simulated unless a test says
+//! otherwise, with few passes and a coarse capacity search so that the suite stays fast in debug
+//! builds.
 
 use serde_json::Value;
 use std::io::Write;
@@ -11,12 +12,22 @@ use std::process::{Command, Output};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 
+/// The binary cargo built for these tests, or `$MRSTACK_BIN` where set (a machine that gets the
+/// test binaries without the build tree, as the GPU machine does).
+fn binary() -> PathBuf {
+    std::env::var_os("MRSTACK_BIN")
+        .map_or_else(|| env!("CARGO_BIN_EXE_mrstack").into(), PathBuf::from)
+}
+
 /// Runs `mrstack ARGS`.
 fn mrstack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mrstack"))
-        .args(args)
-        .output()
-        .expect("the mrstack binary runs")
+    let bin = binary();
+    Command::new(&bin).args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {}: {e} (set MRSTACK_BIN to the mrstack binary)",
+            bin.display()
+        )
+    })
 }
 
 /// `mrstack replay ARGS` on Simulated, one timed pass, a 5% capacity search.
