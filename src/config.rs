@@ -504,6 +504,15 @@ impl<P: PropertySet> StackBuilder<P> {
             };
             item.layer(config, below)
         })
+        .with_adaptor("arena", |item, below| {
+            item.check_fields(&["size", "superblock"])?;
+            let defaults = crate::layer::Arena::default();
+            let config = crate::layer::Arena {
+                size: item.size("size")?.unwrap_or(defaults.size),
+                superblock: item.size("superblock")?.unwrap_or(defaults.superblock),
+            };
+            item.layer(config, below)
+        })
         .with_adaptor("statistics", |item, below| {
             item.check_fields(&[])?;
             item.layer(crate::layer::Statistics::default(), below)

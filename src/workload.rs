@@ -846,6 +846,58 @@ pub fn measure(replay: &mut dyn Replay, passes: usize) -> Result<Timing, ReplayE
     })
 }
 
+/// Throughput with threads: each workload replays on its own thread through the one shared
+/// `resource` (on the default stream, as a multi-threaded host program would), one warm-up pass,
+/// then `passes` timed passes started together. Returns the aggregate time per op: wall time over
+/// all ops of all threads, so perfect scaling divides it by the number of threads.
+pub fn measure_threads<R>(
+    resource: &R,
+    workloads: &[Workload],
+    passes: usize,
+) -> Result<f64, ReplayError>
+where
+    R: MemoryResource + Sync,
+{
+    let start = std::sync::Barrier::new(workloads.len() + 1);
+    let end = std::sync::Barrier::new(workloads.len() + 1);
+    let passes = passes.max(1);
+    let (wall, results) = std::thread::scope(|s| {
+        let handles: Vec<_> = workloads
+            .iter()
+            .map(|w| {
+                let (start, end) = (&start, &end);
+                s.spawn(move || {
+                    // Every thread reaches both barriers whatever happens, so none waits forever.
+                    let mut replay = Replayer::new(resource, w, w.default_streams());
+                    let warm = match &mut replay {
+                        Ok(r) => r.pass().map(drop),
+                        Err(e) => Err(e.clone()),
+                    };
+                    start.wait();
+                    let timed = warm.and_then(|()| match &mut replay {
+                        Ok(r) => (0..passes).try_for_each(|_| r.pass().map(drop)),
+                        Err(e) => Err(e.clone()),
+                    });
+                    end.wait();
+                    timed
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        end.wait();
+        let wall = t0.elapsed();
+        let results: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("replay threads do not panic"))
+            .collect();
+        (wall, results)
+    });
+    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    let ops: usize = workloads.iter().map(|w| w.ops().len()).sum();
+    Ok(wall.as_nanos() as f64 / (ops * passes).max(1) as f64)
+}
+
 /// A named way to build a resource stack over an upstream `U` with a capacity (pool maximum,
 /// arena size; ignored by stacks without one), ready to replay a workload.
 pub trait StackFactory<U> {

@@ -439,6 +439,12 @@ fn the_issue_example_builds_a_pool_and_bins() {
         mr.deallocate(small, 300 << 10, 256, S);
         mr.deallocate(large, 64 << 20, 256, S);
     }
+    let arena =
+        config::build::<()>("simulated(capacity=1GiB) > arena(size=256MiB, superblock=1MiB)")
+            .unwrap();
+    let p = arena.allocate(1000, 256, S).unwrap();
+    // SAFETY: p came from arena with this size and align.
+    unsafe { arena.deallocate(p, 1000, 256, S) };
     let fixed = config::build::<()>(
         "simulated(capacity=1GiB) > fixed_size(block_size=64KiB, blocks_to_preallocate=4)",
     )

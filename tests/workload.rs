@@ -777,3 +777,36 @@ fn a_panic_in_one_replay_thread_reaches_the_caller_without_a_hang() {
         .unwrap_or("");
     assert!(msg.contains("999 bytes"), "{msg}");
 }
+
+#[test]
+fn threads_share_one_stack_and_failures_come_back() {
+    use mrstack::workload::{measure_threads, Op, Workload};
+    let w = |size| {
+        Workload::new(
+            "two",
+            vec![
+                Op::Alloc {
+                    id: 0,
+                    size,
+                    stream: 0,
+                },
+                Op::Alloc {
+                    id: 1,
+                    size,
+                    stream: 0,
+                },
+                Op::Free { id: 0 },
+                Op::Free { id: 1 },
+            ],
+        )
+        .unwrap()
+    };
+    let sim = mrstack::Simulated::new(1 << 20);
+    let ns = measure_threads(&sim, &[w(1000), w(2000), w(3000)], 3).unwrap();
+    assert!(ns.is_finite() && ns > 0.0);
+    assert_eq!((sim.in_use(), sim.allocation_count()), (0, 3 * 2 * 4));
+    // One thread's workload does not fit: its error comes back, and no thread is left waiting.
+    let e = measure_threads(&sim, &[w(1000), w(1 << 20)], 1).unwrap_err();
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    assert_eq!(sim.in_use(), 0);
+}
