@@ -13,7 +13,12 @@
 //!
 //! Parsing builds the whole op list first, so it costs nothing in a measurement. Every problem is a
 //! [`TraceError`] naming the line: a malformed line, a free of a pointer not allocated, a file that
-//! ends inside its gzip stream. Nothing here panics on bad input.
+//! ends inside its gzip stream. Nothing here panics on bad input. [`OnError::Skip`] makes the
+//! parser lenient instead: it leaves bad lines out, counts them, keeps the first few reasons, and
+//! replays what a truncated file holds up to where it breaks.
+//!
+//! A log of many threads keeps each op's thread ([`Workload::op_threads`]), so that a replay can
+//! run each thread's ops on a thread of its own.
 //!
 //! ```
 //! let log = "Thread,Time,Action,Pointer,Size,Stream\n\
@@ -28,16 +33,16 @@ use crate::workload::{Op, Workload, WorkloadError};
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-/// A parsed log: the workload, and what the replay of a many-threaded log needs besides.
+/// A parsed log: the workload, and what the log's numbers were.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
-    /// The ops, ids numbering allocations in log order; stream `i` is `stream_ids[i]`.
+    /// The ops, ids numbering allocations in log order; stream `i` is `stream_ids[i]`, and op
+    /// `i` ran on the thread `thread_ids[workload.op_threads()[i]]` (thread 0 for all when the log
+    /// has one thread).
     pub workload: Workload,
-    /// For each op, the index in `thread_ids` of the thread that ran it.
-    pub threads: Vec<usize>,
     /// The `Thread` values of the log, in order of first appearance.
     pub thread_ids: Vec<u64>,
     /// The `Stream` values of the log, in order of first appearance (stream index `i` of an op
@@ -47,6 +52,41 @@ pub struct Trace {
     pub failures: usize,
     /// Zero-size requests at the null pointer skipped.
     pub skipped_empty: usize,
+    /// Bad lines left out under [`OnError::Skip`] (a read error that ended the file early counts
+    /// as one).
+    pub skipped_lines: usize,
+    /// The first [`MAX_SKIPPED_KEPT`] of them, with why.
+    pub skipped: Vec<SkippedLine>,
+}
+
+/// What the parser does with a bad line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnError {
+    /// Stop at the first bad line with a [`TraceError`] naming it.
+    #[default]
+    Stop,
+    /// Leave bad lines out and go on, counting them in [`Trace::skipped_lines`]; a file that cannot
+    /// be read further (truncated gzip) ends the log there. A log without a usable header is still
+    /// an error.
+    Skip,
+}
+
+/// How many skipped lines a [`Trace`] keeps the reasons of.
+pub const MAX_SKIPPED_KEPT: usize = 100;
+
+/// A line that [`OnError::Skip`] left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedLine {
+    /// The 1-based line number.
+    pub line: usize,
+    /// Why, as [`TraceErrorKind`] says it.
+    pub reason: String,
+}
+
+impl fmt::Display for SkippedLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.reason)
+    }
 }
 
 /// A problem in a log, with where it is.
@@ -67,9 +107,12 @@ pub enum TraceErrorKind {
     /// The file could not be opened.
     #[error("cannot open: {0}")]
     Open(#[source] io::Error),
-    /// Reading failed: a truncated or corrupt gzip stream, bytes that are not UTF-8, a disk error.
+    /// Reading failed: a truncated or corrupt gzip stream, a disk error.
     #[error("cannot read (a gzip file that is truncated or corrupt?): {0}")]
     Read(#[source] io::Error),
+    /// A line is not UTF-8 text.
+    #[error("not UTF-8 text (a binary file, or a corrupt line?)")]
+    NotUtf8,
     /// The log has no header line.
     #[error("empty log: expected the header Thread,Time,Action,Pointer,Size,Stream")]
     Empty,
@@ -144,39 +187,64 @@ pub fn resnet50_path() -> PathBuf {
     dir.join("resnet50_train.csv.gz")
 }
 
-/// Reads the log at `path`, gzip-compressed or not (told by its first bytes, not its name); the
-/// workload is named after the file, less `.csv` and `.gz` (`resnet50_train`).
+/// Reads the log at `path`, gzip-compressed or not (told by its first bytes, not its name),
+/// stopping at the first bad line; the workload is named after the file, less `.csv` and `.gz`
+/// (`resnet50_train`).
 pub fn read(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
+    read_with(path, OnError::Stop)
+}
+
+/// [`read`], doing `on_error` with bad lines.
+pub fn read_with(path: impl AsRef<Path>, on_error: OnError) -> Result<Trace, TraceError> {
     let path = path.as_ref();
-    let at = |line, kind| TraceError {
+    let file = File::open(path).map_err(|e| TraceError {
         path: Some(path.to_owned()),
-        line,
-        kind,
-    };
-    let file = File::open(path).map_err(|e| at(0, TraceErrorKind::Open(e)))?;
-    let mut reader = BufReader::new(file);
-    let gzip = reader
-        .fill_buf()
-        .map_err(|e| at(1, TraceErrorKind::Read(e)))?
-        .starts_with(&[0x1f, 0x8b]);
+        line: 0,
+        kind: TraceErrorKind::Open(e),
+    })?;
+    read_from(file, workload_name(path), on_error).map_err(|e| TraceError {
+        path: Some(path.to_owned()),
+        ..e
+    })
+}
+
+/// The name [`read`] gives the workload of the log at `path`: the file name less `.gz` and
+/// `.csv`.
+pub fn workload_name(path: &Path) -> String {
     let file_name = path.file_name().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into(),
     );
     let name = file_name.strip_suffix(".gz").unwrap_or(&file_name);
-    let name = name.strip_suffix(".csv").unwrap_or(name).to_owned();
-    let parsed = if gzip {
-        parse(
+    name.strip_suffix(".csv").unwrap_or(name).to_owned()
+}
+
+/// Parses the log `reader` yields, gzip-compressed or not (told by its first bytes), doing
+/// `on_error` with bad lines: [`read_with`] for a reader that is not a file, or a file read through
+/// a progress meter.
+pub fn read_from(
+    reader: impl Read,
+    name: impl Into<String>,
+    on_error: OnError,
+) -> Result<Trace, TraceError> {
+    let mut reader = BufReader::new(reader);
+    let gzip = reader
+        .fill_buf()
+        .map_err(|e| TraceError {
+            path: None,
+            line: 1,
+            kind: TraceErrorKind::Read(e),
+        })?
+        .starts_with(&[0x1f, 0x8b]);
+    if gzip {
+        parse_with(
             BufReader::new(flate2::bufread::MultiGzDecoder::new(reader)),
             name,
+            on_error,
         )
     } else {
-        parse(reader, name)
-    };
-    parsed.map_err(|e| TraceError {
-        path: Some(path.to_owned()),
-        ..e
-    })
+        parse_with(reader, name, on_error)
+    }
 }
 
 /// Column positions found in the header.
@@ -226,122 +294,220 @@ fn index_of(seen: &mut Vec<u64>, value: u64) -> usize {
 }
 
 /// Parses a log from `reader` (uncompressed text; [`read`] handles gzip), naming the workload
-/// `name`.
-pub fn parse(mut reader: impl BufRead, name: impl Into<String>) -> Result<Trace, TraceError> {
-    let mut line = String::new();
-    let mut number_of_line = 0usize;
+/// `name`, stopping at the first bad line.
+pub fn parse(reader: impl BufRead, name: impl Into<String>) -> Result<Trace, TraceError> {
+    parse_with(reader, name, OnError::Stop)
+}
+
+/// One line of a log, parsed.
+enum Line {
+    Allocate {
+        pointer: u64,
+        size: usize,
+        thread: u64,
+        stream: u64,
+    },
+    Free {
+        pointer: u64,
+        size: usize,
+        thread: u64,
+    },
+    /// `allocate failure`.
+    Failure,
+    /// A zero-size request at the null pointer.
+    Empty,
+}
+
+impl Columns {
+    fn parse(&self, text: &str) -> Result<Line, TraceErrorKind> {
+        let fields: Vec<&str> = text.trim().split(',').map(str::trim).collect();
+        if fields.len() != self.count {
+            return Err(TraceErrorKind::FieldCount {
+                expected: self.count,
+                found: fields.len(),
+            });
+        }
+        let allocate = match fields[self.action] {
+            "allocate" => true,
+            "free" => false,
+            "allocate failure" => return Ok(Line::Failure),
+            other => return Err(TraceErrorKind::UnknownAction(other.to_owned())),
+        };
+        let pointer = number("Pointer", fields[self.pointer])?;
+        let size = usize::try_from(number("Size", fields[self.size])?).map_err(|_| {
+            TraceErrorKind::BadNumber {
+                column: "Size",
+                value: fields[self.size].to_owned(),
+            }
+        })?;
+        if pointer == 0 && size == 0 {
+            return Ok(Line::Empty);
+        }
+        let optional = |column, i: Option<usize>| i.map_or(Ok(0), |i| number(column, fields[i]));
+        let thread = optional("Thread", self.thread)?;
+        Ok(if allocate {
+            Line::Allocate {
+                pointer,
+                size,
+                thread,
+                stream: optional("Stream", self.stream)?,
+            }
+        } else {
+            Line::Free {
+                pointer,
+                size,
+                thread,
+            }
+        })
+    }
+}
+
+/// [`parse`], doing `on_error` with bad lines.
+pub fn parse_with(
+    mut reader: impl BufRead,
+    name: impl Into<String>,
+    on_error: OnError,
+) -> Result<Trace, TraceError> {
     let at = |line, kind| TraceError {
         path: None,
         line,
         kind,
     };
-    // The next non-blank line, without its line ending; None at the end.
-    let mut next_line = |line: &mut String, n: &mut usize| -> Result<bool, TraceError> {
-        loop {
-            line.clear();
-            *n += 1;
-            let read = reader
-                .read_line(line)
-                .map_err(|e| at(*n, TraceErrorKind::Read(e)))?;
-            if read == 0 {
-                return Ok(false);
+    let mut bytes = Vec::new();
+    let mut n = 0usize;
+    // The next non-blank line, read as bytes so that text that is not UTF-8 is a bad line rather
+    // than a read error; None at the end.
+    let mut next_line =
+        |n: &mut usize| -> Result<Option<Result<String, TraceErrorKind>>, TraceError> {
+            loop {
+                bytes.clear();
+                *n += 1;
+                let read = reader
+                    .read_until(b'\n', &mut bytes)
+                    .map_err(|e| at(*n, TraceErrorKind::Read(e)))?;
+                if read == 0 {
+                    return Ok(None);
+                }
+                match std::str::from_utf8(&bytes) {
+                    Ok(text) if text.trim().is_empty() => continue,
+                    Ok(text) => return Ok(Some(Ok(text.to_owned()))),
+                    Err(_) => return Ok(Some(Err(TraceErrorKind::NotUtf8))),
+                }
             }
-            if !line.trim().is_empty() {
-                return Ok(true);
-            }
-        }
-    };
+        };
 
-    if !next_line(&mut line, &mut number_of_line)? {
-        return Err(at(number_of_line.max(1), TraceErrorKind::Empty));
-    }
-    let columns = Columns::from_header(line.trim().trim_start_matches('\u{feff}'))
-        .map_err(|k| at(number_of_line, k))?;
+    let header = match next_line(&mut n)? {
+        None => return Err(at(n.max(1), TraceErrorKind::Empty)),
+        Some(header) => header.map_err(|k| at(n, k))?,
+    };
+    let columns =
+        Columns::from_header(header.trim().trim_start_matches('\u{feff}')).map_err(|k| at(n, k))?;
 
     let (mut threads, mut thread_ids, mut stream_ids) = (Vec::new(), Vec::new(), Vec::new());
     let (mut failures, mut skipped_empty) = (0, 0);
+    let (mut skipped_lines, mut skipped) = (0, Vec::new());
+    let mut skip = |error: TraceError| -> Result<(), TraceError> {
+        match on_error {
+            OnError::Stop => Err(error),
+            OnError::Skip => {
+                skipped_lines += 1;
+                if skipped.len() < MAX_SKIPPED_KEPT {
+                    skipped.push(SkippedLine {
+                        line: error.line,
+                        reason: error.kind.to_string(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    };
     let mut ops = Vec::new();
     // Live allocations by pointer: (id, size).
     let mut live: HashMap<u64, (usize, usize)> = HashMap::new();
     let mut allocations = 0usize;
-    while next_line(&mut line, &mut number_of_line)? {
-        let n = number_of_line;
-        let fields: Vec<&str> = line.trim().split(',').map(str::trim).collect();
-        if fields.len() != columns.count {
-            return Err(at(
-                n,
-                TraceErrorKind::FieldCount {
-                    expected: columns.count,
-                    found: fields.len(),
-                },
-            ));
-        }
-        let allocate = match fields[columns.action] {
-            "allocate" => true,
-            "free" => false,
-            "allocate failure" => {
+    loop {
+        let text = match next_line(&mut n) {
+            Ok(None) => break,
+            Ok(Some(text)) => text,
+            // Nothing after a read error can be trusted: the log ends here.
+            Err(e) => {
+                skip(e)?;
+                break;
+            }
+        };
+        let parsed = text.and_then(|t| columns.parse(&t));
+        let (thread, op) = match parsed {
+            Err(kind) => {
+                skip(at(n, kind))?;
+                continue;
+            }
+            Ok(Line::Failure) => {
                 failures += 1;
                 continue;
             }
-            other => return Err(at(n, TraceErrorKind::UnknownAction(other.to_owned()))),
-        };
-        let field = |column, i| number(column, fields[i]).map_err(|k| at(n, k));
-        let pointer = field("Pointer", columns.pointer)?;
-        let size = usize::try_from(field("Size", columns.size)?).map_err(|_| {
-            at(
-                n,
-                TraceErrorKind::BadNumber {
-                    column: "Size",
-                    value: fields[columns.size].to_owned(),
-                },
-            )
-        })?;
-        if pointer == 0 && size == 0 {
-            skipped_empty += 1;
-            continue;
-        }
-        let thread = match columns.thread {
-            Some(i) => field("Thread", i)?,
-            None => 0,
-        };
-        let stream = match columns.stream {
-            Some(i) => field("Stream", i)?,
-            None => 0,
-        };
-        let thread = index_of(&mut thread_ids, thread);
-        if allocate {
-            let id = allocations;
-            if live.insert(pointer, (id, size)).is_some() {
-                return Err(at(n, TraceErrorKind::PointerLive(pointer)));
+            Ok(Line::Empty) => {
+                skipped_empty += 1;
+                continue;
             }
-            let stream = index_of(&mut stream_ids, stream);
-            ops.push(Op::Alloc { id, size, stream });
-            allocations += 1;
-        } else {
-            match live.remove(&pointer) {
-                None => return Err(at(n, TraceErrorKind::UnknownPointer(pointer))),
-                Some((_, allocated)) if allocated != size => {
-                    return Err(at(
-                        n,
-                        TraceErrorKind::SizeMismatch {
-                            pointer,
-                            allocated,
-                            freed: size,
-                        },
-                    ))
+            Ok(Line::Allocate {
+                pointer,
+                size,
+                thread,
+                stream,
+            }) => {
+                if live.contains_key(&pointer) {
+                    skip(at(n, TraceErrorKind::PointerLive(pointer)))?;
+                    continue;
                 }
-                Some((id, _)) => ops.push(Op::Free { id }),
+                let id = allocations;
+                live.insert(pointer, (id, size));
+                allocations += 1;
+                let stream = index_of(&mut stream_ids, stream);
+                (thread, Op::Alloc { id, size, stream })
             }
-        }
-        threads.push(thread);
+            Ok(Line::Free {
+                pointer,
+                size,
+                thread,
+            }) => match live.get(&pointer) {
+                None => {
+                    skip(at(n, TraceErrorKind::UnknownPointer(pointer)))?;
+                    continue;
+                }
+                Some(&(_, allocated)) if allocated != size => {
+                    let kind = TraceErrorKind::SizeMismatch {
+                        pointer,
+                        allocated,
+                        freed: size,
+                    };
+                    skip(at(n, kind))?;
+                    continue;
+                }
+                Some(&(id, _)) => {
+                    live.remove(&pointer);
+                    (thread, Op::Free { id })
+                }
+            },
+        };
+        ops.push(op);
+        threads.push(index_of(&mut thread_ids, thread));
     }
-    let workload = Workload::new(name, ops).map_err(|e| at(0, TraceErrorKind::Workload(e)))?;
+    if thread_ids.is_empty() {
+        thread_ids.push(0);
+    }
+    if stream_ids.is_empty() {
+        stream_ids.push(0);
+    }
+    let workload = Workload::new(name, ops)
+        .and_then(|w| w.with_threads(threads))
+        .map_err(|e| at(0, TraceErrorKind::Workload(e)))?;
     Ok(Trace {
         workload,
-        threads,
         thread_ids,
         stream_ids,
         failures,
         skipped_empty,
+        skipped_lines,
+        skipped,
     })
 }

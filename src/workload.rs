@@ -1,6 +1,7 @@
 //! Workloads for measuring resource stacks: an op list ([`Op`], checked into a [`Workload`]), the
-//! built-in *random* workload ([`random`]), a replay driver ([`Replayer`]), steady-state timing
-//! ([`measure`]) and the minimum-capacity search ([`min_capacity`]).
+//! built-in *random* workload ([`random`]), replay drivers ([`Replayer`] in op order on one thread,
+//! [`ThreadedReplayer`] with each thread of a many-threaded log on its own OS thread), steady-state
+//! timing ([`measure`]) and the minimum-capacity search ([`min_capacity`]).
 //!
 //! Traces of real programs become workloads through [`crate::trace`]. A workload is produced once,
 //! before anything is timed, so that generating or parsing it costs nothing in a measurement, and
@@ -35,8 +36,9 @@ use crate::resource::{AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use crate::upstream::Simulated;
 use rand::{RngExt, SeedableRng};
-use std::ptr::NonNull;
-use std::sync::Arc;
+use std::ptr::{null_mut, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 /// The alignment every replayed allocation asks for: CUDA's 256 bytes, as RMM's resources use.
@@ -100,12 +102,25 @@ pub enum WorkloadError {
         /// Index of the offending op.
         op: usize,
     },
+    /// [`Workload::with_threads`] was given a thread list of another length than the ops.
+    #[error("{threads} thread indices for {ops} ops (one per op expected)")]
+    ThreadCount {
+        /// Ops in the workload.
+        ops: usize,
+        /// Thread indices given.
+        threads: usize,
+    },
 }
 
 /// A checked op list: every free names a live allocation, ids number allocations in order.
 ///
 /// Blocks still live at the end are allowed (traces of programs that exit holding memory); a
 /// replay frees them after its timed part.
+///
+/// A workload runs on one thread unless [`with_threads`](Self::with_threads) says which thread
+/// runs each op, as a many-threaded log does. The op order is then the log's order: a replay in
+/// that order ([`Replayer`]) is deterministic, one with threads ([`ThreadedReplayer`]) keeps each
+/// thread's order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
     name: String,
@@ -114,6 +129,9 @@ pub struct Workload {
     streams: usize,
     peak_live: usize,
     unfreed: usize,
+    /// The thread index of each op; empty when every op runs on thread 0.
+    threads: Vec<usize>,
+    thread_count: usize,
 }
 
 impl Workload {
@@ -155,7 +173,40 @@ impl Workload {
             ops,
             streams: streams.max(1),
             peak_live,
+            threads: Vec::new(),
+            thread_count: 1,
         })
+    }
+
+    /// The same workload with op `i` run by thread index `threads[i]` (indices from 0, as a log's
+    /// threads in order of first appearance). One index per op; a list naming one thread only
+    /// leaves the workload single-threaded.
+    ///
+    /// ```
+    /// use mrstack::workload::{Op, Workload};
+    ///
+    /// let ops = vec![Op::Alloc { id: 0, size: 64, stream: 0 }, Op::Free { id: 0 }];
+    /// let w = Workload::new("handed over", ops)?.with_threads(vec![0, 1])?;
+    /// assert_eq!(w.thread_count(), 2);
+    /// assert_eq!(w.op_threads(), Some(&[0, 1][..]));
+    /// # Ok::<(), mrstack::workload::WorkloadError>(())
+    /// ```
+    pub fn with_threads(mut self, threads: Vec<usize>) -> Result<Self, WorkloadError> {
+        if threads.len() != self.ops.len() {
+            return Err(WorkloadError::ThreadCount {
+                ops: self.ops.len(),
+                threads: threads.len(),
+            });
+        }
+        let count = threads.iter().max().map_or(1, |&t| t.saturating_add(1));
+        if count > 1 {
+            self.threads = threads;
+            self.thread_count = count;
+        } else {
+            self.threads = Vec::new();
+            self.thread_count = 1;
+        }
+        Ok(self)
     }
 
     /// The workload's name (`"random"`, a trace's file name).
@@ -178,7 +229,17 @@ impl Workload {
         self.streams
     }
 
-    /// The most bytes live at once, counting requested sizes.
+    /// The number of threads the ops run on (at least 1): the largest thread index plus one.
+    pub fn thread_count(&self) -> usize {
+        self.thread_count
+    }
+
+    /// The thread index of each op, or `None` when every op runs on one thread.
+    pub fn op_threads(&self) -> Option<&[usize]> {
+        (self.thread_count > 1).then_some(&self.threads[..])
+    }
+
+    /// The most bytes live at once in op order, counting requested sizes.
     pub fn peak_live(&self) -> usize {
         self.peak_live
     }
@@ -269,6 +330,8 @@ pub fn random(config: &RandomConfig) -> Workload {
         streams: 1,
         peak_live,
         unfreed: 0,
+        threads: Vec::new(),
+        thread_count: 1,
     }
 }
 
@@ -299,6 +362,14 @@ pub enum ReplayError {
         needed: usize,
         /// Streams given.
         given: usize,
+    },
+    /// An OS thread for a many-threaded replay could not be started.
+    #[error("starting the OS thread for replay thread {thread}: {message}")]
+    Thread {
+        /// The workload's thread index.
+        thread: usize,
+        /// The operating system's reason.
+        message: String,
     },
     /// The capacity search found no capacity, up to a limit, with which the workload completes.
     #[error("does not complete even with a capacity of {capacity} bytes; there: {last}")]
@@ -402,15 +473,7 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
     }
 
     fn synchronize(&self) -> Result<(), ReplayError> {
-        let used = &self.streams[..self.workload.stream_count()];
-        for (i, &s) in used.iter().enumerate() {
-            if !used[..i].contains(&s) {
-                self.resource
-                    .synchronize(s)
-                    .map_err(ReplayError::Synchronize)?;
-            }
-        }
-        Ok(())
+        synchronize_streams(&self.resource, self.workload, &self.streams)
     }
 
     fn release(&mut self) {
@@ -421,6 +484,305 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
             }
         }
     }
+}
+
+/// Replays a many-threaded [`Workload`] through a shared resource, each of its threads on an OS
+/// thread of its own, each keeping its ops in log order, pass after pass.
+///
+/// A free waits until the allocation it names is made, which matters only where another thread
+/// makes it: one atomic load when it is already there; otherwise a short spin, then yielding the
+/// core, then parking until the allocating thread wakes it (there may be more threads than
+/// cores). Waits cannot deadlock: the op earliest in the log among those not done yet can always
+/// run. The lanes of ops, each allocation's size and stream, and the slots that hand pointers
+/// between threads are laid out before any pass, so a pass does no work of its own but two atomic
+/// operations per allocation and two per free that finds its block made.
+///
+/// The time of a pass is wall time, from the moment every thread is started and waiting until the
+/// last one finishes, plus synchronizing the streams: ns per op is then the inverse of throughput.
+/// Starting the threads is not timed.
+#[derive(Debug)]
+pub struct ThreadedReplayer<'w, R> {
+    resource: R,
+    workload: &'w Workload,
+    streams: Vec<StreamRef>,
+    /// Each thread's ops in order, with their index in the workload.
+    lanes: Vec<Vec<(usize, Op)>>,
+    /// Each allocation's size and stream, for its free.
+    blocks: Vec<(usize, StreamRef)>,
+    /// Each allocation's hand-over slot.
+    live: Vec<Slot>,
+}
+
+/// Where a pointer passes from the thread that allocates a block to the one that frees it.
+#[derive(Debug, Default)]
+struct Slot {
+    /// The pointer while the block is live; null before it is made and after it is freed.
+    ptr: AtomicPtr<u8>,
+    /// 1 + the lane of the thread parked waiting for `ptr`, or 0.
+    waiter: AtomicUsize,
+}
+
+/// What the threads of one pass share.
+struct PassState {
+    /// Set when a thread failed: the others stop at their next wait.
+    abort: AtomicBool,
+    /// Each lane's thread, to wake it; set before any op runs.
+    threads: Vec<std::sync::OnceLock<std::thread::Thread>>,
+}
+
+/// Stops the other threads of a pass when the one that holds it panics (a resource that panics
+/// on a broken contract), so that none waits forever for an allocation that will not come.
+struct FailOnPanic<'a>(&'a PassState);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail();
+        }
+    }
+}
+
+impl PassState {
+    fn wake(&self, lane: usize) {
+        if let Some(t) = self.threads.get(lane).and_then(|t| t.get()) {
+            t.unpark();
+        }
+    }
+
+    fn fail(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        for lane in 0..self.threads.len() {
+            self.wake(lane);
+        }
+    }
+}
+
+impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
+    /// A replay of `workload` through `resource` with one OS thread per workload thread, stream
+    /// index `i` mapping to `streams[i]`.
+    pub fn new(
+        resource: R,
+        workload: &'w Workload,
+        streams: Vec<StreamRef>,
+    ) -> Result<Self, ReplayError> {
+        if streams.len() < workload.stream_count() {
+            return Err(ReplayError::Streams {
+                needed: workload.stream_count(),
+                given: streams.len(),
+            });
+        }
+        let mut lanes = vec![Vec::new(); workload.thread_count()];
+        let mut blocks = Vec::with_capacity(workload.allocations());
+        for (op, &o) in workload.ops().iter().enumerate() {
+            let thread = workload.op_threads().map_or(0, |t| t[op]);
+            lanes[thread].push((op, o));
+            if let Op::Alloc { size, stream, .. } = o {
+                blocks.push((size, streams[stream]));
+            }
+        }
+        Ok(ThreadedReplayer {
+            resource,
+            workload,
+            streams,
+            lanes,
+            blocks,
+            live: (0..workload.allocations())
+                .map(|_| Slot::default())
+                .collect(),
+        })
+    }
+
+    /// The resource replayed through.
+    pub fn resource(&self) -> &R {
+        &self.resource
+    }
+
+    /// Replays every op once, each thread's on its own OS thread, then synchronizes every stream,
+    /// and returns the time that took. As [`Replayer::pass`], blocks left live are freed
+    /// afterwards, untimed, and on a failure every block is freed before the error returns; the
+    /// failure reported is the one earliest in the log.
+    pub fn pass(&mut self) -> Result<Duration, ReplayError> {
+        let state = PassState {
+            abort: AtomicBool::new(false),
+            threads: (0..self.lanes.len())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        };
+        let ready = AtomicUsize::new(0);
+        // Held for writing until every thread is started and waiting to read it.
+        let gate = RwLock::new(());
+        let this = &*self;
+        let outcome = std::thread::scope(|scope| {
+            let held = gate.write().unwrap_or_else(|p| p.into_inner());
+            let mut handles = Vec::with_capacity(this.lanes.len());
+            let mut spawn_error = None;
+            for (thread, lane) in this.lanes.iter().enumerate() {
+                let (gate, ready, state) = (&gate, &ready, &state);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("replay-{thread}"))
+                    .spawn_scoped(scope, move || {
+                        let _failing = FailOnPanic(state);
+                        let _ = state.threads[thread].set(std::thread::current());
+                        ready.fetch_add(1, Ordering::Release);
+                        drop(gate.read().unwrap_or_else(|p| p.into_inner()));
+                        this.run_lane(thread, lane, state)
+                    });
+                match spawned {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        state.fail();
+                        spawn_error = Some(ReplayError::Thread {
+                            thread,
+                            message: e.to_string(),
+                        });
+                        break;
+                    }
+                }
+            }
+            while ready.load(Ordering::Acquire) < handles.len() {
+                std::thread::yield_now();
+            }
+            let start = Instant::now();
+            drop(held);
+            let mut end = start;
+            let mut failure: Option<(usize, ReplayError)> = None;
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(done)) => end = end.max(done),
+                    Ok(Err((op, e))) => {
+                        if failure.as_ref().is_none_or(|(first, _)| op < *first) {
+                            failure = Some((op, e));
+                        }
+                    }
+                    // A resource that panics (Simulated on a broken free) keeps panicking here.
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            match (spawn_error, failure) {
+                (Some(e), _) | (None, Some((_, e))) => Err(e),
+                (None, None) => Ok(end - start),
+            }
+        });
+        let outcome = outcome.and_then(|ran| {
+            let sync_start = Instant::now();
+            synchronize_streams(&self.resource, self.workload, &self.streams)?;
+            Ok(ran + sync_start.elapsed())
+        });
+        self.release();
+        outcome
+    }
+
+    /// Runs the ops of lane `me`; returns when it finished, or the op that failed and why. Stops
+    /// early, with `Ok`, once another thread has failed.
+    fn run_lane(
+        &self,
+        me: usize,
+        lane: &[(usize, Op)],
+        state: &PassState,
+    ) -> Result<Instant, (usize, ReplayError)> {
+        if state.abort.load(Ordering::Relaxed) {
+            return Ok(Instant::now());
+        }
+        for &(op, o) in lane {
+            match o {
+                Op::Alloc { id, size, stream } => {
+                    match self.resource.allocate(size, ALIGN, self.streams[stream]) {
+                        Ok(ptr) => {
+                            let slot = &self.live[id];
+                            // SeqCst with the waiter's store of `waiter` then load of `ptr`: either
+                            // it sees the pointer, or this sees it waiting and wakes it.
+                            slot.ptr.store(ptr.as_ptr(), Ordering::SeqCst);
+                            let waiter = slot.waiter.load(Ordering::SeqCst);
+                            if waiter != 0 {
+                                state.wake(waiter - 1);
+                            }
+                        }
+                        Err(error) => {
+                            state.fail();
+                            return Err((op, ReplayError::Alloc { op, size, error }));
+                        }
+                    }
+                }
+                Op::Free { id } => {
+                    let Some(ptr) = self.wait_for(id, me, state) else {
+                        return Ok(Instant::now());
+                    };
+                    let (size, stream) = self.blocks[id];
+                    // SAFETY: ptr came from allocate on this resource with this size and ALIGN
+                    // (blocks[id] is allocation id's); the slot was emptied by this thread, the one
+                    // thread that frees id, so it is freed once.
+                    unsafe { self.resource.deallocate(ptr, size, ALIGN, stream) };
+                }
+            }
+        }
+        Ok(Instant::now())
+    }
+
+    /// Takes allocation `id`'s pointer once its thread has made it, waiting as lane `me`; None if
+    /// the replay aborts.
+    fn wait_for(&self, id: usize, me: usize, state: &PassState) -> Option<NonNull<u8>> {
+        /// Spins that catch a hand-over in flight, then yields that let a thread on this core
+        /// make the allocation, before parking.
+        const SPINS: u32 = 16;
+        const YIELDS: u32 = 4;
+        let slot = &self.live[id];
+        // Only this thread frees `id`, so no one else writes the slot once the pointer is in.
+        let take = |ptr| {
+            slot.ptr.store(null_mut(), Ordering::Relaxed);
+            Some(ptr)
+        };
+        for i in 0..SPINS + YIELDS {
+            if let Some(ptr) = NonNull::new(slot.ptr.load(Ordering::Acquire)) {
+                return take(ptr);
+            }
+            if state.abort.load(Ordering::Relaxed) {
+                return None;
+            }
+            if i < SPINS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        slot.waiter.store(me + 1, Ordering::SeqCst);
+        loop {
+            if let Some(ptr) = NonNull::new(slot.ptr.load(Ordering::SeqCst)) {
+                slot.waiter.store(0, Ordering::Relaxed);
+                return take(ptr);
+            }
+            if state.abort.load(Ordering::SeqCst) {
+                return None;
+            }
+            // Woken by the allocation, by a failure, or spuriously: the loop looks again.
+            std::thread::park();
+        }
+    }
+
+    fn release(&mut self) {
+        for (slot, &(size, stream)) in self.live.iter_mut().zip(&self.blocks) {
+            *slot.waiter.get_mut() = 0;
+            if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
+                // SAFETY: a live block of this resource with its size and ALIGN; the slot is
+                // emptied, so it is freed once, and every replay thread has finished.
+                unsafe { self.resource.deallocate(ptr, size, ALIGN, stream) };
+            }
+        }
+    }
+}
+
+/// Synchronizes each distinct stream the workload uses, once.
+fn synchronize_streams<R: MemoryResource>(
+    resource: &R,
+    workload: &Workload,
+    streams: &[StreamRef],
+) -> Result<(), ReplayError> {
+    let used = &streams[..workload.stream_count()];
+    for (i, &s) in used.iter().enumerate() {
+        if !used[..i].contains(&s) {
+            resource.synchronize(s).map_err(ReplayError::Synchronize)?;
+        }
+    }
+    Ok(())
 }
 
 /// A replay behind a trait object, so a table can hold stacks of different types.
@@ -434,6 +796,15 @@ pub trait Replay {
 impl<R: MemoryResource> Replay for Replayer<'_, R> {
     fn pass(&mut self) -> Result<Duration, ReplayError> {
         Replayer::pass(self)
+    }
+    fn ops(&self) -> usize {
+        self.workload.ops().len()
+    }
+}
+
+impl<R: MemoryResource + Sync> Replay for ThreadedReplayer<'_, R> {
+    fn pass(&mut self) -> Result<Duration, ReplayError> {
+        ThreadedReplayer::pass(self)
     }
     fn ops(&self) -> usize {
         self.workload.ops().len()
@@ -533,8 +904,20 @@ pub trait StackFactory<U> {
     /// The stack's name in tables (`"pool"`, `"binning+pool"`).
     fn name(&self) -> &str;
 
-    /// Builds the stack over `upstream` and a replay of `workload` through it.
+    /// Builds the stack over `upstream` and a replay of `workload` through it, in op order on
+    /// the calling thread ([`Replayer`]), whatever threads the workload names.
     fn replayer<'w>(
+        &self,
+        upstream: U,
+        capacity: usize,
+        workload: &'w Workload,
+        streams: Vec<StreamRef>,
+    ) -> Result<Box<dyn Replay + 'w>, ReplayError>;
+
+    /// Builds the stack over `upstream` and a replay of `workload` that runs each of its threads
+    /// on an OS thread of its own ([`ThreadedReplayer`]); for a one-thread workload, the same as
+    /// [`replayer`](Self::replayer).
+    fn threaded_replayer<'w>(
         &self,
         upstream: U,
         capacity: usize,
@@ -551,7 +934,7 @@ struct Stack<F> {
 impl<U, R, F> StackFactory<U> for Stack<F>
 where
     F: Fn(U, usize) -> Result<R, AllocError>,
-    R: MemoryResource + 'static,
+    R: MemoryResource + Sync + 'static,
 {
     fn name(&self) -> &str {
         self.name
@@ -567,10 +950,27 @@ where
         let resource = (self.factory)(upstream, capacity).map_err(ReplayError::Build)?;
         Ok(Box::new(Replayer::new(resource, workload, streams)?))
     }
+
+    fn threaded_replayer<'w>(
+        &self,
+        upstream: U,
+        capacity: usize,
+        workload: &'w Workload,
+        streams: Vec<StreamRef>,
+    ) -> Result<Box<dyn Replay + 'w>, ReplayError> {
+        if workload.thread_count() == 1 {
+            return self.replayer(upstream, capacity, workload, streams);
+        }
+        let resource = (self.factory)(upstream, capacity).map_err(ReplayError::Build)?;
+        Ok(Box::new(ThreadedReplayer::new(
+            resource, workload, streams,
+        )?))
+    }
 }
 
 /// A table entry: `factory(upstream, capacity)` builds the stack, typically with
-/// `resource_stack!`.
+/// `resource_stack!`. The stack must be `Sync`, so that a many-threaded log can replay through it
+/// from its threads.
 ///
 /// ```
 /// use mrstack::workload::{stack, StackFactory};
@@ -583,14 +983,14 @@ where
 pub fn stack<U, R, F>(name: &'static str, factory: F) -> Box<dyn StackFactory<U>>
 where
     F: Fn(U, usize) -> Result<R, AllocError> + 'static,
-    R: MemoryResource + 'static,
+    R: MemoryResource + Sync + 'static,
 {
     Box::new(Stack { name, factory })
 }
 
 /// The preset stacks over any upstream `U`, the first being the upstream itself (`"upstream"`).
 /// Leaves that are not built over an upstream (`CudaAsync`) are added by their callers.
-pub fn stacks<U: MemoryResource + 'static>() -> Vec<Box<dyn StackFactory<U>>> {
+pub fn stacks<U: MemoryResource + Send + Sync + 'static>() -> Vec<Box<dyn StackFactory<U>>> {
     vec![
         stack("upstream", |upstream: U, _capacity| Ok(upstream)),
         stack("pool", |up: U, cap| {
@@ -636,6 +1036,107 @@ pub unsafe fn fake_streams(n: usize) -> Vec<StreamRef> {
         // SAFETY: the caller promises the handles never reach the driver.
         .map(|i| unsafe { StreamRef::from_raw(std::ptr::without_provenance_mut(i)) })
         .collect()
+}
+
+/// Counts the bytes a stack takes from its upstream: what a replay reports as the stack's upstream
+/// peak where the upstream keeps no count of its own (`Cuda`; `Simulated` has
+/// [`peak`](Simulated::peak)). Two relaxed atomic operations per call that reaches it, which for a
+/// suballocator is only when it grows or shrinks; the `Statistics` adaptor counts more.
+///
+/// Share it behind an `Arc` to read it after the stack that holds it is built:
+///
+/// ```
+/// use mrstack::prelude::*;
+/// use mrstack::workload::Metered;
+/// use std::sync::Arc;
+///
+/// let meter = Arc::new(Metered::new(Simulated::new(1 << 20)));
+/// let mr = resource_stack![meter.clone()];
+/// let p = mr.allocate(1000, 256, StreamRef::DEFAULT)?;
+/// // SAFETY: p came from mr with this size and alignment.
+/// unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+/// assert_eq!((meter.in_use(), meter.peak()), (0, 1000));
+/// # Ok::<(), AllocError>(())
+/// ```
+#[derive(Debug)]
+pub struct Metered<U> {
+    upstream: U,
+    in_use: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl<U> Metered<U> {
+    const NAME: &'static str = "Metered";
+
+    /// Counts what goes through to `upstream`.
+    pub fn new(upstream: U) -> Self {
+        Metered {
+            upstream,
+            in_use: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    /// Bytes allocated through this resource and not freed yet.
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes allocated through this resource at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+}
+
+// SAFETY: every allocation is the upstream's, returned unchanged; counting touches no memory.
+unsafe impl<U: MemoryResource> MemoryResource for Metered<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(empty) = crate::resource::check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        let ptr = self.upstream.allocate(size, align, stream)?;
+        // The counter's updates form one sequence, so the largest value any allocation leaves in
+        // it is the exact peak.
+        let now = self.in_use.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.upstream.deallocate(ptr, size, align, stream) };
+        self.in_use.fetch_sub(size, Ordering::Relaxed);
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
 }
 
 /// The result of [`min_capacity`].
@@ -731,3 +1232,7 @@ pub fn min_capacity(
         probes,
     })
 }
+
+static_assertions::assert_impl_all!(Metered<Simulated>: Send, Sync);
+static_assertions::assert_impl_all!(Metered<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_impl_all!(ThreadedReplayer<'static, Arc<Simulated>>: Send, Sync);

@@ -95,7 +95,8 @@ fn parses_good_lines() {
     assert_eq!(t.workload.unfreed(), 1);
     assert_eq!(t.stream_ids, [0, 5]);
     assert_eq!(t.thread_ids, [7, 9]);
-    assert_eq!(t.threads, [0, 0, 1, 0, 0]);
+    assert_eq!(t.workload.op_threads(), Some(&[0, 0, 1, 0, 0][..]));
+    assert_eq!(t.workload.thread_count(), 2);
     assert_eq!((t.failures, t.skipped_empty), (1, 2));
 }
 
@@ -531,6 +532,250 @@ fn raw_upstream_needs_exactly_the_peak_of_the_random_workload() {
     let raw = &workload::stacks::<Arc<Simulated>>()[0];
     let cap = min_capacity(raw.as_ref(), &w, 0.001).unwrap();
     assert_eq!((cap.capacity, cap.ratio), (w.peak_live(), 1.0));
+}
+
+// ---------------------------------------------------------------- lenient parsing
+
+#[test]
+fn skip_mode_leaves_bad_lines_out_and_counts_them() {
+    let mut log = String::from(HEADER);
+    log += "0,1,allocate,0x100,64,0\n"; // line 2
+    log += "0,2,allocate,0x200,64\n"; // 3: 5 fields
+    log += "0,3,free,0x999,8,0\n"; // 4: unknown pointer
+    log += "0,4,free,0x100,65,0\n"; // 5: size mismatch
+    log += "0,5,allocate,0x100,8,0\n"; // 6: pointer still live
+    log += "0,6,reallocate,0x300,8,0\n"; // 7: unknown action
+    log += "0,7,allocate,0x300,32,0\n"; // 8
+    log += "0,8,free,0x100,64,0\n"; // 9
+    let mut bytes = log.into_bytes();
+    bytes.extend_from_slice(b"0,9,allocate,0x\xff\xfe,8,0\n"); // 10: not UTF-8
+    bytes.extend_from_slice(b"0,10,free,0x300,32,0\n"); // 11
+
+    let e = trace::parse(&bytes[..], "strict").unwrap_err();
+    assert_eq!(e.line, 3);
+
+    let t = trace::parse_with(&bytes[..], "lenient", trace::OnError::Skip).unwrap();
+    assert_eq!(
+        t.workload.ops(),
+        [alloc(0, 64), alloc(1, 32), free(0), free(1)]
+    );
+    assert_eq!(t.skipped_lines, 6);
+    let lines: Vec<usize> = t.skipped.iter().map(|s| s.line).collect();
+    assert_eq!(lines, [3, 4, 5, 6, 7, 10]);
+    assert!(
+        t.skipped[1].reason.contains("free of 0x999"),
+        "{:?}",
+        t.skipped
+    );
+    assert!(t.skipped[5].reason.contains("not UTF-8"), "{:?}", t.skipped);
+    assert_eq!(
+        t.skipped[1].to_string(),
+        format!("line 4: {}", t.skipped[1].reason)
+    );
+}
+
+#[test]
+fn not_utf8_is_an_error_naming_the_line() {
+    let mut bytes = HEADER.as_bytes().to_vec();
+    bytes.extend_from_slice(b"0,1,allocate,0x100,64,0\n0,1,\xc3\x28,0x100,64,0\n");
+    let e = trace::parse(&bytes[..], "binary").unwrap_err();
+    assert_eq!(e.line, 3);
+    assert!(matches!(e.kind, TraceErrorKind::NotUtf8), "{e}");
+}
+
+#[test]
+fn skip_mode_keeps_what_a_truncated_gzip_holds() {
+    let packed = gzip(log_of(3000).as_bytes());
+    let f = TempFile::new("truncated-skip.csv.gz", &packed[..packed.len() / 2]);
+    let t = trace::read_with(&f.0, trace::OnError::Skip).unwrap();
+    assert_eq!(t.skipped_lines, 1);
+    assert!(t.skipped[0].reason.contains("truncated"), "{:?}", t.skipped);
+    let n = t.workload.allocations();
+    assert!(n > 100 && n < 3000, "{n} allocations read");
+    // The line that broke is where the strict parse stops.
+    let strict = trace::read(&f.0).unwrap_err();
+    assert_eq!(strict.line, t.skipped[0].line);
+}
+
+#[test]
+fn a_header_is_needed_even_in_skip_mode() {
+    let e = trace::parse_with("".as_bytes(), "empty", trace::OnError::Skip).unwrap_err();
+    assert!(matches!(e.kind, TraceErrorKind::Empty));
+    let e =
+        trace::parse_with("Thread,Time\n1,2\n".as_bytes(), "h", trace::OnError::Skip).unwrap_err();
+    assert!(matches!(e.kind, TraceErrorKind::MissingColumn("Action")));
+}
+
+// ---------------------------------------------------------------- threads
+
+#[test]
+fn workload_threads_are_one_per_op() {
+    let w = Workload::new("w", vec![alloc(0, 8), free(0)]).unwrap();
+    assert_eq!((w.thread_count(), w.op_threads()), (1, None));
+    assert_eq!(
+        w.clone().with_threads(vec![0]).unwrap_err(),
+        WorkloadError::ThreadCount { ops: 2, threads: 1 }
+    );
+    let one = w.clone().with_threads(vec![0, 0]).unwrap();
+    assert_eq!((one.thread_count(), one.op_threads()), (1, None));
+    let two = w.with_threads(vec![1, 0]).unwrap();
+    assert_eq!(two.thread_count(), 2);
+    assert_eq!(two.op_threads(), Some(&[1, 0][..]));
+}
+
+/// A log of `threads` threads making `n` allocations, each freed by a thread picked by a simple
+/// generator (often another one), a few steps after it was made, with some left live at the end.
+fn threaded_log(threads: u64, n: usize) -> String {
+    let mut s = String::from(HEADER);
+    let mut live: Vec<(u64, usize)> = Vec::new();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..n {
+        let thread = next() % threads;
+        let ptr = 0x7f00_0000_0000u64 + (i as u64) * 0x10_0000;
+        let size = 256 + (next() % 4096) as usize;
+        s += &format!("{thread},{i},allocate,{ptr:#x},{size},0\n");
+        live.push((ptr, size));
+        if live.len() > 8 {
+            let (ptr, size) = live.swap_remove((next() % live.len() as u64) as usize);
+            let thread = next() % threads;
+            s += &format!("{thread},{i},free,{ptr:#x},{size},0\n");
+        }
+    }
+    s
+}
+
+#[test]
+fn threaded_replay_runs_each_thread_and_waits_for_cross_thread_frees() {
+    let t = trace::parse(threaded_log(4, 2000).as_bytes(), "threads").unwrap();
+    let w = &t.workload;
+    assert_eq!(w.thread_count(), 4);
+    assert_eq!(w.unfreed(), 8);
+    let sim = Simulated::new(1 << 30);
+    let mut r = workload::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
+    for _ in 0..3 {
+        // Simulated panics on a free of a pointer not live: a free that ran before its
+        // allocation, or twice, would fail the test here.
+        r.pass().unwrap();
+        assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    }
+    assert_eq!(sim.allocation_count(), 3 * 2000);
+    // Threads interleave: the peak can differ from the log's, never exceed what all blocks take.
+    assert!(sim.peak() > 0);
+
+    let mut r = workload::stacks::<Arc<Simulated>>()[0]
+        .threaded_replayer(Arc::new(Simulated::new(1 << 30)), 0, w, w.default_streams())
+        .unwrap();
+    let timing = measure(r.as_mut(), 2).unwrap();
+    assert_eq!(timing.ops, w.ops().len());
+}
+
+#[test]
+fn threaded_replay_failure_stops_every_thread_and_frees_everything() {
+    // Thread 1 frees what thread 0 allocates. Blocks 1 (900 bytes) and 2 (100, never freed) never
+    // fit together in 950 bytes, so op 2 or op 3 fails, whichever comes second; when op 2 fails,
+    // thread 1 waits for block 1 to free it, and that wait must end with the failure, not hang.
+    let log = format!(
+        "{HEADER}0,1,allocate,0x100,600,0\n1,2,free,0x100,600,0\n0,3,allocate,0x200,900,0\n\
+         1,4,allocate,0x300,100,0\n1,5,free,0x200,900,0\n"
+    );
+    let t = trace::parse(log.as_bytes(), "fails").unwrap();
+    let w = &t.workload;
+    assert_eq!(w.thread_count(), 2);
+    let sim = Simulated::new(950);
+    let mut r = workload::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
+    for _ in 0..20 {
+        match r.pass() {
+            Err(ReplayError::Alloc { op, error, .. }) => {
+                assert!(op == 2 || op == 3, "op {op}");
+                assert!(error.is_out_of_memory());
+            }
+            other => panic!("expected op 2 or 3 to fail, got {other:?}"),
+        }
+        assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    }
+
+    let tiny = Simulated::new(500);
+    let mut r = workload::ThreadedReplayer::new(&tiny, w, w.default_streams()).unwrap();
+    match r.pass() {
+        Err(ReplayError::Alloc {
+            op: 0, size: 600, ..
+        }) => {}
+        other => panic!("expected op 0 to fail, got {other:?}"),
+    }
+    assert_eq!(tiny.in_use(), 0);
+}
+
+#[test]
+fn metered_counts_what_reaches_its_upstream_from_many_threads() {
+    let meter = workload::Metered::new(Simulated::new(1 << 30));
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let meter = &meter;
+            s.spawn(move || {
+                for i in 0..200 {
+                    let size = 256 * (1 + (i + t) % 7);
+                    let p = meter.allocate(size, 256, StreamRef::DEFAULT).unwrap();
+                    // SAFETY: p came from meter with this size and alignment.
+                    unsafe { meter.deallocate(p, size, 256, StreamRef::DEFAULT) };
+                }
+            });
+        }
+    });
+    assert_eq!(meter.in_use(), 0);
+    // At least the largest block; at most one block per thread, each at most 7 × 256 bytes.
+    assert!(
+        (7 * 256..=4 * 7 * 256).contains(&meter.peak()),
+        "{}",
+        meter.peak()
+    );
+    assert_eq!(meter.allocate(0, 8, StreamRef::DEFAULT).map(|_| ()), Ok(()));
+    assert!(meter.allocate(8, 3, StreamRef::DEFAULT).is_err());
+    assert_eq!(meter.upstream().allocation_count(), 800);
+}
+
+/// Panics on a request of 999 bytes: a stand-in for a resource that catches a broken contract.
+struct PanicsOn999(Simulated);
+
+// SAFETY: every call goes to the Simulated inside, unchanged, or panics before reaching it.
+unsafe impl MemoryResource for PanicsOn999 {
+    type Host = <Simulated as MemoryResource>::Host;
+    type Device = <Simulated as MemoryResource>::Device;
+    type Managed = <Simulated as MemoryResource>::Managed;
+    type Alignment = <Simulated as MemoryResource>::Alignment;
+
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        assert_ne!(size, 999, "PanicsOn999 was asked for 999 bytes");
+        self.0.allocate(size, align, s)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.deallocate(ptr, size, align, s) }
+    }
+}
+
+#[test]
+fn a_panic_in_one_replay_thread_reaches_the_caller_without_a_hang() {
+    // Thread 1 waits to free what thread 0 never makes: thread 0 panics first.
+    let log =
+        format!("{HEADER}1,1,allocate,0x100,8,0\n0,2,allocate,0x200,999,0\n1,3,free,0x200,999,0\n");
+    let t = trace::parse(log.as_bytes(), "panics").unwrap();
+    let resource = PanicsOn999(Simulated::new(1 << 20));
+    let w = &t.workload;
+    let mut r = workload::ThreadedReplayer::new(&resource, w, w.default_streams()).unwrap();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.pass()));
+    let panic = outcome.unwrap_err();
+    let msg = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or("");
+    assert!(msg.contains("999 bytes"), "{msg}");
 }
 
 #[test]

@@ -1,0 +1,548 @@
+//! `mrstack`: the command-line tool. `mrstack replay [TRACE]` replays an allocation log (RMM's CSV,
+//! as the `Logging` adaptor writes it) or the built-in random workload through the preset stacks of
+//! `mrstack::workload::stacks()`, over a GPU or over `Simulated`, and prints for each stack its ns
+//! per op, the peak it took from its upstream and its minimum capacity. The work itself is in
+//! `mrstack::replay`; this file is the command line, the choice of upstream and the progress bar.
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mrstack::replay::{self, probes_estimate, run_stack, Candidate, Report, Settings};
+use mrstack::trace::{self, OnError};
+use mrstack::workload::{self, fake_streams, stack, timing_capacity, Metered, StackFactory};
+use mrstack::{Cuda, CudaAsync, Simulated, StreamRef};
+use std::cell::Cell;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::sync::Arc;
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  every stack replayed and measured
+  1  the trace cannot be read or has a bad line (under --on-error stop), a stack failed to
+     replay or to complete the capacity search, or --upstream cuda found no GPU
+  2  usage error: an unknown option, a bad value, an unknown stack name";
+
+/// CUDA memory resources composed at compile time: tools.
+#[derive(Debug, Parser)]
+#[command(name = "mrstack", version, after_help = EXIT_STATUS)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay an allocation log, or the built-in random workload, through preset resource stacks,
+    /// and print each stack's speed and memory.
+    ///
+    /// For each stack: ns per op (the median of --passes timed passes after a warm-up pass, each
+    /// stack built with twice the workload's peak live bytes as its capacity), the peak bytes it took
+    /// from its upstream, the workload's peak live bytes, and the minimum capacity with which the
+    /// workload completes (a search over Simulated, on any machine), as a ratio to peak live.
+    ///
+    /// A log is RMM's CSV, Thread,Time,Action,Pointer,Size,Stream, plain or gzip-compressed: what
+    /// RMM's logging_resource_adaptor and mrstack's Logging adaptor write. The threads of a
+    /// many-threaded log replay on threads of their own, each keeping its order.
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+// A later --passes (or any option) wins over an earlier one, so scripts can append to a command.
+#[command(args_override_self = true)]
+struct ReplayArgs {
+    /// The allocation log (CSV, plain or .gz); without it, the built-in random workload.
+    trace: Option<PathBuf>,
+
+    /// Stacks to replay through, by name: repeat the option or separate names with commas.
+    /// Default: all (see the list below).
+    #[arg(short, long = "stack", value_name = "NAME", value_delimiter = ',')]
+    stacks: Vec<String>,
+
+    /// The memory the stacks sit on: a GPU (device 0), or Simulated (address ranges and exact
+    /// accounting, no memory: any machine, any trace size). Default: cuda when a GPU opens,
+    /// else simulated.
+    #[arg(long, value_enum, default_value_t = UpstreamArg::Auto)]
+    upstream: UpstreamArg,
+
+    /// Timed passes per stack (after one warm-up pass); ns/op is their median.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    passes: u32,
+
+    /// Relative precision of the minimum-capacity search, between 0 and 1 (0.001 = 0.1%).
+    #[arg(long, default_value_t = 0.001, value_parser = precision)]
+    precision: f64,
+
+    /// Skip the minimum-capacity search.
+    #[arg(long)]
+    no_capacity: bool,
+
+    /// Replay a many-threaded log in log order on one thread, instead of with its threads.
+    #[arg(long)]
+    sequential: bool,
+
+    /// What to do with a bad line of the log (malformed, a free of an unknown pointer, a file cut
+    /// short): stop with an error naming it, or leave it out, count it and replay the rest.
+    #[arg(long, value_enum, default_value_t = OnErrorArg::Stop)]
+    on_error: OnErrorArg,
+
+    /// Allocations of the built-in random workload (without TRACE).
+    #[arg(long, default_value_t = 10_000, conflicts_with = "trace")]
+    allocations: usize,
+
+    /// Seed of the built-in random workload (without TRACE).
+    #[arg(long, conflicts_with = "trace")]
+    seed: Option<u64>,
+
+    /// Print the report as JSON on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+
+    /// No progress bar (there is none either where stderr is not a terminal).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum UpstreamArg {
+    /// cuda if a GPU opens, else simulated.
+    Auto,
+    /// Simulated: no memory, exact accounting.
+    Simulated,
+    /// Device memory of GPU 0 (cuMemAlloc).
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnErrorArg {
+    /// Stop with an error naming the bad line (exit status 1).
+    Stop,
+    /// Leave bad lines out, count them, replay the rest.
+    Skip,
+}
+
+fn precision(text: &str) -> Result<f64, String> {
+    let p: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number"))?;
+    if p > 0.0 && p < 1.0 {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not between 0 and 1 (exclusive)"))
+    }
+}
+
+/// The stack that `cuda-async` names: the driver's own pool, which sits on no upstream.
+const CUDA_ASYNC: &str = "cuda-async";
+
+/// The stack names, for the help: the table's, plus `cuda-async` on a GPU.
+fn stack_list() -> String {
+    let names: Vec<String> = workload::stacks::<Arc<Simulated>>()
+        .iter()
+        .map(|s| match s.name() {
+            "upstream" => "upstream (the upstream itself; alias `cuda` or `simulated`)".to_owned(),
+            name => name.to_owned(),
+        })
+        .collect();
+    format!(
+        "Stacks: {}, and {CUDA_ASYNC} (the driver's stream-ordered pool; --upstream cuda \
+         only).\n\n{EXIT_STATUS}",
+        names.join(", ")
+    )
+}
+
+/// Where the stacks sit.
+enum Upstream {
+    Simulated,
+    Cuda { ctx: Arc<CudaContext> },
+}
+
+/// Reports a usage error of `replay` the way clap does (exit status 2).
+fn usage_error(message: String) -> ! {
+    let mut cli = Cli::command();
+    // Building names the subcommand `mrstack replay` in the usage line the error shows.
+    cli.build();
+    let kind = clap::error::ErrorKind::InvalidValue;
+    match cli.find_subcommand_mut("replay") {
+        Some(replay) => replay.error(kind, message).exit(),
+        None => cli.error(kind, message).exit(),
+    }
+}
+
+fn main() -> ExitCode {
+    let command = Cli::command().mut_subcommand("replay", |c| c.after_help(stack_list()));
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match cli.command {
+        Command::Replay(args) => replay_command(&args),
+    }
+}
+
+fn replay_command(args: &ReplayArgs) -> ExitCode {
+    let settings = Settings {
+        passes: args.passes as usize,
+        precision: args.precision,
+        search_capacity: !args.no_capacity,
+        threads: !args.sequential,
+    };
+
+    // Which upstream, decided before anything slow so that a usage error comes at once.
+    // Simulated opens no CUDA context, even where there is a GPU.
+    let gpu = match args.upstream {
+        UpstreamArg::Simulated => None,
+        UpstreamArg::Auto | UpstreamArg::Cuda => Some(mrstack::cuda_context(0)),
+    };
+    let (upstream, device) = match (args.upstream, gpu) {
+        (_, None) => (Upstream::Simulated, "chosen".to_owned()),
+        (_, Some(Ok(ctx))) => {
+            let device = ctx.name().unwrap_or_else(|_| "device 0".to_owned());
+            (Upstream::Cuda { ctx }, device)
+        }
+        (UpstreamArg::Cuda, Some(Err(e))) => {
+            eprintln!("error: --upstream cuda: no GPU: {e}");
+            return ExitCode::FAILURE;
+        }
+        (_, Some(Err(e))) => (Upstream::Simulated, format!("no GPU found: {e}")),
+    };
+    let is_cuda = matches!(upstream, Upstream::Cuda { .. });
+    if !is_cuda && args.stacks.iter().any(|s| s.trim() == CUDA_ASYNC) {
+        usage_error(format!(
+            "stack `{CUDA_ASYNC}` is the driver's pool and needs --upstream cuda; this run is on \
+             Simulated ({device})"
+        ));
+    }
+    let mut names: Vec<String> = workload::stacks::<Arc<Simulated>>()
+        .iter()
+        .map(|s| s.name().to_owned())
+        .collect();
+    if is_cuda {
+        names.insert(1, CUDA_ASYNC.to_owned());
+    }
+    let available: Vec<&str> = names.iter().map(String::as_str).collect();
+    let alias = if is_cuda { "cuda" } else { "simulated" };
+    let chosen = replay::select(&args.stacks, &available, &[(alias, "upstream")])
+        .unwrap_or_else(|e| usage_error(e));
+
+    // The workload, parsed in full before anything is timed.
+    let (workload, summary, stream_ids) = match &args.trace {
+        None => {
+            let mut config = workload::RandomConfig {
+                allocations: args.allocations,
+                ..Default::default()
+            };
+            if let Some(seed) = args.seed {
+                config.seed = seed;
+            }
+            let w = workload::random(&config);
+            let summary = replay::WorkloadSummary::of(&w, "built-in random workload");
+            (w, summary, vec![0])
+        }
+        Some(path) => match read_trace(path, args) {
+            Ok(t) => {
+                report_skipped(&t, path);
+                let summary = replay::WorkloadSummary::of_trace(&t, path.display().to_string());
+                (t.workload, summary, t.stream_ids)
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                if args.on_error == OnErrorArg::Stop && e.line > 0 {
+                    eprintln!("hint: --on-error skip leaves bad lines out and replays the rest");
+                }
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+
+    let bar = Bar::new(args.quiet, chosen.len(), &settings);
+    let stacks = match &upstream {
+        Upstream::Simulated => replay_simulated(&chosen, &workload, &settings, &bar),
+        Upstream::Cuda { ctx } => {
+            match replay_cuda(ctx, &chosen, &workload, &stream_ids, &settings, &bar) {
+                Ok(s) => s,
+                Err(e) => {
+                    bar.bar.finish_and_clear();
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    bar.bar.finish_and_clear();
+
+    let report = Report {
+        workload: summary,
+        upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
+        device,
+        base_capacity: timing_capacity(&workload),
+        passes: settings.passes,
+        replayed_with_threads: settings.threads,
+        precision: settings.precision,
+        stacks,
+    };
+    let text = if args.json {
+        report.to_json() + "\n"
+    } else {
+        report.table()
+    };
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        // A reader that closed the pipe early (`| head`) wanted no more.
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: writing the report: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if report.failed() {
+        let failed = report.stacks.iter().filter(|s| s.failed()).count();
+        eprintln!("error: {failed} of {} stacks failed", report.stacks.len());
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Reads the log at `path` with a progress bar over its bytes.
+fn read_trace(
+    path: &std::path::Path,
+    args: &ReplayArgs,
+) -> Result<trace::Trace, trace::TraceError> {
+    let on_error = match args.on_error {
+        OnErrorArg::Stop => OnError::Stop,
+        OnErrorArg::Skip => OnError::Skip,
+    };
+    let file = std::fs::File::open(path).map_err(|e| trace::TraceError {
+        path: Some(path.to_owned()),
+        line: 0,
+        kind: trace::TraceErrorKind::Open(e),
+    })?;
+    let size = file.metadata().map_or(0, |m| m.len());
+    let bar = ProgressBar::with_draw_target(Some(size), draw_target(args.quiet)).with_style(
+        ProgressStyle::with_template(
+            "[{elapsed_precise}] {wide_bar} reading {msg}: {binary_bytes}/{binary_total_bytes}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(trace::workload_name(path));
+    let parsed = trace::read_from(bar.wrap_read(file), trace::workload_name(path), on_error);
+    bar.finish_and_clear();
+    parsed.map_err(|e| trace::TraceError {
+        path: Some(path.to_owned()),
+        ..e
+    })
+}
+
+/// Warns of the lines `--on-error skip` left out.
+fn report_skipped(t: &trace::Trace, path: &std::path::Path) {
+    if t.skipped_lines == 0 {
+        return;
+    }
+    eprintln!(
+        "warning: {}: {} bad line{} left out (--on-error skip); the replay uses the rest",
+        path.display(),
+        t.skipped_lines,
+        if t.skipped_lines == 1 { "" } else { "s" }
+    );
+    const SHOWN: usize = 10;
+    for s in t.skipped.iter().take(SHOWN) {
+        eprintln!("  {s}");
+    }
+    if t.skipped_lines > SHOWN {
+        eprintln!("  … and {} more", t.skipped_lines - SHOWN);
+    }
+}
+
+/// Progress steps a stack takes: a warm-up and the timed passes, then the probes of the search.
+fn per_stack_steps(settings: &Settings) -> usize {
+    let search = if settings.search_capacity {
+        probes_estimate(settings.precision)
+    } else {
+        0
+    };
+    1 + settings.passes + search
+}
+
+/// Progress bars draw on stderr, and not at all with --quiet or where stderr is not a terminal.
+fn draw_target(quiet: bool) -> ProgressDrawTarget {
+    if quiet {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    }
+}
+
+/// The progress bar of the replays: a step per pass and per capacity probe.
+struct Bar {
+    bar: ProgressBar,
+    stacks: usize,
+    done: Cell<usize>,
+    steps_per_stack: usize,
+}
+
+impl Bar {
+    fn new(quiet: bool, stacks: usize, settings: &Settings) -> Self {
+        let steps_per_stack = per_stack_steps(settings);
+        let bar = ProgressBar::with_draw_target(
+            Some((stacks * steps_per_stack) as u64),
+            draw_target(quiet),
+        )
+        .with_style(
+            ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Bar {
+            bar,
+            stacks,
+            done: Cell::new(0),
+            steps_per_stack,
+        }
+    }
+
+    /// Ends a stack: the bar moves to its end, whatever the estimate of its steps was.
+    fn stack_done(&self) {
+        self.done.set(self.done.get() + 1);
+        self.bar
+            .set_position((self.done.get() * self.steps_per_stack) as u64);
+    }
+}
+
+impl replay::Progress for Bar {
+    fn phase(&self, stack: &str, phase: &str) {
+        let n = self.done.get() + 1;
+        self.bar
+            .set_message(format!("{stack} ({n}/{}): {phase}", self.stacks));
+    }
+    fn step(&self) {
+        self.bar.inc(1);
+    }
+}
+
+fn replay_simulated(
+    chosen: &[String],
+    w: &workload::Workload,
+    settings: &Settings,
+    bar: &Bar,
+) -> Vec<replay::StackReport> {
+    let stacks = workload::stacks::<Arc<Simulated>>();
+    let mut reports = Vec::new();
+    for name in chosen {
+        let Some(factory) = stacks.iter().find(|s| s.name() == name) else {
+            continue;
+        };
+        let candidate = Candidate {
+            name,
+            timing: factory.as_ref(),
+            capacity: Some(factory.as_ref()),
+        };
+        // Unlimited: the stack's own capacity bounds it, as device memory would hardly.
+        let sim = Arc::new(Simulated::new(usize::MAX));
+        // SAFETY: the stacks sit on Simulated, which never passes streams to the driver.
+        let streams = unsafe { fake_streams(w.stream_count()) };
+        reports.push(run_stack(
+            &candidate,
+            sim.clone(),
+            &|| Some(sim.peak()),
+            w,
+            streams,
+            settings,
+            bar,
+        ));
+        bar.stack_done();
+    }
+    reports
+}
+
+/// The most bytes a driver pool has reserved from the device since it was made.
+fn reserved_high(ctx: &CudaContext, pool: sys::CUmemoryPool) -> Option<usize> {
+    ctx.bind_to_thread().ok()?;
+    let mut value: u64 = 0;
+    // SAFETY: `pool` is the live pool of the CudaAsync being replayed (read before it is
+    // dropped), and RESERVED_MEM_HIGH writes a cuuint64_t.
+    unsafe {
+        result::mem_pool::get_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+            (&mut value as *mut u64).cast(),
+        )
+    }
+    .ok()?;
+    usize::try_from(value).ok()
+}
+
+fn replay_cuda(
+    ctx: &Arc<CudaContext>,
+    chosen: &[String],
+    w: &workload::Workload,
+    stream_ids: &[u64],
+    settings: &Settings,
+    bar: &Bar,
+) -> Result<Vec<replay::StackReport>, String> {
+    let cuda = Cuda::new(ctx).map_err(|e| format!("cannot use device 0: {e}"))?;
+    // The log's default stream (0) is the default stream; each other stream gets one of its own.
+    let mut owned: Vec<Arc<CudaStream>> = Vec::new();
+    let mut streams = Vec::with_capacity(w.stream_count());
+    for i in 0..w.stream_count() {
+        if stream_ids.get(i).is_none_or(|&id| id == 0) {
+            streams.push(StreamRef::DEFAULT);
+        } else {
+            let s = ctx
+                .new_stream()
+                .map_err(|e| format!("creating stream {i}: {e:?}"))?;
+            streams.push(StreamRef::from(&s));
+            owned.push(s);
+        }
+    }
+
+    type Up = Arc<Metered<Cuda>>;
+    let mut stacks: Vec<Box<dyn StackFactory<Up>>> = workload::stacks::<Up>();
+    let pool = Rc::new(Cell::new(None));
+    let (async_ctx, async_pool) = (ctx.clone(), pool.clone());
+    stacks.insert(
+        1,
+        stack(CUDA_ASYNC, move |_: Up, _| {
+            let r = CudaAsync::new(&async_ctx)?;
+            async_pool.set(Some(r.pool_handle()));
+            Ok(r)
+        }),
+    );
+    let on_simulated = workload::stacks::<Arc<Simulated>>();
+
+    let mut reports = Vec::new();
+    for name in chosen {
+        let Some(factory) = stacks.iter().find(|s| s.name() == name) else {
+            continue;
+        };
+        let candidate = Candidate {
+            name,
+            timing: factory.as_ref(),
+            capacity: on_simulated
+                .iter()
+                .find(|s| s.name() == name)
+                .map(|s| s.as_ref()),
+        };
+        let meter = Arc::new(Metered::new(cuda.clone()));
+        pool.set(None);
+        let peak = || {
+            if name == CUDA_ASYNC {
+                pool.get().and_then(|p| reserved_high(ctx, p))
+            } else {
+                Some(meter.peak())
+            }
+        };
+        reports.push(run_stack(
+            &candidate,
+            meter.clone(),
+            &peak,
+            w,
+            streams.clone(),
+            settings,
+            bar,
+        ));
+        bar.stack_done();
+    }
+    // The streams outlive every replay on them: `reports` is complete, every stack dropped.
+    drop(owned);
+    Ok(reports)
+}

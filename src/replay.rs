@@ -1,0 +1,817 @@
+//! What `mrstack replay` does, as a library: replay a workload through one preset stack and report
+//! its speed and its memory ([`run_stack`]), pick stacks by name ([`select`]), and print the
+//! [`Report`] as a table or as JSON. The binary adds the command line, the upstream (a GPU or
+//! `Simulated`) and a progress bar.
+//!
+//! For each stack a report holds:
+//!
+//! * **ns/op**: a warm-up pass, then the median of timed passes on the same resource
+//!   ([`workload::measure`]); a many-threaded workload replays each thread on an OS thread of its
+//!   own, and ns/op is then wall time over all ops;
+//! * **upstream peak**: the most bytes the stack took from its upstream during those passes, with
+//!   the stack built with a capacity (pool maximum, arena size) of [`timed_capacity`]: twice the
+//!   peak live bytes, or twice the stack's minimum capacity where that is more, so that the timing
+//!   measures speed rather than a squeeze;
+//! * **peak live**: the most bytes the workload holds at once, in log order;
+//! * **min capacity**: the smallest capacity with which the workload completes, found by
+//!   [`min_capacity`] over `Simulated` (host-side, on any machine, in log order: the same answer
+//!   every run), and its ratio to peak live.
+//!
+//! Requires the `cli` feature (on by default).
+//!
+//! ```
+//! use mrstack::replay::{run_stack, Candidate, Settings};
+//! use mrstack::workload::{self, Workload, Op};
+//! use mrstack::Simulated;
+//! use std::sync::Arc;
+//!
+//! let w = Workload::new("tiny", vec![
+//!     Op::Alloc { id: 0, size: 100, stream: 0 },
+//!     Op::Free { id: 0 },
+//! ]).unwrap();
+//! let stacks = workload::stacks::<Arc<Simulated>>();
+//! let raw = Candidate { name: "upstream", timing: stacks[0].as_ref(), capacity: Some(stacks[0].as_ref()) };
+//! let sim = Arc::new(Simulated::new(1 << 20));
+//! let settings = Settings { passes: 3, ..Settings::default() };
+//! let report = run_stack(&raw, sim.clone(), &|| Some(sim.peak()), &w, w.default_streams(), &settings, &());
+//! assert_eq!(report.upstream_peak, Some(100));
+//! assert_eq!(report.min_capacity, Some(100));
+//! assert_eq!(report.pass_ns_per_op.len(), 3);
+//! ```
+
+use crate::trace::Trace;
+use crate::upstream::Simulated;
+use crate::workload::{
+    self, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
+};
+use crate::StreamRef;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to replay each stack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Timed passes after the warm-up (at least 1); ns/op is their median.
+    pub passes: usize,
+    /// Relative precision of the capacity search (0.001: within 0.1% above the true minimum).
+    pub precision: f64,
+    /// Whether to run the capacity search at all.
+    pub search_capacity: bool,
+    /// Whether a many-threaded workload replays with its threads (true) or in log order on one
+    /// thread.
+    pub threads: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            passes: 5,
+            precision: 0.001,
+            search_capacity: true,
+            threads: true,
+        }
+    }
+}
+
+/// Told of a replay's progress, to draw a progress bar. Every method defaults to nothing; `()`
+/// is the progress nobody watches.
+pub trait Progress {
+    /// `stack` starts `phase` (`"timing"`, `"capacity search"`).
+    fn phase(&self, stack: &str, phase: &str) {
+        let _ = (stack, phase);
+    }
+    /// A replay pass (timing) or a probe (capacity search) is about to run or has run.
+    fn step(&self) {}
+}
+
+impl Progress for () {}
+
+/// A stack to replay: its factory over the upstream that the timing runs on, and the same stack
+/// over `Simulated` for the capacity search (`None` where it cannot be built there: `cuda-async`).
+pub struct Candidate<'a, U> {
+    /// The name in the report.
+    pub name: &'a str,
+    /// Builds the stack timed.
+    pub timing: &'a dyn StackFactory<U>,
+    /// Builds the stack whose minimum capacity is searched.
+    pub capacity: Option<&'a dyn StackFactory<Arc<Simulated>>>,
+}
+
+/// One stack's row of the report. Sizes are bytes; `null` in JSON where a number is missing:
+/// the step failed (its error says why) or did not run (the capacity search of a stack that cannot
+/// be built over `Simulated`, or with the search turned off).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StackReport {
+    /// The stack's name.
+    pub name: String,
+    /// Median ns per op over the timed passes.
+    pub ns_per_op: Option<f64>,
+    /// Each timed pass, ns per op, in the order run.
+    pub pass_ns_per_op: Vec<f64>,
+    /// The capacity the stack was timed with (pool maximum, arena size): [`timed_capacity`].
+    pub capacity: usize,
+    /// The most bytes the stack took from its upstream while timed.
+    pub upstream_peak: Option<usize>,
+    /// The workload's peak live bytes (the same for every stack).
+    pub peak_live: usize,
+    /// The smallest capacity with which the workload completes (over `Simulated`).
+    pub min_capacity: Option<usize>,
+    /// `min_capacity / peak_live`.
+    pub min_capacity_ratio: Option<f64>,
+    /// Replays the capacity search ran.
+    pub capacity_probes: Option<usize>,
+    /// Why timing failed.
+    pub timing_error: Option<String>,
+    /// Why the capacity search failed.
+    pub capacity_error: Option<String>,
+}
+
+impl StackReport {
+    /// True when a step failed.
+    pub fn failed(&self) -> bool {
+        self.timing_error.is_some() || self.capacity_error.is_some()
+    }
+}
+
+/// What was replayed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkloadSummary {
+    /// The workload's name (`random`, or the log's file name less `.csv`/`.gz`).
+    pub name: String,
+    /// Where it came from: the log's path, or `built-in random workload`.
+    pub source: String,
+    /// Ops in one pass.
+    pub ops: usize,
+    /// Allocations in one pass.
+    pub allocations: usize,
+    /// Threads the ops run on.
+    pub threads: usize,
+    /// Streams the ops use.
+    pub streams: usize,
+    /// The most bytes live at once, in log order.
+    pub peak_live: usize,
+    /// Allocations the log never frees (freed after each pass, untimed).
+    pub unfreed: usize,
+    /// `allocate failure` lines of the log (not replayed).
+    pub log_failures: usize,
+    /// Bad lines left out (`--on-error skip`).
+    pub skipped_lines: usize,
+}
+
+impl WorkloadSummary {
+    /// The summary of `workload`, from `source`.
+    pub fn of(workload: &Workload, source: impl Into<String>) -> Self {
+        WorkloadSummary {
+            name: workload.name().to_owned(),
+            source: source.into(),
+            ops: workload.ops().len(),
+            allocations: workload.allocations(),
+            threads: workload.thread_count(),
+            streams: workload.stream_count(),
+            peak_live: workload.peak_live(),
+            unfreed: workload.unfreed(),
+            log_failures: 0,
+            skipped_lines: 0,
+        }
+    }
+
+    /// The summary of a parsed log, from `source`.
+    pub fn of_trace(trace: &Trace, source: impl Into<String>) -> Self {
+        WorkloadSummary {
+            log_failures: trace.failures,
+            skipped_lines: trace.skipped_lines,
+            ..Self::of(&trace.workload, source)
+        }
+    }
+}
+
+/// What `mrstack replay` prints: the workload, how it was replayed, a row per stack.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// What was replayed.
+    pub workload: WorkloadSummary,
+    /// The upstream timed on: `simulated` or `cuda`.
+    pub upstream: String,
+    /// The device (`NVIDIA H100 80GB HBM3`), or why there is none for `simulated`.
+    pub device: String,
+    /// The least capacity a stack is timed with: twice the peak live bytes, at least 1 MiB
+    /// ([`timing_capacity`]); a stack whose minimum capacity is more than half that gets twice its
+    /// minimum.
+    pub base_capacity: usize,
+    /// Timed passes per stack.
+    pub passes: usize,
+    /// Whether a many-threaded workload replayed with its threads.
+    pub replayed_with_threads: bool,
+    /// Relative precision of the capacity search.
+    pub precision: f64,
+    /// A row per stack, in the order replayed.
+    pub stacks: Vec<StackReport>,
+}
+
+impl Report {
+    /// True when any stack failed a step.
+    pub fn failed(&self) -> bool {
+        self.stacks.iter().any(StackReport::failed)
+    }
+
+    /// The report as pretty-printed JSON (the fields of [`Report`]).
+    pub fn to_json(&self) -> String {
+        // Plain data with string keys: serializing it cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// The report as a table for people, ending with a line per failure.
+    pub fn table(&self) -> String {
+        let w = &self.workload;
+        let plural = |n: usize, what: &str| {
+            let s = if what.ends_with('s') { "es" } else { "s" };
+            if n == 1 {
+                format!("{n} {what}")
+            } else {
+                format!("{n} {what}{s}")
+            }
+        };
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "workload: {} ({}): {}, {}, {}, {}; peak live {}",
+            w.name,
+            w.source,
+            plural(w.ops, "op"),
+            plural(w.allocations, "allocation"),
+            plural(w.threads, "thread"),
+            plural(w.streams, "stream"),
+            bytes(w.peak_live)
+        );
+        let _ = writeln!(
+            out,
+            "upstream: {} ({}); stacks timed with capacity {} (2 × peak live), or twice their min capacity where more",
+            self.upstream,
+            self.device,
+            bytes(self.base_capacity)
+        );
+        let threads = if w.threads > 1 {
+            if self.replayed_with_threads {
+                format!(", {} OS threads (wall time / ops)", w.threads)
+            } else {
+                ", in log order on one thread".to_owned()
+            }
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "ns/op: median of {} after a warm-up pass{threads}; min capacity: smallest that completes, to {}%, over Simulated",
+            plural(self.passes, "pass"),
+            self.precision * 100.0
+        );
+        let notes: Vec<String> = [
+            (
+                w.unfreed,
+                "allocation",
+                "never freed (freed after each pass, untimed)",
+            ),
+            (w.log_failures, "`allocate failure` line", "not replayed"),
+            (w.skipped_lines, "bad line", "left out"),
+        ]
+        .iter()
+        .filter(|(n, ..)| *n > 0)
+        .map(|&(n, what, done)| format!("{} {done}", plural(n, what)))
+        .collect();
+        if !notes.is_empty() {
+            let _ = writeln!(out, "log: {}", notes.join("; "));
+        }
+        let _ = writeln!(out);
+        let header = format!(
+            "{:<16} {:>10} {:>14} {:>12} {:>13} {:>10}",
+            "stack", "ns/op", "upstream peak", "peak live", "min capacity", "min/live"
+        );
+        let _ = writeln!(out, "{header}");
+        let _ = writeln!(out, "{}", "-".repeat(header.len()));
+        for s in &self.stacks {
+            let or_dash = |v: Option<String>, failed: bool| {
+                v.unwrap_or_else(|| if failed { "error" } else { "-" }.to_owned())
+            };
+            let timing_failed = s.timing_error.is_some();
+            let capacity_failed = s.capacity_error.is_some();
+            let _ = writeln!(
+                out,
+                "{:<16} {:>10} {:>14} {:>12} {:>13} {:>10}",
+                s.name,
+                or_dash(s.ns_per_op.map(|n| format!("{n:.1}")), timing_failed),
+                or_dash(s.upstream_peak.map(bytes), timing_failed),
+                bytes(s.peak_live),
+                or_dash(s.min_capacity.map(bytes), capacity_failed),
+                or_dash(
+                    s.min_capacity_ratio.map(|r| format!("{r:.3}")),
+                    capacity_failed
+                ),
+            );
+        }
+        for s in &self.stacks {
+            if let Some(e) = &s.timing_error {
+                let _ = writeln!(out, "{}: timing failed: {e}", s.name);
+            }
+            if let Some(e) = &s.capacity_error {
+                let _ = writeln!(out, "{}: capacity search failed: {e}", s.name);
+            }
+        }
+        out
+    }
+}
+
+/// `n` bytes for people: `512 B`, `1.50 KiB`, `2.00 GiB`.
+pub fn bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+/// Picks stacks by name from `available`, in the order asked, each once; nothing asked means all.
+/// `aliases` maps other names to available ones (`cuda` for the raw upstream). An unknown name is
+/// an error that lists the available names.
+///
+/// ```
+/// use mrstack::replay::select;
+/// let all = ["upstream", "pool"];
+/// assert_eq!(select(&[], &all, &[]).unwrap(), ["upstream", "pool"]);
+/// assert_eq!(select(&["pool".into(), "cuda".into()], &all, &[("cuda", "upstream")]).unwrap(), ["pool", "upstream"]);
+/// assert!(select(&["arena".into()], &all, &[]).unwrap_err().contains("available: upstream, pool"));
+/// ```
+pub fn select(
+    asked: &[String],
+    available: &[&str],
+    aliases: &[(&str, &str)],
+) -> Result<Vec<String>, String> {
+    if asked.is_empty() {
+        return Ok(available.iter().map(|s| (*s).to_owned()).collect());
+    }
+    let mut chosen: Vec<String> = Vec::new();
+    for name in asked {
+        let name = name.trim();
+        let resolved = available
+            .iter()
+            .find(|a| **a == name)
+            .copied()
+            .or_else(|| aliases.iter().find(|(a, _)| *a == name).map(|(_, to)| *to));
+        match resolved {
+            Some(n) if !chosen.iter().any(|c| c == n) => chosen.push(n.to_owned()),
+            Some(_) => {}
+            None => {
+                let mut names = available.join(", ");
+                for (alias, to) in aliases {
+                    let _ = write!(names, ", {alias} (= {to})");
+                }
+                return Err(format!("unknown stack `{name}`; available: {names}"));
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+/// A replay that tells `progress` of each pass.
+struct Ticking<'a> {
+    inner: Box<dyn Replay + 'a>,
+    progress: &'a dyn Progress,
+}
+
+impl Replay for Ticking<'_> {
+    fn pass(&mut self) -> Result<Duration, ReplayError> {
+        let took = self.inner.pass();
+        self.progress.step();
+        took
+    }
+    fn ops(&self) -> usize {
+        self.inner.ops()
+    }
+}
+
+/// A factory that tells `progress` of each replay it builds: one per capacity probe.
+struct Probing<'a> {
+    inner: &'a dyn StackFactory<Arc<Simulated>>,
+    progress: &'a dyn Progress,
+}
+
+impl StackFactory<Arc<Simulated>> for Probing<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn replayer<'w>(
+        &self,
+        upstream: Arc<Simulated>,
+        capacity: usize,
+        workload: &'w Workload,
+        streams: Vec<StreamRef>,
+    ) -> Result<Box<dyn Replay + 'w>, ReplayError> {
+        self.progress.step();
+        self.inner.replayer(upstream, capacity, workload, streams)
+    }
+    fn threaded_replayer<'w>(
+        &self,
+        upstream: Arc<Simulated>,
+        capacity: usize,
+        workload: &'w Workload,
+        streams: Vec<StreamRef>,
+    ) -> Result<Box<dyn Replay + 'w>, ReplayError> {
+        self.progress.step();
+        self.inner
+            .threaded_replayer(upstream, capacity, workload, streams)
+    }
+}
+
+/// The capacity to time a stack with, given its minimum capacity where known: twice the
+/// workload's peak live bytes (at least 1 MiB, [`timing_capacity`]), or twice the minimum
+/// capacity where that is more.
+pub fn timed_capacity(workload: &Workload, min_capacity: Option<usize>) -> usize {
+    timing_capacity(workload).max(min_capacity.unwrap_or(0).saturating_mul(2))
+}
+
+/// Replays `workload` through one stack and reports it.
+///
+/// Capacity first: the search runs over `Simulated`, in log order, so its answer is the same on
+/// every machine and every run. Timing next: the stack is built over `upstream` with
+/// [`timed_capacity`] and replayed (with the workload's threads if `settings.threads`): a
+/// warm-up pass, then `settings.passes` timed ones; `upstream_peak` is read after them, before
+/// the stack is dropped. `upstream` should not bound the stack more than its capacity does (an
+/// unlimited `Simulated`, a GPU). A failure in either step is kept in the report, and the other
+/// step still runs.
+pub fn run_stack<U>(
+    candidate: &Candidate<'_, U>,
+    upstream: U,
+    upstream_peak: &dyn Fn() -> Option<usize>,
+    workload: &Workload,
+    streams: Vec<StreamRef>,
+    settings: &Settings,
+    progress: &dyn Progress,
+) -> StackReport {
+    let mut report = StackReport {
+        name: candidate.name.to_owned(),
+        ns_per_op: None,
+        pass_ns_per_op: Vec::new(),
+        upstream_peak: None,
+        peak_live: workload.peak_live(),
+        capacity: 0,
+        min_capacity: None,
+        min_capacity_ratio: None,
+        capacity_probes: None,
+        timing_error: None,
+        capacity_error: None,
+    };
+
+    if let (true, Some(stack)) = (settings.search_capacity, candidate.capacity) {
+        progress.phase(candidate.name, "capacity search");
+        let probing = Probing {
+            inner: stack,
+            progress,
+        };
+        match min_capacity(&probing, workload, settings.precision) {
+            Ok(c) => {
+                report.min_capacity = Some(c.capacity);
+                report.min_capacity_ratio = Some(c.ratio);
+                report.capacity_probes = Some(c.probes);
+            }
+            Err(e) => report.capacity_error = Some(e.to_string()),
+        }
+    }
+
+    progress.phase(candidate.name, "timing");
+    report.capacity = timed_capacity(workload, report.min_capacity);
+    let built = if settings.threads {
+        candidate
+            .timing
+            .threaded_replayer(upstream, report.capacity, workload, streams)
+    } else {
+        candidate
+            .timing
+            .replayer(upstream, report.capacity, workload, streams)
+    };
+    let timed = built.and_then(|inner| {
+        let mut replay = Ticking { inner, progress };
+        let timing = workload::measure(&mut replay, settings.passes)?;
+        // Read while the stack is alive: a driver pool's reservation goes with it.
+        Ok((timing, upstream_peak()))
+    });
+    match timed {
+        Ok((timing, peak)) => {
+            report.ns_per_op = Some(timing.ns_per_op);
+            report.pass_ns_per_op = timing.passes;
+            report.upstream_peak = peak;
+        }
+        Err(e) => report.timing_error = Some(e.to_string()),
+    }
+    report
+}
+
+/// A guess of the probes a capacity search to `precision` runs, for sizing a progress bar: the
+/// bisection halves the gap from 1× (or 2×) peak down to `precision`, after a probe or two.
+pub fn probes_estimate(precision: f64) -> usize {
+    let halvings = (1.0 / precision.clamp(1e-9, 1.0)).log2().ceil() as usize;
+    halvings + 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1536), "1.50 KiB");
+        assert_eq!(bytes(3 << 30), "3.00 GiB");
+        assert_eq!(bytes(usize::MAX), "16384.00 PiB");
+    }
+
+    fn tiny() -> Workload {
+        use crate::workload::Op;
+        Workload::new(
+            "tiny",
+            vec![
+                Op::Alloc {
+                    id: 0,
+                    size: 100,
+                    stream: 0,
+                },
+                Op::Alloc {
+                    id: 1,
+                    size: 200,
+                    stream: 0,
+                },
+                Op::Free { id: 0 },
+                Op::Free { id: 1 },
+            ],
+        )
+        .unwrap()
+    }
+
+    /// Counts what a run tells its progress.
+    #[derive(Default)]
+    struct Steps {
+        steps: std::cell::Cell<usize>,
+        phases: std::cell::RefCell<Vec<String>>,
+    }
+
+    impl Progress for Steps {
+        fn phase(&self, stack: &str, phase: &str) {
+            self.phases.borrow_mut().push(format!("{stack}: {phase}"));
+        }
+        fn step(&self) {
+            self.steps.set(self.steps.get() + 1);
+        }
+    }
+
+    #[test]
+    fn run_stack_times_meters_and_searches() {
+        let w = tiny();
+        let stacks = workload::stacks::<Arc<Simulated>>();
+        let raw = Candidate {
+            name: "upstream",
+            timing: stacks[0].as_ref(),
+            capacity: Some(stacks[0].as_ref()),
+        };
+        let sim = Arc::new(Simulated::new(usize::MAX));
+        let settings = Settings {
+            passes: 3,
+            ..Settings::default()
+        };
+        let steps = Steps::default();
+        let r = run_stack(
+            &raw,
+            sim.clone(),
+            &|| Some(sim.peak()),
+            &w,
+            w.default_streams(),
+            &settings,
+            &steps,
+        );
+        assert!(!r.failed(), "{r:?}");
+        assert_eq!(r.pass_ns_per_op.len(), 3);
+        assert!(r.pass_ns_per_op.contains(&r.ns_per_op.unwrap()));
+        assert_eq!((r.upstream_peak, r.peak_live), (Some(300), 300));
+        assert_eq!(
+            (r.min_capacity, r.min_capacity_ratio, r.capacity_probes),
+            (Some(300), Some(1.0), Some(1))
+        );
+        // One probe, then a warm-up and 3 timed passes.
+        assert_eq!(steps.steps.get(), 5);
+        assert_eq!(
+            *steps.phases.borrow(),
+            ["upstream: capacity search", "upstream: timing"]
+        );
+        assert_eq!(r.capacity, 1 << 20);
+
+        let no_search = Settings {
+            search_capacity: false,
+            ..settings
+        };
+        let r = run_stack(
+            &raw,
+            Arc::new(Simulated::new(1 << 20)),
+            &|| None,
+            &w,
+            w.default_streams(),
+            &no_search,
+            &(),
+        );
+        assert!(!r.failed());
+        assert_eq!((r.min_capacity, r.upstream_peak), (None, None));
+    }
+
+    #[test]
+    fn run_stack_keeps_failures_and_still_runs_the_other_step() {
+        let w = tiny();
+        let stacks = workload::stacks::<Arc<Simulated>>();
+        let raw = Candidate {
+            name: "upstream",
+            timing: stacks[0].as_ref(),
+            capacity: Some(stacks[0].as_ref()),
+        };
+        // Too small an upstream to time on: timing fails, the search (on its own upstream) works.
+        let r = run_stack(
+            &raw,
+            Arc::new(Simulated::new(250)),
+            &|| Some(0),
+            &w,
+            w.default_streams(),
+            &Settings::default(),
+            &(),
+        );
+        assert!(r.failed());
+        let e = r.timing_error.as_deref().unwrap();
+        assert!(e.contains("op 1") && e.contains("out of memory"), "{e}");
+        assert_eq!((r.ns_per_op, r.upstream_peak), (None, None));
+        assert_eq!(r.min_capacity, Some(300));
+
+        let broken = workload::stack("broken", |_: Arc<Simulated>, _| {
+            Err::<Simulated, _>(crate::AllocError::new(
+                crate::AllocErrorKind::Unsupported("test"),
+                0,
+                0,
+                "broken",
+            ))
+        });
+        let c = Candidate {
+            name: "broken",
+            timing: broken.as_ref(),
+            capacity: Some(broken.as_ref()),
+        };
+        let r = run_stack(
+            &c,
+            Arc::new(Simulated::new(1 << 20)),
+            &|| None,
+            &w,
+            w.default_streams(),
+            &Settings::default(),
+            &(),
+        );
+        assert!(r
+            .timing_error
+            .as_deref()
+            .unwrap()
+            .contains("building the stack"));
+        assert!(r
+            .capacity_error
+            .as_deref()
+            .unwrap()
+            .contains("unsupported: test"));
+    }
+
+    fn report(stacks: Vec<StackReport>) -> Report {
+        Report {
+            workload: WorkloadSummary::of(&tiny(), "test"),
+            upstream: "simulated".into(),
+            device: "chosen".into(),
+            base_capacity: 1 << 20,
+            passes: 5,
+            replayed_with_threads: true,
+            precision: 0.001,
+            stacks,
+        }
+    }
+
+    fn row(name: &str) -> StackReport {
+        StackReport {
+            name: name.into(),
+            ns_per_op: Some(12.25),
+            pass_ns_per_op: vec![12.25],
+            upstream_peak: Some(3 << 20),
+            peak_live: 300,
+            capacity: 1 << 20,
+            min_capacity: Some(450),
+            min_capacity_ratio: Some(1.5),
+            capacity_probes: Some(9),
+            timing_error: None,
+            capacity_error: None,
+        }
+    }
+
+    #[test]
+    fn table_has_a_row_per_stack_and_a_line_per_failure() {
+        let mut bad = row("bad");
+        bad.ns_per_op = None;
+        bad.upstream_peak = None;
+        bad.timing_error = Some("op 1 (allocate 200 bytes): out of memory".into());
+        let mut na = row("cuda-async");
+        (na.min_capacity, na.min_capacity_ratio) = (None, None);
+        let r = report(vec![row("upstream"), bad, na]);
+        assert!(r.failed());
+        let t = r.table();
+        assert!(
+            t.contains("tiny (test): 4 ops, 2 allocations, 1 thread, 1 stream; peak live 300 B"),
+            "{t}"
+        );
+        assert!(t.contains("median of 5 passes"), "{t}");
+        let line = |name: &str| {
+            t.lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap()
+                .to_owned()
+        };
+        let cells = |name: &str| {
+            line(name)
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            cells("upstream"),
+            ["upstream", "12.2", "3.00", "MiB", "300", "B", "450", "B", "1.500"]
+        );
+        assert_eq!(
+            cells("bad"),
+            ["bad", "error", "error", "300", "B", "450", "B", "1.500"]
+        );
+        assert_eq!(
+            cells("cuda-async"),
+            ["cuda-async", "12.2", "3.00", "MiB", "300", "B", "-", "-"]
+        );
+        assert!(
+            t.ends_with("bad: timing failed: op 1 (allocate 200 bytes): out of memory\n"),
+            "{t}"
+        );
+        assert!(!report(vec![row("ok")]).failed());
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        let r = report(vec![row("upstream")]);
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(v["workload"]["peak_live"], 300);
+        assert_eq!(v["workload"]["threads"], 1);
+        assert_eq!(v["upstream"], "simulated");
+        let s = &v["stacks"][0];
+        assert_eq!(s["name"], "upstream");
+        assert_eq!(s["min_capacity"], 450);
+        assert_eq!(s["min_capacity_ratio"], 1.5);
+        assert_eq!(s["upstream_peak"], 3 << 20);
+        assert!(s["timing_error"].is_null());
+    }
+
+    #[test]
+    fn select_keeps_the_order_asked_and_names_what_is_available() {
+        let all = ["upstream", "pool", "arena"];
+        let asked = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let alias = [("cuda", "upstream")];
+        assert_eq!(select(&[], &all, &alias).unwrap(), all);
+        assert_eq!(
+            select(
+                &asked(&["arena", " pool", "arena", "cuda", "upstream"]),
+                &all,
+                &alias
+            )
+            .unwrap(),
+            ["arena", "pool", "upstream"]
+        );
+        let e = select(&asked(&["pool", "binning"]), &all, &alias).unwrap_err();
+        assert_eq!(
+            e,
+            "unknown stack `binning`; available: upstream, pool, arena, cuda (= upstream)"
+        );
+    }
+
+    #[test]
+    fn timed_capacity_leaves_room_for_the_stack() {
+        let w = tiny();
+        assert_eq!(timed_capacity(&w, None), 1 << 20);
+        assert_eq!(timed_capacity(&w, Some(300)), 1 << 20);
+        assert_eq!(timed_capacity(&w, Some(3 << 20)), 6 << 20);
+        assert_eq!(timed_capacity(&w, Some(usize::MAX)), usize::MAX);
+    }
+
+    #[test]
+    fn probes_estimate_grows_with_precision() {
+        assert_eq!(probes_estimate(0.5), 3);
+        assert_eq!(probes_estimate(0.001), 12);
+        assert_eq!(probes_estimate(0.0), 32);
+    }
+}

@@ -1,0 +1,459 @@
+//! The `mrstack` binary: `replay`'s output (table and JSON), its answers on hand-made traces, bad
+//! traces, and its exit status (0 success, 1 trace or replay error, 2 usage error).
+//!
+//! Runs the binary cargo built for this test (or `$MRSTACK_BIN`), on Simulated unless a test says
+//! otherwise, with few passes and a coarse capacity search so that the suite stays fast in debug
+//! builds.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
+
+/// The binary cargo built for these tests, or `$MRSTACK_BIN` where set (a machine that gets the
+/// test binaries without the build tree, as the GPU machine does).
+fn binary() -> PathBuf {
+    std::env::var_os("MRSTACK_BIN")
+        .map_or_else(|| env!("CARGO_BIN_EXE_mrstack").into(), PathBuf::from)
+}
+
+/// Runs `mrstack ARGS`.
+fn mrstack(args: &[&str]) -> Output {
+    let bin = binary();
+    Command::new(&bin).args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {}: {e} (set MRSTACK_BIN to the mrstack binary)",
+            bin.display()
+        )
+    })
+}
+
+/// `mrstack replay ARGS` on Simulated, one timed pass, a 5% capacity search.
+fn replay(args: &[&str]) -> Output {
+    let mut all = vec![
+        "replay",
+        "--upstream",
+        "simulated",
+        "--passes",
+        "1",
+        "--precision",
+        "0.05",
+    ];
+    all.extend_from_slice(args);
+    mrstack(&all)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts the exit status and returns stdout, showing both streams when it differs.
+fn expect(o: &Output, code: i32) -> String {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(o),
+        stderr(o)
+    );
+    stdout(o)
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_str(&expect(o, 0)).expect("--json prints JSON")
+}
+
+/// A scratch file unique to this test process and `name`, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, bytes: &[u8]) -> Self {
+        let path = std::env::temp_dir().join(format!("mrstack-cli-{}-{name}", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        TempFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+/// Peak live 300 bytes (blocks 0 and 1), 350 allocated in all; block 2 is never freed.
+const TINY: &str = "0,1,allocate,0x1000,100,0\n\
+                    0,2,allocate,0x2000,200,0\n\
+                    0,3,free,0x1000,100,0\n\
+                    0,4,allocate,0x3000,50,0\n\
+                    0,5,free,0x2000,200,0\n";
+
+// ---------------------------------------------------------------- output
+
+#[test]
+fn replay_without_a_trace_prints_the_table() {
+    // No --upstream: the default, which on a machine without a GPU is Simulated.
+    let o = mrstack(&[
+        "replay",
+        "--allocations",
+        "300",
+        "--passes",
+        "1",
+        "--precision",
+        "0.05",
+    ]);
+    let out = expect(&o, 0);
+    assert!(
+        out.starts_with(
+            "workload: random (built-in random workload): 600 ops, 300 allocations, 1 thread, 1 stream"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("median of 1 pass after a warm-up pass"),
+        "{out}"
+    );
+    let header = out.lines().find(|l| l.starts_with("stack ")).unwrap();
+    for column in [
+        "ns/op",
+        "upstream peak",
+        "peak live",
+        "min capacity",
+        "min/live",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    let row = out.lines().find(|l| l.starts_with("upstream ")).unwrap();
+    assert!(!row.contains("error"), "{out}");
+    if mrstack::cuda_context(0).is_err() {
+        assert!(out.contains("upstream: simulated (no GPU found"), "{out}");
+    }
+}
+
+#[test]
+fn json_gives_the_capacity_of_a_tiny_trace() {
+    let f = TempFile::new("tiny.csv", format!("{HEADER}{TINY}").as_bytes());
+    let v = json(&replay(&[f.path(), "--json", "--stack", "upstream"]));
+    let w = &v["workload"];
+    assert_eq!(w["ops"], 5);
+    assert_eq!(w["allocations"], 3);
+    assert_eq!(w["peak_live"], 300);
+    assert_eq!(w["unfreed"], 1);
+    assert_eq!(v["upstream"], "simulated");
+    assert_eq!(v["passes"], 1);
+    let stacks = v["stacks"].as_array().unwrap();
+    assert_eq!(stacks.len(), 1);
+    let s = &stacks[0];
+    assert_eq!(s["name"], "upstream");
+    // The raw upstream wastes nothing: it completes with exactly the peak, and takes just that.
+    assert_eq!(s["min_capacity"], 300);
+    assert_eq!(s["min_capacity_ratio"], 1.0);
+    assert_eq!(s["upstream_peak"], 300);
+    assert_eq!(s["peak_live"], 300);
+    assert!(s["ns_per_op"].as_f64().unwrap() > 0.0);
+    assert!(s["timing_error"].is_null() && s["capacity_error"].is_null());
+}
+
+#[test]
+fn every_preset_completes_the_tiny_trace_at_or_above_its_peak() {
+    let f = TempFile::new("tiny-all.csv", format!("{HEADER}{TINY}").as_bytes());
+    let v = json(&replay(&[f.path(), "--json"]));
+    let stacks = v["stacks"].as_array().unwrap();
+    assert!(!stacks.is_empty());
+    assert_eq!(stacks[0]["name"], "upstream");
+    for s in stacks {
+        let cap = s["min_capacity"].as_u64().unwrap();
+        assert!(cap >= 300, "{s}");
+        let ratio = s["min_capacity_ratio"].as_f64().unwrap();
+        assert!((ratio - cap as f64 / 300.0).abs() < 1e-9, "{s}");
+        assert!(s["upstream_peak"].as_u64().unwrap() >= 300, "{s}");
+    }
+}
+
+/// Three threads; thread 1 frees what thread 0 allocated and thread 2 what thread 1 allocated.
+/// In log order the peak is 700 bytes (blocks 0, 1 and 3 at line 5).
+const THREADED: &str = "0,1,allocate,0x1000,100,0\n\
+                        1,2,allocate,0x2000,200,0\n\
+                        1,3,free,0x1000,100,0\n\
+                        2,4,allocate,0x3000,400,0\n\
+                        0,5,allocate,0x4000,100,0\n\
+                        2,6,free,0x2000,200,0\n\
+                        0,7,free,0x3000,400,0\n\
+                        1,8,free,0x4000,100,0\n";
+
+#[test]
+fn a_many_threaded_log_replays_with_its_threads() {
+    let f = TempFile::new("threads.csv", format!("{HEADER}{THREADED}").as_bytes());
+    let v = json(&replay(&[f.path(), "--json", "--passes", "3"]));
+    assert_eq!(v["workload"]["threads"], 3);
+    assert_eq!(v["workload"]["peak_live"], 700);
+    assert_eq!(v["replayed_with_threads"], true);
+    let s = &v["stacks"][0];
+    assert_eq!(s["pass_ns_per_op"].as_array().unwrap().len(), 3);
+    // The search replays in log order, so its answer does not depend on the interleaving.
+    assert_eq!(s["min_capacity"], 700);
+
+    let out = expect(&replay(&[f.path()]), 0);
+    assert!(out.contains("3 threads"), "{out}");
+    assert!(out.contains("3 OS threads"), "{out}");
+
+    let v = json(&replay(&[f.path(), "--json", "--sequential"]));
+    assert_eq!(v["replayed_with_threads"], false);
+    assert_eq!(v["stacks"][0]["upstream_peak"], 700);
+}
+
+#[test]
+fn plain_and_gzip_logs_replay_alike() {
+    let text = format!("{HEADER}{TINY}");
+    let plain = TempFile::new("same.csv", text.as_bytes());
+    let packed = TempFile::new("same.csv.gz", &gzip(text.as_bytes()));
+    let a = json(&replay(&[plain.path(), "--json", "--stack", "upstream"]));
+    let b = json(&replay(&[packed.path(), "--json", "--stack", "upstream"]));
+    for key in ["ops", "allocations", "peak_live", "unfreed"] {
+        assert_eq!(a["workload"][key], b["workload"][key], "{key}");
+    }
+    assert!(a["workload"]["name"].as_str().unwrap().ends_with("same"));
+    assert_eq!(a["workload"]["name"], b["workload"]["name"]);
+    assert_eq!(
+        a["stacks"][0]["min_capacity"],
+        b["stacks"][0]["min_capacity"]
+    );
+}
+
+#[test]
+fn stacks_are_picked_by_repeated_or_comma_separated_names() {
+    let f = TempFile::new("pick.csv", format!("{HEADER}{TINY}").as_bytes());
+    // `simulated` names the raw upstream on Simulated; each stack is replayed once.
+    let v = json(&replay(&[
+        f.path(),
+        "--json",
+        "--stack",
+        "upstream,simulated",
+        "-s",
+        "upstream",
+    ]));
+    assert_eq!(v["stacks"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn quiet_leaves_stderr_empty_and_no_capacity_skips_the_search() {
+    let f = TempFile::new("quiet.csv", format!("{HEADER}{TINY}").as_bytes());
+    let o = replay(&[f.path(), "--quiet", "--no-capacity", "--json"]);
+    let v = json(&o);
+    assert_eq!(stderr(&o), "");
+    let s = &v["stacks"][0];
+    assert!(s["min_capacity"].is_null() && s["capacity_error"].is_null());
+    assert!(s["ns_per_op"].is_number());
+}
+
+#[test]
+fn the_resnet_trace_replays() {
+    let path = mrstack::trace::resnet50_path();
+    if !path.exists() {
+        eprintln!("skipping: no trace at {}", path.display());
+        return;
+    }
+    let v = json(&replay(&[
+        path.to_str().unwrap(),
+        "--json",
+        "--stack",
+        "upstream",
+    ]));
+    assert_eq!(v["workload"]["name"], "resnet50_train");
+    assert_eq!(v["workload"]["ops"], 6442);
+    assert_eq!(v["stacks"][0]["min_capacity_ratio"], 1.0);
+}
+
+// ---------------------------------------------------------------- bad traces: exit status 1
+
+/// Asserts that `body` after the header fails with status 1 and a message naming `line`, and
+/// that `--on-error skip` replays the rest, reporting one bad line.
+fn bad_line(name: &str, body: &str, line: usize, says: &str) {
+    let f = TempFile::new(name, format!("{HEADER}{body}").as_bytes());
+    let o = replay(&[f.path()]);
+    expect(&o, 1);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("{}: line {line}: {says}", f.path())),
+        "{err}"
+    );
+    assert!(err.contains("--on-error skip"), "{err}");
+    assert_eq!(stdout(&o), "", "no table after a trace error");
+
+    let o = replay(&[f.path(), "--on-error", "skip", "--json"]);
+    let v = json(&o);
+    assert_eq!(v["workload"]["skipped_lines"], 1);
+    let err = stderr(&o);
+    assert!(err.contains("1 bad line left out"), "{err}");
+    assert!(err.contains(&format!("line {line}: {says}")), "{err}");
+}
+
+#[test]
+fn a_malformed_line_is_named() {
+    bad_line(
+        "fields.csv",
+        "0,1,allocate,0x100,64,0\n0,2,allocate,0x200,64\n0,3,free,0x100,64,0\n",
+        3,
+        "5 fields where the header has 6",
+    );
+    bad_line(
+        "number.csv",
+        "0,1,allocate,0x100,64,0\n0,2,allocate,0x200,lots,0\n",
+        3,
+        "Size `lots` is not a number",
+    );
+}
+
+#[test]
+fn a_free_of_an_unknown_pointer_is_named() {
+    bad_line(
+        "unknown.csv",
+        "0,1,allocate,0x100,64,0\n0,2,free,0x100,64,0\n0,3,free,0x100,64,0\n",
+        4,
+        "free of 0x100, which is not a live allocation",
+    );
+}
+
+#[test]
+fn a_truncated_gzip_is_named() {
+    let mut text = String::from(HEADER);
+    for i in 0..3000u64 {
+        let ptr = 0x7f00_0000_0000u64 + i * 0x1000;
+        text += &format!(
+            "0,{i},allocate,{ptr:#x},{},0\n0,{i},free,{ptr:#x},{},0\n",
+            256 + i,
+            256 + i
+        );
+    }
+    let packed = gzip(text.as_bytes());
+    let f = TempFile::new("cut.csv.gz", &packed[..packed.len() / 2]);
+    let o = replay(&[f.path()]);
+    expect(&o, 1);
+    let err = stderr(&o);
+    assert!(
+        err.contains(f.path()) && err.contains("line ") && err.contains("truncated"),
+        "{err}"
+    );
+
+    let o = replay(&[f.path(), "--on-error", "skip", "--json"]);
+    let v = json(&o);
+    assert_eq!(v["workload"]["skipped_lines"], 1);
+    let allocations = v["workload"]["allocations"].as_u64().unwrap();
+    assert!(allocations > 0 && allocations < 3000, "{allocations}");
+}
+
+#[test]
+fn missing_empty_and_headless_files_exit_1() {
+    let o = replay(&["/nonexistent/mrstack/trace.csv"]);
+    expect(&o, 1);
+    assert!(stderr(&o).contains("cannot open"), "{}", stderr(&o));
+
+    let empty = TempFile::new("empty.csv", b"");
+    let o = replay(&[empty.path(), "--on-error", "skip"]);
+    expect(&o, 1);
+    assert!(stderr(&o).contains("empty log"), "{}", stderr(&o));
+
+    let headless = TempFile::new("headless.csv", b"0,1,allocate,0x100,64,0\n");
+    let o = replay(&[headless.path()]);
+    expect(&o, 1);
+    assert!(
+        stderr(&o).contains("line 1: the header has no `Action` column"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn cuda_upstream_without_a_gpu_exits_1() {
+    if mrstack::cuda_context(0).is_ok() {
+        eprintln!("skipping: this machine has a GPU");
+        return;
+    }
+    let o = mrstack(&["replay", "--upstream", "cuda", "--allocations", "10"]);
+    expect(&o, 1);
+    assert!(
+        stderr(&o).contains("--upstream cuda: no GPU"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+// ---------------------------------------------------------------- usage errors: exit status 2
+
+#[test]
+fn an_unknown_stack_is_a_usage_error_listing_the_names() {
+    let o = replay(&["--stack", "upstream,nope", "--allocations", "10"]);
+    expect(&o, 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains("unknown stack `nope`; available: upstream"),
+        "{err}"
+    );
+
+    let o = replay(&["--stack", "cuda-async", "--allocations", "10"]);
+    expect(&o, 2);
+    assert!(
+        stderr(&o).contains("needs --upstream cuda"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn bad_options_are_usage_errors() {
+    let f = TempFile::new("usage.csv", format!("{HEADER}{TINY}").as_bytes());
+    for args in [
+        &["replay", "--precision", "2"][..],
+        &["replay", "--precision", "0"],
+        &["replay", "--precision", "fine"],
+        &["replay", "--passes", "0"],
+        &["replay", "--upstream", "tpu"],
+        &["replay", "--on-error", "maybe"],
+        &["replay", "--bogus"],
+        &["replay", f.path(), "--seed", "3"],
+        &["replay", f.path(), "second.csv"],
+        &["record"],
+        &[],
+    ] {
+        let o = mrstack(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn help_documents_the_exit_status_and_the_stacks() {
+    let out = expect(&mrstack(&["replay", "--help"]), 0);
+    for text in [
+        "Exit status:",
+        "0  every stack replayed and measured",
+        "1  the trace cannot be read",
+        "2  usage error",
+        "Stacks: upstream",
+        "cuda-async",
+        "--on-error",
+        "--json",
+    ] {
+        assert!(out.contains(text), "missing {text:?} in:\n{out}");
+    }
+    let out = expect(&mrstack(&["--help"]), 0);
+    assert!(
+        out.contains("replay") && out.contains("Exit status:"),
+        "{out}"
+    );
+}
