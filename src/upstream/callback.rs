@@ -138,8 +138,12 @@ impl<Ctx, P: PropertySet, A: Unsigned + NonZero> Callback<Ctx, P, A> {
 }
 
 fn default_synchronize<Ctx>(_: &Ctx, stream: StreamRef) -> Result<(), AllocError> {
-    // Without a driver no stream can hold work.
-    if !super::driver_available() {
+    // Without a driver no stream can hold work; nor can the default stream of a thread with no
+    // current context, or of a process that never initialized the driver (a host-only program
+    // on a machine that has a driver installed).
+    if !super::driver_available()
+        || stream.is_default() && !matches!(cudarc::driver::result::ctx::get_current(), Ok(Some(_)))
+    {
         return Ok(());
     }
     // SAFETY: `stream` is null or a live stream (StreamRef's contract); synchronizing only reads it.
