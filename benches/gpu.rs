@@ -240,7 +240,7 @@ fn main() {
 fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
     use mrstack::resource_stack;
     const THREADS: usize = 8;
-    const THREAD_PASSES: usize = 5;
+    const THREAD_PASSES: usize = 11;
     let workloads: Vec<Workload> = (0..THREADS as u64)
         .map(|t| {
             workload::random(&workload::RandomConfig {
@@ -258,6 +258,10 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
                 let mr = resource_stack![cuda, Arena { size: cap(n) }];
                 workload::measure_threads(&mr, w, THREAD_PASSES)
             }
+            "arena/16M" => {
+                let mr = resource_stack![cuda, Arena { size: cap(n), superblock: 16 MiB }];
+                workload::measure_threads(&mr, w, THREAD_PASSES)
+            }
             _ => {
                 let mr = resource_stack![
                     cuda,
@@ -272,11 +276,11 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
         .map_err(|e| e.to_string())
     };
     println!();
-    println!("threads: the random workload per thread, one shared stack over Cuda, aggregate ns/op (warm-up, then {THREAD_PASSES} passes)");
-    println!("stack   |   1 thread  {THREADS} threads   {THREADS}-thread throughput / 1-thread");
-    println!("{}", "-".repeat(58));
+    println!("threads: the random workload per thread, one shared stack over Cuda, aggregate ns/op of the median of {THREAD_PASSES} passes after a warm-up");
+    println!("stack      |   1 thread  {THREADS} threads   {THREADS}-thread throughput / 1-thread");
+    println!("{}", "-".repeat(61));
     let mut ok = true;
-    for name in ["arena", "pool"] {
+    for name in ["arena", "arena/16M", "pool"] {
         eprintln!("timing {name} on 1 and {THREADS} threads …");
         match (run(name, 1), run(name, THREADS)) {
             (Ok(one), Ok(many)) => {
@@ -287,7 +291,7 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
             }
             (a, b) => {
                 ok = false;
-                println!("{name:<7} | error: {:?} {:?}", a.err(), b.err())
+                println!("{name:<10} | error: {:?} {:?}", a.err(), b.err())
             }
         }
     }

@@ -847,9 +847,10 @@ pub fn measure(replay: &mut dyn Replay, passes: usize) -> Result<Timing, ReplayE
 }
 
 /// Throughput with threads: each workload replays on its own thread through the one shared
-/// `resource` (on the default stream, as a multi-threaded host program would), one warm-up pass,
-/// then `passes` timed passes started together. Returns the aggregate time per op: wall time over
-/// all ops of all threads, so perfect scaling divides it by the number of threads.
+/// `resource` (on the default stream, as a multi-threaded host program would): one warm-up pass,
+/// then `passes` timed passes, each started on all threads at once. Returns the aggregate time per
+/// op of the median pass: its wall time over all ops of all threads, so perfect scaling divides
+/// it by the number of threads.
 pub fn measure_threads<R>(
     resource: &R,
     workloads: &[Workload],
@@ -858,44 +859,51 @@ pub fn measure_threads<R>(
 where
     R: MemoryResource + Sync,
 {
+    let passes = passes.max(1);
     let start = std::sync::Barrier::new(workloads.len() + 1);
     let end = std::sync::Barrier::new(workloads.len() + 1);
-    let passes = passes.max(1);
-    let (wall, results) = std::thread::scope(|s| {
+    let (mut walls, results) = std::thread::scope(|s| {
         let handles: Vec<_> = workloads
             .iter()
             .map(|w| {
                 let (start, end) = (&start, &end);
                 s.spawn(move || {
-                    // Every thread reaches both barriers whatever happens, so none waits forever.
+                    // Every thread reaches every barrier whatever happens, so none waits forever;
+                    // after an error it stops replaying and keeps the first error.
                     let mut replay = Replayer::new(resource, w, w.default_streams());
-                    let warm = match &mut replay {
+                    let mut result = match &mut replay {
                         Ok(r) => r.pass().map(drop),
                         Err(e) => Err(e.clone()),
                     };
-                    start.wait();
-                    let timed = warm.and_then(|()| match &mut replay {
-                        Ok(r) => (0..passes).try_for_each(|_| r.pass().map(drop)),
-                        Err(e) => Err(e.clone()),
-                    });
-                    end.wait();
-                    timed
+                    for _ in 0..passes {
+                        start.wait();
+                        if let (Ok(()), Ok(r)) = (&result, &mut replay) {
+                            result = r.pass().map(drop);
+                        }
+                        end.wait();
+                    }
+                    result
                 })
             })
             .collect();
-        start.wait();
-        let t0 = Instant::now();
-        end.wait();
-        let wall = t0.elapsed();
+        let walls: Vec<Duration> = (0..passes)
+            .map(|_| {
+                start.wait();
+                let t0 = Instant::now();
+                end.wait();
+                t0.elapsed()
+            })
+            .collect();
         let results: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().expect("replay threads do not panic"))
             .collect();
-        (wall, results)
+        (walls, results)
     });
     results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    walls.sort();
     let ops: usize = workloads.iter().map(|w| w.ops().len()).sum();
-    Ok(wall.as_nanos() as f64 / (ops * passes).max(1) as f64)
+    Ok(walls[walls.len() / 2].as_nanos() as f64 / ops.max(1) as f64)
 }
 
 /// A named way to build a resource stack over an upstream `U` with a capacity (pool maximum,
