@@ -285,7 +285,7 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
         match (run(name, 1), run(name, THREADS)) {
             (Ok(one), Ok(many)) => {
                 println!(
-                    "{name:<7} | {one:>10.1} {many:>10.1}   {:>6.2}x",
+                    "{name:<10} | {one:>10.1} {many:>10.1}   {:>6.2}x",
                     one / many
                 )
             }
