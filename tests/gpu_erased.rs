@@ -6,7 +6,7 @@
 //! Without a CUDA driver each test prints why and returns; with `MRSTACK_REQUIRE_GPU=1` a missing
 //! GPU fails the test instead.
 
-use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use mrstack::registry::{self, DeviceResource};
 use std::ptr::NonNull;
@@ -14,52 +14,11 @@ use std::sync::{Arc, Mutex};
 use typenum::U256;
 
 mod common;
-use common::gpu;
+use common::{fill_and_check, gpu, kernel};
 
 /// The process-wide registry is shared by the tests of this binary, which run on threads: the
 /// tests that set or reset it take this lock.
 static REGISTRY: Mutex<()> = Mutex::new(());
-
-const KERNELS: &str = r#"
-extern "C" __global__ void fill(unsigned int* out, unsigned int n, unsigned int k) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = i * k + 1u;
-}
-extern "C" __global__ void increment(unsigned int* data, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) data[i] += 1u;
-}
-"#;
-
-fn kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
-    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
-    ctx.load_module(ptx)
-        .expect("module loads")
-        .load_function(name)
-        .expect("function exists")
-}
-
-/// Fills `v` with `fill` on its stream and checks every value on the host.
-fn fill_and_check<R>(ctx: &Arc<CudaContext>, v: &mut DeviceVec<u32, R>, k: u32)
-where
-    R: MemoryResource + Accessible<DeviceAccessible>,
-{
-    let f = kernel(ctx, "fill");
-    let n = v.len() as u32;
-    let stream = v.stream().clone();
-    // SAFETY: `fill` takes (unsigned*, unsigned, unsigned) and writes indices < n of a buffer of n.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&mut *v)
-            .arg(&n)
-            .arg(&k)
-            .launch(LaunchConfig::for_num_elems(n))
-    }
-    .expect("launch");
-    let want: Vec<u32> = (0..n).map(|i| i.wrapping_mul(k) + 1).collect();
-    assert_eq!(v.to_vec().unwrap(), want);
-}
 
 #[test]
 fn the_registry_serves_every_device_from_its_own_slot() {
