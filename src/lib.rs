@@ -117,8 +117,10 @@ pub use allocator_api2;
 /// # let _ = mr;
 /// ```
 ///
-/// A line is `Name`, `Name { field: value, … }` (the configuration `mrstack::layer::Name`, other
-/// fields defaulted), or any other expression implementing `Layer`. Sizes may be written
+/// A line is `Name`, `Name<Args>` or `Name { field: value, … }` (the configuration
+/// `mrstack::layer::Name`, other fields defaulted), or any other expression implementing `Layer`:
+/// write a configuration of your own as an expression (`(MyLayer)`, `my_layer`,
+/// `MyLayer::new()`), since a bare capitalized name is looked up in `mrstack::layer`. Sizes may be written
 /// `512 MiB`, `1 GiB`, `64 KB` or as strings `"512MB"`; units are B, KB/MB/GB/TB (powers of 1000)
 /// and KiB/MiB/GiB/TiB (powers of 1024), checked at compile time.
 pub use mrstack_macros::resource_stack;

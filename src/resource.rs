@@ -90,6 +90,7 @@ pub unsafe trait MemoryResource {
     /// `B1` when the memory is managed memory the driver migrates (it can be prefetched).
     type Managed: Bit;
     /// The alignment every returned pointer meets (a typenum unsigned: `U256` for CUDA memory).
+    /// A power of two, like every alignment; the zero-size pointer rules rely on it.
     type Alignment: Unsigned + NonZero;
 
     /// Allocates `size` bytes aligned to `max(align, Self::Alignment)` for use on `stream`.
@@ -245,7 +246,9 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 ///     }
 /// }
 ///
-/// /// Its configuration: `resource_stack![System::new(), Count]` would use this.
+/// /// Its configuration. In `resource_stack!` a bare capitalized name means a configuration of
+/// /// this crate (`mrstack::layer::Name`), so write your own as an expression:
+/// /// `resource_stack![System::new(), (Count)]`.
 /// struct Count;
 /// impl<U: MemoryResource> Layer<U> for Count {
 ///     type Resource = Counting<U>;
@@ -254,7 +257,7 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 ///     }
 /// }
 ///
-/// let r = Count.layer(System::new());
+/// let r = mrstack::resource_stack![System::new(), (Count)];
 /// let p = r.allocate_sync(64, 8).unwrap();
 /// unsafe { r.deallocate_sync(p, 64, 8) };
 /// assert_eq!(r.count.into_inner(), 1);

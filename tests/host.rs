@@ -211,3 +211,35 @@ fn macro_fields_take_sizes_literals_and_expressions() {
     // SAFETY: p came from aligned with this size and align.
     unsafe { aligned.deallocate(p, 10, 1, S) };
 }
+
+#[test]
+fn macro_size_literals_in_every_spelling() {
+    let sim = Simulated::new(1 << 40);
+    let limit = |mr: &Limiting<&Simulated>| {
+        let e = mr.allocate(1 << 41, 256, S).unwrap_err();
+        match e.kind {
+            AllocErrorKind::LimitExceeded { limit, .. } => limit,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 0x10 MiB }]),
+        16 << 20
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 2KiB }]),
+        2048
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 1_024 }]),
+        1024
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 3 GB }]),
+        3_000_000_000
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: "64 KB" }]),
+        64_000
+    );
+}

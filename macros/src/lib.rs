@@ -121,7 +121,17 @@ impl Parse for Field {
             let n: LitInt = input.parse()?;
             let unit: Ident = input.parse()?;
             let span = n.span().join(unit.span()).unwrap_or_else(|| n.span());
-            size_tokens(&n.to_string(), &unit.to_string(), span)?
+            if !n.suffix().is_empty() {
+                return Err(syn::Error::new(
+                    span,
+                    format!(
+                        "a size is a number and a unit, as `{} {unit}`: drop the `{}` suffix",
+                        n.base10_digits(),
+                        n.suffix()
+                    ),
+                ));
+            }
+            size_tokens(n.base10_digits(), &unit.to_string(), span)?
         } else if input.peek(LitInt) && {
             // A lone literal (`4096`, `512MiB`); one followed by an operator (`1 << 40`) is an
             // expression.
@@ -130,9 +140,9 @@ impl Parse for Field {
         } {
             let n: LitInt = input.parse()?;
             match n.suffix() {
-                "" | "usize" | "u64" | "u32" | "u16" | "u8" | "i32" | "i64" | "isize" => {
-                    n.into_token_stream()
-                }
+                // An integer type suffix is the user's choice of type: keep it.
+                "" | "usize" | "isize" | "u8" | "u16" | "u32" | "u64" | "u128" | "i8" | "i16"
+                | "i32" | "i64" | "i128" => n.into_token_stream(),
                 unit => size_tokens(n.base10_digits(), unit, n.span())?,
             }
         } else if input.peek(LitStr) {

@@ -24,11 +24,10 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceBox<
         Ok(b)
     }
 
-    /// Replaces the value: a copy queued on the box's stream, then waited for, so that `value`
-    /// need not outlive the call.
+    /// Replaces the value: a copy on the box's stream, waited for (as every `copy_from`), so
+    /// that `value` need not outlive the call.
     pub fn set(&mut self, value: T) -> Result<(), AllocError> {
-        self.inner.copy_from(std::slice::from_ref(&value))?;
-        self.inner.synchronize()
+        self.inner.copy_from(std::slice::from_ref(&value))
     }
 
     /// The value, copied back to the host after the box's stream has run.

@@ -74,8 +74,9 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         Ok(v)
     }
 
-    /// Copies `host` in (same length), queued on the vector's stream. The host slice may be reused
-    /// as soon as this returns (the driver stages pageable memory).
+    /// Copies `host` in (same length) on the vector's stream and waits for the copy, so `host`
+    /// may be changed or freed as soon as this returns, pinned or managed memory included (the
+    /// driver stages only pageable memory; from pinned memory the copy is fully asynchronous).
     pub fn copy_from(&mut self, host: &[T]) -> Result<(), AllocError> {
         let name = self.buf.resource().name();
         if host.len() != self.len() {
@@ -87,8 +88,12 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let stream = self.buf.stream();
         let err = copy_error(name, self.buf.bytes());
         stream.context().bind_to_thread().map_err(err)?;
-        // SAFETY: the destination holds `host.len()` values; the source is a live host slice.
+        // SAFETY: the destination holds `host.len()` values; the source is a live host slice,
+        // borrowed until the synchronize below has waited for the copy.
         unsafe { result::memcpy_htod_async(*self.buf.address(), host, stream.cu_stream()) }
+            .map_err(copy_error(name, self.buf.bytes()))?;
+        stream
+            .synchronize()
             .map_err(copy_error(name, self.buf.bytes()))
     }
 

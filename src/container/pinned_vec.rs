@@ -44,8 +44,14 @@ where
 {
     fn with_len(len: usize, resource: R, stream: &Arc<CudaStream>) -> Result<Self, AllocError> {
         let () = AlignmentFits::<T, R>::CHECK;
+        let buf = RawBuf::allocate(len, resource, stream)?;
+        // A suballocator may hand out a block that work queued on the stream still uses (freed on
+        // this stream, or ordered after another one): the host writes next, so wait first.
+        if buf.bytes() > 0 {
+            buf.synchronize()?;
+        }
         Ok(PinnedVec {
-            buf: RawBuf::allocate(len, resource, stream)?,
+            buf,
             in_use_by_device: AtomicBool::new(false),
         })
     }
@@ -97,11 +103,11 @@ where
 
     /// Waits for the vector's stream if the device may be using the memory.
     pub fn synchronize(&self) -> Result<(), AllocError> {
-        if self.in_use_by_device.swap(false, Ordering::AcqRel) {
-            if let Err(e) = self.buf.synchronize() {
-                self.in_use_by_device.store(true, Ordering::Release);
-                return Err(e);
-            }
+        // Clear the flag only after the wait: a reader on another thread that sees it clear must
+        // find the device work finished, not merely waited for by someone else.
+        if self.in_use_by_device.load(Ordering::Acquire) {
+            self.buf.synchronize()?;
+            self.in_use_by_device.store(false, Ordering::Release);
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource}
 use crate::stream::StreamRef;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use typenum::{NonZero, Unsigned, U1};
+use typenum::{NonZero, PowerOfTwo, Unsigned, U1};
 
 /// Allocates `size` (> 0) bytes aligned to `align` for use on the stream.
 pub type AllocateFn<Ctx> = fn(&Ctx, usize, usize, StreamRef) -> Result<NonNull<u8>, AllocError>;
@@ -63,7 +63,7 @@ pub type OrderAfterFn<Ctx> = fn(&Ctx, StreamRef, StreamRef) -> Result<(), AllocE
 /// // SAFETY: v came from mr with this size and alignment.
 /// unsafe { mr.deallocate_sync(v, 100, 64) };
 /// ```
-pub struct Callback<Ctx, P: PropertySet, A: Unsigned + NonZero = U1> {
+pub struct Callback<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo = U1> {
     ctx: Ctx,
     allocate: AllocateFn<Ctx>,
     deallocate: DeallocateFn<Ctx>,
@@ -73,7 +73,7 @@ pub struct Callback<Ctx, P: PropertySet, A: Unsigned + NonZero = U1> {
     _props: PhantomData<fn() -> (P, A)>,
 }
 
-impl<Ctx, P: PropertySet, A: Unsigned + NonZero> Callback<Ctx, P, A> {
+impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> Callback<Ctx, P, A> {
     /// A resource calling `allocate` and `deallocate` with `ctx`.
     ///
     /// # Safety
@@ -163,7 +163,7 @@ fn default_order_after<Ctx>(
     default_synchronize(ctx, after)
 }
 
-impl<Ctx: std::fmt::Debug, P: PropertySet, A: Unsigned + NonZero> std::fmt::Debug
+impl<Ctx: std::fmt::Debug, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> std::fmt::Debug
     for Callback<Ctx, P, A>
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -179,7 +179,9 @@ impl<Ctx: std::fmt::Debug, P: PropertySet, A: Unsigned + NonZero> std::fmt::Debu
 // SAFETY: the constructor's caller promised that the functions give memory with P's properties,
 // valid until deallocated; alignment to max(align, A) is checked here before a pointer is handed
 // out.
-unsafe impl<Ctx, P: PropertySet, A: Unsigned + NonZero> MemoryResource for Callback<Ctx, P, A> {
+unsafe impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> MemoryResource
+    for Callback<Ctx, P, A>
+{
     type Host = P::Host;
     type Device = P::Device;
     type Managed = P::Managed;
