@@ -1036,3 +1036,33 @@ fn binning_sixteen_threads_over_a_pool() {
     drop(mr);
     assert_eq!(rec.in_use(), 0);
 }
+
+#[test]
+fn absurd_configurations_still_serve_what_fits() {
+    let sim = Simulated::new(1 << 30);
+    let fixed = FixedSize::new(
+        &sim,
+        FixedSizeConfig {
+            block_size: 1 << 20,
+            blocks_to_preallocate: 1 << 50,
+        },
+    );
+    let p = fixed.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+    // SAFETY: p came from fixed with this size and align.
+    unsafe { fixed.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+    drop(fixed);
+    assert_eq!(sim.in_use(), 0);
+
+    let arena = mrstack::adaptor::Arena::new(
+        &sim,
+        mrstack::adaptor::ArenaConfig {
+            size: usize::MAX,
+            ..Default::default()
+        },
+    );
+    let p = arena.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+    // SAFETY: p came from arena with this size and align.
+    unsafe { arena.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+    drop(arena);
+    assert_eq!(sim.in_use(), 0);
+}

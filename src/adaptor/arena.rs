@@ -156,7 +156,10 @@ impl<U: MemoryResource> Arena<U> {
             .next_power_of_two();
         Arena {
             upstream,
-            max_size: config.size & !(GRAN - 1),
+            // No allocation can exceed isize::MAX less its alignment (at most a superblock): a cap
+            // above that ("no cap") is clamped, so the first reservation is a request the
+            // upstream can refuse as out of memory, and the arena then halves it.
+            max_size: config.size.min(isize::MAX as usize - MAX_SUPERBLOCK) & !(GRAN - 1),
             sb_shift: superblock.trailing_zeros(),
             global: Mutex::new(Global::default()),
             taken: AtomicUsize::new(0),
@@ -692,7 +695,8 @@ impl<U: MemoryResource> Drop for Arena<U> {
         }
         let n = *self.nchunks.get_mut();
         for chunk in self.chunks[..n].iter().filter_map(OnceLock::get) {
-            if let Some(ptr) = NonNull::new(std::ptr::without_provenance_mut::<u8>(chunk.ptr)) {
+            if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(chunk.ptr))
+            {
                 // SAFETY: the chunk came from the upstream with this size and alignment and goes
                 // back once; nothing of it is used after the arena is gone.
                 unsafe {
@@ -706,7 +710,8 @@ impl<U: MemoryResource> Drop for Arena<U> {
 
 fn to_ptr(addr: usize) -> NonNull<u8> {
     // Addresses come from NonNull pointers of the upstream, offset within their allocation.
-    NonNull::new(std::ptr::without_provenance_mut(addr)).expect("Arena: a block address is never 0")
+    NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
+        .expect("Arena: a block address is never 0")
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -188,7 +188,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         let grow_by = bin.blocks().clamp(1, MAX_GROWTH);
         let addr = bin.pop(&self.upstream, stream, grow_by, size, align, NAME)?;
         drop(bin);
-        NonNull::new(std::ptr::without_provenance_mut(addr))
+        NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
             .ok_or(AllocError::out_of_memory(size, align, NAME))
     }
 

@@ -194,7 +194,7 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
         }
         let addr = bin.pop(&self.upstream, stream, self.grow_by, size, align, NAME)?;
         drop(bin);
-        NonNull::new(std::ptr::without_provenance_mut(addr))
+        NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
             .ok_or(AllocError::out_of_memory(size, align, NAME))
     }
 
@@ -378,6 +378,8 @@ impl Bin {
             align,
             name,
         );
+        // A chunk no allocation could hold (over isize::MAX) is asked as the largest one that fits.
+        count = count.min(((isize::MAX as usize - GRANULE) / self.block).max(1));
         loop {
             let bytes = count.checked_mul(self.block).ok_or(too_big)?;
             match upstream.allocate(bytes, GRANULE, stream) {
@@ -425,7 +427,7 @@ impl Bin {
                 }
             }
             self.held -= chunk.size;
-            if let Some(ptr) = NonNull::new(std::ptr::without_provenance_mut(chunk.addr)) {
+            if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(chunk.addr)) {
                 // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE, chunk.stream)`
                 // and was taken out of `chunks`, so it is given back once; the caller promises none
                 // of its blocks is in use, and its stream is ordered after every stream that freed

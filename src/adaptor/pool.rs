@@ -452,7 +452,7 @@ impl<U: MemoryResource> Pool<U> {
     ///
     /// `start`/`chunk` describe an upstream allocation that nothing uses any more.
     unsafe fn give_back(&self, start: usize, chunk: Chunk) {
-        if let Some(ptr) = NonNull::new(std::ptr::without_provenance_mut(start)) {
+        if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(start)) {
             // SAFETY: forwarded from the caller: a live upstream allocation of this size.
             unsafe {
                 self.upstream
@@ -566,7 +566,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
         };
         st.allocated += block;
         drop(st);
-        NonNull::new(std::ptr::without_provenance_mut(addr))
+        NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
             .ok_or(AllocError::out_of_memory(size, align, NAME))
     }
 
