@@ -567,6 +567,59 @@ fn pool_keeps_streams_apart_until_ordered() {
     assert_eq!(rec.in_use(), 0);
 }
 
+/// 16 threads allocate, fill, check and free random blocks through `mr`, half on the default
+/// stream and half on their own: a block whose bytes changed while it was live proves an overlap.
+/// `pick` draws a request's size and alignment from a random number.
+fn hammer<R: MemoryResource + Sync>(
+    mr: &R,
+    seed: u64,
+    pick: impl Fn(&mut dyn FnMut() -> u64) -> (usize, usize) + Sync,
+) {
+    std::thread::scope(|scope| {
+        for t in 0..16usize {
+            let pick = &pick;
+            scope.spawn(move || {
+                let s = if t % 2 == 0 {
+                    StreamRef::DEFAULT
+                } else {
+                    stream(t)
+                };
+                let mut rng = seed ^ (t as u64 + 1);
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut live: Vec<(NonNull<u8>, usize, usize, u8)> = Vec::new();
+                for i in 0..1500usize {
+                    if live.len() < 24 && next() % 8 < 5 {
+                        let (size, align) = pick(&mut next);
+                        let p = mr
+                            .allocate(size, align, s)
+                            .expect("room for 16 x 24 blocks");
+                        assert_eq!(p.as_ptr() as usize % align.max(256), 0);
+                        let tag = (t * 16 + i % 16) as u8;
+                        // SAFETY: p is a live host block of at least `size` bytes.
+                        unsafe { p.as_ptr().write_bytes(tag, size) };
+                        live.push((p, size, align, tag));
+                    } else if !live.is_empty() {
+                        let (p, size, align, tag) = live.swap_remove(next() as usize % live.len());
+                        check_pattern(p.as_ptr() as usize, size, tag);
+                        // SAFETY: p is live, from `mr`, with this size and alignment.
+                        unsafe { mr.deallocate(p, size, align, s) };
+                    }
+                }
+                for (p, size, align, tag) in live {
+                    check_pattern(p.as_ptr() as usize, size, tag);
+                    // SAFETY: as above.
+                    unsafe { mr.deallocate(p, size, align, s) };
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
     let rec = Recorder::new(System::new());
@@ -577,53 +630,12 @@ fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
             max: 1 << 30,
         },
     );
-    std::thread::scope(|scope| {
-        for t in 0..16usize {
-            let pool = &pool;
-            scope.spawn(move || {
-                // Half the threads share the default stream, the others each have their own.
-                let s = if t % 2 == 0 {
-                    StreamRef::DEFAULT
-                } else {
-                    stream(t)
-                };
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
-                let mut live: Vec<(NonNull<u8>, usize, usize, u8)> = Vec::new();
-                for i in 0..1500usize {
-                    if live.len() < 24 && next() % 8 < 5 {
-                        let size = match next() % 16 {
-                            0 => (next() % (1 << 20)) as usize + 1,
-                            _ => (next() % 8192) as usize + 1,
-                        };
-                        let align = 1 << (next() % 13);
-                        let p = pool
-                            .allocate(size, align, s)
-                            .expect("1 GiB holds 16 x 24 blocks of at most 1 MiB");
-                        assert_eq!(p.as_ptr() as usize % align.max(256), 0);
-                        let tag = (t * 16 + i % 16) as u8;
-                        // SAFETY: p is a live host block of at least `size` bytes.
-                        unsafe { p.as_ptr().write_bytes(tag, size) };
-                        live.push((p, size, align, tag));
-                    } else if !live.is_empty() {
-                        let (p, size, align, tag) = live.swap_remove(next() as usize % live.len());
-                        check_pattern(p.as_ptr() as usize, size, tag);
-                        // SAFETY: p is live, from this pool, with this size and alignment.
-                        unsafe { pool.deallocate(p, size, align, s) };
-                    }
-                }
-                for (p, size, align, tag) in live {
-                    check_pattern(p.as_ptr() as usize, size, tag);
-                    // SAFETY: as above.
-                    unsafe { pool.deallocate(p, size, align, s) };
-                }
-            });
-        }
+    hammer(&pool, 0x9E37_79B9_7F4A_7C15, |next| {
+        let size = match next() % 16 {
+            0 => (next() % (1 << 20)) as usize + 1,
+            _ => (next() % 8192) as usize + 1,
+        };
+        (size, 1 << (next() % 13))
     });
     assert_eq!(pool.stats().allocated, 0);
     let size = pool.pool_size();
@@ -992,45 +1004,8 @@ fn binning_sixteen_threads_over_a_pool() {
             max: 64 << 10,
         },
     );
-    std::thread::scope(|scope| {
-        for t in 0..16usize {
-            let mr = &mr;
-            scope.spawn(move || {
-                let s = if t % 2 == 0 {
-                    StreamRef::DEFAULT
-                } else {
-                    stream(t)
-                };
-                let mut rng = 0xD1B5_4A32_D192_ED03u64 ^ (t as u64 + 1);
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
-                let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
-                for i in 0..1500usize {
-                    if live.len() < 24 && next() % 8 < 5 {
-                        let size = (next() % (128 << 10)) as usize + 1;
-                        let p = mr.allocate(size, 256, s).unwrap();
-                        let tag = (t * 16 + i % 16) as u8;
-                        // SAFETY: p is a live host block of at least `size` bytes.
-                        unsafe { p.as_ptr().write_bytes(tag, size) };
-                        live.push((p, size, tag));
-                    } else if !live.is_empty() {
-                        let (p, size, tag) = live.swap_remove(next() as usize % live.len());
-                        check_pattern(p.as_ptr() as usize, size, tag);
-                        // SAFETY: p is live, from this resource, with this size.
-                        unsafe { mr.deallocate(p, size, 256, s) };
-                    }
-                }
-                for (p, size, tag) in live {
-                    check_pattern(p.as_ptr() as usize, size, tag);
-                    // SAFETY: as above.
-                    unsafe { mr.deallocate(p, size, 256, s) };
-                }
-            });
-        }
+    hammer(&mr, 0xD1B5_4A32_D192_ED03, |next| {
+        ((next() % (128 << 10)) as usize + 1, 256)
     });
     assert_eq!(mr.upstream().stats().allocated, mr.bins_size());
     drop(mr);
