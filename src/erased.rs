@@ -163,6 +163,43 @@ impl std::fmt::Display for Properties {
 /// The alignment erased resources guarantee: what they raise every request to.
 const ERASED_ALIGN: usize = 16;
 
+/// What both erased types do with a request: a zero-size or malformed one is answered here (with
+/// `E`'s alignment), the alignment is raised to [`ERASED_ALIGN`], and the rest is one virtual call.
+#[inline]
+fn erased_allocate<E: MemoryResource, D: DynResource + ?Sized>(
+    inner: &D,
+    size: usize,
+    align: usize,
+    stream: StreamRef,
+    name: &'static str,
+) -> Result<NonNull<u8>, AllocError> {
+    if let Some(empty) = check_request::<E>(size, align, name)? {
+        return Ok(empty);
+    }
+    inner.allocate(size, align.max(ERASED_ALIGN), stream)
+}
+
+/// The other half of [`erased_allocate`]: zero-size pointers stay here, the rest goes to `inner`
+/// with the alignment raised as it was for the allocation.
+///
+/// # Safety
+///
+/// `ptr` came from [`erased_allocate`] over `inner` with this size and align.
+#[inline]
+unsafe fn erased_deallocate<D: DynResource + ?Sized>(
+    inner: &D,
+    ptr: NonNull<u8>,
+    size: usize,
+    align: usize,
+    stream: StreamRef,
+) {
+    if size == 0 {
+        return;
+    }
+    // SAFETY: every non-zero request of erased_allocate went to `inner`, with this alignment.
+    unsafe { inner.deallocate(ptr, size, align.max(ERASED_ALIGN), stream) }
+}
+
 /// The object-safe face of a [`MemoryResource`]: what the vtable of an erased resource holds.
 trait DynResource {
     fn allocate(
@@ -385,23 +422,13 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
         align: usize,
         stream: StreamRef,
     ) -> Result<NonNull<u8>, AllocError> {
-        if let Some(empty) = check_request::<Self>(size, align, "AnyResource")? {
-            return Ok(empty);
-        }
-        self.inner.allocate(size, align.max(ERASED_ALIGN), stream)
+        erased_allocate::<Self, _>(&*self.inner, size, align, stream, "AnyResource")
     }
 
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // SAFETY: forwarded from the caller; `ptr` came from `self.inner` (allocate sends every
-        // non-zero request there).
-        unsafe {
-            self.inner
-                .deallocate(ptr, size, align.max(ERASED_ALIGN), stream)
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { erased_deallocate(&*self.inner, ptr, size, align, stream) }
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
@@ -499,22 +526,13 @@ unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
         align: usize,
         stream: StreamRef,
     ) -> Result<NonNull<u8>, AllocError> {
-        if let Some(empty) = check_request::<Self>(size, align, "ResourceRef")? {
-            return Ok(empty);
-        }
-        self.inner.allocate(size, align.max(ERASED_ALIGN), stream)
+        erased_allocate::<Self, _>(self.inner, size, align, stream, "ResourceRef")
     }
 
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // SAFETY: forwarded from the caller; non-zero requests all went to `self.inner`.
-        unsafe {
-            self.inner
-                .deallocate(ptr, size, align.max(ERASED_ALIGN), stream)
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { erased_deallocate(self.inner, ptr, size, align, stream) }
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
