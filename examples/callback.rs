@@ -6,49 +6,14 @@
 //!
 //! Run: `cargo run --release --example callback`
 
-use cudarc::driver::{result, CudaStream};
 use mrstack::prelude::*;
 use mrstack::registry;
+
+#[path = "shared/cudarc_allocator.rs"]
+mod cudarc_allocator;
+use cudarc_allocator::cudarc_allocator;
 use std::ptr::NonNull;
-use std::sync::Arc;
-use typenum::{U16, U256};
-
-/// cudarc's allocation on `own`: ordered on `own`, so a request for another stream waits for the
-/// allocation first, and a free from another stream waits for that stream's work.
-fn allocate(
-    own: &Arc<CudaStream>,
-    size: usize,
-    align: usize,
-    stream: StreamRef,
-) -> Result<NonNull<u8>, AllocError> {
-    let err = |e| AllocError::cuda(e, size, align, "cudarc");
-    // SAFETY: uninitialized device memory, handed out as raw bytes for the caller to fill.
-    let ptr = unsafe { own.alloc::<u8>(size) }.map_err(err)?.leak();
-    if stream != StreamRef::from(own) {
-        own.synchronize().map_err(err)?;
-    }
-    NonNull::new(ptr as *mut u8).ok_or(AllocError::out_of_memory(size, align, "cudarc"))
-}
-
-/// # Safety
-///
-/// `ptr` came from [`allocate`] on `own` with `size` bytes and is freed once.
-unsafe fn deallocate(
-    own: &Arc<CudaStream>,
-    ptr: NonNull<u8>,
-    size: usize,
-    _: usize,
-    stream: StreamRef,
-) {
-    if stream != StreamRef::from(own) {
-        // SAFETY: `stream` is a live stream (StreamRef's contract); waiting on it only reads it.
-        own.context()
-            .record_err(unsafe { result::stream::synchronize(stream.as_raw()) });
-    }
-    // SAFETY: the pointer and size came from `own.alloc::<u8>(size)`, leaked once; dropping the
-    // slice frees it on `own` (cuMemFreeAsync), after the work queued there.
-    drop(unsafe { own.upgrade_device_ptr::<u8>(ptr.as_ptr() as u64, size) });
-}
+use typenum::U16;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = match mrstack::cuda_context(0) {
@@ -59,11 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let own = ctx.new_stream()?;
-    // SAFETY: cudarc returns device memory of `size` bytes from the driver (256-aligned, which
-    // Callback checks), usable on `own` at once and on other streams after the wait in
-    // `allocate`, and frees it after the work on the freeing stream.
-    let foreign: Callback<_, DeviceAccessible, U256> =
-        unsafe { Callback::new(own.clone(), allocate, deallocate) }.with_name("cudarc");
+    let foreign = cudarc_allocator(own.clone());
 
     // Used directly, as any resource:
     let host: Vec<f32> = (0..1_000_000).map(|i| i as f32).collect();

@@ -6,7 +6,7 @@
 //! Without a CUDA driver each test prints why and returns; with `MRSTACK_REQUIRE_GPU=1` a missing
 //! GPU fails the test instead.
 
-use cudarc::driver::{result, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaContext, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use mrstack::registry::{self, DeviceResource};
 use std::ptr::NonNull;
@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex};
 use typenum::U256;
 
 mod common;
+#[path = "../examples/shared/cudarc_allocator.rs"]
+mod cudarc_allocator;
 use common::{fill_and_check, gpu, kernel};
+use cudarc_allocator::cudarc_allocator;
 
 /// The process-wide registry is shared by the tests of this binary, which run on threads: the
 /// tests that set or reset it take this lock.
@@ -107,46 +110,6 @@ fn threads_race_on_the_registry_with_real_memory() {
         }
     });
     registry::reset_per_device_resource(0).unwrap();
-}
-
-/// A foreign allocator: cudarc's own `CudaStream::alloc` (cuMemAllocAsync on its stream) and
-/// `CudaSlice` drop (cuMemFreeAsync). Requests for another stream are ordered by waiting.
-fn cudarc_allocator(stream: Arc<CudaStream>) -> Callback<Arc<CudaStream>, DeviceAccessible, U256> {
-    fn allocate(
-        own: &Arc<CudaStream>,
-        size: usize,
-        align: usize,
-        s: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
-        let err = |e| AllocError::cuda(e, size, align, "cudarc");
-        // SAFETY: uninitialized device memory, handed out as raw bytes.
-        let ptr = unsafe { own.alloc::<u8>(size) }.map_err(err)?.leak();
-        if s != StreamRef::from(own) {
-            own.synchronize().map_err(err)?;
-        }
-        NonNull::new(ptr as *mut u8).ok_or(AllocError::out_of_memory(size, align, "cudarc"))
-    }
-    /// # Safety
-    /// `ptr` came from `allocate` on `own` with `size` bytes.
-    unsafe fn deallocate(
-        own: &Arc<CudaStream>,
-        ptr: NonNull<u8>,
-        size: usize,
-        _: usize,
-        s: StreamRef,
-    ) {
-        if s != StreamRef::from(own) {
-            // SAFETY: `s` is a live stream (StreamRef's contract); the free below waits for it.
-            own.context()
-                .record_err(unsafe { result::stream::synchronize(s.as_raw()) });
-        }
-        // SAFETY: the pointer and size came from `own.alloc::<u8>(size)`, leaked once.
-        drop(unsafe { own.upgrade_device_ptr::<u8>(ptr.as_ptr() as u64, size) });
-    }
-    // SAFETY: cudarc's allocation is device memory of `size` bytes, usable on `own` at once and on
-    // another stream after the synchronize above, freed after the work on the freeing stream.
-    // The driver's allocations are 256-aligned, which Callback checks on every pointer.
-    unsafe { Callback::new(stream, allocate, deallocate) }.with_name("cudarc")
 }
 
 #[test]
