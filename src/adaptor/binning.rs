@@ -22,7 +22,7 @@
 //! request: bins' chunks and large requests are asked for at least 256-byte alignment, which is
 //! what `Binning` guarantees.
 
-use crate::adaptor::fixed_size::Bin;
+use crate::adaptor::fixed_size::{Bin, Growth};
 use crate::resource::{check_request, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
@@ -184,10 +184,14 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         let Some(bin) = self.bin(size, align) else {
             return self.upstream.allocate(size, align.max(GRANULE), stream);
         };
-        let mut bin = lock(bin);
-        let grow_by = bin.blocks().clamp(1, MAX_GROWTH);
-        let addr = bin.pop(&self.upstream, stream, grow_by, size, align, NAME)?;
-        drop(bin);
+        let addr = lock(bin).pop(
+            &self.upstream,
+            stream,
+            Growth::Double(MAX_GROWTH),
+            size,
+            align,
+            NAME,
+        )?;
         NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
             .ok_or(AllocError::out_of_memory(size, align, NAME))
     }

@@ -192,7 +192,14 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
                 NAME,
             ));
         }
-        let addr = bin.pop(&self.upstream, stream, self.grow_by, size, align, NAME)?;
+        let addr = bin.pop(
+            &self.upstream,
+            stream,
+            Growth::Fixed(self.grow_by),
+            size,
+            align,
+            NAME,
+        )?;
         drop(bin);
         NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
             .ok_or(AllocError::out_of_memory(size, align, NAME))
@@ -224,6 +231,15 @@ impl<U: MemoryResource> Drop for FixedSize<U> {
         // SAFETY: the resource is being dropped, so it hands out no block any more.
         unsafe { bin.release_all(&self.upstream) };
     }
+}
+
+/// How a [`Bin`] with no free block grows: decided in the slow path, off the hot one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Growth {
+    /// By this many blocks (FixedSize's `blocks_to_preallocate`).
+    Fixed(usize),
+    /// By as many blocks as the bin holds, between 1 and this many (Binning's geometric refill).
+    Double(usize),
 }
 
 /// The state of one block size: free lists per stream and the chunks they were carved from. It
@@ -263,23 +279,19 @@ impl Bin {
     }
 
     /// Blocks carved so far.
-    pub(crate) fn blocks(&self) -> usize {
-        self.held / self.block
-    }
-
     pub(crate) fn free_blocks(&self) -> usize {
         self.lists.iter().map(|(_, l)| l.len()).sum()
     }
 
     /// A free block for work on `stream`: one freed on `stream`, else one freed on another stream
-    /// once `stream` is ordered after it, else one from a new chunk of `grow_by` blocks (fewer if
-    /// the upstream is short of memory). `size`/`align`/`name` only label errors.
+    /// once `stream` is ordered after it, else one from a new chunk that `growth` sizes (fewer
+    /// blocks if the upstream is short of memory). `size`/`align`/`name` only label errors.
     #[inline]
     pub(crate) fn pop<U: MemoryResource>(
         &mut self,
         upstream: &U,
         stream: StreamRef,
-        grow_by: usize,
+        growth: Growth,
         size: usize,
         align: usize,
         name: &'static str,
@@ -291,7 +303,7 @@ impl Bin {
                 }
             }
         }
-        self.pop_slow(upstream, stream, grow_by, size, align, name)
+        self.pop_slow(upstream, stream, growth, size, align, name)
     }
 
     #[cold]
@@ -299,7 +311,7 @@ impl Bin {
         &mut self,
         upstream: &U,
         stream: StreamRef,
-        grow_by: usize,
+        growth: Growth,
         size: usize,
         align: usize,
         name: &'static str,
@@ -321,7 +333,11 @@ impl Bin {
             let li = self.list_index(stream);
             self.lists[li].1.extend(blocks);
         } else {
-            self.grow(upstream, grow_by, true, stream, size, align, name)?;
+            let count = match growth {
+                Growth::Fixed(n) => n,
+                Growth::Double(max) => (self.held / self.block).clamp(1, max),
+            };
+            self.grow(upstream, count, true, stream, size, align, name)?;
         }
         let li = self.list_index(stream);
         self.lists[li]
