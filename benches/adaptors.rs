@@ -45,6 +45,12 @@ unsafe impl MemoryResource for Null {
 
     #[inline]
     unsafe fn deallocate(&self, _: NonNull<u8>, _: usize, _: usize, _: StreamRef) {}
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
 }
 
 fn never(_: &AllocError, _: usize) -> bool {

@@ -14,7 +14,7 @@
 use mrstack::workload::{
     self, measure, min_capacity, stack, timing_capacity, StackFactory, Workload,
 };
-use mrstack::{Cuda, CudaAsync, Simulated, StreamRef};
+use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +53,7 @@ fn time(
     stack: &dyn StackFactory<Cuda>,
     cuda: &Cuda,
     w: &Workload,
-    streams: &[StreamRef],
+    streams: &[StreamHandle],
 ) -> Result<Cell, workload::ReplayError> {
     let capacity = timing_capacity(w);
     let mut replay = stack.replayer(cuda.clone(), capacity, w, streams.to_vec())?;
@@ -96,9 +96,8 @@ fn main() {
         .map(Workload::stream_count)
         .max()
         .unwrap_or(1);
-    let owned: Vec<_> = (1..needed).filter_map(|_| ctx.new_stream().ok()).collect();
-    let streams: Vec<StreamRef> = std::iter::once(StreamRef::DEFAULT)
-        .chain(owned.iter().map(StreamRef::from))
+    let streams: Vec<StreamHandle> = std::iter::once(StreamHandle::DEFAULT)
+        .chain((1..needed).filter_map(|_| ctx.new_stream().ok().map(StreamHandle::from)))
         .collect();
     if streams.len() < needed {
         eprintln!("could not create {needed} streams");

@@ -68,9 +68,9 @@ fn on_host() -> Result<(), Box<dyn std::error::Error>> {
         // SAFETY: allocated by `host_alloc` with the same layout.
         unsafe { std::alloc::dealloc(ptr.as_ptr(), layout(size, align)) }
     }
-    // SAFETY: std::alloc returns host memory of `size` bytes aligned to max(align, 16), freed with
-    // the same layout; nothing is stream-ordered.
-    let foreign: Callback<(), HostAccessible, U16> =
+    // SAFETY: std::alloc returns pageable host memory of `size` bytes aligned to max(align, 16),
+    // freed with the same layout; nothing is stream-ordered.
+    let foreign: Callback<(), mrstack::property::Pageable, U16> =
         unsafe { Callback::new((), host_alloc, host_free) }.with_name("std::alloc");
     let mut v = allocator_api2::vec::Vec::new_in(HostAllocator::new(&foreign));
     v.extend((0..1000u64).map(|i| i * i));

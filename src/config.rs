@@ -341,7 +341,7 @@ impl ItemSpec {
     /// `Err` if resource type `R` lacks a property of `P`: checked before building a leaf, so a
     /// mismatch is reported as such even where the leaf could not be built.
     fn check_gives<P: PropertySet, R: MemoryResource>(&self) -> Result<(), ConfigError> {
-        if Properties::of::<R>().includes(&P::properties()) {
+        if Properties::of::<R>().includes(&Properties::of_set::<P>()) {
             Ok(())
         } else {
             Err(self.lacks::<P, R>())
@@ -352,7 +352,7 @@ impl ItemSpec {
         self.error(ConfigErrorKind::Properties {
             item: self.name.clone(),
             gives: Properties::of::<R>(),
-            wants: P::properties(),
+            wants: Properties::of_set::<P>(),
         })
     }
 
@@ -570,7 +570,7 @@ impl<P: PropertySet> StackBuilder<P> {
                 item.error(ConfigErrorKind::Properties {
                     item: item.name.clone(),
                     gives,
-                    wants: ManagedMemory::properties(),
+                    wants: Properties::of_set::<ManagedMemory>(),
                 })
             })?;
             let prefetch = crate::layer::Prefetch { device }.layer(managed);

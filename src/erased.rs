@@ -20,145 +20,15 @@
 //! [`AnyResource::properties`]. Claiming more (say `U256`, what CUDA leaves give) would cost every
 //! host allocation through a `System` below.
 
+pub use crate::property::{Properties, PropertySet};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use std::any::Any;
 use std::marker::PhantomData;
-use std::ops::BitOr;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use typenum::{Bit, Or, Unsigned, B0, B1, U16};
-
-/// A set of properties as a type: a marker ([`HostAccessible`], [`DeviceAccessible`],
-/// [`Migratable`]), a tuple of them, or `()` for none (what [`Simulated`](crate::Simulated) gives).
-///
-/// It maps the markers to the typenum bits a [`MemoryResource`] states, so that
-/// `AnyResource<(HostAccessible, DeviceAccessible)>` is a resource with `Host = B1, Device = B1`.
-pub trait PropertySet: 'static {
-    /// `B1` when the set includes [`HostAccessible`].
-    type Host: Bit;
-    /// `B1` when the set includes [`DeviceAccessible`].
-    type Device: Bit;
-    /// `B1` when the set includes [`Migratable`].
-    type Managed: Bit;
-
-    /// The set as run-time values, alignment 1.
-    fn properties() -> Properties {
-        Properties {
-            host: Self::Host::BOOL,
-            device: Self::Device::BOOL,
-            managed: Self::Managed::BOOL,
-            alignment: 1,
-        }
-    }
-}
-
-impl PropertySet for () {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B0;
-}
-
-impl PropertySet for HostAccessible {
-    type Host = B1;
-    type Device = B0;
-    type Managed = B0;
-}
-
-impl PropertySet for DeviceAccessible {
-    type Host = B0;
-    type Device = B1;
-    type Managed = B0;
-}
-
-impl PropertySet for Migratable {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B1;
-}
-
-impl<A: PropertySet, B: PropertySet> PropertySet for (A, B)
-where
-    A::Host: BitOr<B::Host, Output: Bit>,
-    A::Device: BitOr<B::Device, Output: Bit>,
-    A::Managed: BitOr<B::Managed, Output: Bit>,
-{
-    type Host = Or<A::Host, B::Host>;
-    type Device = Or<A::Device, B::Device>;
-    type Managed = Or<A::Managed, B::Managed>;
-}
-
-impl<A: PropertySet, B: PropertySet, C: PropertySet> PropertySet for (A, B, C)
-where
-    (A, B): PropertySet,
-    <(A, B) as PropertySet>::Host: BitOr<C::Host, Output: Bit>,
-    <(A, B) as PropertySet>::Device: BitOr<C::Device, Output: Bit>,
-    <(A, B) as PropertySet>::Managed: BitOr<C::Managed, Output: Bit>,
-{
-    type Host = Or<<(A, B) as PropertySet>::Host, C::Host>;
-    type Device = Or<<(A, B) as PropertySet>::Device, C::Device>;
-    type Managed = Or<<(A, B) as PropertySet>::Managed, C::Managed>;
-}
-
-// The empty set asks for nothing, so every resource gives it: `AnyResource<()>` can hold a
-// `Simulated` stack. Here rather than in property.rs because only erasure needs to name it.
-impl<R: ?Sized> Accessible<()> for R {}
-
-/// What an erased resource really gives, known at run time: its property bits and its alignment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Properties {
-    /// The CPU may dereference the memory.
-    pub host: bool,
-    /// Kernels may dereference the memory.
-    pub device: bool,
-    /// The memory is managed (migratable) memory.
-    pub managed: bool,
-    /// Every pointer is aligned to this many bytes.
-    pub alignment: usize,
-}
-
-impl Properties {
-    /// The properties resource type `R` states.
-    pub fn of<R: MemoryResource + ?Sized>() -> Self {
-        Properties {
-            host: R::Host::BOOL,
-            device: R::Device::BOOL,
-            managed: R::Managed::BOOL,
-            alignment: <R::Alignment as Unsigned>::USIZE,
-        }
-    }
-
-    /// True when every property of `wanted` is in `self` (alignment aside).
-    pub fn includes(&self, wanted: &Properties) -> bool {
-        (self.host || !wanted.host)
-            && (self.device || !wanted.device)
-            && (self.managed || !wanted.managed)
-    }
-}
-
-impl std::fmt::Display for Properties {
-    /// `HostAccessible + DeviceAccessible`, or `no access property` for none.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names = [
-            (self.host, "HostAccessible"),
-            (self.device, "DeviceAccessible"),
-            (self.managed, "Migratable"),
-        ];
-        let mut first = true;
-        for (_, name) in names.iter().filter(|(set, _)| *set) {
-            if !first {
-                f.write_str(" + ")?;
-            }
-            f.write_str(name)?;
-            first = false;
-        }
-        if first {
-            f.write_str("no access property")?;
-        }
-        Ok(())
-    }
-}
+use typenum::U16;
 
 /// The alignment erased resources guarantee: what they raise every request to.
 const ERASED_ALIGN: usize = 16;
@@ -323,7 +193,7 @@ impl<P: PropertySet> AnyResource<P> {
     where
         R: MemoryResource + Send + Sync + 'static,
     {
-        if Properties::of::<R>().includes(&P::properties()) {
+        if Properties::of::<R>().includes(&Properties::of_set::<P>()) {
             Ok(AnyResource {
                 inner: Arc::new(resource),
                 _props: PhantomData,
@@ -338,7 +208,7 @@ impl<P: PropertySet> AnyResource<P> {
     /// Lets a stack built as `AnyResource<DeviceAccessible>` from `managed` go under an adaptor that
     /// needs `Migratable`.
     pub fn try_cast<Q: PropertySet>(self) -> Result<AnyResource<Q>, Self> {
-        if self.inner.properties().includes(&Q::properties()) {
+        if self.inner.properties().includes(&Properties::of_set::<Q>()) {
             Ok(AnyResource {
                 inner: self.inner,
                 _props: PhantomData,

@@ -95,9 +95,9 @@ pub mod workload;
 
 pub use container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
 pub use erased::{AnyResource, PropertySet, ResourceRef};
-pub use property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
+pub use property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
 pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
-pub use stream::StreamRef;
+pub use stream::{StreamHandle, StreamId, StreamRef};
 pub use upstream::{
     cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,
     Managed, Pinned, Simulated, System,
@@ -136,7 +136,7 @@ pub mod prelude {
     };
     pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
     pub use crate::erased::{AnyResource, ResourceRef};
-    pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
+    pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
     pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
     pub use crate::stream::StreamRef;
     pub use crate::upstream::{

@@ -14,7 +14,8 @@
 //! ```
 
 use crate::resource::MemoryResource;
-use typenum::B1;
+use std::ops::BitOr;
+use typenum::{Bit, Or, Unsigned, B0, B1};
 
 /// The CPU may dereference the memory (host `malloc`, pinned, managed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -32,8 +33,10 @@ pub struct Migratable;
 /// `R: Accessible<P>` holds when resource `R` gives memory with property `P`.
 ///
 /// It is implemented for every [`MemoryResource`] from its typenum bits, and for a tuple of
-/// properties when each holds (`Accessible<(HostAccessible, DeviceAccessible)>`). Do not implement
-/// it yourself: set the bits on your resource instead.
+/// properties when each holds (`Accessible<(HostAccessible, DeviceAccessible)>`). It is sealed:
+/// the only way to give a resource a property is to set its bit in the `unsafe impl
+/// MemoryResource`, whose `# Safety` section is the promise. An `impl Accessible<…>` of your own
+/// does not compile.
 ///
 /// ```
 /// use mrstack::prelude::*;
@@ -47,37 +50,299 @@ pub struct Migratable;
     note = "kernels dereference only DeviceAccessible memory: DeviceBox and DeviceVec need it; PinnedVec and host access (as_host_slice, Deref) need HostAccessible too; Prefetch needs Migratable (managed) memory",
     note = "pick a resource that has the property (Cuda, CudaAsync, Pinned, Managed for DeviceAccessible; System, Pinned, Managed for HostAccessible; Managed for Migratable), or an adaptor stack over one"
 )]
-pub trait Accessible<P> {}
+pub trait Accessible<P>: sealed::Claimed<P> {}
 
-/// The check behind [`Accessible`]: implemented only for the bit `B1`. An implementation detail,
-/// public because the blanket impls name it.
-#[doc(hidden)]
-pub trait Gives<P, R: ?Sized> {}
+/// The seal. Its traits are public (the blanket impls name them) in a private module: no code
+/// outside this crate can name, hence implement, them.
+pub(crate) mod sealed {
+    /// The typenum bit `B1`: what a property bit must be for the property to hold.
+    pub trait IsSet {}
+    impl IsSet for typenum::B1 {}
 
-impl<P, R: ?Sized> Gives<P, R> for B1 {}
+    /// `R: Claimed<P>` holds exactly where this crate implements `Accessible<P>` for `R`: the
+    /// supertrait that stops an `impl Accessible<P> for MyType` outside the crate.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be declared {P} by hand: properties come only from the bits of its `unsafe impl MemoryResource`",
+        label = "no `impl Accessible<{P}>` outside mrstack",
+        note = "Accessible is sealed: set `type Host`/`Device`/`Managed = B1` in your resource's `unsafe impl MemoryResource` (whose # Safety section is the promise), and the property follows"
+    )]
+    pub trait Claimed<P> {}
+
+    /// Property sets are this crate's markers and their tuples only.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not a property set of mrstack",
+        label = "not HostAccessible, DeviceAccessible, Migratable, (), or a tuple of them",
+        note = "PropertySet is sealed: properties are the crate's markers, claimed through `unsafe impl MemoryResource`"
+    )]
+    pub trait Set {}
+}
+
+use sealed::{Claimed, IsSet};
 
 // `do_not_recommend` makes a failure read as "`System` does not give DeviceAccessible memory"
 // rather than as a trait-solver trail through typenum bits.
 #[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Accessible<HostAccessible> for R where
-    R::Host: Gives<HostAccessible, R>
-{
-}
+impl<R: MemoryResource + ?Sized> Accessible<HostAccessible> for R where R::Host: IsSet {}
+#[diagnostic::do_not_recommend]
+impl<R: MemoryResource + ?Sized> Claimed<HostAccessible> for R where R::Host: IsSet {}
 
 #[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Accessible<DeviceAccessible> for R where
-    R::Device: Gives<DeviceAccessible, R>
-{
-}
+impl<R: MemoryResource + ?Sized> Accessible<DeviceAccessible> for R where R::Device: IsSet {}
+#[diagnostic::do_not_recommend]
+impl<R: MemoryResource + ?Sized> Claimed<DeviceAccessible> for R where R::Device: IsSet {}
 
 #[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Accessible<Migratable> for R where R::Managed: Gives<Migratable, R> {}
+impl<R: MemoryResource + ?Sized> Accessible<Migratable> for R where R::Managed: IsSet {}
+#[diagnostic::do_not_recommend]
+impl<R: MemoryResource + ?Sized> Claimed<Migratable> for R where R::Managed: IsSet {}
+
+// The empty set asks for nothing, so every resource gives it: `AnyResource<()>` can hold a
+// `Simulated` stack.
+impl<R: ?Sized> Accessible<()> for R {}
+impl<R: ?Sized> Claimed<()> for R {}
 
 impl<R: ?Sized, A, B> Accessible<(A, B)> for R where R: Accessible<A> + Accessible<B> {}
+impl<R: ?Sized, A, B> Claimed<(A, B)> for R where R: Accessible<A> + Accessible<B> {}
 
 impl<R: ?Sized, A, B, C> Accessible<(A, B, C)> for R where
     R: Accessible<A> + Accessible<B> + Accessible<C>
 {
+}
+impl<R: ?Sized, A, B, C> Claimed<(A, B, C)> for R where
+    R: Accessible<A> + Accessible<B> + Accessible<C>
+{
+}
+
+/// `R: HostOnly`: `R` gives pageable host memory, which the CUDA driver knows neither as pinned
+/// (page-locked, registered) nor as managed memory, such as `System`'s.
+///
+/// [`HostAllocator`](crate::HostAllocator) needs it. Its collections hand out plain `&mut [T]`,
+/// and cudarc copies into a plain slice asynchronously when the memory is pinned or managed (it
+/// assumes a Rust slice is pageable, whose copies the driver completes before returning): a
+/// `Vec` in pinned memory could be dropped, and its block reused, while a DMA still writes into it.
+/// For host memory the device shares, use [`PinnedVec`](crate::PinnedVec), which tracks the copies.
+///
+/// `Device = B0` is not enough: it says only that the type does not promise device access
+/// (`AnyResource<HostAccessible>` may hold `Pinned`), so this is a claim of its own.
+///
+/// # Safety
+///
+/// Every pointer `allocate` returns lies in memory that the CUDA driver treats as pageable:
+/// not allocated by `cuMemHostAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`, not registered with
+/// `cuMemHostRegister`, for as long as it is allocated.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not known to give pageable host memory: HostAllocator takes host-only memory",
+    label = "may be pinned or managed memory, in a plain Rust collection",
+    note = "a Vec hands out `&mut [T]`, which cudarc copies into asynchronously when the memory is pinned or managed; dropping the Vec could then free memory a DMA still writes",
+    note = "use PinnedVec for host memory the device shares (it waits for its copies), or HostAllocator over System (or a stack over it)"
+)]
+pub unsafe trait HostOnly: MemoryResource {}
+
+// SAFETY: std::alloc memory; the driver knows nothing of it.
+unsafe impl HostOnly for crate::System {}
+// SAFETY: the same memory as R's.
+unsafe impl<R: HostOnly + ?Sized> HostOnly for &R {}
+// SAFETY: the same memory as R's.
+unsafe impl<R: HostOnly + ?Sized> HostOnly for std::sync::Arc<R> {}
+
+/// Adaptors hand out pieces of their upstream's memory and nothing else.
+macro_rules! host_only_adaptors {
+    ($($adaptor:ident $(<$($param:ident),+>)?),+ $(,)?) => {$(
+        // SAFETY: every block the adaptor hands out lies in memory its upstream gave it.
+        unsafe impl<U: HostOnly $($(, $param)+)?> HostOnly for crate::adaptor::$adaptor<U $($(, $param)+)?>
+        where
+            crate::adaptor::$adaptor<U $($(, $param)+)?>: MemoryResource
+        {
+        }
+    )+};
+}
+host_only_adaptors!(Pool, FixedSize, Binning, Arena, Statistics, Tracking, Limiting);
+
+// SAFETY: as above: the logger's writer has nothing to do with the memory.
+unsafe impl<U: HostOnly, W: std::io::Write> HostOnly for crate::adaptor::Logging<U, W> {}
+// SAFETY: pieces of the upstream's memory.
+unsafe impl<A, U: HostOnly> HostOnly for crate::adaptor::Aligned<A, U> where
+    crate::adaptor::Aligned<A, U>: MemoryResource
+{
+}
+// SAFETY: the upstream's memory; the callback only decides whether to retry.
+unsafe impl<U: HostOnly, F> HostOnly for crate::adaptor::Retry<U, F> where
+    crate::adaptor::Retry<U, F>: MemoryResource
+{
+}
+// SAFETY: the upstream's memory, counted.
+unsafe impl<U: HostOnly> HostOnly for crate::workload::Metered<U> {}
+// SAFETY: `Callback::new`'s caller promised memory that `Pageable` describes: pageable host memory.
+unsafe impl<Ctx, A> HostOnly for crate::Callback<Ctx, Pageable, A> where
+    A: typenum::Unsigned + typenum::NonZero + typenum::PowerOfTwo
+{
+}
+
+/// Pageable host memory: host-accessible like [`HostAccessible`], and memory the CUDA driver
+/// does not know as pinned or managed. `R: Accessible<Pageable>` holds exactly when `R:
+/// [HostOnly]`; `AnyResource<Pageable>` erases such stacks and stays `HostOnly`, and a
+/// [`Callback`](crate::Callback) with `P = Pageable` is `HostOnly` by its constructor's promise.
+/// Run-time checks (`AnyResource::try_new`, `try_cast`) never grant it: the type is the proof.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Pageable;
+
+#[diagnostic::do_not_recommend]
+impl<R: HostOnly + ?Sized> Accessible<Pageable> for R {}
+#[diagnostic::do_not_recommend]
+impl<R: HostOnly + ?Sized> Claimed<Pageable> for R {}
+
+// SAFETY: built only from `Accessible<Pageable>`, i.e. `HostOnly`, resources (`new`, `from_arc`;
+// the run-time constructors never grant `Pageable`), every call forwarded to them.
+unsafe impl HostOnly for crate::erased::AnyResource<Pageable> {}
+// SAFETY: as for AnyResource<Pageable>.
+unsafe impl HostOnly for crate::erased::ResourceRef<'_, Pageable> {}
+
+/// A set of properties as a type: a marker ([`HostAccessible`], [`DeviceAccessible`],
+/// [`Migratable`]), a tuple of them, or `()` for none (what [`Simulated`](crate::Simulated) gives).
+///
+/// It maps the markers to the typenum bits a [`MemoryResource`] states, so that
+/// `AnyResource<(HostAccessible, DeviceAccessible)>` is a resource with `Host = B1, Device = B1`.
+/// Sealed: the sets are this crate's markers and their tuples, and their run-time
+/// [`Properties`] ([`Properties::of_set`]) are derived from these bits.
+pub trait PropertySet: sealed::Set + 'static {
+    /// `B1` when the set includes [`HostAccessible`].
+    type Host: Bit;
+    /// `B1` when the set includes [`DeviceAccessible`].
+    type Device: Bit;
+    /// `B1` when the set includes [`Migratable`].
+    type Managed: Bit;
+}
+
+impl sealed::Set for () {}
+impl PropertySet for () {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B0;
+}
+
+impl sealed::Set for HostAccessible {}
+impl PropertySet for HostAccessible {
+    type Host = B1;
+    type Device = B0;
+    type Managed = B0;
+}
+
+impl sealed::Set for Pageable {}
+impl PropertySet for Pageable {
+    type Host = B1;
+    type Device = B0;
+    type Managed = B0;
+}
+
+impl sealed::Set for DeviceAccessible {}
+impl PropertySet for DeviceAccessible {
+    type Host = B0;
+    type Device = B1;
+    type Managed = B0;
+}
+
+impl sealed::Set for Migratable {}
+impl PropertySet for Migratable {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B1;
+}
+
+impl<A: PropertySet, B: PropertySet> sealed::Set for (A, B) {}
+impl<A: PropertySet, B: PropertySet> PropertySet for (A, B)
+where
+    A::Host: BitOr<B::Host, Output: Bit>,
+    A::Device: BitOr<B::Device, Output: Bit>,
+    A::Managed: BitOr<B::Managed, Output: Bit>,
+{
+    type Host = Or<A::Host, B::Host>;
+    type Device = Or<A::Device, B::Device>;
+    type Managed = Or<A::Managed, B::Managed>;
+}
+
+impl<A: PropertySet, B: PropertySet, C: PropertySet> sealed::Set for (A, B, C) {}
+impl<A: PropertySet, B: PropertySet, C: PropertySet> PropertySet for (A, B, C)
+where
+    (A, B): PropertySet,
+    <(A, B) as PropertySet>::Host: BitOr<C::Host, Output: Bit>,
+    <(A, B) as PropertySet>::Device: BitOr<C::Device, Output: Bit>,
+    <(A, B) as PropertySet>::Managed: BitOr<C::Managed, Output: Bit>,
+{
+    type Host = Or<<(A, B) as PropertySet>::Host, C::Host>;
+    type Device = Or<<(A, B) as PropertySet>::Device, C::Device>;
+    type Managed = Or<<(A, B) as PropertySet>::Managed, C::Managed>;
+}
+
+/// What a resource gives, known at run time: its property bits and its alignment. Always derived
+/// from type-level bits ([`Properties::of`], [`Properties::of_set`]), never stated by hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Properties {
+    /// The CPU may dereference the memory.
+    pub host: bool,
+    /// Kernels may dereference the memory.
+    pub device: bool,
+    /// The memory is managed (migratable) memory.
+    pub managed: bool,
+    /// Every pointer is aligned to this many bytes.
+    pub alignment: usize,
+    /// The memory is pageable ([`Pageable`]): known only from the type (`R: HostOnly`), so
+    /// [`Properties::of`] never sets it; a set that asks for it is never granted at run time.
+    pub pageable: bool,
+}
+
+impl Properties {
+    /// The properties resource type `R` states.
+    pub fn of<R: MemoryResource + ?Sized>() -> Self {
+        Properties {
+            host: R::Host::BOOL,
+            device: R::Device::BOOL,
+            managed: R::Managed::BOOL,
+            alignment: <R::Alignment as Unsigned>::USIZE,
+            pageable: false,
+        }
+    }
+
+    /// The properties of set `P`, alignment 1.
+    pub fn of_set<P: PropertySet>() -> Self {
+        Properties {
+            host: P::Host::BOOL,
+            device: P::Device::BOOL,
+            managed: P::Managed::BOOL,
+            alignment: 1,
+            pageable: std::any::TypeId::of::<P>() == std::any::TypeId::of::<Pageable>(),
+        }
+    }
+
+    /// True when every property of `wanted` is in `self` (alignment aside).
+    pub fn includes(&self, wanted: &Properties) -> bool {
+        (self.host || !wanted.host)
+            && (self.device || !wanted.device)
+            && (self.managed || !wanted.managed)
+            && (self.pageable || !wanted.pageable)
+    }
+}
+
+impl std::fmt::Display for Properties {
+    /// `HostAccessible + DeviceAccessible`, or `no access property` for none.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = [
+            (self.host, "HostAccessible"),
+            (self.device, "DeviceAccessible"),
+            (self.managed, "Migratable"),
+        ];
+        let mut first = true;
+        for (_, name) in names.iter().filter(|(set, _)| *set) {
+            if !first {
+                f.write_str(" + ")?;
+            }
+            f.write_str(name)?;
+            first = false;
+        }
+        if first {
+            f.write_str("no access property")?;
+        }
+        Ok(())
+    }
 }
 
 /// The alignment a resource guarantees, as a number: `alignment_of::<Cuda>() == 256`.

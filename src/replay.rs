@@ -44,7 +44,7 @@ use crate::upstream::Simulated;
 use crate::workload::{
     self, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
 };
-use crate::StreamRef;
+use crate::stream::StreamHandle;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -411,7 +411,7 @@ impl StackFactory<Arc<Simulated>> for Probing<'_> {
         upstream: Arc<Simulated>,
         capacity: usize,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Box<dyn Replay + 'w>, ReplayError> {
         self.progress.step();
         self.inner.replayer(upstream, capacity, workload, streams)
@@ -421,7 +421,7 @@ impl StackFactory<Arc<Simulated>> for Probing<'_> {
         upstream: Arc<Simulated>,
         capacity: usize,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Box<dyn Replay + 'w>, ReplayError> {
         self.progress.step();
         self.inner
@@ -450,7 +450,7 @@ pub fn run_stack<U>(
     upstream: U,
     upstream_peak: &dyn Fn() -> Option<usize>,
     workload: &Workload,
-    streams: Vec<StreamRef>,
+    streams: Vec<StreamHandle>,
     settings: &Settings,
     progress: &dyn Progress,
 ) -> StackReport {

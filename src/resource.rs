@@ -27,14 +27,31 @@ use typenum::{Bit, NonZero, Unsigned};
 ///
 /// Memory allocated on stream `S` may be used by work on `S` at once. Memory deallocated on `S`
 /// may be handed out again to `S` at once; handing it to another stream is the resource's job
-/// (events or synchronization), not the caller's.
+/// (events or synchronization), not the caller's. A [`StreamRef`] borrows its stream for the
+/// call; a resource that keeps a stream past the call keeps it alive
+/// ([`StreamRef::to_handle`]), so that it can still order later work after it.
 ///
 /// # Safety
 ///
-/// An implementation promises: `allocate` returns memory of at least `size` bytes, aligned to
-/// `max(align, Self::Alignment)`, that does not overlap any other live allocation, accessible as
-/// `Host`/`Device`/`Managed` say, and valid until it is passed to `deallocate` with the same
-/// `size` and `align`.
+/// An implementation promises:
+///
+/// * **Memory:** `allocate` returns memory of at least `size` bytes, aligned to
+///   `max(align, Self::Alignment)`, that does not overlap any other live allocation, and that
+///   is accessible as `Host`/`Device`/`Managed` say (these bits are the only way a resource
+///   gets a property: [`Accessible`](crate::property::Accessible) is sealed and derived from them),
+///   valid until it is passed to `deallocate` with the same `size` and `align`.
+/// * **Streams:** the memory is usable by work queued on the `stream` it was allocated for from
+///   the moment `allocate` returns. Memory deallocated on stream `S` is handed out again to work
+///   on another stream only once that work is ordered after the work queued on `S` before the
+///   deallocation (an event, `order_after` on the upstream, or a synchronization), even if `S`
+///   has since been dropped by its owner. `synchronize(s)` returns `Ok` only once the work queued
+///   on `s` (and, for an adaptor, the work its upstream queued for it) is done, and
+///   `order_after(s, a)` returns `Ok` only once work queued on `s` afterwards cannot start
+///   before the work queued on `a` so far is done. An adaptor forwards both to its upstream
+///   (there is no default to forget); a resource with no streams (host memory, `Simulated`) has
+///   nothing to order and returns `Ok(())`.
+/// * **Stream handles:** a resource passes the driver only streams that are alive: those it was
+///   given for the call, or those it keeps alive itself (a [`StreamHandle`](crate::stream::StreamHandle)).
 ///
 /// # Writing your own resource
 ///
@@ -75,6 +92,14 @@ use typenum::{Bit, NonZero, Unsigned};
 ///         // SAFETY: the caller passes back a pointer from `allocate` with its size and align.
 ///         unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
 ///     }
+///
+///     // Host memory from std::alloc: no stream-ordered work to wait for or order.
+///     fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+///         Ok(())
+///     }
+///     fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+///         Ok(())
+///     }
 /// }
 ///
 /// let r = Counted(Default::default());
@@ -110,20 +135,16 @@ pub unsafe trait MemoryResource {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
 
     /// Waits until the work queued on `stream` is done. Host-only and simulated resources have no
-    /// work to wait for; CUDA resources synchronize the stream in their context, adaptors forward.
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        let _ = stream;
-        Ok(())
-    }
+    /// work to wait for and return `Ok(())`; CUDA resources synchronize the stream in their
+    /// context; adaptors forward to their upstream. Required, so that no adaptor forgets it.
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError>;
 
     /// Makes work queued on `stream` from now on wait for the work queued on `after` so far, without
     /// blocking the host: how a suballocator hands a block freed on one stream to another (RMM does
     /// the same with an event). CUDA resources record an event on `after` and make `stream` wait on
-    /// it; resources without streams have nothing to order; adaptors forward.
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        let _ = (stream, after);
-        Ok(())
-    }
+    /// it; resources without streams have nothing to order and return `Ok(())`; adaptors forward.
+    /// Required, so that no adaptor forgets it.
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError>;
 
     /// A short name for errors and logs (`"Cuda"`, `"Pool"`).
     fn name(&self) -> &'static str {
@@ -230,7 +251,8 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 /// /// An adaptor that counts allocations.
 /// struct Counting<U> { upstream: U, count: std::sync::atomic::AtomicUsize }
 ///
-/// // SAFETY: every call goes to `upstream`, unchanged.
+/// // SAFETY: every call (allocate, deallocate, synchronize, order_after) goes to `upstream`,
+/// // unchanged.
 /// unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
 ///     type Host = U::Host;
 ///     type Device = U::Device;
@@ -243,6 +265,13 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 ///     unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
 ///         // SAFETY: forwarded from the caller.
 ///         unsafe { self.upstream.deallocate(p, size, align, s) }
+///     }
+///     // Stream ordering is part of the contract: forward what this adaptor does not change.
+///     fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+///         self.upstream.synchronize(s)
+///     }
+///     fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+///         self.upstream.order_after(s, after)
 ///     }
 /// }
 ///

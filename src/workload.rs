@@ -33,7 +33,7 @@
 //! ```
 
 use crate::resource::{AllocError, MemoryResource};
-use crate::stream::StreamRef;
+use crate::stream::{StreamHandle, StreamRef};
 use crate::upstream::Simulated;
 use rand::{RngExt, SeedableRng};
 use std::ptr::{null_mut, NonNull};
@@ -251,8 +251,8 @@ impl Workload {
 
     /// The default stream for every stream index: right for workloads on one stream, and for
     /// resources that ignore streams.
-    pub fn default_streams(&self) -> Vec<StreamRef> {
-        vec![StreamRef::DEFAULT; self.streams]
+    pub fn default_streams(&self) -> Vec<StreamHandle> {
+        vec![StreamHandle::DEFAULT; self.streams]
     }
 }
 
@@ -398,7 +398,8 @@ impl ReplayError {
 struct Block {
     ptr: NonNull<u8>,
     size: usize,
-    stream: StreamRef,
+    /// The index of its stream in the replay's streams.
+    stream: usize,
 }
 
 /// Replays a [`Workload`] through a resource, pass after pass, on the same resource.
@@ -406,7 +407,7 @@ struct Block {
 pub struct Replayer<'w, R> {
     resource: R,
     workload: &'w Workload,
-    streams: Vec<StreamRef>,
+    streams: Vec<StreamHandle>,
     live: Vec<Option<Block>>,
 }
 
@@ -415,7 +416,7 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
     pub fn new(
         resource: R,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Self, ReplayError> {
         if streams.len() < workload.stream_count() {
             return Err(ReplayError::Streams {
@@ -454,8 +455,7 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
         for (op, &o) in self.workload.ops().iter().enumerate() {
             match o {
                 Op::Alloc { id, size, stream } => {
-                    let stream = self.streams[stream];
-                    match self.resource.allocate(size, ALIGN, stream) {
+                    match self.resource.allocate(size, ALIGN, self.streams[stream].as_ref()) {
                         Ok(ptr) => self.live[id] = Some(Block { ptr, size, stream }),
                         Err(error) => return Err(ReplayError::Alloc { op, size, error }),
                     }
@@ -464,7 +464,14 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
                     if let Some(b) = self.live[id].take() {
                         // SAFETY: b.ptr came from allocate on this resource with b.size and ALIGN;
                         // take() empties the slot, so it is freed once.
-                        unsafe { self.resource.deallocate(b.ptr, b.size, ALIGN, b.stream) };
+                        unsafe {
+                            self.resource.deallocate(
+                                b.ptr,
+                                b.size,
+                                ALIGN,
+                                self.streams[b.stream].as_ref(),
+                            )
+                        };
                     }
                 }
             }
@@ -480,7 +487,7 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
         for slot in &mut self.live {
             if let Some(b) = slot.take() {
                 // SAFETY: as in run_ops: a live block of this resource, freed once.
-                unsafe { self.resource.deallocate(b.ptr, b.size, ALIGN, b.stream) };
+                unsafe { self.resource.deallocate(b.ptr, b.size, ALIGN, self.streams[b.stream].as_ref()) };
             }
         }
     }
@@ -504,11 +511,12 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
 pub struct ThreadedReplayer<'w, R> {
     resource: R,
     workload: &'w Workload,
-    streams: Vec<StreamRef>,
+    streams: Vec<StreamHandle>,
     /// Each thread's ops in order, with their index in the workload.
     lanes: Vec<Vec<(usize, Op)>>,
     /// Each allocation's size and stream, for its free.
-    blocks: Vec<(usize, StreamRef)>,
+    /// Each allocation's size and stream index.
+    blocks: Vec<(usize, usize)>,
     /// Each allocation's hand-over slot.
     live: Vec<Slot>,
 }
@@ -563,7 +571,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
     pub fn new(
         resource: R,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Self, ReplayError> {
         if streams.len() < workload.stream_count() {
             return Err(ReplayError::Streams {
@@ -577,7 +585,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             let thread = workload.op_threads().map_or(0, |t| t[op]);
             lanes[thread].push((op, o));
             if let Op::Alloc { size, stream, .. } = o {
-                blocks.push((size, streams[stream]));
+                blocks.push((size, stream));
             }
         }
         Ok(ThreadedReplayer {
@@ -686,7 +694,10 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         for &(op, o) in lane {
             match o {
                 Op::Alloc { id, size, stream } => {
-                    match self.resource.allocate(size, ALIGN, self.streams[stream]) {
+                    match self
+                        .resource
+                        .allocate(size, ALIGN, self.streams[stream].as_ref())
+                    {
                         Ok(ptr) => {
                             let slot = &self.live[id];
                             // SeqCst with the waiter's store of `waiter` then load of `ptr`: either
@@ -711,7 +722,10 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                     // SAFETY: ptr came from allocate on this resource with this size and ALIGN
                     // (blocks[id] is allocation id's); the slot was emptied by this thread, the one
                     // thread that frees id, so it is freed once.
-                    unsafe { self.resource.deallocate(ptr, size, ALIGN, stream) };
+                    unsafe {
+                        self.resource
+                            .deallocate(ptr, size, ALIGN, self.streams[stream].as_ref())
+                    };
                 }
             }
         }
@@ -764,7 +778,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
                 // SAFETY: a live block of this resource with its size and ALIGN; the slot is
                 // emptied, so it is freed once, and every replay thread has finished.
-                unsafe { self.resource.deallocate(ptr, size, ALIGN, stream) };
+                unsafe { self.resource.deallocate(ptr, size, ALIGN, self.streams[stream].as_ref()) };
             }
         }
     }
@@ -774,12 +788,14 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
 fn synchronize_streams<R: MemoryResource>(
     resource: &R,
     workload: &Workload,
-    streams: &[StreamRef],
+    streams: &[StreamHandle],
 ) -> Result<(), ReplayError> {
     let used = &streams[..workload.stream_count()];
-    for (i, &s) in used.iter().enumerate() {
-        if !used[..i].contains(&s) {
-            resource.synchronize(s).map_err(ReplayError::Synchronize)?;
+    for (i, s) in used.iter().enumerate() {
+        if !used[..i].iter().any(|u| u.id() == s.id()) {
+            resource
+                .synchronize(s.as_ref())
+                .map_err(ReplayError::Synchronize)?;
         }
     }
     Ok(())
@@ -919,7 +935,7 @@ pub trait StackFactory<U> {
         upstream: U,
         capacity: usize,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Box<dyn Replay + 'w>, ReplayError>;
 
     /// Builds the stack over `upstream` and a replay of `workload` that runs each of its threads
@@ -930,7 +946,7 @@ pub trait StackFactory<U> {
         upstream: U,
         capacity: usize,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Box<dyn Replay + 'w>, ReplayError>;
 }
 
@@ -953,7 +969,7 @@ where
         upstream: U,
         capacity: usize,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Box<dyn Replay + 'w>, ReplayError> {
         let resource = (self.factory)(upstream, capacity).map_err(ReplayError::Build)?;
         Ok(Box::new(Replayer::new(resource, workload, streams)?))
@@ -964,7 +980,7 @@ where
         upstream: U,
         capacity: usize,
         workload: &'w Workload,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamHandle>,
     ) -> Result<Box<dyn Replay + 'w>, ReplayError> {
         if workload.thread_count() == 1 {
             return self.replayer(upstream, capacity, workload, streams);
@@ -1032,17 +1048,13 @@ pub fn timing_capacity(workload: &Workload) -> usize {
     workload.peak_live().saturating_mul(2).max(1 << 20)
 }
 
-/// Streams for replaying a many-stream workload over `Simulated`: index 0 is the default stream,
-/// index `i` a made-up handle `i`, distinct from the others.
-///
-/// # Safety
-///
-/// The handles are not CUDA streams: give them only to stacks that never pass streams to the
-/// driver (stacks over `Simulated` or `System`).
-pub unsafe fn fake_streams(n: usize) -> Vec<StreamRef> {
+/// Streams for replaying a many-stream workload where no GPU is: index 0 is the default stream,
+/// index `i` the simulated stream `i` ([`StreamRef::simulated`]), distinct from the others. Safe
+/// for any stack: CUDA resources refuse to allocate on a simulated stream, and have nothing to wait
+/// for on one.
+pub fn simulated_streams(n: usize) -> Vec<StreamHandle> {
     (0..n.max(1))
-        // SAFETY: the caller promises the handles never reach the driver.
-        .map(|i| unsafe { StreamRef::from_raw(std::ptr::without_provenance_mut(i)) })
+        .map(|i| StreamRef::simulated(u32::try_from(i).unwrap_or(u32::MAX)).to_handle())
         .collect()
 }
 
@@ -1186,8 +1198,7 @@ pub fn min_capacity(
     let mut probe = |capacity: usize| -> Result<Result<usize, ReplayError>, ReplayError> {
         probes += 1;
         let upstream = Arc::new(Simulated::new(capacity));
-        // SAFETY: the stack sits over Simulated, which never passes streams to the driver.
-        let streams = unsafe { fake_streams(workload.stream_count()) };
+        let streams = simulated_streams(workload.stream_count());
         let outcome = stack
             .replayer(upstream.clone(), capacity, workload, streams)
             .and_then(|mut r| r.pass().map(drop));

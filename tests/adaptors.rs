@@ -13,12 +13,11 @@ use typenum::{B0, B1, U1024, U16, U256, U4096, U64};
 
 const S: StreamRef = StreamRef::DEFAULT;
 
-fn stream(n: usize) -> StreamRef {
-    // SAFETY: Simulated and System never pass streams to the driver.
-    unsafe { StreamRef::from_raw(n as *mut _) }
+fn stream(n: usize) -> StreamRef<'static> {
+    StreamRef::simulated(n as u32)
 }
 
-fn counter(current: i64, peak: i64, total: i64) -> Counter {
+fn counter(current: i128, peak: i128, total: i128) -> Counter {
     Counter {
         current,
         peak,
@@ -65,6 +64,13 @@ unsafe impl MemoryResource for Refusing {
         assert_eq!(was, Some(size), "Refusing: bad deallocate");
         // SAFETY: allocated above from System with this size and alignment 256.
         unsafe { System.deallocate(ptr, size, 256, s) };
+    }
+
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
     }
 }
 
@@ -184,19 +190,19 @@ fn statistics_are_exact_across_threads() {
             });
         }
     });
-    let total: i64 = (0..threads)
-        .flat_map(|t| (0..rounds).map(move |i| (1 + (i * 7 + t) % 300) as i64))
+    let total: i128 = (0..threads)
+        .flat_map(|t| (0..rounds).map(move |i| (1 + (i * 7 + t) % 300) as i128))
         .sum();
     let s = mr.stats();
     assert_eq!((s.bytes.current, s.bytes.total), (0, total));
     assert_eq!(
         (s.allocations.current, s.allocations.total),
-        (0, (threads * rounds) as i64)
+        (0, (threads * rounds) as i128)
     );
     // Each thread holds at most one block at a time; racing calls may make the peak read low,
     // never high.
-    assert!(s.allocations.peak <= threads as i64);
-    assert!(s.bytes.peak <= threads as i64 * 300);
+    assert!(s.allocations.peak <= threads as i128);
+    assert!(s.bytes.peak <= threads as i128 * 300);
 }
 
 #[derive(Debug, Clone)]
@@ -224,14 +230,14 @@ proptest! {
         let sim = Simulated::new(1 << 24);
         let mr = resource_stack![&sim, Statistics];
         let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
-        let (mut cur, mut peak, mut total, mut n, mut npeak, mut ntotal) = (0i64, 0i64, 0i64, 0i64, 0i64, 0i64);
+        let (mut cur, mut peak, mut total, mut n, mut npeak, mut ntotal) = (0i128, 0i128, 0i128, 0i128, 0i128, 0i128);
         for op in ops {
             match op {
                 Op::Alloc(size) => {
                     let p = mr.allocate(size, 64, S).unwrap();
                     if size > 0 {
                         live.push((p, size));
-                        cur += size as i64; total += size as i64; peak = peak.max(cur);
+                        cur += size as i128; total += size as i128; peak = peak.max(cur);
                         n += 1; ntotal += 1; npeak = npeak.max(n);
                     }
                 }
@@ -239,13 +245,13 @@ proptest! {
                     let (p, size) = live.swap_remove(i % live.len());
                     // SAFETY: p came from mr with this size and alignment.
                     unsafe { mr.deallocate(p, size, 64, S) };
-                    cur -= size as i64; n -= 1;
+                    cur -= size as i128; n -= 1;
                 }
                 Op::Free(_) => {}
             }
             prop_assert_eq!(mr.bytes(), counter(cur, peak, total));
             prop_assert_eq!(mr.allocations(), counter(n, npeak, ntotal));
-            prop_assert_eq!(sim.in_use() as i64, cur);
+            prop_assert_eq!(sim.in_use() as i128, cur);
         }
         for (p, size) in live {
             // SAFETY: p came from mr with this size and alignment.
@@ -356,11 +362,11 @@ fn tracking_lists_outstanding_and_reports_leaks() {
     let (la, lb) = (&list[0], &list[1]);
     assert_eq!(
         (la.address, la.size, la.align, la.stream),
-        (a.as_ptr() as usize, 4096, 256, stream(7))
+        (a.as_ptr() as usize, 4096, 256, stream(7).id())
     );
     assert_eq!(
         (lb.address, lb.size, lb.align, lb.stream),
-        (b.as_ptr() as usize, 12345, 512, S)
+        (b.as_ptr() as usize, 12345, 512, S.id())
     );
     assert!(la.backtrace.is_none());
 
@@ -405,7 +411,7 @@ fn tracking_refuses_double_and_foreign_frees() {
     assert_eq!(bad[0].kind, BadFreeKind::NotLive);
     assert_eq!((bad[0].address, bad[0].size), (a.as_ptr() as usize, 64));
     assert_eq!(bad[1].kind, BadFreeKind::NotLive);
-    assert_eq!((bad[1].address, bad[1].stream), (4096, stream(3)));
+    assert_eq!((bad[1].address, bad[1].stream), (4096, stream(3).id()));
     assert_eq!(
         bad[2].kind,
         BadFreeKind::Mismatch {

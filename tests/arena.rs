@@ -16,9 +16,13 @@ use typenum::{B0, U256};
 const MIB: usize = 1 << 20;
 const D: StreamRef = StreamRef::DEFAULT;
 
-fn stream(n: usize) -> StreamRef {
-    // SAFETY: Simulated/System never pass streams to the driver.
-    unsafe { StreamRef::from_raw(n as *mut _) }
+fn stream(n: usize) -> StreamRef<'static> {
+    StreamRef::simulated(n as u32)
+}
+
+/// The number a test stream was made from (0 for the default stream).
+fn sid(s: StreamRef) -> usize {
+    (s.id().get() & u64::from(u32::MAX)) as usize
 }
 
 fn config(size: usize, superblock: usize) -> ArenaConfig {
@@ -59,11 +63,11 @@ unsafe impl MemoryResource for Recorder {
         unsafe { self.sim.deallocate(p, size, align, s) }
     }
     fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.syncs.lock().unwrap().push(s.id());
+        self.syncs.lock().unwrap().push(sid(s));
         Ok(())
     }
     fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.orders.lock().unwrap().push((s.id(), after.id()));
+        self.orders.lock().unwrap().push((sid(s), sid(after)));
         Ok(())
     }
 }

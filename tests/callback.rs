@@ -2,6 +2,7 @@
 //! the type. The functions here wrap `std::alloc`, so the bytes are real.
 
 use mrstack::prelude::*;
+use mrstack::property::Pageable;
 use std::alloc::{alloc, dealloc, Layout};
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -11,9 +12,13 @@ use typenum::U16;
 
 const S: StreamRef = StreamRef::DEFAULT;
 
-fn fake_stream(n: usize) -> StreamRef {
-    // SAFETY: the heap and the replacement functions never pass streams to a driver.
-    unsafe { StreamRef::from_raw(n as *mut _) }
+fn fake_stream(n: usize) -> StreamRef<'static> {
+    StreamRef::simulated(n as u32)
+}
+
+/// The number a test stream was made from (0 for the default stream).
+fn sid(s: StreamRef) -> usize {
+    (s.id().get() & u64::from(u32::MAX)) as usize
 }
 
 /// The foreign allocator's state: its live blocks, as a foreign allocator would track them.
@@ -55,9 +60,9 @@ unsafe fn heap_free(h: &Heap, p: NonNull<u8>, size: usize, align: usize, _: Stre
     unsafe { dealloc(p.as_ptr(), layout) }
 }
 
-fn heap() -> Callback<Heap, HostAccessible, U16> {
-    // SAFETY: heap_alloc returns host memory of `size` bytes aligned to max(align, 16) from
-    // std::alloc, valid until heap_free gives it back with the same layout; no stream work.
+fn heap() -> Callback<Heap, Pageable, U16> {
+    // SAFETY: heap_alloc returns pageable host memory of `size` bytes aligned to max(align, 16)
+    // from std::alloc, valid until heap_free gives it back with the same layout; no stream work.
     unsafe { Callback::new(Heap::default(), heap_alloc, heap_free) }.with_name("heap")
 }
 
@@ -165,7 +170,7 @@ fn stream_functions_can_be_supplied() {
                 Ok(())
             })
             .with_order_after(|_, s, a| {
-                ORDERS.lock().unwrap().push((s.id(), a.id()));
+                ORDERS.lock().unwrap().push((sid(s), sid(a)));
                 Ok(())
             })
     };

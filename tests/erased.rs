@@ -11,9 +11,13 @@ use std::sync::Arc;
 
 const S: StreamRef = StreamRef::DEFAULT;
 
-fn fake_stream(n: usize) -> StreamRef {
-    // SAFETY: Simulated/System and the recording resource below never pass streams to the driver.
-    unsafe { StreamRef::from_raw(n as *mut _) }
+fn fake_stream(n: usize) -> StreamRef<'static> {
+    StreamRef::simulated(n as u32)
+}
+
+/// The number a test stream was made from (0 for the default stream).
+fn sid(s: StreamRef) -> usize {
+    (s.id().get() & u64::from(u32::MAX)) as usize
 }
 
 fn needs_host<R: Accessible<HostAccessible>>(_: &R) {}
@@ -96,7 +100,8 @@ fn properties_are_the_erased_resources_own() {
             host: true,
             device: false,
             managed: false,
-            alignment: 16
+            alignment: 16,
+            pageable: false
         }
     );
     assert_eq!(host.properties().to_string(), "HostAccessible");
@@ -198,7 +203,7 @@ unsafe impl MemoryResource for Recording {
     }
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
         self.ordered.fetch_add(1, Ordering::Relaxed);
-        *self.last_order.lock().unwrap() = (stream.id(), after.id());
+        *self.last_order.lock().unwrap() = (sid(stream), sid(after));
         Ok(())
     }
     fn name(&self) -> &'static str {
@@ -359,6 +364,12 @@ fn erased_resources_ask_for_the_alignment_they_claim() {
             self.0.lock().unwrap().push(align);
             // SAFETY: forwarded from the caller, with the alignment it was allocated with.
             unsafe { System::new().deallocate(p, size, align, s) }
+        }
+        fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+            Ok(())
+        }
+        fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+            Ok(())
         }
     }
     let any = AnyResource::<HostAccessible>::new(Asked(Default::default()));

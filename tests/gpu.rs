@@ -57,8 +57,8 @@ fn pinned_vec_written_on_host_read_by_kernel_and_back() {
     let stream = ctx.default_stream();
     let n = 300_001usize;
     let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &stream).unwrap();
-    for (i, x) in pinned.iter_mut().enumerate() {
-        *x = (i as u32) * 13;
+    for (i, x) in pinned.as_cells().unwrap().iter().enumerate() {
+        x.set((i as u32) * 13);
     }
     let mut out = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &stream).unwrap();
     let f = kernel(&ctx, "scale");
@@ -102,8 +102,8 @@ fn managed_memory_is_touched_on_both_sides() {
     let stream = ctx.default_stream();
     let n = 1 << 18; // 1 MiB of managed memory: far below what the card has free
     let mut v = DeviceVec::<u32, _>::zeroed(n, Managed::new(&ctx).unwrap(), &stream).unwrap();
-    for (i, x) in v.as_host_slice_mut().unwrap().iter_mut().enumerate() {
-        *x = i as u32 * 3;
+    for (i, x) in v.as_host_cells().unwrap().iter().enumerate() {
+        x.set(i as u32 * 3);
     }
     let inc = kernel(&ctx, "increment");
     let n32 = n as u32;

@@ -114,21 +114,21 @@ fn statistics_count_a_kernel_workload_exactly() {
     ];
 
     let sizes = [1000usize, 250_000, 4096, 77_777, 1 << 20, 3];
-    let mut total_bytes = 0i64;
-    let mut peak_bytes = 0i64;
+    let mut total_bytes = 0i128;
+    let mut peak_bytes = 0i128;
     let mut kept = Vec::new();
     for (round, &n) in sizes.iter().enumerate() {
         let host = input(n, round as u32);
         let x = DeviceVec::from_slice(&host, &mr, &stream).unwrap();
         // SAFETY: every value is written by the kernel below before it is read.
         let mut y = unsafe { DeviceVec::<f32, _>::uninit(n, &mr, &stream) }.unwrap();
-        let live_before: i64 = kept
+        let live_before: i128 = kept
             .iter()
-            .map(|v: &DeviceVec<f32, _>| v.len() as i64 * 4)
+            .map(|v: &DeviceVec<f32, _>| v.len() as i128 * 4)
             .sum();
-        total_bytes += 2 * n as i64 * 4;
-        peak_bytes = peak_bytes.max(live_before + 2 * n as i64 * 4);
-        assert_eq!(mr.bytes().current, live_before + 2 * n as i64 * 4);
+        total_bytes += 2 * n as i128 * 4;
+        peak_bytes = peak_bytes.max(live_before + 2 * n as i128 * 4);
+        assert_eq!(mr.bytes().current, live_before + 2 * n as i128 * 4);
 
         run_affine(&f, &stream, &mut y, &x, 0.5, round as f32);
         let want: Vec<f32> = host.iter().map(|v| 0.5 * v + round as f32).collect();
@@ -136,13 +136,13 @@ fn statistics_count_a_kernel_workload_exactly() {
         drop(x);
         kept.push(y);
     }
-    let kept_bytes: i64 = kept.iter().map(|v| v.len() as i64 * 4).sum();
+    let kept_bytes: i128 = kept.iter().map(|v| v.len() as i128 * 4).sum();
     let s = mr.stats();
     assert_eq!(s.bytes.current, kept_bytes);
     assert_eq!(s.bytes.total, total_bytes);
     assert_eq!(s.bytes.peak, peak_bytes);
-    assert_eq!(s.allocations.current, sizes.len() as i64);
-    assert_eq!(s.allocations.total, 2 * sizes.len() as i64);
+    assert_eq!(s.allocations.current, sizes.len() as i128);
+    assert_eq!(s.allocations.total, 2 * sizes.len() as i128);
     // The pool holds at least the peak from the device; the statistics see what the program uses.
     assert!(mr.upstream().pool_size() >= peak_bytes as usize);
     drop(kept);
@@ -206,7 +206,7 @@ fn five_adaptors_over_cuda_feed_a_kernel() {
     let want: Vec<f32> = host.iter().map(|v| -v).collect();
     assert_eq!(y.to_vec().unwrap(), want);
     let stats = mr.upstream();
-    assert_eq!(stats.bytes().current, 2 * n as i64 * 4);
+    assert_eq!(stats.bytes().current, 2 * n as i128 * 4);
     assert_eq!(stats.upstream().outstanding_count(), 2);
     // Over the cap: refused before reaching the driver.
     let err = DeviceVec::<f32, _>::zeroed(16 << 20, &mr, &stream).unwrap_err();

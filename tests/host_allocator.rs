@@ -4,6 +4,8 @@
 use allocator_api2::boxed::Box as ABox;
 use allocator_api2::vec::Vec as AVec;
 use mrstack::prelude::*;
+use mrstack::property::Pageable;
+use mrstack::StreamId;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 /// synchronizations.
 #[derive(Default)]
 struct Ledger {
-    live: Mutex<HashMap<usize, (usize, usize, usize)>>,
+    live: Mutex<HashMap<usize, (usize, usize, StreamId)>>,
     allocations: AtomicUsize,
     syncs: AtomicUsize,
 }
@@ -55,7 +57,13 @@ unsafe impl MemoryResource for Ledger {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
 }
+
+// SAFETY: the memory is System's, which the driver knows nothing of.
+unsafe impl HostOnly for Ledger {}
 
 #[test]
 fn a_vec_grows_keeps_its_values_and_gives_everything_back() {
@@ -82,8 +90,7 @@ fn a_vec_grows_keeps_its_values_and_gives_everything_back() {
 #[test]
 fn the_allocators_stream_orders_every_block() {
     let ledger = Ledger::default();
-    // SAFETY: the ledger never passes streams to a driver.
-    let stream = unsafe { StreamRef::from_raw(42 as *mut _) };
+    let stream = StreamRef::simulated(42);
     let alloc = HostAllocator::on_stream(&ledger, stream);
     assert_eq!(alloc.stream(), stream);
     let mut v = AVec::with_capacity_in(4, alloc);
@@ -93,7 +100,7 @@ fn the_allocators_stream_orders_every_block() {
         .lock()
         .unwrap()
         .values()
-        .all(|&(_, _, s)| s == 42));
+        .all(|&(_, _, s)| s == StreamRef::simulated(42).id()));
     drop(v);
     assert!(ledger.live.lock().unwrap().is_empty());
 }
@@ -132,7 +139,7 @@ fn alignment_of_the_element_type_is_honoured() {
 
 #[test]
 fn a_failed_allocation_is_an_error_not_a_panic() {
-    let any = AnyResource::<HostAccessible>::new(System::new());
+    let any = AnyResource::<Pageable>::new(System::new());
     let mut v: AVec<u8, _> = AVec::new_in(HostAllocator::new(any));
     assert!(v.try_reserve(usize::MAX / 2).is_err());
     v.try_reserve(1000).unwrap();
@@ -152,7 +159,7 @@ fn clones_share_the_resource_and_free_each_others_blocks() {
     drop(w);
     drop(a);
     assert!(ledger.live.lock().unwrap().is_empty());
-    let any = HostAllocator::new(AnyResource::<HostAccessible>::new(System::new()));
+    let any = HostAllocator::new(AnyResource::<Pageable>::new(System::new()));
     let mut x = AVec::new_in(any.clone());
     x.push(1u8);
     assert!(any.resource().ptr_eq(x.allocator().resource()));

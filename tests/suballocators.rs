@@ -3,6 +3,7 @@
 //! with a recording upstream, out of memory and recovery, and a 16-thread stress test.
 
 use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig};
+use mrstack::stream::StreamId;
 use mrstack::prelude::*;
 use mrstack::resource::align_up;
 use proptest::prelude::*;
@@ -14,20 +15,16 @@ use std::sync::Mutex;
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-/// A fake stream handle: `Simulated`, `System` and `Recorder` never pass streams to the driver.
-fn stream(n: usize) -> StreamRef {
-    if n == 0 {
-        return StreamRef::DEFAULT;
-    }
-    // SAFETY: the handle is only compared and recorded, never given to the driver.
-    unsafe { StreamRef::from_raw(n as *mut _) }
+/// A simulated stream (0 is the default stream).
+fn stream(n: usize) -> StreamRef<'static> {
+    StreamRef::simulated(n as u32)
 }
 
 /// An upstream that forwards to `inner`, records every `order_after(stream, after)` call and
 /// counts the bytes it has handed out.
 struct Recorder<U> {
     inner: U,
-    orders: Mutex<Vec<(StreamRef, StreamRef)>>,
+    orders: Mutex<Vec<(StreamId, StreamId)>>,
     in_use: AtomicUsize,
 }
 
@@ -39,7 +36,7 @@ impl<U> Recorder<U> {
             in_use: AtomicUsize::new(0),
         }
     }
-    fn orders(&self) -> Vec<(StreamRef, StreamRef)> {
+    fn orders(&self) -> Vec<(StreamId, StreamId)> {
         self.orders.lock().unwrap().clone()
     }
     fn in_use(&self) -> usize {
@@ -64,8 +61,11 @@ unsafe impl<U: MemoryResource> MemoryResource for Recorder<U> {
         // SAFETY: forwarded from the caller.
         unsafe { self.inner.deallocate(p, size, align, s) }
     }
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.inner.synchronize(stream)
+    }
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.orders.lock().unwrap().push((stream, after));
+        self.orders.lock().unwrap().push((stream.id(), after.id()));
         self.inner.order_after(stream, after)
     }
     fn name(&self) -> &'static str {
@@ -516,7 +516,7 @@ fn pool_orders_streams_before_handing_blocks_across() {
 
     let c = pool.allocate(1000, 256, t).unwrap();
     assert_eq!(c, a, "the block freed on s goes to t");
-    assert_eq!(rec.orders(), [(t, s)], "after t is ordered behind s, once");
+    assert_eq!(rec.orders(), [(t.id(), s.id())], "after t is ordered behind s, once");
     let d = pool.allocate(5000, 256, t).unwrap();
     assert_eq!(rec.orders().len(), 1, "s's other free blocks came along");
     // SAFETY: live with these sizes.
@@ -563,7 +563,7 @@ fn pool_keeps_streams_apart_until_ordered() {
     }
     // Releasing a chunk whose blocks were freed on s and t orders the chunk's stream after t.
     assert_eq!(pool.release(), 2 << 20);
-    assert_eq!(rec.orders(), [(s, t)]);
+    assert_eq!(rec.orders(), [(s.id(), t.id())]);
     assert_eq!(rec.in_use(), 0);
 }
 
@@ -778,7 +778,7 @@ fn fixed_size_orders_streams_before_handing_blocks_across() {
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 100, 256, s) };
     assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
-    assert_eq!(rec.orders(), [(t, s)]);
+    assert_eq!(rec.orders(), [(t.id(), s.id())]);
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 100, 256, t) };
     assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
@@ -951,7 +951,7 @@ fn binning_orders_streams_before_handing_blocks_across() {
     // SAFETY: live; 1500 bytes pick the same bin as 2000.
     unsafe { mr.deallocate(a, 1500, 256, s) };
     assert_eq!(mr.allocate(2000, 256, t).unwrap(), a);
-    assert_eq!(rec.orders(), [(t, s)]);
+    assert_eq!(rec.orders(), [(t.id(), s.id())]);
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 2000, 256, t) };
     drop(mr);

@@ -1,10 +1,11 @@
 //! Workloads, trace parsing, the replay driver and the minimum-capacity search, over `Simulated`.
 
 use mrstack::prelude::*;
+use mrstack::StreamHandle;
 use mrstack::resource::check_request;
 use mrstack::trace::{self, TraceErrorKind};
 use mrstack::workload::{
-    self, fake_streams, measure, min_capacity, random, stack, Op, RandomConfig, ReplayError,
+    self, simulated_streams, measure, min_capacity, random, stack, Op, RandomConfig, ReplayError,
     Replayer, Workload, WorkloadError,
 };
 use std::io::Write;
@@ -386,14 +387,14 @@ fn replay_returns_everything_and_reports_failures() {
     )
     .unwrap();
     assert!(matches!(
-        Replayer::new(&sim, &two, vec![StreamRef::DEFAULT]),
+        Replayer::new(&sim, &two, vec![StreamHandle::DEFAULT]),
         Err(ReplayError::Streams {
             needed: 2,
             given: 1
         })
     ));
     // SAFETY: the streams go to Simulated only.
-    let mut r = Replayer::new(&sim, &two, unsafe { fake_streams(2) }).unwrap();
+    let mut r = Replayer::new(&sim, &two, simulated_streams(2)).unwrap();
     r.pass().unwrap();
 }
 
@@ -442,6 +443,13 @@ unsafe impl<U: MemoryResource> MemoryResource for NoReuse<U> {
                 .unwrap()
                 .push((ptr.as_ptr() as usize, size));
         }
+    }
+
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(s, after)
     }
 }
 
@@ -757,6 +765,13 @@ unsafe impl MemoryResource for PanicsOn999 {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
         // SAFETY: forwarded from the caller.
         unsafe { self.0.deallocate(ptr, size, align, s) }
+    }
+
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.0.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.0.order_after(s, after)
     }
 }
 

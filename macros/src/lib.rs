@@ -203,8 +203,23 @@ fn parse_size(digits: &str, unit: &str) -> Result<u128, String> {
     Ok(bytes)
 }
 
+/// The path of the mrstack crate as the calling crate names it: `::mrstack`, or `::mrs` for a
+/// user who renamed the dependency (`mrs = { package = "mrstack", … }`). Inside mrstack itself
+/// (its tests and examples included) `::mrstack` works: the library declares
+/// `extern crate self as mrstack`.
+fn crate_path() -> TokenStream2 {
+    match proc_macro_crate::crate_name("mrstack") {
+        Ok(proc_macro_crate::FoundCrate::Name(name)) => {
+            let ident = syn::Ident::new(&name, proc_macro2::Span::call_site());
+            quote!(::#ident)
+        }
+        Ok(proc_macro_crate::FoundCrate::Itself) | Err(_) => quote!(::mrstack),
+    }
+}
+
 impl Stack {
     fn expand(self) -> TokenStream2 {
+        let krate = crate_path();
         let mut acc = self.leaf.to_token_stream();
         for layer in self.layers {
             let (config, span) = match layer {
@@ -218,7 +233,7 @@ impl Stack {
                         let args = g.args;
                         quote!(::<#args>)
                     });
-                    let path = quote_spanned!(span=> ::mrstack::layer::#name #generics);
+                    let path = quote_spanned!(span=> #krate::layer::#name #generics);
                     let config = match fields {
                         None => {
                             quote_spanned!(span=> <#path as ::core::default::Default>::default())
@@ -241,7 +256,7 @@ impl Stack {
                     (e.into_token_stream(), span)
                 }
             };
-            acc = quote_spanned!(span=> ::mrstack::Layer::layer(#config, #acc));
+            acc = quote_spanned!(span=> #krate::Layer::layer(#config, #acc));
         }
         acc
     }

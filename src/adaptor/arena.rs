@@ -9,7 +9,7 @@
 //! is on [`Arena`].
 
 use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
-use crate::stream::StreamRef;
+use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -143,8 +143,11 @@ pub struct Arena<U: MemoryResource> {
     arenas: Box<[OnceLock<Box<Local>>]>,
     narenas: AtomicUsize,
     create: Mutex<()>,
-    streams: RwLock<HashMap<StreamRef, u32>>,
+    streams: RwLock<HashMap<StreamId, u32>>,
     registry: Arc<Registry>,
+    /// Keeps alive every stream a `Held` of this arena names (its local arenas' and its free
+    /// ranges' tags); declared last, so dropped after everything that names one.
+    keeper: Mutex<StreamKeeper>,
 }
 
 impl<U: MemoryResource> Arena<U> {
@@ -173,6 +176,7 @@ impl<U: MemoryResource> Arena<U> {
                 id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
                 idle: Mutex::new(Vec::new()),
             }),
+            keeper: Mutex::new(StreamKeeper::default()),
         }
     }
 
@@ -249,10 +253,10 @@ impl<U: MemoryResource> Arena<U> {
                     entry.thread_arena
                 } else {
                     match entry.last_stream {
-                        Some((s, id)) if s == stream => Some(id),
+                        Some((s, id)) if s == stream.id() => Some(id),
                         _ => {
                             let id = self.stream_arena(stream)?;
-                            entry.last_stream = Some((stream, id));
+                            entry.last_stream = Some((stream.id(), id));
                             Some(id)
                         }
                     }
@@ -272,16 +276,16 @@ impl<U: MemoryResource> Arena<U> {
             .streams
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&stream)
+            .get(&stream.id())
         {
             return Some(id);
         }
         let mut map = self.streams.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(&id) = map.get(&stream) {
+        if let Some(&id) = map.get(&stream.id()) {
             return Some(id);
         }
         let id = self.new_arena(stream)?;
-        map.insert(stream, id);
+        map.insert(stream.id(), id);
         Some(id)
     }
 
@@ -291,6 +295,7 @@ impl<U: MemoryResource> Arena<U> {
         if n == MAX_ARENAS {
             return None;
         }
+        let stream = self.hold(stream);
         let _ = self.arenas[n].set(Box::new(Local {
             stream,
             state: Mutex::new(LocalState::default()),
@@ -367,9 +372,14 @@ impl<U: MemoryResource> Arena<U> {
         }
     }
 
+    /// Keeps `stream` alive as long as the arena, for a local arena or a free range's tags.
+    fn hold(&self, stream: StreamRef) -> Held {
+        lock(&self.keeper).hold(stream)
+    }
+
     /// Makes `stream` wait for the work of every stream in `tags`.
     fn order(&self, stream: StreamRef, tags: &Tags) -> Result<(), AllocError> {
-        for after in tags.iter().filter(|&s| s != stream) {
+        for after in tags.iter().map(Held::get).filter(|&s| s != stream) {
             self.upstream
                 .order_after(stream, after)
                 .or_else(|_| self.upstream.synchronize(after))?;
@@ -390,12 +400,12 @@ impl<U: MemoryResource> Arena<U> {
         let mut g = lock(&self.global);
         for s in g.give(start, len, chunk, tags) {
             // The merged range forgot these streams; wait for them before anyone can take it.
-            let _ = self.upstream.synchronize(s);
+            let _ = self.upstream.synchronize(s.get());
         }
     }
 
     /// Gives empty superblocks of a local arena on `stream` back to the global arena.
-    fn release_superblocks(&self, stream: StreamRef, sbs: Vec<Superblock>) {
+    fn release_superblocks(&self, stream: Held, sbs: Vec<Superblock>) {
         if sbs.is_empty() {
             return;
         }
@@ -419,7 +429,7 @@ impl<U: MemoryResource> Arena<U> {
     fn flush_spare(&self, g: &mut Global) {
         for sp in std::mem::take(&mut g.spare) {
             for s in g.give(sp.at, self.superblock_size(), sp.chunk, sp.tags) {
-                let _ = self.upstream.synchronize(s);
+                let _ = self.upstream.synchronize(s.get());
             }
         }
     }
@@ -476,8 +486,8 @@ impl<U: MemoryResource> Arena<U> {
         }
         let ordered = sync
             .into_iter()
-            .try_for_each(|s| self.upstream.synchronize(s))
-            .and_then(|()| self.order(local.stream, &tags));
+            .try_for_each(|s| self.upstream.synchronize(s.get()))
+            .and_then(|()| self.order(local.stream.get(), &tags));
         if let Err(e) = ordered {
             lock(&self.global).spare.extend(taken);
             return Err(e);
@@ -579,7 +589,7 @@ impl<U: MemoryResource> Arena<U> {
             let mut st = local.lock();
             // Before the block can be reused on the arena's stream, that stream must wait for
             // the work that used it on `stream`.
-            self.order_or_wait(local.stream, stream);
+            self.order_or_wait(local.stream.get(), stream);
             st.deallocate(slot, addr, (bytes / GRAN) as u32, units)
         };
         self.release_superblocks(local.stream, released);
@@ -657,7 +667,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
             .meta_at(addr, self.sb_shift)
             .map_or(0, |m| m.load(Ordering::Acquire));
         if meta == 0 {
-            self.give_back(addr, bytes, ci, Tags::one(stream));
+            self.give_back(addr, bytes, ci, Tags::one(self.hold(stream)));
         } else {
             self.local_deallocate((meta >> 32) as u32 - 1, meta as u32, addr, bytes, stream);
         }
@@ -679,7 +689,8 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
 impl<U: MemoryResource> Drop for Arena<U> {
     fn drop(&mut self) {
         let g = self.global.get_mut().unwrap_or_else(|p| p.into_inner());
-        let mut streams: Vec<StreamRef> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
+        // The keeper (a field) outlives this function, so every Held below is still valid.
+        let mut streams: Vec<Held> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
         streams.extend(g.spare.iter().flat_map(|sp| sp.tags.iter()));
         let n = *self.narenas.get_mut();
         streams.extend(
@@ -691,7 +702,7 @@ impl<U: MemoryResource> Drop for Arena<U> {
         streams.dedup();
         // The chunks go back on the default stream: it must first wait for work on the others.
         for s in streams {
-            self.order_or_wait(StreamRef::DEFAULT, s);
+            self.order_or_wait(StreamRef::DEFAULT, s.get());
         }
         let n = *self.nchunks.get_mut();
         for chunk in self.chunks[..n].iter().filter_map(OnceLock::get) {
@@ -750,28 +761,28 @@ impl Chunk {
 #[derive(Debug, Clone, Copy)]
 struct Tags {
     n: u8,
-    s: [StreamRef; TAGS],
+    s: [Held; TAGS],
 }
 
 impl Tags {
     const NONE: Tags = Tags {
         n: 0,
-        s: [StreamRef::DEFAULT; TAGS],
+        s: [Held::DEFAULT; TAGS],
     };
 
-    fn one(stream: StreamRef) -> Self {
-        let mut s = [StreamRef::DEFAULT; TAGS];
+    fn one(stream: Held) -> Self {
+        let mut s = [Held::DEFAULT; TAGS];
         s[0] = stream;
         Tags { n: 1, s }
     }
 
-    fn iter(&self) -> impl Iterator<Item = StreamRef> + '_ {
+    fn iter(&self) -> impl Iterator<Item = Held> + '_ {
         self.s[..usize::from(self.n)].iter().copied()
     }
 
     /// Adds `other`'s streams; when they do not fit, pushes every stream of both onto `sync`
     /// and forgets them all (the caller synchronizes them before the range can be taken).
-    fn absorb(&mut self, other: &Tags, sync: &mut Vec<StreamRef>) {
+    fn absorb(&mut self, other: &Tags, sync: &mut Vec<Held>) {
         for s in other.iter() {
             if self.iter().any(|t| t == s) {
                 continue;
@@ -873,7 +884,7 @@ impl Global {
     /// Frees `[start, start + len)`, coalescing with its neighbours in the same chunk. Returns
     /// the streams to synchronize (before unlocking) when the merged range's tags overflowed.
     #[must_use]
-    fn give(&mut self, start: usize, len: usize, chunk: u32, tags: Tags) -> Vec<StreamRef> {
+    fn give(&mut self, start: usize, len: usize, chunk: u32, tags: Tags) -> Vec<Held> {
         let mut sync = Vec::new();
         let (mut start, mut len, mut tags) = (start, len, tags);
         if let Some((&ps, prev)) = self.runs.range(..start).next_back() {
@@ -901,7 +912,7 @@ impl Global {
 #[repr(align(64))] // its lock is the hot one: keep it off other arenas' cache lines
 #[derive(Debug)]
 struct Local {
-    stream: StreamRef,
+    stream: Held,
     state: Mutex<LocalState>,
 }
 
@@ -1160,7 +1171,7 @@ struct TlsEntry {
     instance: u64,
     registry: Weak<Registry>,
     thread_arena: Option<u32>,
-    last_stream: Option<(StreamRef, u32)>,
+    last_stream: Option<(StreamId, u32)>,
 }
 
 impl TlsEntry {

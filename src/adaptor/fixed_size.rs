@@ -19,7 +19,7 @@
 //! larger than a block or aligned beyond 256 bytes is refused with an error.
 
 use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
-use crate::stream::StreamRef;
+use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
@@ -249,17 +249,19 @@ pub(crate) enum Growth {
 pub(crate) struct Bin {
     block: usize,
     /// Free block addresses per stream; the stream used last is usually first.
-    lists: Vec<(StreamRef, Vec<usize>)>,
+    lists: Vec<(Held, Vec<usize>)>,
     chunks: Vec<BinChunk>,
     /// Bytes held from the upstream.
     held: usize,
+    /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
+    streams: StreamKeeper,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct BinChunk {
     addr: usize,
     size: usize,
-    stream: StreamRef,
+    stream: Held,
 }
 
 impl Bin {
@@ -270,6 +272,7 @@ impl Bin {
             lists: Vec::new(),
             chunks: Vec::new(),
             held: 0,
+            streams: StreamKeeper::default(),
         }
     }
 
@@ -297,7 +300,7 @@ impl Bin {
         name: &'static str,
     ) -> Result<usize, AllocError> {
         if let Some((s, list)) = self.lists.first_mut() {
-            if *s == stream {
+            if s.get() == stream {
                 if let Some(addr) = list.pop() {
                     return Ok(addr);
                 }
@@ -318,7 +321,7 @@ impl Bin {
     ) -> Result<usize, AllocError> {
         // Streams whose free blocks are all in use keep empty lists; drop them here, off the hot
         // path, so that short-lived streams do not lengthen the list scan.
-        self.lists.retain(|(s, l)| *s == stream || !l.is_empty());
+        self.lists.retain(|(s, l)| s.get() == stream || !l.is_empty());
         let li = self.list_index(stream);
         if let Some(addr) = self.lists[li].1.pop() {
             return Ok(addr);
@@ -326,9 +329,9 @@ impl Bin {
         if let Some(other) = self
             .lists
             .iter()
-            .position(|(s, l)| *s != stream && !l.is_empty())
+            .position(|(s, l)| s.get() != stream && !l.is_empty())
         {
-            upstream.order_after(stream, self.lists[other].0)?;
+            upstream.order_after(stream, self.lists[other].0.get())?;
             let (_, blocks) = self.lists.swap_remove(other);
             let li = self.list_index(stream);
             self.lists[li].1.extend(blocks);
@@ -350,7 +353,7 @@ impl Bin {
     #[inline]
     pub(crate) fn push(&mut self, addr: usize, stream: StreamRef) {
         if let Some((s, list)) = self.lists.first_mut() {
-            if *s == stream {
+            if s.get() == stream {
                 list.push(addr);
                 return;
             }
@@ -362,12 +365,13 @@ impl Bin {
     /// The list of `stream`, created if missing, moved to the front so that the next call on the
     /// same stream finds it first.
     fn list_index(&mut self, stream: StreamRef) -> usize {
-        match self.lists.iter().position(|(s, _)| *s == stream) {
+        match self.lists.iter().position(|(s, _)| s.get() == stream) {
             Some(i) => {
                 self.lists.swap(0, i);
             }
             None => {
-                self.lists.push((stream, Vec::new()));
+                let held = self.streams.hold(stream);
+                self.lists.push((held, Vec::new()));
                 let last = self.lists.len() - 1;
                 self.lists.swap(0, last);
             }
@@ -401,15 +405,27 @@ impl Bin {
             match upstream.allocate(bytes, GRANULE, stream) {
                 Ok(ptr) => {
                     let addr = ptr.as_ptr() as usize;
+                    let li = self.list_index(stream);
+                    // One address per block: a count the host cannot list is out of memory, and
+                    // the chunk goes straight back (never an abort on a huge preallocation).
+                    if self.lists[li].1.try_reserve(count).is_err() {
+                        // SAFETY: the chunk was just allocated with these arguments, unused.
+                        unsafe { upstream.deallocate(ptr, bytes, GRANULE, stream) };
+                        return Err(AllocError::new(
+                            AllocErrorKind::OutOfMemory,
+                            bytes,
+                            align,
+                            name,
+                        ));
+                    }
+                    let held = self.streams.hold(stream);
                     self.chunks.push(BinChunk {
                         addr,
                         size: bytes,
-                        stream,
+                        stream: held,
                     });
                     self.held += bytes;
-                    let li = self.list_index(stream);
                     let list = &mut self.lists[li].1;
-                    list.reserve(count);
                     // Highest address first, so that pops hand out the chunk from its start.
                     list.extend((0..count).rev().map(|i| addr + i * self.block));
                     return Ok(());
@@ -427,7 +443,7 @@ impl Bin {
     ///
     /// No block of this bin is in use or will be handed out again.
     pub(crate) unsafe fn release_all<U: MemoryResource>(&mut self, upstream: &U) {
-        let streams: Vec<StreamRef> = self
+        let streams: Vec<Held> = self
             .lists
             .iter()
             .filter(|(_, l)| !l.is_empty())
@@ -436,10 +452,12 @@ impl Bin {
         self.lists.clear();
         for chunk in std::mem::take(&mut self.chunks) {
             for &s in &streams {
-                if s != chunk.stream && upstream.order_after(chunk.stream, s).is_err() {
+                if s != chunk.stream
+                    && upstream.order_after(chunk.stream.get(), s.get()).is_err()
+                {
                     // No event: wait for the stream instead; a failure here leaves nothing
                     // better to do than give the memory back.
-                    let _ = upstream.synchronize(s);
+                    let _ = upstream.synchronize(s.get());
                 }
             }
             self.held -= chunk.size;
@@ -448,7 +466,7 @@ impl Bin {
                 // and was taken out of `chunks`, so it is given back once; the caller promises none
                 // of its blocks is in use, and its stream is ordered after every stream that freed
                 // one.
-                unsafe { upstream.deallocate(ptr, chunk.size, GRANULE, chunk.stream) };
+                unsafe { upstream.deallocate(ptr, chunk.size, GRANULE, chunk.stream.get()) };
             }
         }
     }

@@ -28,7 +28,7 @@
 //! carving an aligned block out of a larger free one.
 
 use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
-use crate::stream::StreamRef;
+use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::ptr::NonNull;
@@ -119,21 +119,21 @@ pub struct PoolStats {
 #[derive(Debug, Clone, Copy)]
 struct Free {
     size: usize,
-    stream: StreamRef,
+    stream: Held,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Chunk {
     size: usize,
     /// The stream the chunk was allocated on, which it is given back on.
-    stream: StreamRef,
+    stream: Held,
 }
 
 /// The free blocks last freed on one stream, by `(size, address)`: the best fit for `n` bytes is
 /// the first entry at or after `(n, 0)`.
 #[derive(Debug)]
 struct StreamFree {
-    stream: StreamRef,
+    stream: Held,
     by_size: BTreeSet<(usize, usize)>,
 }
 
@@ -184,13 +184,16 @@ struct State {
     chunks: BTreeMap<usize, Chunk>,
     pool_size: usize,
     allocated: usize,
+    /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
+    streams: StreamKeeper,
 }
 
 impl State {
     fn list_index(&mut self, stream: StreamRef) -> usize {
-        match self.lists.iter().position(|l| l.stream == stream) {
+        match self.lists.iter().position(|l| l.stream.get() == stream) {
             Some(i) => i,
             None => {
+                let stream = self.streams.hold(stream);
                 self.lists.push(StreamFree {
                     stream,
                     by_size: BTreeSet::new(),
@@ -210,7 +213,14 @@ impl State {
 
     /// Adds a chunk taken from the upstream as one free block on `stream`.
     fn add_chunk(&mut self, addr: usize, size: usize, stream: StreamRef) {
-        self.chunks.insert(addr, Chunk { size, stream });
+        let held = self.streams.hold(stream);
+        self.chunks.insert(
+            addr,
+            Chunk {
+                size,
+                stream: held,
+            },
+        );
         self.pool_size += size;
         let li = self.list_index(stream);
         self.insert(li, addr, size);
@@ -219,6 +229,7 @@ impl State {
     /// Makes `[addr, addr + size)` free on `stream`, merged with same-stream free neighbours in its chunk.
     fn free(&mut self, addr: usize, size: usize, stream: StreamRef) {
         let li = self.list_index(stream);
+        let stream = self.lists[li].stream;
         let (mut start, mut end) = (addr, addr + size);
         if let Some(&next) = self.starts.get(&end) {
             if next.stream == stream && !self.chunks.contains_key(&end) {
@@ -274,13 +285,14 @@ impl State {
 
     /// Another stream's list holding a block of at least `need` bytes.
     fn other_with_fit(&self, stream: StreamRef, need: usize) -> Option<usize> {
-        self.lists
-            .iter()
-            .position(|l| l.stream != stream && l.by_size.last().is_some_and(|&(s, _)| s >= need))
+        self.lists.iter().position(|l| {
+            l.stream.get() != stream && l.by_size.last().is_some_and(|&(s, _)| s >= need)
+        })
     }
 
     /// Moves every free block of list `from` to `to`, coalescing them with `to`'s.
-    fn merge(&mut self, from: usize, to: StreamRef) {
+    fn merge(&mut self, from: usize, to: Held) {
+        let to = to.get();
         let list = self.lists.swap_remove(from);
         for (size, addr) in list.by_size {
             self.starts.remove(&addr);
@@ -292,8 +304,8 @@ impl State {
     /// For each chunk, the free bytes inside it and the streams they were freed on (blocks never
     /// straddle chunks, so a chunk is wholly free when its free bytes add up to its size).
     /// O(n log c) for n free blocks in c chunks: for `release` and drop, not the hot path.
-    fn census(&self) -> BTreeMap<usize, (usize, Vec<StreamRef>)> {
-        let mut census: BTreeMap<usize, (usize, Vec<StreamRef>)> = BTreeMap::new();
+    fn census(&self) -> BTreeMap<usize, (usize, Vec<Held>)> {
+        let mut census: BTreeMap<usize, (usize, Vec<Held>)> = BTreeMap::new();
         for (&addr, f) in &self.starts {
             if let Some((&chunk, _)) = self.chunks.range(..=addr).next_back() {
                 let (bytes, streams) = census.entry(chunk).or_default();
@@ -432,7 +444,7 @@ impl<U: MemoryResource> Pool<U> {
             let ordered = streams
                 .into_iter()
                 .filter(|&s| s != chunk.stream)
-                .try_for_each(|s| self.upstream.order_after(chunk.stream, s));
+                .try_for_each(|s| self.upstream.order_after(chunk.stream.get(), s.get()));
             if ordered.is_ok() {
                 released.push(start);
             }
@@ -456,7 +468,7 @@ impl<U: MemoryResource> Pool<U> {
             // SAFETY: forwarded from the caller: a live upstream allocation of this size.
             unsafe {
                 self.upstream
-                    .deallocate(ptr, chunk.size, GRANULE, chunk.stream)
+                    .deallocate(ptr, chunk.size, GRANULE, chunk.stream.get())
             };
         }
     }
@@ -552,10 +564,12 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
                 // Streams whose free blocks are all in use keep empty lists; drop them here, off
                 // the hot path, so that short-lived streams do not lengthen the list scan.
                 st.lists
-                    .retain(|l| l.stream == stream || !l.by_size.is_empty());
+                    .retain(|l| l.stream.get() == stream || !l.by_size.is_empty());
                 if let Some(other) = st.other_with_fit(stream, need) {
-                    self.upstream.order_after(stream, st.lists[other].stream)?;
-                    st.merge(other, stream);
+                    self.upstream
+                        .order_after(stream, st.lists[other].stream.get())?;
+                    let to = st.streams.hold(stream);
+                    st.merge(other, to);
                 } else {
                     self.grow(&mut st, need, stream, size, align)?;
                 }
@@ -596,15 +610,22 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
 
 impl<U: MemoryResource> Drop for Pool<U> {
     fn drop(&mut self) {
-        let st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
+        // `st` (its stream keeper included) lives to the end of this function, past every use of
+        // the streams it holds.
+        let mut st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
         let mut census = st.census();
-        for (start, chunk) in st.chunks {
+        for (start, chunk) in std::mem::take(&mut st.chunks) {
             let streams = census.remove(&start).map(|(_, s)| s).unwrap_or_default();
             for s in streams {
-                if s != chunk.stream && self.upstream.order_after(chunk.stream, s).is_err() {
+                if s != chunk.stream
+                    && self
+                        .upstream
+                        .order_after(chunk.stream.get(), s.get())
+                        .is_err()
+                {
                     // No event: wait for the stream instead; a failure here leaves nothing
                     // better to do than give the memory back.
-                    let _ = self.upstream.synchronize(s);
+                    let _ = self.upstream.synchronize(s.get());
                 }
             }
             // SAFETY: the chunk came from the upstream with this size, and the pool, being

@@ -11,7 +11,7 @@ use crate::resource::{check_request, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::atomic::{
-    AtomicBool, AtomicI64,
+    AtomicBool, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::Mutex;
@@ -23,21 +23,22 @@ use std::sync::Mutex;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Counter {
     /// Allocated now (allocations minus deallocations).
-    pub current: i64,
+    pub current: i128,
     /// The largest `current` seen (since creation, the scope's start, or the last `reset_peak`).
-    pub peak: i64,
-    /// The sum of every allocation, whatever was freed since.
-    pub total: i64,
+    pub peak: i128,
+    /// The sum of every allocation, whatever was freed since (modulo 2^64 for the whole-life
+    /// counters: 16 EiB of allocations before it wraps).
+    pub total: i128,
 }
 
 impl Counter {
-    fn add(&mut self, n: i64) {
+    fn add(&mut self, n: i128) {
         self.current += n;
         self.peak = self.peak.max(self.current);
         self.total += n;
     }
 
-    fn sub(&mut self, n: i64) {
+    fn sub(&mut self, n: i128) {
         self.current -= n;
     }
 
@@ -59,12 +60,12 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn allocated(&mut self, size: i64) {
+    fn allocated(&mut self, size: i128) {
         self.bytes.add(size);
         self.allocations.add(1);
     }
 
-    fn freed(&mut self, size: i64) {
+    fn freed(&mut self, size: i128) {
         self.bytes.sub(size);
         self.allocations.sub(1);
     }
@@ -80,25 +81,28 @@ impl Stats {
 /// peak may miss an allocation or include a deallocation made at the same instant on another
 /// thread, so the peak can read low by what those racing calls moved. Calls that do not overlap
 /// are counted exactly.
+/// Counts modulo 2^64: what is live (`total - freed`) is less than 2^64 bytes (live blocks are
+/// disjoint ranges of a 64-bit address space), so the wrapping difference is exact whatever the
+/// totals; no sum can overflow, whatever sizes a `Simulated` stack hands out.
 #[derive(Debug, Default)]
 struct AtomicCounter {
-    total: AtomicI64,
-    freed: AtomicI64,
-    peak: AtomicI64,
+    total: AtomicU64,
+    freed: AtomicU64,
+    peak: AtomicU64,
 }
 
 impl AtomicCounter {
     #[inline]
-    fn add(&self, n: i64) {
-        let total = self.total.fetch_add(n, AcqRel) + n;
-        let now = total - self.freed.load(Acquire);
+    fn add(&self, n: u64) {
+        let total = self.total.fetch_add(n, AcqRel).wrapping_add(n);
+        let now = total.wrapping_sub(self.freed.load(Acquire));
         if now > self.peak.load(Relaxed) {
             self.peak.fetch_max(now, Relaxed);
         }
     }
 
     #[inline]
-    fn sub(&self, n: i64) {
+    fn sub(&self, n: u64) {
         // Release: a reader that sees this free also sees the allocation it frees (which happened
         // before it), so `total - freed` never counts a free without its allocation.
         self.freed.fetch_add(n, Release);
@@ -108,15 +112,15 @@ impl AtomicCounter {
         let freed = self.freed.load(Acquire);
         let total = self.total.load(Acquire);
         Counter {
-            current: total - freed,
-            peak: self.peak.load(Relaxed),
-            total,
+            current: i128::from(total.wrapping_sub(freed)),
+            peak: i128::from(self.peak.load(Relaxed)),
+            total: i128::from(total),
         }
     }
 
     fn reset_peak(&self) {
         let c = self.get();
-        self.peak.store(c.current, Relaxed);
+        self.peak.store(c.current as u64, Relaxed);
     }
 }
 
@@ -240,24 +244,22 @@ impl<U> Statistics<U> {
 
     #[inline]
     fn count_allocation(&self, size: usize) {
-        let size = size as i64;
-        self.bytes.add(size);
+        self.bytes.add(size as u64);
         self.allocations.add(1);
         if self.scoped.load(Relaxed) {
             if let Some(top) = self.lock_scopes().last_mut() {
-                top.allocated(size);
+                top.allocated(size as i128);
             }
         }
     }
 
     #[inline]
     fn count_deallocation(&self, size: usize) {
-        let size = size as i64;
-        self.bytes.sub(size);
+        self.bytes.sub(size as u64);
         self.allocations.sub(1);
         if self.scoped.load(Relaxed) {
             if let Some(top) = self.lock_scopes().last_mut() {
-                top.freed(size);
+                top.freed(size as i128);
             }
         }
     }

@@ -13,7 +13,7 @@
 //! still live when the adaptor is dropped are reported, not freed: their owner may still use them.
 
 use crate::resource::{check_request, AllocError, Layer, MemoryResource};
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -30,7 +30,7 @@ pub struct Allocation {
     /// The alignment it was asked with.
     pub align: usize,
     /// The stream it was allocated on.
-    pub stream: StreamRef,
+    pub stream: StreamId,
     /// Where it was allocated, when the adaptor captures backtraces.
     pub backtrace: Option<Arc<Backtrace>>,
 }
@@ -61,18 +61,18 @@ pub struct BadFree {
     /// The alignment passed.
     pub align: usize,
     /// The stream passed.
-    pub stream: StreamRef,
+    pub stream: StreamId,
 }
 
 impl std::fmt::Display for BadFree {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "deallocate({:#x}, size {}, align {}, stream {:#x}): ",
+            "deallocate({:#x}, size {}, align {}, stream {}): ",
             self.address,
             self.size,
             self.align,
-            self.stream.id()
+            self.stream
         )?;
         match self.kind {
             BadFreeKind::NotLive => {
@@ -90,7 +90,7 @@ impl std::fmt::Display for BadFree {
 struct Live {
     size: usize,
     align: usize,
-    stream: StreamRef,
+    stream: StreamId,
     backtrace: Option<Arc<Backtrace>>,
 }
 
@@ -194,11 +194,11 @@ impl<U> Tracking<U> {
         for a in &list {
             let _ = writeln!(
                 out,
-                "  {:#x}: {} bytes, align {}, stream {:#x}",
+                "  {:#x}: {} bytes, align {}, stream {}",
                 a.address,
                 a.size,
                 a.align,
-                a.stream.id()
+                a.stream
             );
             if let Some(bt) = &a.backtrace {
                 let _ = writeln!(out, "    allocated at:\n{bt}");
@@ -252,7 +252,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
             Live {
                 size,
                 align,
-                stream,
+                stream: stream.id(),
                 backtrace,
             },
         );
@@ -269,7 +269,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
             address,
             size,
             align,
-            stream,
+            stream: stream.id(),
         };
         let refused = {
             let mut s = self.lock();

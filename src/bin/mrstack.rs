@@ -5,12 +5,12 @@
 //! `mrstack::replay`; this file is the command line, the choice of upstream and the progress bar.
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{result, sys, CudaContext};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mrstack::replay::{self, probes_estimate, run_stack, Candidate, Report, Settings};
 use mrstack::trace::{self, OnError};
-use mrstack::workload::{self, fake_streams, stack, timing_capacity, Metered, StackFactory};
-use mrstack::{Cuda, CudaAsync, Simulated, StreamRef};
+use mrstack::workload::{self, simulated_streams, stack, timing_capacity, Metered, StackFactory};
+use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
 use std::cell::Cell;
 use std::io::Write;
 use std::path::PathBuf;
@@ -438,8 +438,7 @@ fn replay_simulated(
         };
         // Unlimited: the stack's own capacity bounds it, as device memory would hardly.
         let sim = Arc::new(Simulated::new(usize::MAX));
-        // SAFETY: the stacks sit on Simulated, which never passes streams to the driver.
-        let streams = unsafe { fake_streams(w.stream_count()) };
+        let streams = simulated_streams(w.stream_count());
         reports.push(run_stack(
             &candidate,
             sim.clone(),
@@ -481,17 +480,15 @@ fn replay_cuda(
 ) -> Result<Vec<replay::StackReport>, String> {
     let cuda = Cuda::new(ctx).map_err(|e| format!("cannot use device 0: {e}"))?;
     // The log's default stream (0) is the default stream; each other stream gets one of its own.
-    let mut owned: Vec<Arc<CudaStream>> = Vec::new();
     let mut streams = Vec::with_capacity(w.stream_count());
     for i in 0..w.stream_count() {
         if stream_ids.get(i).is_none_or(|&id| id == 0) {
-            streams.push(StreamRef::DEFAULT);
+            streams.push(StreamHandle::DEFAULT);
         } else {
             let s = ctx
                 .new_stream()
                 .map_err(|e| format!("creating stream {i}: {e:?}"))?;
-            streams.push(StreamRef::from(&s));
-            owned.push(s);
+            streams.push(StreamHandle::from(s));
         }
     }
 
@@ -542,7 +539,5 @@ fn replay_cuda(
         ));
         bar.stack_done();
     }
-    // The streams outlive every replay on them: `reports` is complete, every stack dropped.
-    drop(owned);
     Ok(reports)
 }

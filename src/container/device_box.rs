@@ -56,6 +56,8 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceBox<
     }
 
     fn touched(&self) {}
+
+    fn touched_mut(&mut self) {}
 }
 
 cudarc_interop!(DeviceBox, inner.buf where R: MemoryResource + Accessible<DeviceAccessible>);

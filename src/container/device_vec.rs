@@ -140,14 +140,21 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         Ok(unsafe { std::slice::from_raw_parts(self.buf.ptr().as_ptr(), self.len()) })
     }
 
-    /// The values, written in place on the host after waiting for the vector's stream.
-    pub fn as_host_slice_mut(&mut self) -> Result<&mut [T], AllocError>
+    /// The values as cells, for writes in place on the host (`v.as_host_cells()?[i].set(x)`),
+    /// after waiting for the vector's stream. Compiles only when `R` is host-accessible.
+    ///
+    /// Cells rather than `&mut [T]`: cudarc copies into a `&mut [T]` asynchronously when the
+    /// memory is pinned or managed (it assumes Rust slices are pageable), so a mutable slice of
+    /// this memory could be written by a DMA the vector never hears of (see `PinnedVec`).
+    pub fn as_host_cells(&mut self) -> Result<&[std::cell::Cell<T>], AllocError>
     where
         R: Accessible<HostAccessible>,
     {
         self.buf.synchronize()?;
-        // SAFETY: as for `as_host_slice`, and `&mut self` makes this the only access.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.len()) })
+        // SAFETY: as for `as_host_slice`; `&mut self` makes this the only access while the cells
+        // are borrowed, and Cell<T> has T's layout.
+        let slice = unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.len()) };
+        Ok(std::cell::Cell::from_mut(slice).as_slice_of_cells())
     }
 
     /// The number of values.
@@ -181,6 +188,8 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     }
 
     fn touched(&self) {}
+
+    fn touched_mut(&mut self) {}
 }
 
 cudarc_interop!(DeviceVec, buf where R: MemoryResource + Accessible<DeviceAccessible>);

@@ -1,22 +1,22 @@
-//! `HostAllocator<R>`: any host-accessible resource as an [`allocator_api2`] allocator, so that
-//! `allocator_api2::vec::Vec<T, HostAllocator<&Pinned>>` (or `Box`, or hashbrown's maps) keep
-//! their values in pinned memory, a pool over it, or any stack that gives `HostAccessible` memory.
+//! `HostAllocator<R>`: a host-only resource as an [`allocator_api2`] allocator, so that
+//! `allocator_api2::vec::Vec<T, HostAllocator<&Pool<System>>>` (or `Box`, or hashbrown's maps)
+//! keep their values in a pool, or any stack that gives host-only memory ([`HostOnly`]).
+//!
+//! Not pinned or managed memory: a plain collection hands out `&mut [T]`, which cudarc copies
+//! into asynchronously when the memory is pinned (it assumes Rust slices are pageable), so a
+//! `Vec` dropped after such a copy would free memory a DMA still writes. That does not compile;
+//! [`PinnedVec`](crate::PinnedVec) is the container for memory the device shares.
 //!
 //! Cost: the resource's own, plus a `synchronize` of the allocator's stream after each non-empty
 //! allocation, so the host may write at once even into a block that a suballocator reclaimed from
 //! stream-ordered work (a no-op for `System`, a stream synchronize for CUDA-backed stacks). On the
 //! default stream that waits for the default stream's queued work too: give the allocator a stream
 //! of its own ([`HostAllocator::on_stream`]) where kernels run on the default stream meanwhile.
-//! Requires `R: Accessible<HostAccessible>` (a compile error otherwise).
-//!
-//! The collections know nothing of streams: before a `Vec` grows, shrinks or drops, no device work
-//! (an async copy out of its pinned memory, a kernel reading it) may still use the old buffer.
-//! `PinnedVec` does that bookkeeping for fixed-length device-shared buffers; use this adapter for
-//! host-side buffers (staging, growable host data) in pinned or pooled memory.
+//! Requires `R: HostOnly` (a compile error otherwise).
 
-use crate::property::{Accessible, HostAccessible};
+use crate::property::HostOnly;
 use crate::resource::{dangling, MemoryResource};
-use crate::stream::StreamRef;
+use crate::stream::{StreamHandle, StreamRef};
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use std::sync::Arc;
 /// use mrstack::container::HostAllocator;
 /// use allocator_api2::vec::Vec;
 ///
-/// let system = System::new(); // or Pinned::new(&ctx)?, or a pool over it
+/// let system = System::new(); // or a pool over it
 /// let mut v: Vec<u64, _> = Vec::new_in(HostAllocator::new(&system));
 /// v.extend(0..1000);
 /// assert_eq!(v.iter().sum::<u64>(), 499_500);
@@ -36,18 +36,22 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct HostAllocator<R> {
     resource: R,
-    stream: StreamRef,
+    stream: StreamHandle,
 }
 
-impl<R: MemoryResource + Accessible<HostAccessible>> HostAllocator<R> {
+impl<R: MemoryResource + HostOnly> HostAllocator<R> {
     /// Allocates from `resource` on the default stream.
     pub fn new(resource: R) -> Self {
         Self::on_stream(resource, StreamRef::DEFAULT)
     }
 
-    /// Allocates from `resource` on `stream`, and frees there.
-    pub fn on_stream(resource: R, stream: StreamRef) -> Self {
-        HostAllocator { resource, stream }
+    /// Allocates from `resource` on `stream`, and frees there; the allocator keeps the stream
+    /// alive.
+    pub fn on_stream(resource: R, stream: StreamRef<'_>) -> Self {
+        HostAllocator {
+            resource,
+            stream: stream.to_handle(),
+        }
     }
 }
 
@@ -58,17 +62,18 @@ impl<R> HostAllocator<R> {
     }
 
     /// The stream allocations are ordered on.
-    pub fn stream(&self) -> StreamRef {
-        self.stream
+    pub fn stream(&self) -> StreamRef<'_> {
+        self.stream.as_ref()
     }
 }
 
 // SAFETY: non-empty blocks come from `R::allocate` with the layout's size and alignment (so they
-// are host-accessible by the bound, aligned, and disjoint) and go back to it with the same; the
+// are pageable host memory by the `HostOnly` bound, which no DMA can target behind the
+// collection's back, aligned, and disjoint) and go back to it with the same; the
 // resource lives inside the allocator, so blocks stay valid while it (or a clone: the Clone impls
 // below exist only where clones share one resource) lives. Empty blocks are dangling, aligned, and
 // never passed to the resource.
-unsafe impl<R: MemoryResource + Accessible<HostAccessible>> Allocator for HostAllocator<R> {
+unsafe impl<R: MemoryResource + HostOnly> Allocator for HostAllocator<R> {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         let size = layout.size();
         if size == 0 {
@@ -76,13 +81,13 @@ unsafe impl<R: MemoryResource + Accessible<HostAccessible>> Allocator for HostAl
         }
         let ptr = self
             .resource
-            .allocate(size, layout.align(), self.stream)
+            .allocate(size, layout.align(), self.stream.as_ref())
             .map_err(|_| AllocError)?;
-        if self.resource.synchronize(self.stream).is_err() {
+        if self.resource.synchronize(self.stream.as_ref()).is_err() {
             // SAFETY: just allocated with this size and alignment, unused.
             unsafe {
                 self.resource
-                    .deallocate(ptr, size, layout.align(), self.stream)
+                    .deallocate(ptr, size, layout.align(), self.stream.as_ref())
             };
             return Err(AllocError);
         }
@@ -97,7 +102,7 @@ unsafe impl<R: MemoryResource + Accessible<HostAccessible>> Allocator for HostAl
         // resource with that size and alignment.
         unsafe {
             self.resource
-                .deallocate(ptr, layout.size(), layout.align(), self.stream)
+                .deallocate(ptr, layout.size(), layout.align(), self.stream.as_ref())
         }
     }
 }
@@ -108,7 +113,7 @@ impl<R: ?Sized> Clone for HostAllocator<&R> {
     fn clone(&self) -> Self {
         HostAllocator {
             resource: self.resource,
-            stream: self.stream,
+            stream: self.stream.clone(),
         }
     }
 }
@@ -117,7 +122,7 @@ impl<R: ?Sized> Clone for HostAllocator<Arc<R>> {
     fn clone(&self) -> Self {
         HostAllocator {
             resource: self.resource.clone(),
-            stream: self.stream,
+            stream: self.stream.clone(),
         }
     }
 }
@@ -126,7 +131,7 @@ impl<P: crate::erased::PropertySet> Clone for HostAllocator<crate::erased::AnyRe
     fn clone(&self) -> Self {
         HostAllocator {
             resource: self.resource.clone(),
-            stream: self.stream,
+            stream: self.stream.clone(),
         }
     }
 }
@@ -136,16 +141,18 @@ macro_rules! leaf_clone {
     ($($leaf:ty),+) => {$(
         impl Clone for HostAllocator<$leaf> {
             fn clone(&self) -> Self {
-                HostAllocator { resource: self.resource.clone(), stream: self.stream }
+                HostAllocator { resource: self.resource.clone(), stream: self.stream.clone() }
             }
         }
     )+};
 }
 
-leaf_clone!(crate::System, crate::Pinned, crate::Managed);
+leaf_clone!(crate::System);
 
 static_assertions::assert_impl_all!(HostAllocator<crate::System>: Allocator, Send, Sync, Clone);
-static_assertions::assert_impl_all!(HostAllocator<&'static crate::Pinned>: Allocator, Clone);
+static_assertions::assert_impl_all!(HostAllocator<&'static crate::System>: Allocator, Clone);
+static_assertions::assert_not_impl_any!(HostAllocator<crate::Pinned>: Allocator);
+static_assertions::assert_not_impl_any!(HostAllocator<crate::Managed>: Allocator);
 static_assertions::assert_not_impl_any!(HostAllocator<crate::Cuda>: Allocator);
 static_assertions::assert_not_impl_any!(HostAllocator<crate::Simulated>: Allocator, Clone);
-static_assertions::assert_eq_size!(HostAllocator<&'static crate::Pinned>, [usize; 2]);
+static_assertions::assert_eq_size!(HostAllocator<&'static crate::System>, [usize; 3]);

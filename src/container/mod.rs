@@ -166,7 +166,9 @@ unsafe impl<T: Send, R: MemoryResource + Send> Send for RawBuf<T, R> {}
 unsafe impl<T: Sync, R: MemoryResource + Sync> Sync for RawBuf<T, R> {}
 
 /// Implements cudarc's `DeviceSlice`, `DevicePtr`, `DevicePtrMut` and `PushKernelArg` (for `&` and
-/// `&mut`) for a container whose `RawBuf<T, R>` is at the given field path and a `touched(&self)` method. A macro
+/// `&mut`) for a container whose `RawBuf<T, R>` is at the given field path, with `touched(&self)`
+/// (device work that reads the memory is queued) and `touched_mut(&mut self)` (work that may
+/// write it). A `&` kernel argument is read-only to the kernel, as for cudarc's own `&CudaSlice`. A macro
 /// because these are foreign traits on three distinct types: no single generic impl covers them.
 macro_rules! cudarc_interop {
     ($container:ident, $($buf:ident).+ where R: $($bound:tt)+) => {
@@ -200,7 +202,7 @@ macro_rules! cudarc_interop {
                 &'a mut self,
                 stream: &'a cudarc::driver::CudaStream,
             ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
-                self.touched();
+                self.touched_mut();
                 (*self.$($buf).+.address(), self.$($buf).+.order_use(stream))
             }
         }
@@ -222,7 +224,7 @@ macro_rules! cudarc_interop {
             for cudarc::driver::LaunchArgs<'a>
         {
             fn arg(&mut self, arg: &'b mut $container<T, R>) -> &mut Self {
-                arg.touched();
+                arg.touched_mut();
                 self.arg(arg.$($buf).+.address())
             }
         }

@@ -1,15 +1,31 @@
 //! `PinnedVec<T, R>`: values in memory that both the host and kernels may dereference (pinned or
 //! managed). Requires `R: Accessible<(HostAccessible, DeviceAccessible)>`.
 //!
-//! It derefs to `[T]` on the host. Once the memory has been handed to the device (a kernel
-//! argument, a copy), the next host access first waits for the vector's stream, so the host never
-//! reads values a kernel is still writing, nor overwrites values a copy is still reading.
+//! It derefs to `[T]` on the host for reading; host writes go through [`PinnedVec::as_cells`]
+//! (a `&[Cell<T>]`), [`PinnedVec::copy_from_slice`] and [`PinnedVec::fill`]. Once the memory has
+//! been handed to the device (a kernel argument, a copy), the next host access first waits for the
+//! vector's stream, so the host never reads values a kernel is still writing, nor overwrites values
+//! a copy is still reading.
+//!
+//! Why no `&mut [T]`: cudarc copies into any `&mut [T]` with `cuMemcpyDtoHAsync`, assuming
+//! pageable memory, for which the driver finishes the copy before returning. Into pinned memory
+//! the copy is truly asynchronous, and nothing would tell the vector: a host read could see values
+//! still being written, and a drop could hand the block to another owner while the DMA still
+//! writes. A `&mut T` would allow the same through `std::slice::from_mut`. So no safe path yields
+//! a mutable reference into the memory: cudarc's copies into the vector go through its
+//! `HostSlice`/`DevicePtrMut` implementations, which the vector tracks.
+//!
+//! Shared `&[T]` views may be given to cudarc as copy sources: the device then reads the memory
+//! asynchronously, which cannot change it; a host write (which needs `&mut self`) first waits for
+//! the vector's stream. A copy queued on another stream from a plain `&[T]` reads whatever the
+//! memory holds when it runs: keep such a slice's values unchanged until that stream has run.
 
 use super::{cudarc_interop, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, MemoryResource};
 use cudarc::driver::{CudaStream, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits};
-use std::ops::{Deref, DerefMut};
+use std::cell::Cell;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -21,7 +37,8 @@ use std::sync::Arc;
 /// let ctx = mrstack::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let mut v = PinnedVec::from_slice(&[1u32, 2, 3], Pinned::new(&ctx)?, &stream)?;
-/// v[0] = 10; // plain host writes
+/// v.as_cells()[0].set(10); // host writes, through cells
+/// assert_eq!(v[0], 10); // host reads, through Deref
 /// let on_device = DeviceVec::from_slice(&v, Cuda::new(&ctx)?, &stream)?;
 /// assert_eq!(on_device.to_vec()?, [10, 2, 3]);
 /// # Ok(()) }
@@ -33,8 +50,12 @@ where
     R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
 {
     buf: RawBuf<T, R>,
-    /// Set when the device may be using the memory; cleared by the next wait on the stream.
-    in_use_by_device: AtomicBool,
+    /// Set when device work that may write the memory was queued (only through `&mut self`, so
+    /// never while a host read is under way); cleared once the stream was waited for.
+    device_may_write: AtomicBool,
+    /// Set when device work that reads the memory was queued (through `&self`); cleared only by
+    /// a host write's wait, which holds `&mut self`, so no setter races the clearing.
+    device_may_read: AtomicBool,
 }
 
 impl<T, R> PinnedVec<T, R>
@@ -52,7 +73,8 @@ where
         }
         Ok(PinnedVec {
             buf,
-            in_use_by_device: AtomicBool::new(false),
+            device_may_write: AtomicBool::new(false),
+            device_may_read: AtomicBool::new(false),
         })
     }
 
@@ -101,13 +123,65 @@ where
         *self.buf.address()
     }
 
-    /// Waits for the vector's stream if the device may be using the memory.
+    /// Waits for the vector's stream if the device may be writing the memory: what a host read
+    /// needs (`Deref` does it).
     pub fn synchronize(&self) -> Result<(), AllocError> {
-        // Clear the flag only after the wait: a reader on another thread that sees it clear must
-        // find the device work finished, not merely waited for by someone else.
-        if self.in_use_by_device.load(Ordering::Acquire) {
+        // The flag is set only through `&mut self`, so no thread sets it while this one holds
+        // `&self`: clearing it after the wait forgets nothing, and a reader that sees it clear
+        // finds the device work finished, not merely waited for by someone else.
+        if self.device_may_write.load(Ordering::Acquire) {
             self.buf.synchronize()?;
-            self.in_use_by_device.store(false, Ordering::Release);
+            self.device_may_write.store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Waits for every device use of the memory, reads included: what a host write needs.
+    fn wait_for_all(&mut self) -> Result<(), AllocError> {
+        if *self.device_may_write.get_mut() || *self.device_may_read.get_mut() {
+            self.buf.synchronize()?;
+            *self.device_may_write.get_mut() = false;
+            *self.device_may_read.get_mut() = false;
+        }
+        Ok(())
+    }
+
+    /// The values as cells, for host writes (`v.as_cells()[i].set(x)`), after waiting for every
+    /// device use of the memory. Cells, not `&mut [T]`: see the module docs.
+    pub fn as_cells(&mut self) -> Result<&[Cell<T>], AllocError> {
+        self.wait_for_all()?;
+        // SAFETY: host-accessible memory (type bound) holding `len` initialized values, which no
+        // device work uses any more; `&mut self` makes this the only access while the cells are
+        // borrowed, and Cell<T> has T's layout.
+        let slice =
+            unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) };
+        Ok(Cell::from_mut(slice).as_slice_of_cells())
+    }
+
+    /// Overwrites the values with `values` (same length), after waiting for every device use.
+    pub fn copy_from_slice(&mut self, values: &[T]) -> Result<(), AllocError>
+    where
+        T: Copy,
+    {
+        if values.len() != self.buf.len() {
+            return Err(super::length_mismatch(
+                values.len(),
+                self.buf.resource().name(),
+            ));
+        }
+        for (cell, &v) in self.as_cells()?.iter().zip(values) {
+            cell.set(v);
+        }
+        Ok(())
+    }
+
+    /// Sets every value to `value`, after waiting for every device use.
+    pub fn fill(&mut self, value: T) -> Result<(), AllocError>
+    where
+        T: Copy,
+    {
+        for cell in self.as_cells()? {
+            cell.set(value);
         }
         Ok(())
     }
@@ -120,8 +194,15 @@ where
         }
     }
 
+    /// Device work that reads the memory is being queued (a `&` kernel argument, a copy from it).
     fn touched(&self) {
-        self.in_use_by_device.store(true, Ordering::Release);
+        self.device_may_read.store(true, Ordering::Release);
+    }
+
+    /// Device work that may write the memory is being queued (a `&mut` kernel argument, a copy
+    /// into it).
+    fn touched_mut(&mut self) {
+        *self.device_may_write.get_mut() = true;
     }
 }
 
@@ -136,18 +217,6 @@ where
         // SAFETY: host-accessible memory (type bound) holding `len` initialized values, with no
         // device work on the stream left to change them.
         unsafe { std::slice::from_raw_parts(self.buf.ptr().as_ptr(), self.buf.len()) }
-    }
-}
-
-impl<T, R> DerefMut for PinnedVec<T, R>
-where
-    T: DeviceRepr,
-    R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
-{
-    fn deref_mut(&mut self) -> &mut [T] {
-        self.wait_for_device();
-        // SAFETY: as for `deref`; `&mut self` makes this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) }
     }
 }
 
@@ -173,9 +242,16 @@ where
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (&'a mut [T], SyncOnDrop<'a>) {
-        self.wait_for_device();
-        self.touched();
-        // SAFETY: as for `deref_mut`; the device side is ordered by the caller's copy on `stream`.
+        // The copy cudarc queues next writes the memory: the host must not read it before the
+        // vector's stream has run (the flag), nor may device work still read or write it.
+        if let Err(e) = self.wait_for_all() {
+            super::record_in_context(self.buf.stream(), e);
+        }
+        self.touched_mut();
+        // SAFETY: host-accessible memory holding `len` values; `&mut self` makes this the only
+        // access; cudarc hands the slice only to the copy it queues on `stream`, which
+        // `order_use` orders against the vector's stream, and the flag makes the next host
+        // access wait for it.
         let slice =
             unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) };
         (slice, self.buf.order_use(stream))

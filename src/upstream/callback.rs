@@ -13,7 +13,7 @@
 //! `order_after` waits for `after` on the host. A stream-ordered allocator should supply its own
 //! (`with_synchronize`, `with_order_after`).
 
-use crate::erased::PropertySet;
+use crate::property::PropertySet;
 use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::StreamRef;
 use std::marker::PhantomData;
@@ -81,7 +81,8 @@ impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> Callback<Ctx, P, A
     /// For every call this resource makes (`size > 0`, `align` a power of two):
     /// * `allocate` returns memory of at least `size` bytes, not overlapping any other live
     ///   allocation, that `P`'s properties describe (host-accessible if `P` includes
-    ///   `HostAccessible`, and so on), usable by work on the stream it was asked for at once, and
+    ///   `HostAccessible`, and so on; pageable host memory, neither pinned nor managed, if `P` is
+    ///   [`Pageable`](crate::property::Pageable)), usable by work on the stream it was asked for at once, and
     ///   valid until passed to `deallocate`. It returns `Err` rather than ignore an alignment it
     ///   cannot meet; a pointer not aligned to `max(align, A)` is caught, freed and reported.
     /// * `deallocate` frees such a pointer, given with the size and alignment it was asked with,
@@ -141,12 +142,14 @@ fn default_synchronize<Ctx>(_: &Ctx, stream: StreamRef) -> Result<(), AllocError
     // Without a driver no stream can hold work; nor can the default stream of a thread with no
     // current context, or of a process that never initialized the driver (a host-only program
     // on a machine that has a driver installed).
-    if !super::driver_available()
+    if stream.is_simulated()
+        || !super::driver_available()
         || stream.is_default() && !matches!(cudarc::driver::result::ctx::get_current(), Ok(Some(_)))
     {
         return Ok(());
     }
-    // SAFETY: `stream` is null or a live stream (StreamRef's contract); synchronizing only reads it.
+    // SAFETY: `stream` is null or a live stream: a StreamRef borrows its stream for the call, or
+    // was made by `from_raw`, whose caller promised it live; synchronizing only reads it.
     unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
         .map_err(|e| AllocError::cuda(e, 0, 0, "Callback"))
 }
@@ -170,7 +173,7 @@ impl<Ctx: std::fmt::Debug, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> s
         f.debug_struct("Callback")
             .field("name", &self.name)
             .field("ctx", &self.ctx)
-            .field("properties", &P::properties())
+            .field("properties", &crate::property::Properties::of_set::<P>())
             .field("alignment", &A::USIZE)
             .finish()
     }

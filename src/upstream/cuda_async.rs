@@ -8,7 +8,7 @@
 //! its memory once the frees queued on streams have run. Guarantees 256-byte alignment.
 
 use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
-use crate::resource::{check_request, AllocError, MemoryResource};
+use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -134,13 +134,24 @@ unsafe impl MemoryResource for CudaAsync {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }
+        if stream.is_simulated() {
+            return Err(AllocError::new(
+                AllocErrorKind::Unsupported(
+                    "a simulated stream reached CudaAsync, which orders memory on CUDA streams",
+                ),
+                size,
+                align,
+                Self::NAME,
+            ));
+        }
         driver_allocate(
             &self.ctx,
             size,
             align,
             Self::NAME,
             |n| {
-                // SAFETY: the pool is live and the stream valid (StreamRef's contract).
+                // SAFETY: the pool is live; the stream is a live CUDA stream or null (simulated
+                // ones were refused above; a StreamRef borrows its stream for the call).
                 unsafe { result::mem_pool::alloc_async(self.pool, n, stream.as_raw()) }
                     .map(|p| p as usize)
             },
@@ -153,7 +164,8 @@ unsafe impl MemoryResource for CudaAsync {
         if size == 0 {
             return;
         }
-        // SAFETY: the caller passes a live pointer from this pool; the free is ordered on `stream`.
+        // SAFETY: the caller passes a live pointer from this pool; the free is ordered on `stream`,
+        // a live stream or null (a simulated stream, on which no work was ever queued, is null).
         driver_free(&self.ctx, || unsafe {
             result::free_async(ptr.as_ptr() as _, stream.as_raw())
         });

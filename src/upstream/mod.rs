@@ -111,9 +111,14 @@ pub(crate) fn driver_synchronize(
     stream: StreamRef,
     name: &'static str,
 ) -> Result<(), AllocError> {
+    if stream.is_simulated() {
+        // No work is ever queued on a simulated stream.
+        return Ok(());
+    }
     ctx.bind_to_thread()
         .map_err(|e| AllocError::cuda(e, 0, 0, name))?;
-    // SAFETY: `stream` is null or a live stream of this context, as StreamRef's constructors require.
+    // SAFETY: `stream` is null or a live stream: a StreamRef borrows its stream for the call (or
+    // was made by `from_raw`, whose caller promised it live).
     unsafe { result::stream::synchronize(stream.as_raw()) }
         .map_err(|e| AllocError::cuda(e, 0, 0, name))
 }
@@ -126,14 +131,16 @@ pub(crate) fn driver_order_after(
     after: StreamRef,
     name: &'static str,
 ) -> Result<(), AllocError> {
-    if stream == after {
+    if stream == after || stream.is_simulated() || after.is_simulated() {
+        // No work is ever queued on a simulated stream: nothing to wait for, nothing to order.
         return Ok(());
     }
     let err = |e| AllocError::cuda(e, 0, 0, name);
     ctx.bind_to_thread().map_err(err)?;
     let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
     // SAFETY: the event was just created in the current context; both streams are null or live
-    // streams of this context (StreamRef's contract). The event is destroyed once, after the wait
+    // (a StreamRef borrows its stream for the call, or was made by `from_raw`, whose caller
+    // promised it live). The event is destroyed once, after the wait
     // is queued, which the driver allows.
     let waited = unsafe {
         result::event::record(event, after.as_raw()).and_then(|()| {

@@ -124,6 +124,15 @@ unsafe impl MemoryResource for Simulated {
         }
     }
 
+    // No memory and no device: nothing is ever queued on a stream to wait for or to order.
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+
     fn name(&self) -> &'static str {
         Self::NAME
     }

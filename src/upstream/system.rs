@@ -64,6 +64,15 @@ unsafe impl MemoryResource for System {
         }
     }
 
+    // Host memory: no stream-ordered work to wait for or to order.
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+
     fn name(&self) -> &'static str {
         Self::NAME
     }

@@ -23,6 +23,12 @@ unsafe impl MemoryResource for Counting {
     unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
         unsafe { self.inner.deallocate(p, size, align, s) }
     }
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.inner.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.inner.order_after(s, after)
+    }
 }
 
 fn main() {
