@@ -20,8 +20,8 @@
 //! [`AnyResource::properties`]. Claiming more (say `U256`, what CUDA leaves give) would cost every
 //! host allocation through a `System` below.
 
-pub use crate::property::{Properties, PropertySet};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
+pub use crate::property::{Properties, PropertySet};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use std::any::Any;

@@ -39,12 +39,12 @@
 //! assert_eq!(report.pass_ns_per_op.len(), 3);
 //! ```
 
+use crate::stream::StreamHandle;
 use crate::trace::Trace;
 use crate::upstream::Simulated;
 use crate::workload::{
     self, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
 };
-use crate::stream::StreamHandle;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::Arc;

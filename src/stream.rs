@@ -61,9 +61,10 @@ impl StreamRef<'static> {
 
     /// A simulated stream `n` (`n` = 0 is [`DEFAULT`](Self::DEFAULT)): distinct streams for
     /// replaying many-stream workloads over `Simulated` or `System`, where no stream exists. No
-    /// work is ever queued on one: CUDA leaves refuse to allocate on it
-    /// ([`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported)) and have nothing to
-    /// wait for in `synchronize` and `order_after`.
+    /// work is ever queued on one: `CudaAsync` refuses to allocate on it
+    /// ([`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported)), CUDA leaves have
+    /// nothing to wait for on it, and ordering one after a real stream waits for that stream on
+    /// the host (a suballocator may hand the real stream's blocks on through it).
     pub const fn simulated(n: u32) -> Self {
         if n == 0 {
             StreamRef(Kind::Default)
@@ -278,6 +279,8 @@ impl Held {
 /// alive until then, so that reusing such a block can still be ordered after that stream's work.
 #[derive(Default)]
 pub(crate) struct StreamKeeper {
+    // The Box is the point: a `Held` borrows the `Arc` itself, which must not move.
+    #[allow(clippy::redundant_allocation)]
     kept: HashMap<StreamId, Box<Arc<CudaStream>>>,
 }
 

@@ -455,7 +455,10 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
         for (op, &o) in self.workload.ops().iter().enumerate() {
             match o {
                 Op::Alloc { id, size, stream } => {
-                    match self.resource.allocate(size, ALIGN, self.streams[stream].as_ref()) {
+                    match self
+                        .resource
+                        .allocate(size, ALIGN, self.streams[stream].as_ref())
+                    {
                         Ok(ptr) => self.live[id] = Some(Block { ptr, size, stream }),
                         Err(error) => return Err(ReplayError::Alloc { op, size, error }),
                     }
@@ -487,7 +490,10 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
         for slot in &mut self.live {
             if let Some(b) = slot.take() {
                 // SAFETY: as in run_ops: a live block of this resource, freed once.
-                unsafe { self.resource.deallocate(b.ptr, b.size, ALIGN, self.streams[b.stream].as_ref()) };
+                unsafe {
+                    self.resource
+                        .deallocate(b.ptr, b.size, ALIGN, self.streams[b.stream].as_ref())
+                };
             }
         }
     }
@@ -778,7 +784,10 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
                 // SAFETY: a live block of this resource with its size and ALIGN; the slot is
                 // emptied, so it is freed once, and every replay thread has finished.
-                unsafe { self.resource.deallocate(ptr, size, ALIGN, self.streams[stream].as_ref()) };
+                unsafe {
+                    self.resource
+                        .deallocate(ptr, size, ALIGN, self.streams[stream].as_ref())
+                };
             }
         }
     }

@@ -4,6 +4,7 @@
 use mrstack::adaptor::{BadFreeKind, Counter, RetryCallback, Stats, LOG_HEADER};
 use mrstack::prelude::*;
 use mrstack::resource::{check_request, dangling};
+use mrstack::StreamId;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -511,10 +512,10 @@ fn logging_writes_rmm_csv() {
         got,
         [
             ("allocate", a, 1000, 0),
-            ("allocate", b, 3000, 0x5000),
+            ("allocate", b, 3000, stream(0x5000).id().get() as usize),
             ("allocate failure", 0, 9000, 0),
             ("free", a, 1000, 0),
-            ("free", b, 3000, 0x5000),
+            ("free", b, 3000, stream(0x5000).id().get() as usize),
         ]
     );
     assert!(events.iter().all(|e| e.thread == events[0].thread));
@@ -935,4 +936,84 @@ proptest! {
         }
         prop_assert!(up.live.lock().unwrap().is_empty());
     }
+}
+
+// ---------------------------------------------------------------- stream ordering reaches the upstream
+
+/// Records the `synchronize` and `order_after` calls it gets. It never hands out memory (every
+/// allocation fails), so it may claim every property: a claim about no memory is true.
+#[derive(Default)]
+struct StreamRecorder {
+    syncs: Mutex<Vec<StreamId>>,
+    orders: Mutex<Vec<(StreamId, StreamId)>>,
+}
+
+// SAFETY: `allocate` always fails, so no memory is ever handed out and every property holds of
+// none; the stream calls only record.
+unsafe impl MemoryResource for StreamRecorder {
+    type Host = B1;
+    type Device = B1;
+    type Managed = B1;
+    type Alignment = U256;
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        Err(AllocError::out_of_memory(size, align, "StreamRecorder"))
+    }
+    unsafe fn deallocate(&self, _: NonNull<u8>, _: usize, _: usize, _: StreamRef) {}
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.syncs.lock().unwrap().push(s.id());
+        Ok(())
+    }
+    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.orders.lock().unwrap().push((s.id(), after.id()));
+        Ok(())
+    }
+}
+
+/// Calls `synchronize(3)` and `order_after(1, 2)` on `mr` and checks that `rec` saw exactly them.
+fn check_forwarding<R: MemoryResource>(name: &str, mr: &R, rec: &StreamRecorder) {
+    rec.syncs.lock().unwrap().clear();
+    rec.orders.lock().unwrap().clear();
+    mr.synchronize(stream(3)).unwrap();
+    mr.order_after(stream(1), stream(2)).unwrap();
+    assert_eq!(
+        *rec.syncs.lock().unwrap(),
+        [stream(3).id()],
+        "{name}: synchronize did not reach the upstream"
+    );
+    assert_eq!(
+        *rec.orders.lock().unwrap(),
+        [(stream(1).id(), stream(2).id())],
+        "{name}: order_after did not reach the upstream"
+    );
+}
+
+#[test]
+fn every_adaptor_forwards_synchronize_and_order_after() {
+    use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
+    let rec = StreamRecorder::default();
+    let r = &rec;
+    check_forwarding("&R", &r, r);
+    check_forwarding("Arc<R>", &Arc::new(r), r);
+    check_forwarding("Statistics", &Statistics::new(r), r);
+    check_forwarding("Tracking", &Tracking::new(r), r);
+    check_forwarding("Logging", &Logging::new(r, Vec::new()), r);
+    check_forwarding("Limiting", &Limiting::new(r, 1 << 20), r);
+    check_forwarding("Aligned", &Aligned::<U4096, _>::new(r), r);
+    check_forwarding("Retry", &Retry::new(r, |_: &AllocError, _| false), r);
+    check_forwarding("Prefetch", &Prefetch::new(r, 0), r);
+    check_forwarding("Pool", &Pool::new(r, PoolConfig::default()), r);
+    check_forwarding(
+        "FixedSize",
+        &FixedSize::new(r, FixedSizeConfig::default()),
+        r,
+    );
+    check_forwarding("Binning", &Binning::new(r, BinningConfig::default()), r);
+    check_forwarding("Arena", &Arena::new(r, ArenaConfig::default()), r);
+    check_forwarding("Metered", &mrstack::workload::Metered::new(r), r);
+    // AnyResource needs a 'static resource: a recorder of its own.
+    let erased = Arc::new(StreamRecorder::default());
+    let any =
+        AnyResource::<(HostAccessible, DeviceAccessible, Migratable)>::from_arc(erased.clone());
+    check_forwarding("AnyResource", &any, &erased);
+    check_forwarding("ResourceRef", &ResourceRef::<DeviceAccessible>::new(r), r);
 }

@@ -226,4 +226,3 @@ fn erased_and_text_built_stacks_carry_kernels() {
         "{e}"
     );
 }
-

@@ -3,9 +3,9 @@
 //! with a recording upstream, out of memory and recovery, and a 16-thread stress test.
 
 use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig};
-use mrstack::stream::StreamId;
 use mrstack::prelude::*;
 use mrstack::resource::align_up;
+use mrstack::stream::StreamId;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -516,7 +516,11 @@ fn pool_orders_streams_before_handing_blocks_across() {
 
     let c = pool.allocate(1000, 256, t).unwrap();
     assert_eq!(c, a, "the block freed on s goes to t");
-    assert_eq!(rec.orders(), [(t.id(), s.id())], "after t is ordered behind s, once");
+    assert_eq!(
+        rec.orders(),
+        [(t.id(), s.id())],
+        "after t is ordered behind s, once"
+    );
     let d = pool.allocate(5000, 256, t).unwrap();
     assert_eq!(rec.orders().len(), 1, "s's other free blocks came along");
     // SAFETY: live with these sizes.

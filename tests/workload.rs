@@ -1,13 +1,13 @@
 //! Workloads, trace parsing, the replay driver and the minimum-capacity search, over `Simulated`.
 
 use mrstack::prelude::*;
-use mrstack::StreamHandle;
 use mrstack::resource::check_request;
 use mrstack::trace::{self, TraceErrorKind};
 use mrstack::workload::{
-    self, simulated_streams, measure, min_capacity, random, stack, Op, RandomConfig, ReplayError,
+    self, measure, min_capacity, random, simulated_streams, stack, Op, RandomConfig, ReplayError,
     Replayer, Workload, WorkloadError,
 };
+use mrstack::StreamHandle;
 use std::io::Write;
 use std::path::PathBuf;
 use std::ptr::NonNull;

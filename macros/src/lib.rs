@@ -207,19 +207,24 @@ fn parse_size(digits: &str, unit: &str) -> Result<u128, String> {
 /// user who renamed the dependency (`mrs = { package = "mrstack", … }`). Inside mrstack itself
 /// (its tests and examples included) `::mrstack` works: the library declares
 /// `extern crate self as mrstack`.
-fn crate_path() -> TokenStream2 {
+///
+/// The path carries `span`, the line's, so that an error in a line points at that line.
+fn crate_path(name: &str, span: proc_macro2::Span) -> TokenStream2 {
+    let ident = syn::Ident::new(name, span);
+    quote_spanned!(span=> ::#ident)
+}
+
+/// The name the calling crate knows mrstack by.
+fn crate_name() -> String {
     match proc_macro_crate::crate_name("mrstack") {
-        Ok(proc_macro_crate::FoundCrate::Name(name)) => {
-            let ident = syn::Ident::new(&name, proc_macro2::Span::call_site());
-            quote!(::#ident)
-        }
-        Ok(proc_macro_crate::FoundCrate::Itself) | Err(_) => quote!(::mrstack),
+        Ok(proc_macro_crate::FoundCrate::Name(name)) => name,
+        Ok(proc_macro_crate::FoundCrate::Itself) | Err(_) => "mrstack".to_owned(),
     }
 }
 
 impl Stack {
     fn expand(self) -> TokenStream2 {
-        let krate = crate_path();
+        let krate_name = crate_name();
         let mut acc = self.leaf.to_token_stream();
         for layer in self.layers {
             let (config, span) = match layer {
@@ -229,6 +234,7 @@ impl Stack {
                     fields,
                 } => {
                     let span = name.span();
+                    let krate = crate_path(&krate_name, span);
                     let generics = generics.map(|g| {
                         let args = g.args;
                         quote!(::<#args>)
@@ -256,6 +262,7 @@ impl Stack {
                     (e.into_token_stream(), span)
                 }
             };
+            let krate = crate_path(&krate_name, span);
             acc = quote_spanned!(span=> #krate::Layer::layer(#config, #acc));
         }
         acc

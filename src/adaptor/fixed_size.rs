@@ -321,7 +321,8 @@ impl Bin {
     ) -> Result<usize, AllocError> {
         // Streams whose free blocks are all in use keep empty lists; drop them here, off the hot
         // path, so that short-lived streams do not lengthen the list scan.
-        self.lists.retain(|(s, l)| s.get() == stream || !l.is_empty());
+        self.lists
+            .retain(|(s, l)| s.get() == stream || !l.is_empty());
         let li = self.list_index(stream);
         if let Some(addr) = self.lists[li].1.pop() {
             return Ok(addr);
@@ -452,9 +453,7 @@ impl Bin {
         self.lists.clear();
         for chunk in std::mem::take(&mut self.chunks) {
             for &s in &streams {
-                if s != chunk.stream
-                    && upstream.order_after(chunk.stream.get(), s.get()).is_err()
-                {
+                if s != chunk.stream && upstream.order_after(chunk.stream.get(), s.get()).is_err() {
                     // No event: wait for the stream instead; a failure here leaves nothing
                     // better to do than give the memory back.
                     let _ = upstream.synchronize(s.get());

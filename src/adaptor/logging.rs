@@ -97,7 +97,7 @@ impl<U: MemoryResource, W: Write> Logging<U, W> {
         let written = writeln!(
             sink.out,
             "{thread},{micros},{action},{ptr:#x},{size},{}",
-            stream.id()
+            stream.id().get()
         );
         if let Err(e) = written {
             sink.error.get_or_insert(e);

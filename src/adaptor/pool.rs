@@ -214,13 +214,7 @@ impl State {
     /// Adds a chunk taken from the upstream as one free block on `stream`.
     fn add_chunk(&mut self, addr: usize, size: usize, stream: StreamRef) {
         let held = self.streams.hold(stream);
-        self.chunks.insert(
-            addr,
-            Chunk {
-                size,
-                stream: held,
-            },
-        );
+        self.chunks.insert(addr, Chunk { size, stream: held });
         self.pool_size += size;
         let li = self.list_index(stream);
         self.insert(li, addr, size);

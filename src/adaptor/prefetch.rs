@@ -74,6 +74,10 @@ impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
         align: usize,
         stream: StreamRef,
     ) -> Result<(), AllocError> {
+        if stream.is_simulated() {
+            // Nothing may be queued on a simulated stream; the pages migrate on first touch.
+            return Ok(());
+        }
         let err = |e| AllocError::cuda(e, size, align, Self::NAME);
         let ctx = self.context()?;
         ctx.bind_to_thread().map_err(err)?;
@@ -82,8 +86,9 @@ impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
             id: self.device as i32,
         };
         // SAFETY: `ptr..ptr + size` is managed memory (the upstream is Migratable) just allocated
-        // and live; `stream` is null or a live stream (StreamRef's contract). A prefetch only
-        // moves pages, it does not change their contents.
+        // and live; `stream` is null or a live stream: a StreamRef borrows its stream for the
+        // call, or was made by `from_raw`, whose caller promised it live (a simulated stream's
+        // raw handle is null). A prefetch only moves pages, it does not change their contents.
         unsafe {
             result::mem_prefetch_async(
                 ptr.as_ptr() as sys::CUdeviceptr,

@@ -96,7 +96,11 @@ impl AtomicCounter {
     fn add(&self, n: u64) {
         let total = self.total.fetch_add(n, AcqRel).wrapping_add(n);
         let now = total.wrapping_sub(self.freed.load(Acquire));
-        if now > self.peak.load(Relaxed) {
+        // A racing thread's free may be seen before its allocation is: the difference is then
+        // "negative" (wrapped above 2^63), and is no peak. So a peak reads low under races, never
+        // high; and live byte counts above 2^63 (only `Simulated` can hand those out) are not
+        // recorded as peaks.
+        if (now as i64) > 0 && now > self.peak.load(Relaxed) {
             self.peak.fetch_max(now, Relaxed);
         }
     }

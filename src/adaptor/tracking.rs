@@ -69,10 +69,7 @@ impl std::fmt::Display for BadFree {
         write!(
             f,
             "deallocate({:#x}, size {}, align {}, stream {}): ",
-            self.address,
-            self.size,
-            self.align,
-            self.stream
+            self.address, self.size, self.align, self.stream
         )?;
         match self.kind {
             BadFreeKind::NotLive => {
@@ -195,10 +192,7 @@ impl<U> Tracking<U> {
             let _ = writeln!(
                 out,
                 "  {:#x}: {} bytes, align {}, stream {}",
-                a.address,
-                a.size,
-                a.align,
-                a.stream
+                a.address, a.size, a.align, a.stream
             );
             if let Some(bt) = &a.backtrace {
                 let _ = writeln!(out, "    allocated at:\n{bt}");

@@ -37,7 +37,7 @@ use std::sync::Arc;
 /// let ctx = mrstack::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let mut v = PinnedVec::from_slice(&[1u32, 2, 3], Pinned::new(&ctx)?, &stream)?;
-/// v.as_cells()[0].set(10); // host writes, through cells
+/// v.as_cells()?[0].set(10); // host writes, through cells
 /// assert_eq!(v[0], 10); // host reads, through Deref
 /// let on_device = DeviceVec::from_slice(&v, Cuda::new(&ctx)?, &stream)?;
 /// assert_eq!(on_device.to_vec()?, [10, 2, 3]);

@@ -131,9 +131,14 @@ pub(crate) fn driver_order_after(
     after: StreamRef,
     name: &'static str,
 ) -> Result<(), AllocError> {
-    if stream == after || stream.is_simulated() || after.is_simulated() {
-        // No work is ever queued on a simulated stream: nothing to wait for, nothing to order.
+    if stream == after || after.is_simulated() {
+        // No work is ever queued on a simulated stream: nothing to wait for.
         return Ok(());
+    }
+    if stream.is_simulated() {
+        // A suballocator hands `after`'s blocks to the simulated stream, and may later hand them
+        // on to a real stream ordered only after the simulated one: wait for `after` now.
+        return driver_synchronize(ctx, after, name);
     }
     let err = |e| AllocError::cuda(e, 0, 0, name);
     ctx.bind_to_thread().map_err(err)?;

@@ -23,8 +23,16 @@ pub fn gpu() -> Option<Arc<cudarc::driver::CudaContext>> {
     }
 }
 
-/// Test kernels: `fill` (out[i] = i*k + 1), `scale` (out[i] = 2*in[i] + 7), `increment`.
+/// Test kernels: `fill` (out[i] = i*k + 1), `scale` (out[i] = 2*in[i] + 7), `increment`, and
+/// `slow_fill` (`fill` after spinning `cycles` clock cycles: work that is still running when the
+/// host goes on, to catch a missing wait).
 pub const KERNELS: &str = r#"
+extern "C" __global__ void slow_fill(unsigned int* out, unsigned int n, unsigned int k, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = i * k + 1u;
+}
 extern "C" __global__ void fill(unsigned int* out, unsigned int n, unsigned int k) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = i * k + 1u;
@@ -45,6 +53,33 @@ pub fn kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
         .expect("module loads")
         .load_function(name)
         .expect("function exists")
+}
+
+/// Clock cycles that `slow_fill` spins: 200 M by default, about 100 ms on an H100 (1.98 GHz
+/// boost clock), far longer than the host takes to go on to its next call;
+/// `MRSTACK_SLOW_CYCLES` overrides it (smaller under compute-sanitizer, which slows kernels).
+pub fn slow_cycles() -> i64 {
+    std::env::var("MRSTACK_SLOW_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000_000)
+}
+
+/// Queues `slow_fill(out, n, k, SLOW)` on `stream`, over every value of `out` (a container
+/// argument, `&mut v`, so that the container tracks the write). A macro: the argument's type
+/// varies and cudarc's launch builder borrows it.
+#[macro_export]
+macro_rules! slow_fill {
+    ($ctx:expr, $stream:expr, $out:expr, $n:expr, $k:expr) => {{
+        let f = $crate::common::kernel($ctx, "slow_fill");
+        let (n32, k, cycles): (u32, u32, i64) = ($n as u32, $k, $crate::common::slow_cycles());
+        let mut builder = $stream.launch_builder(&f);
+        builder.arg($out).arg(&n32).arg(&k).arg(&cycles);
+        // SAFETY: `slow_fill` takes (unsigned*, unsigned, unsigned, long long) and writes indices
+        // < n of `out`, which holds n values.
+        unsafe { builder.launch(cudarc::driver::LaunchConfig::for_num_elems(n32)) }
+            .expect("launch slow_fill");
+    }};
 }
 
 pub fn expected_fill(n: usize, k: u32) -> Vec<u32> {

@@ -1,0 +1,202 @@
+//! GPU tests of the soundness rules (issue 9): a block freed on a stream that its owner has since
+//! dropped is reused by another stream only after the work that used it, for every suballocator;
+//! pinned memory copied into or written by kernels is waited for before the host reads it or the
+//! block is reused. Each test queues slow device work (`slow_fill`, ~100 ms), goes on at once on
+//! the host, and checks the values that come back.
+//!
+//! Without a CUDA driver each test prints why and returns; with `MRSTACK_REQUIRE_GPU=1` a missing
+//! GPU fails the test instead.
+
+mod common;
+use common::{expected_fill, gpu, kernel};
+use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
+use mrstack::prelude::*;
+use std::sync::Arc;
+
+/// Frees a block on stream `a` while slow work on `a` still writes it, drops `a`, then takes a
+/// block of the same size on a new stream `b` and writes it there: the pool must hand over the
+/// same block (checked, so the test exercises reuse) ordered after `a`'s work, so `b`'s values
+/// survive. Without the ordering, `a`'s late write would overwrite them.
+fn reuse_after_dead_stream<R>(ctx: &Arc<CudaContext>, mr: R, n: usize, name: &str)
+where
+    R: MemoryResource + Accessible<DeviceAccessible> + Copy,
+{
+    let a = ctx.new_stream().unwrap();
+    let a_id = StreamRef::from(&a).id();
+    let address = {
+        let mut v = DeviceVec::<u32, _>::zeroed(n, mr, &a).unwrap();
+        slow_fill!(ctx, &a, &mut v, n, 3);
+        v.device_address()
+        // `v` is freed here on `a`, whose slow_fill still runs.
+    };
+    drop(a); // the caller's last handle: the stream lives on only where the resource keeps it
+    let b = ctx.new_stream().unwrap();
+    assert_ne!(
+        StreamRef::from(&b).id(),
+        a_id,
+        "{name}: a new stream got the handle of a stream the resource still keys a free list by"
+    );
+    // SAFETY: every value is written by `fill` below before it is read.
+    let mut w = unsafe { DeviceVec::<u32, _>::uninit(n, mr, &b) }.unwrap();
+    assert_eq!(
+        w.device_address(),
+        address,
+        "{name}: the block freed on the dropped stream was not reused (the test would prove nothing)"
+    );
+    let f = kernel(ctx, "fill");
+    let n32 = n as u32;
+    // SAFETY: `fill` writes indices < n of a buffer of n values.
+    unsafe {
+        b.launch_builder(&f)
+            .arg(&mut w)
+            .arg(&n32)
+            .arg(&5u32)
+            .launch(LaunchConfig::for_num_elems(n32))
+    }
+    .unwrap();
+    assert_eq!(
+        w.to_vec().unwrap(),
+        expected_fill(n, 5),
+        "{name}: the dropped stream's work overwrote the block after it was handed to another stream"
+    );
+    ctx.synchronize().unwrap();
+}
+
+#[test]
+fn pool_orders_reuse_after_a_dropped_stream() {
+    let Some(ctx) = gpu() else { return };
+    let mr = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    reuse_after_dead_stream(&ctx, &mr, 1 << 16, "Pool<Cuda>");
+}
+
+#[test]
+fn pool_over_cuda_async_gives_chunks_back_on_a_dropped_stream() {
+    let Some(ctx) = gpu() else { return };
+    let mr = Pool::new(CudaAsync::new(&ctx).unwrap(), PoolConfig::default());
+    reuse_after_dead_stream(&ctx, &mr, 1 << 16, "Pool<CudaAsync>");
+    // The chunk was allocated on the dropped stream and goes back on it (cuMemFreeAsync) here:
+    // the pool kept the stream alive for that.
+    drop(mr);
+    ctx.synchronize().unwrap();
+}
+
+#[test]
+fn fixed_size_orders_reuse_after_a_dropped_stream() {
+    let Some(ctx) = gpu() else { return };
+    let mr = FixedSize::new(
+        Cuda::new(&ctx).unwrap(),
+        FixedSizeConfig {
+            block_size: 1 << 18,
+            blocks_to_preallocate: 4,
+        },
+    );
+    reuse_after_dead_stream(&ctx, &mr, 1 << 16, "FixedSize<Cuda>");
+}
+
+#[test]
+fn binning_orders_reuse_after_a_dropped_stream() {
+    let Some(ctx) = gpu() else { return };
+    let mr = Binning::new(
+        Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default()),
+        BinningConfig::default(),
+    );
+    reuse_after_dead_stream(&ctx, &mr, 1024, "Binning<Pool<Cuda>>");
+}
+
+#[test]
+fn arena_orders_reuse_after_a_dropped_stream() {
+    let Some(ctx) = gpu() else { return };
+    let mr = Arena::new(
+        Cuda::new(&ctx).unwrap(),
+        ArenaConfig {
+            size: 64 << 20,
+            ..Default::default()
+        },
+    );
+    // Larger than a superblock: the global arena, whose free ranges are tagged with streams.
+    reuse_after_dead_stream(&ctx, &mr, 4 << 20, "Arena<Cuda>");
+}
+
+/// A device-to-host copy into a `PinnedVec` on its own stream, behind slow device work: the next
+/// host read waits for it.
+#[test]
+fn a_copy_into_a_pinned_vec_is_waited_for_before_the_host_reads() {
+    let Some(ctx) = gpu() else { return };
+    let s = ctx.new_stream().unwrap();
+    let n = 1 << 20;
+    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &s).unwrap();
+    slow_fill!(&ctx, &s, &mut dev, n, 7);
+    s.memcpy_dtoh(&dev, &mut pinned).unwrap();
+    assert_eq!(&pinned[..], &expected_fill(n, 7)[..]);
+}
+
+/// The same copy queued on another stream than the vector's.
+#[test]
+fn a_copy_into_a_pinned_vec_on_a_foreign_stream_is_waited_for() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let n = 1 << 20;
+    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &s).unwrap();
+    slow_fill!(&ctx, &t, &mut dev, n, 11);
+    t.memcpy_dtoh(&dev, &mut pinned).unwrap();
+    assert_eq!(&pinned[..], &expected_fill(n, 11)[..]);
+}
+
+/// A kernel writes a `PinnedVec` in place; readers on four threads, sharing it, each see the
+/// final values (each may be the one that waits).
+#[test]
+fn a_kernel_write_to_a_pinned_vec_is_waited_for_by_every_reader() {
+    let Some(ctx) = gpu() else { return };
+    let s = ctx.new_stream().unwrap();
+    let n = 1 << 20;
+    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &s).unwrap();
+    slow_fill!(&ctx, &s, &mut pinned, n, 13);
+    let want = expected_fill(n, 13);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| assert_eq!(&pinned[..], &want[..]));
+        }
+    });
+}
+
+/// A `PinnedVec` dropped while a kernel still writes it: its block, reused by a new vector on
+/// another stream, keeps the new vector's values after the kernel's time has passed.
+#[test]
+fn a_pinned_block_is_not_reused_while_a_kernel_writes_it() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let pool = Pool::new(Pinned::new(&ctx).unwrap(), PoolConfig::default());
+    let n = 1 << 18;
+    let address = {
+        let mut first = PinnedVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+        slow_fill!(&ctx, &s, &mut first, n, 17);
+        first.device_address()
+    };
+    let ones = vec![1u32; n];
+    let second = PinnedVec::from_slice(&ones, &pool, &t).unwrap();
+    assert_eq!(second.device_address(), address, "the block was reused");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    ctx.synchronize().unwrap();
+    assert_eq!(&second[..], &ones[..]);
+}
+
+/// Host writes through cells wait for a copy that still reads the vector, on its stream.
+#[test]
+fn host_writes_wait_for_a_copy_that_reads_the_pinned_vec() {
+    let Some(ctx) = gpu() else { return };
+    let s = ctx.new_stream().unwrap();
+    let n = 1 << 20;
+    let src = expected_fill(n, 19);
+    let mut pinned = PinnedVec::from_slice(&src, Pinned::new(&ctx).unwrap(), &s).unwrap();
+    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    // Slow work first on the stream, so the copy out of the pinned memory runs late.
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    slow_fill!(&ctx, &s, &mut scratch, 1, 1);
+    s.memcpy_htod(&pinned, &mut dev).unwrap();
+    pinned.fill(0).unwrap(); // must wait for the copy to have read the old values
+    assert_eq!(dev.to_vec().unwrap(), src);
+    assert!(pinned.iter().all(|&x| x == 0));
+}

@@ -1,0 +1,9 @@
+// Erasing to `AnyResource<HostAccessible>` forgets that the memory is pinned, so the erased stack
+// is not known to be host-only either.
+use mrstack::prelude::*;
+
+fn main() {
+    let ctx = mrstack::cuda_context(0).unwrap();
+    let any = AnyResource::<HostAccessible>::new(Pinned::new(&ctx).unwrap());
+    let _alloc = HostAllocator::new(any);
+}
