@@ -211,6 +211,9 @@ pub trait PropertySet: sealed::Set + 'static {
     type Device: Bit;
     /// `B1` when the set includes [`Migratable`].
     type Managed: Bit;
+    /// True when the set includes [`Pageable`], which only the type can prove (never granted by
+    /// a run-time check).
+    const PAGEABLE: bool = false;
 }
 
 impl sealed::Set for () {}
@@ -232,6 +235,7 @@ impl PropertySet for Pageable {
     type Host = B1;
     type Device = B0;
     type Managed = B0;
+    const PAGEABLE: bool = true;
 }
 
 impl sealed::Set for DeviceAccessible {}
@@ -258,6 +262,7 @@ where
     type Host = Or<A::Host, B::Host>;
     type Device = Or<A::Device, B::Device>;
     type Managed = Or<A::Managed, B::Managed>;
+    const PAGEABLE: bool = A::PAGEABLE || B::PAGEABLE;
 }
 
 impl<A: PropertySet, B: PropertySet, C: PropertySet> sealed::Set for (A, B, C) {}
@@ -271,6 +276,7 @@ where
     type Host = Or<<(A, B) as PropertySet>::Host, C::Host>;
     type Device = Or<<(A, B) as PropertySet>::Device, C::Device>;
     type Managed = Or<<(A, B) as PropertySet>::Managed, C::Managed>;
+    const PAGEABLE: bool = <(A, B) as PropertySet>::PAGEABLE || C::PAGEABLE;
 }
 
 /// What a resource gives, known at run time: its property bits and its alignment. Always derived
@@ -309,7 +315,7 @@ impl Properties {
             device: P::Device::BOOL,
             managed: P::Managed::BOOL,
             alignment: 1,
-            pageable: std::any::TypeId::of::<P>() == std::any::TypeId::of::<Pageable>(),
+            pageable: P::PAGEABLE,
         }
     }
 

@@ -9,32 +9,48 @@
 //! the `Arc` and so keeps the stream alive: the driver never sees a destroyed stream, and a stream
 //! handle value cannot be reused by a new stream while anything keys a free list by it.
 
-use cudarc::driver::{sys::CUstream, CudaStream};
+use cudarc::driver::{sys::CUstream, CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A borrowed stream handle: what resources take with every call.
 ///
-/// * [`StreamRef::DEFAULT`]: the default (null) stream.
+/// * [`StreamRef::DEFAULT`]: the default (null) stream of the resource's context.
 /// * `StreamRef::from(&stream)` for a cudarc `Arc<CudaStream>`: borrows it, so the stream outlives
 ///   every use of the `StreamRef`; a resource that keeps it clones the `Arc`
-///   ([`to_handle`](Self::to_handle)).
+///   ([`to_handle`](Self::to_handle)). A context's default stream (`ctx.default_stream()`)
+///   stays that context's, and cudarc's per-thread stream (`ctx.per_thread_stream()`, one handle
+///   that names a different stream on each thread) is the stream of the thread that made the
+///   `StreamRef`: see [`usable_here`](Self::usable_here).
 /// * [`StreamRef::simulated`]: a made-up stream for replays and tests over host resources; no
-///   work can be queued on it, CUDA resources refuse to allocate on it and have nothing to wait for.
+///   work can be queued on it.
 /// * [`StreamRef::from_raw`] (`unsafe`): a raw `CUstream` from another library.
 #[derive(Clone, Copy)]
 pub struct StreamRef<'a>(Kind<'a>);
 
 #[derive(Clone, Copy)]
 enum Kind<'a> {
+    /// The null stream of whatever context the resource works in.
     Default,
-    Borrowed(&'a Arc<CudaStream>),
+    /// A stream cudarc created (its handle is neither null nor a special handle).
+    Stream(&'a Arc<CudaStream>),
+    /// The null (or legacy) stream of the `CudaStream`'s own context.
+    ContextDefault(&'a Arc<CudaStream>),
+    /// The per-thread stream (handle 2) of thread number `.1`, in the `CudaStream`'s context (or
+    /// the resource's, for one made by `from_raw`).
+    PerThread(Option<&'a Arc<CudaStream>>, u32),
+    /// A raw handle from `from_raw`, neither null nor special.
     Raw(CUstream),
     Simulated(u32),
 }
 
+/// The driver's special stream handles: the legacy default stream and the per-thread stream.
+const LEGACY_HANDLE: usize = 0x1;
+const PER_THREAD_HANDLE: usize = 0x2;
+
 // SAFETY: a CUstream handle may be used from any thread (the driver serializes access to it), and
-// `&Arc<CudaStream>` is Send/Sync because CudaStream is.
+// `&Arc<CudaStream>` is Send/Sync because CudaStream is. A per-thread stream records the thread
+// that made it, so sending it to another thread cannot make it name that thread's stream.
 unsafe impl Send for StreamRef<'_> {}
 // SAFETY: as above; the handle is only read.
 unsafe impl Sync for StreamRef<'_> {}
@@ -43,19 +59,20 @@ impl StreamRef<'static> {
     /// The default (null) stream.
     pub const DEFAULT: StreamRef<'static> = StreamRef(Kind::Default);
 
-    /// Wraps a raw stream handle (a null handle is [`DEFAULT`](Self::DEFAULT)).
+    /// Wraps a raw stream handle: null and the legacy handle are [`DEFAULT`](Self::DEFAULT), the
+    /// per-thread handle is the calling thread's per-thread stream.
     ///
     /// # Safety
     ///
-    /// `stream` is null or a live stream, and stays live as long as any resource it is given to
-    /// (suballocators keep the handles of streams that freed blocks, to order later reuse after
-    /// them, until they are dropped), and no other live stream of the process has the same handle
-    /// value meanwhile (true of any live stream).
-    pub const unsafe fn from_raw(stream: CUstream) -> Self {
-        if stream.is_null() {
-            StreamRef(Kind::Default)
-        } else {
-            StreamRef(Kind::Raw(stream))
+    /// `stream` is null, a special handle, or a live stream of the context of the resources it is
+    /// given to, and stays live as long as any resource it is given to (suballocators keep the
+    /// handles of streams that freed blocks, to order later reuse after them, until they are
+    /// dropped).
+    pub unsafe fn from_raw(stream: CUstream) -> Self {
+        match stream as usize {
+            0 | LEGACY_HANDLE => StreamRef(Kind::Default),
+            PER_THREAD_HANDLE => StreamRef(Kind::PerThread(None, thread_number())),
+            _ => StreamRef(Kind::Raw(stream)),
         }
     }
 
@@ -75,19 +92,37 @@ impl StreamRef<'static> {
 }
 
 impl<'a> StreamRef<'a> {
-    /// The raw handle, for driver calls: null for the default stream and for simulated streams.
-    /// Check [`is_simulated`](Self::is_simulated) before queuing work on it.
+    /// The raw handle, for driver calls: null for the default streams and simulated streams, 2
+    /// for a per-thread stream (which names the right stream only where
+    /// [`usable_here`](Self::usable_here)). Check [`is_simulated`](Self::is_simulated) before
+    /// queuing work on it.
     pub fn as_raw(self) -> CUstream {
         match self.0 {
-            Kind::Default | Kind::Simulated(_) => std::ptr::null_mut(),
-            Kind::Borrowed(s) => s.cu_stream(),
+            Kind::Default | Kind::ContextDefault(_) | Kind::Simulated(_) => std::ptr::null_mut(),
+            Kind::Stream(s) => s.cu_stream(),
+            Kind::PerThread(..) => PER_THREAD_HANDLE as CUstream,
             Kind::Raw(s) => s,
         }
     }
 
-    /// True for the default (null) stream, however it was made.
+    /// The context the stream belongs to, where it is known (a cudarc stream); `None` for
+    /// [`DEFAULT`](Self::DEFAULT), raw and simulated streams, which are the resource's.
+    pub fn context(self) -> Option<&'a Arc<CudaContext>> {
+        self.cuda_stream().map(|s| s.context())
+    }
+
+    /// False only for a per-thread stream made on another thread: its handle would name this
+    /// thread's per-thread stream, so resources wait for its whole context instead.
+    pub fn usable_here(self) -> bool {
+        match self.0 {
+            Kind::PerThread(_, t) => t == thread_number(),
+            _ => true,
+        }
+    }
+
+    /// True for a default stream: [`DEFAULT`](Self::DEFAULT) or a context's default stream.
     pub fn is_default(self) -> bool {
-        !self.is_simulated() && self.as_raw().is_null()
+        matches!(self.0, Kind::Default | Kind::ContextDefault(_))
     }
 
     /// True for a [`simulated`](Self::simulated) stream.
@@ -96,18 +131,25 @@ impl<'a> StreamRef<'a> {
     }
 
     /// The stream's identity: equal for two `StreamRef`s of one stream, distinct for distinct
-    /// live streams and simulated streams.
+    /// live streams, the default streams of distinct contexts, the per-thread streams of distinct
+    /// threads, and simulated streams.
+    #[inline]
     pub fn id(self) -> StreamId {
+        let ctx = |s: &Arc<CudaStream>| s.context().cu_ctx() as usize as u64;
         match self.0 {
-            Kind::Simulated(n) => StreamId(SIMULATED_BIT | u64::from(n)),
-            _ => StreamId(self.as_raw() as usize as u64),
+            Kind::Default => StreamId::DEFAULT,
+            Kind::Stream(s) => StreamId::new(s.cu_stream() as usize as u64, 0, 0),
+            Kind::ContextDefault(s) => StreamId::new(0, ctx(s), 0),
+            Kind::PerThread(s, t) => StreamId::new(PER_THREAD_HANDLE as u64, s.map_or(0, ctx), t),
+            Kind::Raw(s) => StreamId::new(s as usize as u64, 0, 0),
+            Kind::Simulated(n) => StreamId::new(SIMULATED_BIT | u64::from(n), 0, 0),
         }
     }
 
     /// The cudarc stream this was made from, if any.
     pub fn cuda_stream(self) -> Option<&'a Arc<CudaStream>> {
         match self.0 {
-            Kind::Borrowed(s) => Some(s),
+            Kind::Stream(s) | Kind::ContextDefault(s) | Kind::PerThread(Some(s), _) => Some(s),
             _ => None,
         }
     }
@@ -117,15 +159,41 @@ impl<'a> StreamRef<'a> {
     pub fn to_handle(self) -> StreamHandle {
         StreamHandle(match self.0 {
             Kind::Default => Owned::Default,
-            Kind::Borrowed(s) => Owned::Cuda(s.clone()),
+            Kind::Stream(s) => Owned::Stream(s.clone()),
+            Kind::ContextDefault(s) => Owned::ContextDefault(s.clone()),
+            Kind::PerThread(s, t) => Owned::PerThread(s.cloned(), t),
             Kind::Raw(s) => Owned::Raw(s),
             Kind::Simulated(n) => Owned::Simulated(n),
         })
     }
 }
 
+/// The identity of a cudarc stream used on this thread, as `StreamRef::from(&arc).id()` gives it:
+/// for where cudarc lends a `&CudaStream` without its `Arc`.
+pub(crate) fn id_of(stream: &CudaStream) -> StreamId {
+    let ctx = stream.context().cu_ctx() as usize as u64;
+    match stream.cu_stream() as usize {
+        0 | LEGACY_HANDLE => StreamId::new(0, ctx, 0),
+        PER_THREAD_HANDLE => StreamId::new(PER_THREAD_HANDLE as u64, ctx, thread_number()),
+        handle => StreamId::new(handle as u64, 0, 0),
+    }
+}
+
+/// True for cudarc's per-thread stream, whose one handle names a different stream on each thread.
+pub(crate) fn is_per_thread(stream: &CudaStream) -> bool {
+    stream.cu_stream() as usize == PER_THREAD_HANDLE
+}
+
 /// Marks simulated ids: user-space addresses (handles) never have the top bit set.
 const SIMULATED_BIT: u64 = 1 << 63;
+
+/// A number for the calling thread, distinct among the process's threads (per-thread streams).
+fn thread_number() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    thread_local!(static NUMBER: u32 = NEXT.fetch_add(1, Ordering::Relaxed));
+    NUMBER.with(|n| *n)
+}
 
 impl PartialEq for StreamRef<'_> {
     fn eq(&self, other: &Self) -> bool {
@@ -155,37 +223,60 @@ impl Default for StreamRef<'static> {
 
 impl<'a> From<&'a Arc<CudaStream>> for StreamRef<'a> {
     fn from(stream: &'a Arc<CudaStream>) -> Self {
-        if stream.cu_stream().is_null() {
-            // A context's default stream: the null handle, as every other path names it.
-            StreamRef(Kind::Default)
-        } else {
-            StreamRef(Kind::Borrowed(stream))
-        }
+        StreamRef(match stream.cu_stream() as usize {
+            0 | LEGACY_HANDLE => Kind::ContextDefault(stream),
+            PER_THREAD_HANDLE => Kind::PerThread(Some(stream), thread_number()),
+            _ => Kind::Stream(stream),
+        })
     }
 }
 
-/// A stream's identity, for logs and hash keys: the handle value for a CUDA stream (0 for the
-/// default stream), a tagged number for a simulated one. It cannot reach the driver.
+/// A stream's identity, for logs and hash keys: the handle value of a CUDA stream, with the
+/// context for a context's default stream and the thread for a per-thread stream; a tagged number
+/// for a simulated one. It cannot reach the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct StreamId(u64);
+pub struct StreamId {
+    handle: u64,
+    context: u64,
+    thread: u32,
+}
 
 impl StreamId {
-    /// The default stream's id.
-    pub const DEFAULT: StreamId = StreamId(0);
+    /// The id of [`StreamRef::DEFAULT`].
+    pub const DEFAULT: StreamId = StreamId {
+        handle: 0,
+        context: 0,
+        thread: 0,
+    };
 
-    /// The id as a number (the handle value of a CUDA stream; simulated ids have the top bit set).
+    const fn new(handle: u64, context: u64, thread: u32) -> Self {
+        StreamId {
+            handle,
+            context,
+            thread,
+        }
+    }
+
+    /// The handle as a number, as RMM logs print it (0 for default streams, 2 for per-thread
+    /// streams; simulated ids have the top bit set).
     pub fn get(self) -> u64 {
-        self.0
+        self.handle
     }
 }
 
 impl std::fmt::Display for StreamId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0 & SIMULATED_BIT != 0 {
-            write!(f, "sim{}", self.0 & !SIMULATED_BIT)
-        } else {
-            write!(f, "{:#x}", self.0)
+        if self.handle & SIMULATED_BIT != 0 {
+            return write!(f, "sim{}", self.handle & !SIMULATED_BIT);
         }
+        write!(f, "{:#x}", self.handle)?;
+        if self.context != 0 {
+            write!(f, "@ctx{:#x}", self.context)?;
+        }
+        if self.thread != 0 {
+            write!(f, "@thread{}", self.thread)?;
+        }
+        Ok(())
     }
 }
 
@@ -198,7 +289,9 @@ pub struct StreamHandle(Owned);
 #[derive(Clone)]
 enum Owned {
     Default,
-    Cuda(Arc<CudaStream>),
+    Stream(Arc<CudaStream>),
+    ContextDefault(Arc<CudaStream>),
+    PerThread(Option<Arc<CudaStream>>, u32),
     Raw(CUstream),
     Simulated(u32),
 }
@@ -214,12 +307,14 @@ impl StreamHandle {
 
     /// A borrowed view of the stream, valid while `self` is.
     pub fn as_ref(&self) -> StreamRef<'_> {
-        match &self.0 {
-            Owned::Default => StreamRef::DEFAULT,
-            Owned::Cuda(s) => StreamRef::from(s),
-            Owned::Raw(s) => StreamRef(Kind::Raw(*s)),
-            Owned::Simulated(n) => StreamRef::simulated(*n),
-        }
+        StreamRef(match &self.0 {
+            Owned::Default => Kind::Default,
+            Owned::Stream(s) => Kind::Stream(s),
+            Owned::ContextDefault(s) => Kind::ContextDefault(s),
+            Owned::PerThread(s, t) => Kind::PerThread(s.as_ref(), *t),
+            Owned::Raw(s) => Kind::Raw(*s),
+            Owned::Simulated(n) => Kind::Simulated(*n),
+        })
     }
 
     /// The stream's identity.
@@ -230,13 +325,13 @@ impl StreamHandle {
 
 impl From<Arc<CudaStream>> for StreamHandle {
     fn from(stream: Arc<CudaStream>) -> Self {
-        StreamHandle(Owned::Cuda(stream))
+        StreamRef::from(&stream).to_handle()
     }
 }
 
 impl From<&Arc<CudaStream>> for StreamHandle {
     fn from(stream: &Arc<CudaStream>) -> Self {
-        StreamHandle(Owned::Cuda(stream.clone()))
+        StreamRef::from(stream).to_handle()
     }
 }
 
@@ -253,21 +348,41 @@ impl std::fmt::Debug for StreamHandle {
 }
 
 /// A stream kept alive by a [`StreamKeeper`]: `Copy`, so suballocators store it in their free
-/// lists and chunk tables; valid while the keeper that made it lives.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub(crate) struct Held(StreamRef<'static>);
+/// lists and chunk tables; valid while the keeper that made it lives. Its id is computed once.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    stream: StreamRef<'static>,
+    id: StreamId,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Held {}
 
 impl Held {
     /// The default stream, which needs no keeping.
-    pub(crate) const DEFAULT: Held = Held(StreamRef::DEFAULT);
+    pub(crate) const DEFAULT: Held = Held {
+        stream: StreamRef::DEFAULT,
+        id: StreamId::DEFAULT,
+    };
 
-    /// The stream, for a call to the upstream or a comparison.
+    /// The stream, for a call to the upstream.
     pub(crate) fn get(self) -> StreamRef<'static> {
-        self.0
+        self.stream
     }
 
     pub(crate) fn id(self) -> StreamId {
-        self.0.id()
+        self.id
+    }
+
+    /// True when `self` is `stream`.
+    #[inline]
+    pub(crate) fn is(self, stream: StreamRef<'_>) -> bool {
+        self.id == stream.id()
     }
 }
 
@@ -287,24 +402,28 @@ pub(crate) struct StreamKeeper {
 impl StreamKeeper {
     /// A `Held` of `stream`, keeping the stream alive as long as `self`.
     pub(crate) fn hold(&mut self, stream: StreamRef<'_>) -> Held {
+        let id = stream.id();
+        let mut keep = |s: &Arc<CudaStream>| -> &'static Arc<CudaStream> {
+            let boxed = self.kept.entry(id).or_insert_with(|| Box::new(s.clone()));
+            let arc: *const Arc<CudaStream> = &**boxed;
+            // SAFETY: the box is owned by `self.kept` and never removed while `self` lives, and a
+            // Box's contents do not move when the map rehashes; a `Held` is used only while its
+            // keeper lives (the suballocator's contract above), so the reference is valid at
+            // every use.
+            unsafe { &*arc }
+        };
         let kind = match stream.0 {
             Kind::Default => Kind::Default,
+            Kind::Stream(s) => Kind::Stream(keep(s)),
+            Kind::ContextDefault(s) => Kind::ContextDefault(keep(s)),
+            Kind::PerThread(s, t) => Kind::PerThread(s.map(keep), t),
             Kind::Raw(s) => Kind::Raw(s),
             Kind::Simulated(n) => Kind::Simulated(n),
-            Kind::Borrowed(s) => {
-                let boxed = self
-                    .kept
-                    .entry(stream.id())
-                    .or_insert_with(|| Box::new(s.clone()));
-                let arc: *const Arc<CudaStream> = &**boxed;
-                // SAFETY: the box is owned by `self.kept` and never removed while `self` lives,
-                // and a Box's contents do not move when the map rehashes; a `Held` is used only
-                // while its keeper lives (the suballocator's contract above), so the reference
-                // is valid at every use.
-                Kind::Borrowed(unsafe { &*arc })
-            }
         };
-        Held(StreamRef(kind))
+        Held {
+            stream: StreamRef(kind),
+            id,
+        }
     }
 }
 
@@ -317,3 +436,59 @@ impl std::fmt::Debug for StreamKeeper {
 static_assertions::assert_impl_all!(StreamRef<'static>: Send, Sync, Copy);
 static_assertions::assert_impl_all!(StreamHandle: Send, Sync, Clone);
 static_assertions::assert_eq_size!(StreamRef<'static>, [usize; 2]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn special_raw_handles_keep_their_meaning() {
+        // SAFETY: null and the special handles need no live stream behind them.
+        let (null, legacy, per_thread) = unsafe {
+            (
+                StreamRef::from_raw(std::ptr::null_mut()),
+                StreamRef::from_raw(LEGACY_HANDLE as CUstream),
+                StreamRef::from_raw(PER_THREAD_HANDLE as CUstream),
+            )
+        };
+        assert_eq!(null, StreamRef::DEFAULT);
+        assert_eq!(legacy, StreamRef::DEFAULT);
+        assert_ne!(per_thread, StreamRef::DEFAULT);
+        assert!(per_thread.usable_here());
+        // The same handle made on another thread is another stream, and not usable here.
+        let there = std::thread::spawn(|| {
+            // SAFETY: as above.
+            unsafe { StreamRef::from_raw(PER_THREAD_HANDLE as CUstream) }
+        })
+        .join()
+        .unwrap();
+        assert_ne!(there, per_thread);
+        assert!(!there.usable_here());
+        assert_eq!(there.as_raw() as usize, PER_THREAD_HANDLE);
+    }
+
+    #[test]
+    fn simulated_streams_are_distinct_and_reach_no_driver() {
+        assert_eq!(StreamRef::simulated(0), StreamRef::DEFAULT);
+        let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
+        assert_ne!(a, b);
+        assert!(a.is_simulated() && !a.is_default());
+        assert!(a.as_raw().is_null());
+        assert_eq!(a.to_handle().id(), a.id());
+        assert_eq!(a.id().to_string(), "sim1");
+        // No simulated id equals a handle value's.
+        // SAFETY: the handle is only compared, never given to a driver.
+        let raw = unsafe { StreamRef::from_raw(1usize as CUstream) };
+        assert_ne!(raw, a);
+    }
+
+    #[test]
+    fn a_keeper_holds_what_it_is_given() {
+        let mut keeper = StreamKeeper::default();
+        let held = keeper.hold(StreamRef::simulated(7));
+        assert!(held.is(StreamRef::simulated(7)));
+        assert!(!held.is(StreamRef::DEFAULT));
+        assert_eq!(held.get(), StreamRef::simulated(7));
+        assert_eq!(Held::DEFAULT.id(), StreamId::DEFAULT);
+    }
+}

@@ -200,3 +200,112 @@ fn host_writes_wait_for_a_copy_that_reads_the_pinned_vec() {
     assert_eq!(dev.to_vec().unwrap(), src);
     assert!(pinned.iter().all(|&x| x == 0));
 }
+
+/// Launches `fill` (or `slow_fill` with `cycles`) on `stream` over `n` values at `ptr`.
+fn fill_raw(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    ptr: std::ptr::NonNull<u8>,
+    n: usize,
+    k: u32,
+    slow: bool,
+) {
+    let (addr, n32, cycles) = (ptr.as_ptr() as u64, n as u32, common::slow_cycles());
+    let f = kernel(ctx, if slow { "slow_fill" } else { "fill" });
+    let mut b = stream.launch_builder(&f);
+    b.arg(&addr).arg(&n32).arg(&k);
+    if slow {
+        b.arg(&cycles);
+    }
+    // SAFETY: `ptr` is a live allocation of n u32 values; the kernel writes indices < n.
+    unsafe { b.launch(LaunchConfig::for_num_elems(n32)) }.unwrap();
+}
+
+/// Copies `n` values at `ptr` back after waiting for `stream`.
+fn read_raw(
+    stream: &Arc<cudarc::driver::CudaStream>,
+    ptr: std::ptr::NonNull<u8>,
+    n: usize,
+) -> Vec<u32> {
+    let mut out = vec![0u32; n];
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: `ptr` holds n u32 values; the copy is waited for below, before `out` is read.
+    unsafe {
+        cudarc::driver::result::memcpy_dtoh_async(&mut out, ptr.as_ptr() as u64, stream.cu_stream())
+    }
+    .unwrap();
+    stream.synchronize().unwrap();
+    out
+}
+
+/// cudarc's per-thread stream is one handle that names a different stream on each thread: a
+/// block freed on thread A's is reused on thread B's only after A's work, and containers refuse
+/// the handle.
+#[test]
+fn per_thread_streams_of_two_threads_are_two_streams() {
+    let Some(ctx) = gpu() else { return };
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let pt = ctx.per_thread_stream();
+    let err = DeviceVec::<u32, _>::zeroed(16, &pool, &pt).unwrap_err();
+    assert!(err.to_string().contains("per-thread"), "{err}");
+    let n = 1 << 16;
+    let bytes = n * 4;
+    let address = std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = ctx.per_thread_stream();
+            let p = pool.allocate(bytes, 256, StreamRef::from(&a)).unwrap();
+            fill_raw(&ctx, &a, p, n, 3, true);
+            // SAFETY: p came from the pool with this size and alignment; freed on the stream
+            // whose slow_fill still writes it.
+            unsafe { pool.deallocate(p, bytes, 256, StreamRef::from(&a)) };
+            p.as_ptr() as usize
+        })
+        .join()
+        .unwrap()
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let b = ctx.per_thread_stream();
+            let p = pool.allocate(bytes, 256, StreamRef::from(&b)).unwrap();
+            assert_eq!(
+                p.as_ptr() as usize,
+                address,
+                "the block freed on the other thread's stream was reused"
+            );
+            fill_raw(&ctx, &b, p, n, 5, false);
+            assert_eq!(read_raw(&b, p, n), expected_fill(n, 5));
+            // SAFETY: as above.
+            unsafe { pool.deallocate(p, bytes, 256, StreamRef::from(&b)) };
+        })
+        .join()
+        .unwrap()
+    });
+    ctx.synchronize().unwrap();
+}
+
+/// A block handed through a simulated stream (a replay over a real stack) is still ordered after
+/// the real stream that freed it when a third stream takes it.
+#[test]
+fn a_simulated_stream_does_not_launder_a_blocks_ordering() {
+    let Some(ctx) = gpu() else { return };
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let n = 1 << 16;
+    let bytes = n * 4;
+    let p = pool.allocate(bytes, 256, StreamRef::from(&s)).unwrap();
+    fill_raw(&ctx, &s, p, n, 3, true);
+    // SAFETY: p came from the pool with this size and alignment; freed while s still writes it.
+    unsafe { pool.deallocate(p, bytes, 256, StreamRef::from(&s)) };
+    let sim = StreamRef::simulated(1);
+    let q = pool.allocate(bytes, 256, sim).unwrap();
+    assert_eq!(q, p);
+    // SAFETY: as above, on the simulated stream it was allocated on.
+    unsafe { pool.deallocate(q, bytes, 256, sim) };
+    let r = pool.allocate(bytes, 256, StreamRef::from(&t)).unwrap();
+    assert_eq!(r, p);
+    fill_raw(&ctx, &t, r, n, 5, false);
+    assert_eq!(read_raw(&t, r, n), expected_fill(n, 5));
+    // SAFETY: as above.
+    unsafe { pool.deallocate(r, bytes, 256, StreamRef::from(&t)) };
+    ctx.synchronize().unwrap();
+}

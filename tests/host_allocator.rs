@@ -228,3 +228,18 @@ proptest! {
         prop_assert!(ledger.live.lock().unwrap().is_empty());
     }
 }
+
+#[test]
+fn pageable_is_proven_by_the_type_never_granted_at_run_time() {
+    use mrstack::property::Properties;
+    // A run-time check cannot tell pinned from pageable memory, so it never grants Pageable,
+    // alone or in a tuple; the type-checked constructor does.
+    assert!(AnyResource::<Pageable>::try_new(System::new()).is_err());
+    assert!(AnyResource::<(Pageable, HostAccessible)>::try_new(System::new()).is_err());
+    assert!(Properties::of_set::<(HostAccessible, Pageable)>().pageable);
+    let any = AnyResource::<Pageable>::new(System::new());
+    assert!(any.clone().try_cast::<Pageable>().is_err());
+    let mut v = AVec::new_in(HostAllocator::new(any));
+    v.push(7u64);
+    assert_eq!(v[0], 7);
+}

@@ -300,7 +300,7 @@ impl Bin {
         name: &'static str,
     ) -> Result<usize, AllocError> {
         if let Some((s, list)) = self.lists.first_mut() {
-            if s.get() == stream {
+            if s.is(stream) {
                 if let Some(addr) = list.pop() {
                     return Ok(addr);
                 }
@@ -321,8 +321,7 @@ impl Bin {
     ) -> Result<usize, AllocError> {
         // Streams whose free blocks are all in use keep empty lists; drop them here, off the hot
         // path, so that short-lived streams do not lengthen the list scan.
-        self.lists
-            .retain(|(s, l)| s.get() == stream || !l.is_empty());
+        self.lists.retain(|(s, l)| s.is(stream) || !l.is_empty());
         let li = self.list_index(stream);
         if let Some(addr) = self.lists[li].1.pop() {
             return Ok(addr);
@@ -330,7 +329,7 @@ impl Bin {
         if let Some(other) = self
             .lists
             .iter()
-            .position(|(s, l)| s.get() != stream && !l.is_empty())
+            .position(|(s, l)| !s.is(stream) && !l.is_empty())
         {
             upstream.order_after(stream, self.lists[other].0.get())?;
             let (_, blocks) = self.lists.swap_remove(other);
@@ -354,7 +353,7 @@ impl Bin {
     #[inline]
     pub(crate) fn push(&mut self, addr: usize, stream: StreamRef) {
         if let Some((s, list)) = self.lists.first_mut() {
-            if s.get() == stream {
+            if s.is(stream) {
                 list.push(addr);
                 return;
             }
@@ -366,7 +365,7 @@ impl Bin {
     /// The list of `stream`, created if missing, moved to the front so that the next call on the
     /// same stream finds it first.
     fn list_index(&mut self, stream: StreamRef) -> usize {
-        match self.lists.iter().position(|(s, _)| s.get() == stream) {
+        match self.lists.iter().position(|(s, _)| s.is(stream)) {
             Some(i) => {
                 self.lists.swap(0, i);
             }

@@ -190,7 +190,7 @@ struct State {
 
 impl State {
     fn list_index(&mut self, stream: StreamRef) -> usize {
-        match self.lists.iter().position(|l| l.stream.get() == stream) {
+        match self.lists.iter().position(|l| l.stream.is(stream)) {
             Some(i) => i,
             None => {
                 let stream = self.streams.hold(stream);
@@ -279,9 +279,9 @@ impl State {
 
     /// Another stream's list holding a block of at least `need` bytes.
     fn other_with_fit(&self, stream: StreamRef, need: usize) -> Option<usize> {
-        self.lists.iter().position(|l| {
-            l.stream.get() != stream && l.by_size.last().is_some_and(|&(s, _)| s >= need)
-        })
+        self.lists
+            .iter()
+            .position(|l| !l.stream.is(stream) && l.by_size.last().is_some_and(|&(s, _)| s >= need))
     }
 
     /// Moves every free block of list `from` to `to`, coalescing them with `to`'s.
@@ -558,7 +558,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
                 // Streams whose free blocks are all in use keep empty lists; drop them here, off
                 // the hot path, so that short-lived streams do not lengthen the list scan.
                 st.lists
-                    .retain(|l| l.stream.get() == stream || !l.by_size.is_empty());
+                    .retain(|l| l.stream.is(stream) || !l.by_size.is_empty());
                 if let Some(other) = st.other_with_fit(stream, need) {
                     self.upstream
                         .order_after(stream, st.lists[other].stream.get())?;

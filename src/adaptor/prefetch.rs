@@ -74,28 +74,24 @@ impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
         align: usize,
         stream: StreamRef,
     ) -> Result<(), AllocError> {
-        if stream.is_simulated() {
-            // Nothing may be queued on a simulated stream; the pages migrate on first touch.
-            return Ok(());
-        }
         let err = |e| AllocError::cuda(e, size, align, Self::NAME);
         let ctx = self.context()?;
+        // No stream to queue the prefetch on (simulated, another thread's per-thread stream,
+        // another context's): skip it; the pages migrate on first touch.
+        let Ok(handle) = crate::upstream::stream_in(ctx, stream, size, align, Self::NAME) else {
+            return Ok(());
+        };
         ctx.bind_to_thread().map_err(err)?;
         let location = sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: self.device as i32,
         };
         // SAFETY: `ptr..ptr + size` is managed memory (the upstream is Migratable) just allocated
-        // and live; `stream` is null or a live stream: a StreamRef borrows its stream for the
-        // call, or was made by `from_raw`, whose caller promised it live (a simulated stream's
-        // raw handle is null). A prefetch only moves pages, it does not change their contents.
+        // and live; `handle` is null, a special handle valid on this thread, or a live stream of
+        // this context (`stream_in` checked it; a StreamRef borrows its stream for the call). A
+        // prefetch only moves pages, it does not change their contents.
         unsafe {
-            result::mem_prefetch_async(
-                ptr.as_ptr() as sys::CUdeviceptr,
-                size,
-                location,
-                stream.as_raw(),
-            )
+            result::mem_prefetch_async(ptr.as_ptr() as sys::CUdeviceptr, size, location, handle)
         }
         .map_err(err)
     }

@@ -71,6 +71,18 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
                 align,
                 resource.name(),
             ))?;
+        if crate::stream::is_per_thread(stream) {
+            // The container's memory is ordered on one stream; this handle names another stream
+            // on every thread the container might be used from.
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "cudarc's per-thread stream names a different stream on each thread: give the container a stream of its own (ctx.new_stream())",
+                ),
+                bytes,
+                align,
+                resource.name(),
+            ));
+        }
         let ptr = resource.allocate(bytes, align, StreamRef::from(stream))?;
         Ok(RawBuf {
             ptr: ptr.cast(),
@@ -112,7 +124,9 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     /// Orders a use on `stream` after the work queued on the container's stream, and returns what
     /// orders the container's later free after that use (see the module docs).
     pub(crate) fn order_use<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        if stream.cu_stream() == self.stream.cu_stream() {
+        // Identities, not raw handles: two contexts' null streams, or two threads' per-thread
+        // streams, share a handle value but are distinct streams.
+        if crate::stream::id_of(stream) == crate::stream::id_of(&self.stream) {
             return SyncOnDrop::Sync(None);
         }
         let ctx = stream.context();

@@ -16,9 +16,12 @@
 //! `HostSlice`/`DevicePtrMut` implementations, which the vector tracks.
 //!
 //! Shared `&[T]` views may be given to cudarc as copy sources: the device then reads the memory
-//! asynchronously, which cannot change it; a host write (which needs `&mut self`) first waits for
-//! the vector's stream. A copy queued on another stream from a plain `&[T]` reads whatever the
-//! memory holds when it runs: keep such a slice's values unchanged until that stream has run.
+//! asynchronously, which cannot change it. Every `Deref` counts as such a use, so the next host
+//! write (which needs `&mut self`) first waits for the vector's stream. A copy queued on another
+//! stream from a plain `&[T]` reads whatever the memory holds when it runs (the device gets
+//! unspecified values, the host's memory is never affected): keep the vector, unchanged, until
+//! that stream has run, or copy through the vector itself (`stream.memcpy_htod(&v, …)`), which
+//! orders the copy.
 
 use super::{cudarc_interop, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
@@ -194,7 +197,8 @@ where
         }
     }
 
-    /// Device work that reads the memory is being queued (a `&` kernel argument, a copy from it).
+    /// Device work that reads the memory may be queued (a `&` kernel argument, a copy from it, a
+    /// slice handed out by `Deref`).
     fn touched(&self) {
         self.device_may_read.store(true, Ordering::Release);
     }
@@ -214,6 +218,9 @@ where
     type Target = [T];
     fn deref(&self) -> &[T] {
         self.wait_for_device();
+        // The slice may be given to cudarc as the source of a copy on the vector's stream (read
+        // asynchronously from pinned memory): the next host write waits for that stream.
+        self.touched();
         // SAFETY: host-accessible memory (type bound) holding `len` initialized values, with no
         // device work on the stream left to change them.
         unsafe { std::slice::from_raw_parts(self.buf.ptr().as_ptr(), self.buf.len()) }

@@ -139,19 +139,28 @@ impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> Callback<Ctx, P, A
 }
 
 fn default_synchronize<Ctx>(_: &Ctx, stream: StreamRef) -> Result<(), AllocError> {
-    // Without a driver no stream can hold work; nor can the default stream of a thread with no
-    // current context, or of a process that never initialized the driver (a host-only program
-    // on a machine that has a driver installed).
-    if stream.is_simulated()
-        || !super::driver_available()
-        || stream.is_default() && !matches!(cudarc::driver::result::ctx::get_current(), Ok(Some(_)))
-    {
+    if stream.is_simulated() || !super::driver_available() {
+        // No work is queued on a simulated stream, nor anywhere without a driver.
         return Ok(());
     }
-    // SAFETY: `stream` is null or a live stream: a StreamRef borrows its stream for the call, or
-    // was made by `from_raw`, whose caller promised it live; synchronizing only reads it.
-    unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
-        .map_err(|e| AllocError::cuda(e, 0, 0, "Callback"))
+    if let Some(ctx) = stream.context() {
+        // A cudarc stream knows its context.
+        return super::driver_synchronize(ctx, stream, "Callback");
+    }
+    // The default stream or a raw one: in the current context. A thread with no current context
+    // (or a process that never initialized the driver) has queued nothing on its default stream.
+    let current = matches!(cudarc::driver::result::ctx::get_current(), Ok(Some(_)));
+    if stream.is_default() && !current {
+        return Ok(());
+    }
+    let err = |e| AllocError::cuda(e, 0, 0, "Callback");
+    if !stream.usable_here() && current {
+        // Another thread's per-thread stream: no handle names it here; wait for the context.
+        return cudarc::driver::result::ctx::synchronize().map_err(err);
+    }
+    // SAFETY: `stream` is null, a special handle valid on this thread, or a live stream (made by
+    // `from_raw`, whose caller promised it live); synchronizing only reads it.
+    unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }.map_err(err)
 }
 
 fn default_order_after<Ctx>(

@@ -8,7 +8,7 @@
 //! its memory once the frees queued on streams have run. Guarantees 256-byte alignment.
 
 use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
-use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
+use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -134,40 +134,41 @@ unsafe impl MemoryResource for CudaAsync {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }
-        if stream.is_simulated() {
-            return Err(AllocError::new(
-                AllocErrorKind::Unsupported(
-                    "a simulated stream reached CudaAsync, which orders memory on CUDA streams",
-                ),
-                size,
-                align,
-                Self::NAME,
-            ));
-        }
+        let handle = super::stream_in(&self.ctx, stream, size, align, Self::NAME)?;
         driver_allocate(
             &self.ctx,
             size,
             align,
             Self::NAME,
             |n| {
-                // SAFETY: the pool is live; the stream is a live CUDA stream or null (simulated
-                // ones were refused above; a StreamRef borrows its stream for the call).
-                unsafe { result::mem_pool::alloc_async(self.pool, n, stream.as_raw()) }
-                    .map(|p| p as usize)
+                // SAFETY: the pool is live; `handle` is null, a special handle valid on this
+                // thread, or a live stream of this context (`stream_in` checked it; a StreamRef
+                // borrows its stream for the call).
+                unsafe { result::mem_pool::alloc_async(self.pool, n, handle) }.map(|p| p as usize)
             },
             // SAFETY: frees the pointer just allocated on the same stream.
-            |p| unsafe { result::free_async(p as _, stream.as_raw()) },
+            |p| unsafe { result::free_async(p as _, handle) },
         )
     }
 
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, stream: StreamRef) {
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
         if size == 0 {
             return;
         }
-        // SAFETY: the caller passes a live pointer from this pool; the free is ordered on `stream`,
-        // a live stream or null (a simulated stream, on which no work was ever queued, is null).
+        // A stream the pool cannot queue on (simulated, another thread's per-thread stream,
+        // another context's): wait for it on the host, then free on the null stream.
+        let handle = match super::stream_in(&self.ctx, stream, size, align, Self::NAME) {
+            Ok(handle) => handle,
+            Err(_) => {
+                super::record(&self.ctx, driver_synchronize(&self.ctx, stream, Self::NAME));
+                std::ptr::null_mut()
+            }
+        };
+        // SAFETY: the caller passes a live pointer from this pool; the free is ordered on
+        // `handle`, a stream of this context the work that used it was queued on, or the null
+        // stream after the host waited for that work.
         driver_free(&self.ctx, || unsafe {
-            result::free_async(ptr.as_ptr() as _, stream.as_raw())
+            result::free_async(ptr.as_ptr() as _, handle)
         });
     }
 

@@ -105,7 +105,53 @@ pub(crate) fn driver_free(ctx: &CudaContext, free: impl FnOnce() -> Result<(), D
     ctx.record_err(free());
 }
 
-/// Synchronizes `stream` with `ctx` current.
+/// Where a driver call on `stream` goes: the context to make current and the raw handle; `None`
+/// for another thread's per-thread stream, which no handle names from this thread. A stream of a
+/// cudarc context is addressed in that context, the others in the resource's (`ctx`).
+fn locate<'s>(
+    ctx: &'s CudaContext,
+    stream: StreamRef<'s>,
+) -> Option<(&'s CudaContext, sys::CUstream)> {
+    if !stream.usable_here() {
+        return None;
+    }
+    let context = stream.context().map_or(ctx, |c| &**c);
+    Some((context, stream.as_raw()))
+}
+
+/// The handle to queue `stream`-ordered work of a resource in `ctx` on, or why there is none:
+/// a simulated stream, another thread's per-thread stream, a stream of another context.
+pub(crate) fn stream_in(
+    ctx: &CudaContext,
+    stream: StreamRef<'_>,
+    size: usize,
+    align: usize,
+    name: &'static str,
+) -> Result<sys::CUstream, AllocError> {
+    let refuse = |why| {
+        Err(AllocError::new(
+            AllocErrorKind::Unsupported(why),
+            size,
+            align,
+            name,
+        ))
+    };
+    if stream.is_simulated() {
+        return refuse("a simulated stream reached a resource that orders memory on CUDA streams");
+    }
+    match locate(ctx, stream) {
+        None => {
+            refuse("a per-thread stream made on another thread (its handle names this thread's)")
+        }
+        Some((c, _)) if c.cu_ctx() != ctx.cu_ctx() => {
+            refuse("a stream of another context than the resource's")
+        }
+        Some((_, handle)) => Ok(handle),
+    }
+}
+
+/// Synchronizes `stream`: its context made current, then the stream; for another thread's
+/// per-thread stream, which cannot be named here, the whole of its context.
 pub(crate) fn driver_synchronize(
     ctx: &CudaContext,
     stream: StreamRef,
@@ -115,16 +161,27 @@ pub(crate) fn driver_synchronize(
         // No work is ever queued on a simulated stream.
         return Ok(());
     }
-    ctx.bind_to_thread()
-        .map_err(|e| AllocError::cuda(e, 0, 0, name))?;
-    // SAFETY: `stream` is null or a live stream: a StreamRef borrows its stream for the call (or
-    // was made by `from_raw`, whose caller promised it live).
-    unsafe { result::stream::synchronize(stream.as_raw()) }
-        .map_err(|e| AllocError::cuda(e, 0, 0, name))
+    let err = |e| AllocError::cuda(e, 0, 0, name);
+    match locate(ctx, stream) {
+        Some((c, handle)) => {
+            c.bind_to_thread().map_err(err)?;
+            // SAFETY: `handle` is null, a special handle valid on this thread, or a live stream
+            // of `c`: a StreamRef borrows its stream for the call (or was made by `from_raw`,
+            // whose caller promised it live).
+            unsafe { result::stream::synchronize(handle) }.map_err(err)
+        }
+        None => {
+            let c = stream.context().map_or(ctx, |c| &**c);
+            c.bind_to_thread().map_err(err)?;
+            result::ctx::synchronize().map_err(err)
+        }
+    }
 }
 
-/// Makes `stream` wait for the work queued on `after` so far: an event recorded on `after`, waited
-/// for by `stream`, then destroyed (the driver keeps it until the wait is satisfied).
+/// Makes `stream` wait for the work queued on `after` so far: an event recorded on `after` (in
+/// its context), waited for by `stream`, then destroyed (the driver keeps it until the wait is
+/// satisfied). Where either cannot be named from this thread, or `stream` is simulated, the host
+/// waits for `after` instead, which orders everything queued later anywhere.
 pub(crate) fn driver_order_after(
     ctx: &CudaContext,
     stream: StreamRef,
@@ -135,30 +192,47 @@ pub(crate) fn driver_order_after(
         // No work is ever queued on a simulated stream: nothing to wait for.
         return Ok(());
     }
+    let (Some((sc, s)), Some((ac, a))) = (locate(ctx, stream), locate(ctx, after)) else {
+        return driver_synchronize(ctx, after, name);
+    };
     if stream.is_simulated() {
         // A suballocator hands `after`'s blocks to the simulated stream, and may later hand them
         // on to a real stream ordered only after the simulated one: wait for `after` now.
         return driver_synchronize(ctx, after, name);
     }
+    if sc.cu_ctx() == ac.cu_ctx() && s == a {
+        // Two names of one stream (`DEFAULT` and the resource context's default stream).
+        return Ok(());
+    }
     let err = |e| AllocError::cuda(e, 0, 0, name);
-    ctx.bind_to_thread().map_err(err)?;
+    ac.bind_to_thread().map_err(err)?;
     let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
-    // SAFETY: the event was just created in the current context; both streams are null or live
-    // (a StreamRef borrows its stream for the call, or was made by `from_raw`, whose caller
-    // promised it live). The event is destroyed once, after the wait
-    // is queued, which the driver allows.
-    let waited = unsafe {
-        result::event::record(event, after.as_raw()).and_then(|()| {
-            result::stream::wait_event(
-                stream.as_raw(),
-                event,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        })
-    };
-    // SAFETY: see above.
-    ctx.record_err(unsafe { result::event::destroy(event) });
+    // SAFETY: the event was just created in `ac`, current; `a` is null, a special handle valid on
+    // this thread, or a live stream of `ac` (a StreamRef borrows its stream for the call, or was
+    // made by `from_raw`, whose caller promised it live).
+    let recorded = unsafe { result::event::record(event, a) };
+    let waited = recorded.and_then(|()| {
+        sc.bind_to_thread()?;
+        // SAFETY: as above for `s` in `sc`; a stream may wait on an event of another context.
+        unsafe {
+            result::stream::wait_event(s, event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        }
+    });
+    // SAFETY: the event is destroyed once, after the wait is queued, which the driver allows.
+    ac.record_err(unsafe { result::event::destroy(event) });
     waited.map_err(err)
+}
+
+/// Keeps the CUDA error of a call that cannot return one (a `deallocate`) in `ctx`, where cudarc
+/// keeps such errors for `CudaContext::check_err`.
+pub(crate) fn record(ctx: &CudaContext, r: Result<(), AllocError>) {
+    if let Err(AllocError {
+        kind: AllocErrorKind::Cuda(code),
+        ..
+    }) = r
+    {
+        ctx.record_err::<()>(Err(DriverError(code)));
+    }
 }
 
 /// The alignment every CUDA allocation guarantees.
