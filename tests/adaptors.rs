@@ -1017,3 +1017,22 @@ fn every_adaptor_forwards_synchronize_and_order_after() {
     check_forwarding("AnyResource", &any, &erased);
     check_forwarding("ResourceRef", &ResourceRef::<DeviceAccessible>::new(r), r);
 }
+
+#[test]
+fn statistics_count_huge_allocations_without_overflow() {
+    // Two allocations of more than 2^62 bytes each: more than i64 can hold, live at once.
+    let sim = Simulated::new(usize::MAX);
+    let mr = Statistics::new(&sim);
+    let huge = (1usize << 62) + 4096;
+    let a = mr.allocate(huge, 256, S).unwrap();
+    let b = mr.allocate(huge, 256, S).unwrap();
+    assert_eq!(mr.bytes().current, 2 * huge as i128);
+    assert_eq!(mr.bytes().total, 2 * huge as i128);
+    // SAFETY: a and b came from mr with these sizes and alignments.
+    unsafe {
+        mr.deallocate(a, huge, 256, S);
+        mr.deallocate(b, huge, 256, S);
+    }
+    assert_eq!(mr.bytes().current, 0);
+    assert_eq!(mr.allocations().total, 2);
+}

@@ -1045,3 +1045,20 @@ fn absurd_configurations_still_serve_what_fits() {
     drop(arena);
     assert_eq!(sim.in_use(), 0);
 }
+
+#[test]
+fn fixed_size_refuses_a_preallocation_it_cannot_list() {
+    // 2^54 blocks of 256 bytes fit Simulated's address space, but one address each would take
+    // 128 PiB of host memory: an error, never an abort, and the chunk goes back.
+    let sim = Simulated::new(usize::MAX);
+    let config = FixedSizeConfig {
+        block_size: 256,
+        blocks_to_preallocate: 1 << 54,
+    };
+    let err = FixedSize::try_new(&sim, config.clone()).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!(sim.in_use(), 0);
+    // The infallible constructor starts empty instead.
+    let mr = FixedSize::new(&sim, config);
+    assert_eq!((mr.free_blocks(), sim.in_use()), (0, 0));
+}

@@ -411,12 +411,11 @@ impl Bin {
                     if self.lists[li].1.try_reserve(count).is_err() {
                         // SAFETY: the chunk was just allocated with these arguments, unused.
                         unsafe { upstream.deallocate(ptr, bytes, GRANULE, stream) };
-                        return Err(AllocError::new(
-                            AllocErrorKind::OutOfMemory,
-                            bytes,
-                            align,
-                            name,
-                        ));
+                        if shrink && count > 1 {
+                            count /= 2;
+                            continue;
+                        }
+                        return Err(AllocError::out_of_memory(bytes, align, name));
                     }
                     let held = self.streams.hold(stream);
                     self.chunks.push(BinChunk {
