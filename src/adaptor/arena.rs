@@ -5,8 +5,10 @@
 //! Cost: a small request takes only its own arena's lock (found in thread-local storage), an
 //! O(log n) walk down a max-tree and a first-fit scan inside one superblock; a large one takes the
 //! global lock for an O(log n) best fit. Upstream: any resource, asked for superblock-aligned memory
-//! (256-byte or natural alignment where it refuses), all of it given back on drop. The whole story
-//! is on [`Arena`].
+//! (256-byte or natural alignment where it refuses), all of it given back on drop. Streams: the
+//! arena keeps alive the streams of its stream arenas and of the tags on its free ranges until it
+//! is dropped, so that reuse is ordered after a stream even once its owner dropped it. The whole
+//! story is on [`Arena`].
 
 use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
 use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};

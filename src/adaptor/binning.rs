@@ -13,6 +13,8 @@
 //!
 //! **Streams.** Each bin keeps free blocks per stream, as `FixedSize` does: reuse on the same stream
 //! is immediate, and taking blocks freed on another stream `S` costs one `upstream.order_after(T, S)`.
+//! Each bin keeps alive the streams it keys a free list or a chunk by, until the resource is
+//! dropped.
 //!
 //! **What it costs.** For a binned request: a bit scan to pick the bin, then a pop or a push on a
 //! vector under that bin's own mutex (bins do not contend with each other). Other requests cost

@@ -9,7 +9,10 @@
 //!
 //! **Streams.** Free blocks are kept per stream: a block freed on stream `S` is handed out again at
 //! once to `S`; another stream `T` takes `S`'s blocks only after `upstream.order_after(T, S)`, and
-//! then takes all of them, since one wait orders them all.
+//! then takes all of them, since one wait orders them all. The resource keeps alive
+//! every stream it keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is
+//! dropped: a stream whose owner dropped it is still there to order reuse after, and its handle
+//! cannot be given to a new stream meanwhile.
 //!
 //! **What it costs.** A pop or a push on a vector under a mutex; an upstream call only when the
 //! free list runs dry.

@@ -16,7 +16,10 @@
 //! on `S` and make `T` wait on it); the pool then moves all of `S`'s free blocks to `T`, since the one
 //! wait orders all of them, so a second request on `T` needs no second wait. The initial
 //! reservation belongs to the default stream, as in RMM; a chunk grown for a request belongs to
-//! the request's stream.
+//! the request's stream. The pool keeps alive
+//! every stream it keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is
+//! dropped: a stream whose owner dropped it is still there to order reuse after, and its handle
+//! cannot be given to a new stream meanwhile.
 //!
 //! **What it costs.** Allocation and deallocation are a handful of B-tree operations under one
 //! mutex: O(log n) in the number of free blocks, no scan. Sizes are rounded up to 256 bytes.
