@@ -236,9 +236,11 @@ impl<'a> From<&'a Arc<CudaStream>> for StreamRef<'a> {
 /// for a simulated one. It cannot reach the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct StreamId {
+    /// The handle value; for a per-thread stream, 2 with the thread number in the high half
+    /// (a real handle is an aligned pointer, never 2 in its low bits).
     handle: u64,
+    /// The context, for the context-relative handles (null, per-thread); 0 otherwise.
     context: u64,
-    thread: u32,
 }
 
 impl StreamId {
@@ -246,21 +248,31 @@ impl StreamId {
     pub const DEFAULT: StreamId = StreamId {
         handle: 0,
         context: 0,
-        thread: 0,
     };
 
     const fn new(handle: u64, context: u64, thread: u32) -> Self {
         StreamId {
-            handle,
+            handle: handle | (thread as u64) << 32,
             context,
-            thread,
+        }
+    }
+
+    fn thread(self) -> u32 {
+        if self.handle & 0xffff_ffff == PER_THREAD_HANDLE as u64 {
+            (self.handle >> 32) as u32
+        } else {
+            0
         }
     }
 
     /// The handle as a number, as RMM logs print it (0 for default streams, 2 for per-thread
     /// streams; simulated ids have the top bit set).
     pub fn get(self) -> u64 {
-        self.handle
+        if self.thread() != 0 {
+            PER_THREAD_HANDLE as u64
+        } else {
+            self.handle
+        }
     }
 }
 
@@ -269,12 +281,12 @@ impl std::fmt::Display for StreamId {
         if self.handle & SIMULATED_BIT != 0 {
             return write!(f, "sim{}", self.handle & !SIMULATED_BIT);
         }
-        write!(f, "{:#x}", self.handle)?;
+        write!(f, "{:#x}", self.get())?;
         if self.context != 0 {
             write!(f, "@ctx{:#x}", self.context)?;
         }
-        if self.thread != 0 {
-            write!(f, "@thread{}", self.thread)?;
+        if self.thread() != 0 {
+            write!(f, "@thread{}", self.thread())?;
         }
         Ok(())
     }
@@ -347,94 +359,102 @@ impl std::fmt::Debug for StreamHandle {
     }
 }
 
-/// A stream kept alive by a [`StreamKeeper`]: `Copy`, so suballocators store it in their free
-/// lists and chunk tables; valid while the keeper that made it lives. Its id is computed once.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Held {
-    stream: StreamRef<'static>,
-    id: StreamId,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for Held {}
+/// A stream kept alive by a [`StreamKeeper`]: a slot number (`Copy`, four bytes), so that
+/// suballocators store it in their free lists and chunk tables at no cost; its keeper turns it
+/// back into the stream ([`StreamKeeper::get`]). Slot 0 is the default stream in every keeper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Held(u32);
 
 impl Held {
-    /// The default stream, which needs no keeping.
-    pub(crate) const DEFAULT: Held = Held {
-        stream: StreamRef::DEFAULT,
-        id: StreamId::DEFAULT,
-    };
-
-    /// The stream, for a call to the upstream.
-    pub(crate) fn get(self) -> StreamRef<'static> {
-        self.stream
-    }
-
-    pub(crate) fn id(self) -> StreamId {
-        self.id
-    }
-
-    /// True when `self` is `stream`.
-    #[inline]
-    pub(crate) fn is(self, stream: StreamRef<'_>) -> bool {
-        self.id == stream.id()
-    }
+    /// The default stream, slot 0 of every keeper.
+    pub(crate) const DEFAULT: Held = Held(0);
 }
 
-/// The streams a suballocator keeps: every cudarc stream it has stored a [`Held`] of, by id.
-/// Boxed so that a `Held`'s borrow of the `Arc` stays put when the map grows.
+/// The streams a suballocator keeps: every cudarc stream it has stored a [`Held`] of, with its
+/// identity. Boxed so that a stream's borrow of the `Arc` stays put when the table grows.
 ///
 /// A suballocator keeps its keeper at least as long as anything it stores (its free lists, its
 /// chunk table) and gives it up only when dropped: the streams that blocks were freed on stay
-/// alive until then, so that reusing such a block can still be ordered after that stream's work.
-#[derive(Default)]
+/// alive until then, so that reusing such a block can still be ordered after that stream's work,
+/// and no new stream can be given the handle value of one that a free list is keyed by.
 pub(crate) struct StreamKeeper {
-    // The Box is the point: a `Held` borrows the `Arc` itself, which must not move.
-    #[allow(clippy::redundant_allocation)]
-    kept: HashMap<StreamId, Box<Arc<CudaStream>>>,
+    /// Slot `i` holds the stream and identity of `Held(i)`; its `Arc`, if any, is in `arcs`.
+    slots: Vec<(StreamRef<'static>, StreamId)>,
+    by_id: HashMap<StreamId, u32>,
+    // The Box is the point: a slot's StreamRef borrows the `Arc` itself, which must not move.
+    #[allow(clippy::redundant_allocation, clippy::vec_box)]
+    arcs: Vec<Box<Arc<CudaStream>>>,
+}
+
+impl Default for StreamKeeper {
+    fn default() -> Self {
+        StreamKeeper {
+            slots: vec![(StreamRef::DEFAULT, StreamId::DEFAULT)],
+            by_id: HashMap::from([(StreamId::DEFAULT, 0)]),
+            arcs: Vec::new(),
+        }
+    }
 }
 
 impl StreamKeeper {
     /// A `Held` of `stream`, keeping the stream alive as long as `self`.
     pub(crate) fn hold(&mut self, stream: StreamRef<'_>) -> Held {
         let id = stream.id();
+        if let Some(&slot) = self.by_id.get(&id) {
+            return Held(slot);
+        }
+        let arcs = &mut self.arcs;
         let mut keep = |s: &Arc<CudaStream>| -> &'static Arc<CudaStream> {
-            let boxed = self.kept.entry(id).or_insert_with(|| Box::new(s.clone()));
-            let arc: *const Arc<CudaStream> = &**boxed;
-            // SAFETY: the box is owned by `self.kept` and never removed while `self` lives, and a
-            // Box's contents do not move when the map rehashes; a `Held` is used only while its
-            // keeper lives (the suballocator's contract above), so the reference is valid at
-            // every use.
+            arcs.push(Box::new(s.clone()));
+            let arc: *const Arc<CudaStream> = &**arcs.last().expect("just pushed");
+            // SAFETY: the box is owned by `self.arcs` and never removed while `self` lives, and
+            // a Box's contents do not move when the vector grows; a slot's StreamRef is used only
+            // while its keeper lives (the suballocator's contract above), so the reference is
+            // valid at every use.
             unsafe { &*arc }
         };
-        let kind = match stream.0 {
+        let kept = StreamRef(match stream.0 {
             Kind::Default => Kind::Default,
             Kind::Stream(s) => Kind::Stream(keep(s)),
             Kind::ContextDefault(s) => Kind::ContextDefault(keep(s)),
             Kind::PerThread(s, t) => Kind::PerThread(s.map(keep), t),
             Kind::Raw(s) => Kind::Raw(s),
             Kind::Simulated(n) => Kind::Simulated(n),
-        };
-        Held {
-            stream: StreamRef(kind),
-            id,
-        }
+        });
+        let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 streams");
+        self.slots.push((kept, id));
+        self.by_id.insert(id, slot);
+        Held(slot)
+    }
+
+    /// The stream `held` names, valid while `self` lives.
+    #[inline]
+    pub(crate) fn get(&self, held: Held) -> StreamRef<'static> {
+        self.slots[held.0 as usize].0
+    }
+
+    /// The identity of the stream `held` names.
+    #[inline]
+    pub(crate) fn id(&self, held: Held) -> StreamId {
+        self.slots[held.0 as usize].1
+    }
+
+    /// True when `held` names `stream`.
+    #[inline]
+    pub(crate) fn is(&self, held: Held, stream: StreamRef<'_>) -> bool {
+        self.id(held) == stream.id()
     }
 }
 
 impl std::fmt::Debug for StreamKeeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "StreamKeeper({} streams)", self.kept.len())
+        write!(f, "StreamKeeper({} streams)", self.slots.len())
     }
 }
 
 static_assertions::assert_impl_all!(StreamRef<'static>: Send, Sync, Copy);
 static_assertions::assert_impl_all!(StreamHandle: Send, Sync, Clone);
+static_assertions::assert_eq_size!(StreamId, [u64; 2]);
 static_assertions::assert_eq_size!(StreamRef<'static>, [usize; 2]);
 
 #[cfg(test)]
@@ -486,9 +506,11 @@ mod tests {
     fn a_keeper_holds_what_it_is_given() {
         let mut keeper = StreamKeeper::default();
         let held = keeper.hold(StreamRef::simulated(7));
-        assert!(held.is(StreamRef::simulated(7)));
-        assert!(!held.is(StreamRef::DEFAULT));
-        assert_eq!(held.get(), StreamRef::simulated(7));
-        assert_eq!(Held::DEFAULT.id(), StreamId::DEFAULT);
+        assert!(keeper.is(held, StreamRef::simulated(7)));
+        assert!(!keeper.is(held, StreamRef::DEFAULT));
+        assert_eq!(keeper.get(held), StreamRef::simulated(7));
+        assert_eq!(keeper.hold(StreamRef::simulated(7)), held);
+        assert_eq!(keeper.hold(StreamRef::DEFAULT), Held::DEFAULT);
+        assert_eq!(keeper.id(Held::DEFAULT), StreamId::DEFAULT);
     }
 }

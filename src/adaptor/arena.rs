@@ -297,9 +297,11 @@ impl<U: MemoryResource> Arena<U> {
         if n == MAX_ARENAS {
             return None;
         }
-        let stream = self.hold(stream);
+        let held = self.hold(stream);
+        let stream = self.stream_of(held);
         let _ = self.arenas[n].set(Box::new(Local {
             stream,
+            held,
             state: Mutex::new(LocalState::default()),
         }));
         self.narenas.store(n + 1, Ordering::Release);
@@ -379,9 +381,18 @@ impl<U: MemoryResource> Arena<U> {
         lock(&self.keeper).hold(stream)
     }
 
+    /// The stream `held` names, valid while the arena (its keeper) lives.
+    fn stream_of(&self, held: Held) -> StreamRef<'static> {
+        lock(&self.keeper).get(held)
+    }
+
     /// Makes `stream` wait for the work of every stream in `tags`.
     fn order(&self, stream: StreamRef, tags: &Tags) -> Result<(), AllocError> {
-        for after in tags.iter().map(Held::get).filter(|&s| s != stream) {
+        for after in tags
+            .iter()
+            .map(|h| self.stream_of(h))
+            .filter(|&s| s != stream)
+        {
             self.upstream
                 .order_after(stream, after)
                 .or_else(|_| self.upstream.synchronize(after))?;
@@ -402,7 +413,7 @@ impl<U: MemoryResource> Arena<U> {
         let mut g = lock(&self.global);
         for s in g.give(start, len, chunk, tags) {
             // The merged range forgot these streams; wait for them before anyone can take it.
-            let _ = self.upstream.synchronize(s.get());
+            let _ = self.upstream.synchronize(self.stream_of(s));
         }
     }
 
@@ -431,7 +442,7 @@ impl<U: MemoryResource> Arena<U> {
     fn flush_spare(&self, g: &mut Global) {
         for sp in std::mem::take(&mut g.spare) {
             for s in g.give(sp.at, self.superblock_size(), sp.chunk, sp.tags) {
-                let _ = self.upstream.synchronize(s.get());
+                let _ = self.upstream.synchronize(self.stream_of(s));
             }
         }
     }
@@ -441,7 +452,7 @@ impl<U: MemoryResource> Arena<U> {
         let n = self.narenas.load(Ordering::Acquire);
         for local in self.arenas[..n].iter().filter_map(OnceLock::get) {
             let freed = local.lock().take_empty(0);
-            self.release_superblocks(local.stream, freed);
+            self.release_superblocks(local.held, freed);
         }
     }
 
@@ -488,8 +499,8 @@ impl<U: MemoryResource> Arena<U> {
         }
         let ordered = sync
             .into_iter()
-            .try_for_each(|s| self.upstream.synchronize(s.get()))
-            .and_then(|()| self.order(local.stream.get(), &tags));
+            .try_for_each(|s| self.upstream.synchronize(self.stream_of(s)))
+            .and_then(|()| self.order(local.stream, &tags));
         if let Err(e) = ordered {
             lock(&self.global).spare.extend(taken);
             return Err(e);
@@ -591,10 +602,10 @@ impl<U: MemoryResource> Arena<U> {
             let mut st = local.lock();
             // Before the block can be reused on the arena's stream, that stream must wait for
             // the work that used it on `stream`.
-            self.order_or_wait(local.stream.get(), stream);
+            self.order_or_wait(local.stream, stream);
             st.deallocate(slot, addr, (bytes / GRAN) as u32, units)
         };
-        self.release_superblocks(local.stream, released);
+        self.release_superblocks(local.held, released);
     }
 }
 
@@ -695,16 +706,12 @@ impl<U: MemoryResource> Drop for Arena<U> {
         let mut streams: Vec<Held> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
         streams.extend(g.spare.iter().flat_map(|sp| sp.tags.iter()));
         let n = *self.narenas.get_mut();
-        streams.extend(
-            self.arenas[..n]
-                .iter()
-                .filter_map(|a| Some(a.get()?.stream)),
-        );
-        streams.sort_by_key(|s| s.id());
+        streams.extend(self.arenas[..n].iter().filter_map(|a| Some(a.get()?.held)));
+        streams.sort();
         streams.dedup();
         // The chunks go back on the default stream: it must first wait for work on the others.
         for s in streams {
-            self.order_or_wait(StreamRef::DEFAULT, s.get());
+            self.order_or_wait(StreamRef::DEFAULT, self.stream_of(s));
         }
         let n = *self.nchunks.get_mut();
         for chunk in self.chunks[..n].iter().filter_map(OnceLock::get) {
@@ -914,7 +921,9 @@ impl Global {
 #[repr(align(64))] // its lock is the hot one: keep it off other arenas' cache lines
 #[derive(Debug)]
 struct Local {
-    stream: Held,
+    /// The arena's stream, kept alive by the arena's keeper (so valid while the arena lives).
+    stream: StreamRef<'static>,
+    held: Held,
     state: Mutex<LocalState>,
 }
 

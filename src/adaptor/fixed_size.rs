@@ -22,7 +22,7 @@
 //! larger than a block or aligned beyond 256 bytes is refused with an error.
 
 use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
-use crate::stream::{Held, StreamKeeper, StreamRef};
+use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
@@ -253,6 +253,8 @@ pub(crate) struct Bin {
     block: usize,
     /// Free block addresses per stream; the stream used last is usually first.
     lists: Vec<(Held, Vec<usize>)>,
+    /// The identity of `lists[0]`'s stream, for the fast path's one comparison.
+    first: StreamId,
     chunks: Vec<BinChunk>,
     /// Bytes held from the upstream.
     held: usize,
@@ -275,6 +277,7 @@ impl Bin {
             lists: Vec::new(),
             chunks: Vec::new(),
             held: 0,
+            first: StreamId::DEFAULT,
             streams: StreamKeeper::default(),
         }
     }
@@ -302,8 +305,8 @@ impl Bin {
         align: usize,
         name: &'static str,
     ) -> Result<usize, AllocError> {
-        if let Some((s, list)) = self.lists.first_mut() {
-            if s.is(stream) {
+        if let Some((_, list)) = self.lists.first_mut() {
+            if self.first == stream.id() {
                 if let Some(addr) = list.pop() {
                     return Ok(addr);
                 }
@@ -324,7 +327,10 @@ impl Bin {
     ) -> Result<usize, AllocError> {
         // Streams whose free blocks are all in use keep empty lists; drop them here, off the hot
         // path, so that short-lived streams do not lengthen the list scan.
-        self.lists.retain(|(s, l)| s.is(stream) || !l.is_empty());
+        let streams = &self.streams;
+        self.lists
+            .retain(|(s, l)| streams.is(*s, stream) || !l.is_empty());
+        self.sync_first();
         let li = self.list_index(stream);
         if let Some(addr) = self.lists[li].1.pop() {
             return Ok(addr);
@@ -332,10 +338,11 @@ impl Bin {
         if let Some(other) = self
             .lists
             .iter()
-            .position(|(s, l)| !s.is(stream) && !l.is_empty())
+            .position(|(s, l)| !self.streams.is(*s, stream) && !l.is_empty())
         {
-            upstream.order_after(stream, self.lists[other].0.get())?;
+            upstream.order_after(stream, self.streams.get(self.lists[other].0))?;
             let (_, blocks) = self.lists.swap_remove(other);
+            self.sync_first();
             let li = self.list_index(stream);
             self.lists[li].1.extend(blocks);
         } else {
@@ -355,8 +362,8 @@ impl Bin {
     /// Makes `addr` free on `stream`.
     #[inline]
     pub(crate) fn push(&mut self, addr: usize, stream: StreamRef) {
-        if let Some((s, list)) = self.lists.first_mut() {
-            if s.is(stream) {
+        if let Some((_, list)) = self.lists.first_mut() {
+            if self.first == stream.id() {
                 list.push(addr);
                 return;
             }
@@ -368,7 +375,12 @@ impl Bin {
     /// The list of `stream`, created if missing, moved to the front so that the next call on the
     /// same stream finds it first.
     fn list_index(&mut self, stream: StreamRef) -> usize {
-        match self.lists.iter().position(|(s, _)| s.is(stream)) {
+        let id = stream.id();
+        match self
+            .lists
+            .iter()
+            .position(|(s, _)| self.streams.id(*s) == id)
+        {
             Some(i) => {
                 self.lists.swap(0, i);
             }
@@ -379,7 +391,16 @@ impl Bin {
                 self.lists.swap(0, last);
             }
         }
+        self.first = id;
         0
+    }
+
+    /// Sets `first` to `lists[0]`'s identity after the lists were reordered: the fast paths pop
+    /// from and push to `lists[0]` on that comparison alone, so it must never be stale.
+    fn sync_first(&mut self) {
+        if let Some(&(held, _)) = self.lists.first() {
+            self.first = self.streams.id(held);
+        }
     }
 
     /// Takes a chunk of `count` blocks from the upstream on `stream` and frees them there. With
@@ -454,10 +475,14 @@ impl Bin {
         self.lists.clear();
         for chunk in std::mem::take(&mut self.chunks) {
             for &s in &streams {
-                if s != chunk.stream && upstream.order_after(chunk.stream.get(), s.get()).is_err() {
+                if s != chunk.stream
+                    && upstream
+                        .order_after(self.streams.get(chunk.stream), self.streams.get(s))
+                        .is_err()
+                {
                     // No event: wait for the stream instead; a failure here leaves nothing
                     // better to do than give the memory back.
-                    let _ = upstream.synchronize(s.get());
+                    let _ = upstream.synchronize(self.streams.get(s));
                 }
             }
             self.held -= chunk.size;
@@ -466,7 +491,9 @@ impl Bin {
                 // and was taken out of `chunks`, so it is given back once; the caller promises none
                 // of its blocks is in use, and its stream is ordered after every stream that freed
                 // one.
-                unsafe { upstream.deallocate(ptr, chunk.size, GRANULE, chunk.stream.get()) };
+                unsafe {
+                    upstream.deallocate(ptr, chunk.size, GRANULE, self.streams.get(chunk.stream))
+                };
             }
         }
     }

@@ -193,7 +193,12 @@ struct State {
 
 impl State {
     fn list_index(&mut self, stream: StreamRef) -> usize {
-        match self.lists.iter().position(|l| l.stream.is(stream)) {
+        let id = stream.id();
+        match self
+            .lists
+            .iter()
+            .position(|l| self.streams.id(l.stream) == id)
+        {
             Some(i) => i,
             None => {
                 let stream = self.streams.hold(stream);
@@ -282,14 +287,14 @@ impl State {
 
     /// Another stream's list holding a block of at least `need` bytes.
     fn other_with_fit(&self, stream: StreamRef, need: usize) -> Option<usize> {
-        self.lists
-            .iter()
-            .position(|l| !l.stream.is(stream) && l.by_size.last().is_some_and(|&(s, _)| s >= need))
+        self.lists.iter().position(|l| {
+            !self.streams.is(l.stream, stream) && l.by_size.last().is_some_and(|&(s, _)| s >= need)
+        })
     }
 
     /// Moves every free block of list `from` to `to`, coalescing them with `to`'s.
     fn merge(&mut self, from: usize, to: Held) {
-        let to = to.get();
+        let to = self.streams.get(to);
         let list = self.lists.swap_remove(from);
         for (size, addr) in list.by_size {
             self.starts.remove(&addr);
@@ -441,7 +446,10 @@ impl<U: MemoryResource> Pool<U> {
             let ordered = streams
                 .into_iter()
                 .filter(|&s| s != chunk.stream)
-                .try_for_each(|s| self.upstream.order_after(chunk.stream.get(), s.get()));
+                .try_for_each(|s| {
+                    self.upstream
+                        .order_after(st.streams.get(chunk.stream), st.streams.get(s))
+                });
             if ordered.is_ok() {
                 released.push(start);
             }
@@ -452,7 +460,7 @@ impl<U: MemoryResource> Pool<U> {
             // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE, chunk.stream)`,
             // is wholly free (no live block inside it), and was just forgotten, so it is given
             // back once; its stream is ordered after every stream that freed a block inside it.
-            unsafe { self.give_back(start, chunk) };
+            unsafe { self.give_back(start, chunk, &st.streams) };
         }
         bytes
     }
@@ -460,12 +468,12 @@ impl<U: MemoryResource> Pool<U> {
     /// # Safety
     ///
     /// `start`/`chunk` describe an upstream allocation that nothing uses any more.
-    unsafe fn give_back(&self, start: usize, chunk: Chunk) {
+    unsafe fn give_back(&self, start: usize, chunk: Chunk, streams: &StreamKeeper) {
         if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(start)) {
             // SAFETY: forwarded from the caller: a live upstream allocation of this size.
             unsafe {
                 self.upstream
-                    .deallocate(ptr, chunk.size, GRANULE, chunk.stream.get())
+                    .deallocate(ptr, chunk.size, GRANULE, streams.get(chunk.stream))
             };
         }
     }
@@ -560,11 +568,15 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
             None => {
                 // Streams whose free blocks are all in use keep empty lists; drop them here, off
                 // the hot path, so that short-lived streams do not lengthen the list scan.
-                st.lists
-                    .retain(|l| l.stream.is(stream) || !l.by_size.is_empty());
+                {
+                    let st = &mut *st;
+                    let streams = &st.streams;
+                    st.lists
+                        .retain(|l| streams.is(l.stream, stream) || !l.by_size.is_empty());
+                }
                 if let Some(other) = st.other_with_fit(stream, need) {
                     self.upstream
-                        .order_after(stream, st.lists[other].stream.get())?;
+                        .order_after(stream, st.streams.get(st.lists[other].stream))?;
                     let to = st.streams.hold(stream);
                     st.merge(other, to);
                 } else {
@@ -617,18 +629,18 @@ impl<U: MemoryResource> Drop for Pool<U> {
                 if s != chunk.stream
                     && self
                         .upstream
-                        .order_after(chunk.stream.get(), s.get())
+                        .order_after(st.streams.get(chunk.stream), st.streams.get(s))
                         .is_err()
                 {
                     // No event: wait for the stream instead; a failure here leaves nothing
                     // better to do than give the memory back.
-                    let _ = self.upstream.synchronize(s.get());
+                    let _ = self.upstream.synchronize(st.streams.get(s));
                 }
             }
             // SAFETY: the chunk came from the upstream with this size, and the pool, being
             // dropped, hands out none of it any more; each chunk is visited once. Its stream is
             // ordered after every stream that freed a block inside it.
-            unsafe { self.give_back(start, chunk) };
+            unsafe { self.give_back(start, chunk, &st.streams) };
         }
     }
 }

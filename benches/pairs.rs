@@ -1,0 +1,45 @@
+//! The allocation path of `Pool` and `Binning` alone: one allocate + deallocate pair of 4 KiB on
+//! the default stream, over `Simulated`, timed by criterion. No replayer in the loop, so a change
+//! in the suballocators' own path shows undiluted.
+//!
+//! `cargo bench --bench pairs`
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use mrstack::prelude::*;
+use std::hint::black_box;
+use std::time::Duration;
+
+fn pair<R: MemoryResource>(c: &mut Criterion, name: &str, mr: R) {
+    c.bench_function(name, |b| {
+        b.iter(|| {
+            let p = mr
+                .allocate(black_box(4096), 256, StreamRef::DEFAULT)
+                .expect("room");
+            // SAFETY: p came from mr with this size and alignment.
+            unsafe { mr.deallocate(p, 4096, 256, StreamRef::DEFAULT) };
+        })
+    });
+}
+
+fn bench(c: &mut Criterion) {
+    pair(
+        c,
+        "pool",
+        resource_stack![Simulated::new(1 << 30), Pool { initial: 64 MiB }],
+    );
+    pair(
+        c,
+        "binning",
+        resource_stack![Simulated::new(1 << 30), Pool { initial: 64 MiB }, Binning],
+    );
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    targets = bench
+}
+criterion_main!(benches);
