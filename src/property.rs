@@ -216,40 +216,25 @@ pub trait PropertySet: sealed::Set + 'static {
     const PAGEABLE: bool = false;
 }
 
-impl sealed::Set for () {}
-impl PropertySet for () {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B0;
+/// The marker sets: each its own bits.
+macro_rules! marker_sets {
+    ($($set:ty => $host:ty, $device:ty, $managed:ty $(, pageable $pageable:expr)?;)+) => {$(
+        impl sealed::Set for $set {}
+        impl PropertySet for $set {
+            type Host = $host;
+            type Device = $device;
+            type Managed = $managed;
+            $(const PAGEABLE: bool = $pageable;)?
+        }
+    )+};
 }
 
-impl sealed::Set for HostAccessible {}
-impl PropertySet for HostAccessible {
-    type Host = B1;
-    type Device = B0;
-    type Managed = B0;
-}
-
-impl sealed::Set for Pageable {}
-impl PropertySet for Pageable {
-    type Host = B1;
-    type Device = B0;
-    type Managed = B0;
-    const PAGEABLE: bool = true;
-}
-
-impl sealed::Set for DeviceAccessible {}
-impl PropertySet for DeviceAccessible {
-    type Host = B0;
-    type Device = B1;
-    type Managed = B0;
-}
-
-impl sealed::Set for Migratable {}
-impl PropertySet for Migratable {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B1;
+marker_sets! {
+    () => B0, B0, B0;
+    HostAccessible => B1, B0, B0;
+    Pageable => B1, B0, B0, pageable true;
+    DeviceAccessible => B0, B1, B0;
+    Migratable => B0, B0, B1;
 }
 
 impl<A: PropertySet, B: PropertySet> sealed::Set for (A, B) {}
