@@ -71,7 +71,8 @@
 //! * [`erased`]: [`AnyResource`] and [`ResourceRef`], stacks chosen at run time with their
 //!   properties still checked; [`registry`]: the per-device current resource;
 //!   [`config`]: stacks built from text such as `"cuda > pool(initial=1GiB)"`.
-//! * `replay` (feature `cli`, on by default): what the `mrstack replay` command does.
+//! * The `mrstack replay` command is the `mrstack-cli` package (`cli/` in the repository): the
+//!   library carries none of its dependencies.
 
 #![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -85,8 +86,6 @@ pub mod erased;
 pub mod layer;
 pub mod property;
 pub mod registry;
-#[cfg(feature = "cli")]
-pub mod replay;
 pub mod resource;
 pub mod stream;
 pub mod trace;

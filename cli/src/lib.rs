@@ -17,10 +17,10 @@
 //!   [`min_capacity`] over `Simulated` (host-side, on any machine, in log order: the same answer
 //!   every run), and its ratio to peak live.
 //!
-//! Requires the `cli` feature (on by default).
+//! The library of the `mrstack-cli` package; the mrstack library itself has no CLI dependencies.
 //!
 //! ```
-//! use mrstack::replay::{run_stack, Candidate, Settings};
+//! use mrstack_cli::{run_stack, Candidate, Settings};
 //! use mrstack::workload::{self, Workload, Op};
 //! use mrstack::Simulated;
 //! use std::sync::Arc;
@@ -39,10 +39,13 @@
 //! assert_eq!(report.pass_ns_per_op.len(), 3);
 //! ```
 
-use crate::stream::StreamHandle;
-use crate::trace::Trace;
-use crate::upstream::Simulated;
-use crate::workload::{
+#![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use mrstack::stream::StreamHandle;
+use mrstack::trace::Trace;
+use mrstack::upstream::Simulated;
+use mrstack::workload::{
     self, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
 };
 use serde::Serialize;
@@ -342,7 +345,7 @@ pub fn bytes(n: usize) -> String {
 /// an error that lists the available names.
 ///
 /// ```
-/// use mrstack::replay::select;
+/// use mrstack_cli::select;
 /// let all = ["upstream", "pool"];
 /// assert_eq!(select(&[], &all, &[]).unwrap(), ["upstream", "pool"]);
 /// assert_eq!(select(&["pool".into(), "cuda".into()], &all, &[("cuda", "upstream")]).unwrap(), ["pool", "upstream"]);
@@ -533,7 +536,7 @@ mod tests {
     }
 
     fn tiny() -> Workload {
-        use crate::workload::Op;
+        use mrstack::workload::Op;
         Workload::new(
             "tiny",
             vec![
@@ -653,8 +656,8 @@ mod tests {
         assert_eq!(r.min_capacity, Some(300));
 
         let broken = workload::stack("broken", |_: Arc<Simulated>, _| {
-            Err::<Simulated, _>(crate::AllocError::new(
-                crate::AllocErrorKind::Unsupported("test"),
+            Err::<Simulated, _>(mrstack::AllocError::new(
+                mrstack::AllocErrorKind::Unsupported("test"),
                 0,
                 0,
                 "broken",

@@ -2,15 +2,15 @@
 //! as the `Logging` adaptor writes it) or the built-in random workload through the preset stacks of
 //! `mrstack::workload::stacks()`, over a GPU or over `Simulated`, and prints for each stack its ns
 //! per op, the peak it took from its upstream and its minimum capacity. The work itself is in
-//! `mrstack::replay`; this file is the command line, the choice of upstream and the progress bar.
+//! `mrstack_cli` (cli/src/lib.rs); this file is the command line, the choice of upstream and the progress bar.
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use cudarc::driver::{result, sys, CudaContext};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mrstack::replay::{self, probes_estimate, run_stack, Candidate, Report, Settings};
 use mrstack::trace::{self, OnError};
 use mrstack::workload::{self, simulated_streams, stack, timing_capacity, Metered, StackFactory};
 use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
+use mrstack_cli::{self as replay, probes_estimate, run_stack, Candidate, Report, Settings};
 use std::cell::Cell;
 use std::io::Write;
 use std::path::PathBuf;
