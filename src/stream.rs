@@ -187,11 +187,20 @@ pub(crate) fn is_per_thread(stream: &CudaStream) -> bool {
 /// Marks simulated ids: user-space addresses (handles) never have the top bit set.
 const SIMULATED_BIT: u64 = 1 << 63;
 
-/// A number for the calling thread, distinct among the process's threads (per-thread streams).
+/// A number for the calling thread, distinct among the threads that ever name a per-thread
+/// stream (only they get one), never reused: the identity of their per-thread streams.
+///
+/// # Panics
+///
+/// When 2^32 - 1 threads have been numbered, as std's `ThreadId` does when its space runs out: a
+/// repeated number would merge two threads' streams, so it is never handed out. Four bytes keep
+/// `StreamRef` two words, which the allocation paths measurably prefer to three.
 fn thread_number() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(1);
-    thread_local!(static NUMBER: u32 = NEXT.fetch_add(1, Ordering::Relaxed));
+    thread_local!(static NUMBER: u32 = NEXT
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+        .expect("mrstack: 2^32 - 1 threads have named a per-thread stream; numbers for more would repeat"));
     NUMBER.with(|n| *n)
 }
 
@@ -236,8 +245,8 @@ impl<'a> From<&'a Arc<CudaStream>> for StreamRef<'a> {
 /// for a simulated one. It cannot reach the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct StreamId {
-    /// The handle value; for a per-thread stream, 2 with the thread number in the high half
-    /// (a real handle is an aligned pointer, never 2 in its low bits).
+    /// The handle value; for a per-thread stream, `thread << 3 | 2` (a real handle is an aligned
+    /// pointer, whose low three bits are 0; thread numbers are below 2^32).
     handle: u64,
     /// The context, for the context-relative handles (null, per-thread); 0 otherwise.
     context: u64,
@@ -252,14 +261,14 @@ impl StreamId {
 
     const fn new(handle: u64, context: u64, thread: u32) -> Self {
         StreamId {
-            handle: handle | (thread as u64) << 32,
+            handle: handle | (thread as u64) << 3,
             context,
         }
     }
 
-    fn thread(self) -> u32 {
-        if self.handle & 0xffff_ffff == PER_THREAD_HANDLE as u64 {
-            (self.handle >> 32) as u32
+    fn thread(self) -> u64 {
+        if self.handle & 7 == PER_THREAD_HANDLE as u64 && self.handle & SIMULATED_BIT == 0 {
+            self.handle >> 3
         } else {
             0
         }

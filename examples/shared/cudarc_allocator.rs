@@ -1,5 +1,5 @@
 //! A foreign allocator wrapped through `Callback`: cudarc's own stream-ordered allocation. Shared
-//! by `examples/callback.rs` and the GPU tests (`tests/gpu_erased.rs`), so that the example's
+//! by `examples/callback.rs` and the GPU tests (`tests/gpu/erased.rs`), so that the example's
 //! code is the code the tests run on a GPU.
 
 use cudarc::driver::{result, CudaStream};

@@ -656,6 +656,19 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
         if small {
             if let Some(id) = self.arena_for(stream) {
                 if let Some(p) = self.local_allocate(id, bytes, align_g).map_err(fix)? {
+                    // A local arena's blocks are ordered on its stream. The thread arenas serve
+                    // every default stream (`DEFAULT`, and each context's), which may be
+                    // distinct streams: order the caller's after the arena's (a no-op where
+                    // they are one stream).
+                    let local = self.local(id).stream;
+                    if local.id() != stream.id() {
+                        if let Err(e) = self.upstream.order_after(stream, local) {
+                            // SAFETY: just allocated from this arena with these arguments and
+                            // handed to no one.
+                            unsafe { self.deallocate(p, size, align, local) };
+                            return Err(e);
+                        }
+                    }
                     return Ok(p);
                 }
             }

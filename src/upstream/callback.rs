@@ -88,7 +88,10 @@ impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> Callback<Ctx, P, A
     /// * `deallocate` frees such a pointer, given with the size and alignment it was asked with,
     ///   once the work queued on the stream it is given has used it.
     /// * The default `synchronize` (the driver's stream synchronize) and `order_after` (the host
-    ///   waits for `after`) then order the memory correctly; supply your own with
+    ///   waits for `after`) then order the memory correctly. They take a thread with no current
+    ///   CUDA context (or a process with no driver) to have nothing queued on the default stream:
+    ///   if your allocator or its users queue default-stream work that a thread without a
+    ///   current context could be asked to wait for, supply your own with
     ///   [`with_synchronize`](Self::with_synchronize) / [`with_order_after`](Self::with_order_after)
     ///   if the allocator keeps work of its own on other streams.
     /// * If `Ctx` is `Send`/`Sync`, the functions may be called from any thread, concurrently.

@@ -13,10 +13,9 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use typenum::U256;
 
-mod common;
-#[path = "../examples/shared/cudarc_allocator.rs"]
+#[path = "../../examples/shared/cudarc_allocator.rs"]
 mod cudarc_allocator;
-use common::{fill_and_check, gpu, kernel};
+use crate::support::{fill_and_check, gpu, kernel};
 use cudarc_allocator::cudarc_allocator;
 
 /// The process-wide registry is shared by the tests of this binary, which run on threads: the

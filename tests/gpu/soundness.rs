@@ -7,8 +7,8 @@
 //! Without a CUDA driver each test prints why and returns; with `MRSTACK_REQUIRE_GPU=1` a missing
 //! GPU fails the test instead.
 
-mod common;
-use common::{expected_fill, gpu, kernel};
+use crate::slow_fill;
+use crate::support::{expected_fill, gpu, kernel};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
 use mrstack::prelude::*;
@@ -210,7 +210,7 @@ fn fill_raw(
     k: u32,
     slow: bool,
 ) {
-    let (addr, n32, cycles) = (ptr.as_ptr() as u64, n as u32, common::slow_cycles());
+    let (addr, n32, cycles) = (ptr.as_ptr() as u64, n as u32, crate::support::slow_cycles());
     let f = kernel(ctx, if slow { "slow_fill" } else { "fill" });
     let mut b = stream.launch_builder(&f);
     b.arg(&addr).arg(&n32).arg(&k);

@@ -12,8 +12,7 @@ use mrstack::prelude::*;
 use std::sync::Arc;
 use typenum::U4096;
 
-mod common;
-use common::gpu;
+use crate::support::gpu;
 
 const AFFINE: &str = r#"
 extern "C" __global__ void affine(float *out, const float *in, float a, float b, unsigned int n) {

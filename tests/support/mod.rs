@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests (each test file is its own crate and includes this
-//! module with `mod common;`).
+//! Helpers shared by the test crates (`host` and `gpu`, each of which declares `mod support;`):
+//! the GPU context or a skip, the test kernels, the slow kernel that catches a missing wait.
 
 // Each test crate uses only some of these helpers.
 #![allow(dead_code)]
@@ -71,8 +71,8 @@ pub fn slow_cycles() -> i64 {
 #[macro_export]
 macro_rules! slow_fill {
     ($ctx:expr, $stream:expr, $out:expr, $n:expr, $k:expr) => {{
-        let f = $crate::common::kernel($ctx, "slow_fill");
-        let (n32, k, cycles): (u32, u32, i64) = ($n as u32, $k, $crate::common::slow_cycles());
+        let f = $crate::support::kernel($ctx, "slow_fill");
+        let (n32, k, cycles): (u32, u32, i64) = ($n as u32, $k, $crate::support::slow_cycles());
         let mut builder = $stream.launch_builder(&f);
         builder.arg($out).arg(&n32).arg(&k).arg(&cycles);
         // SAFETY: `slow_fill` takes (unsigned*, unsigned, unsigned, long long) and writes indices

@@ -1,8 +1,7 @@
 //! `Arena`: model tests over `Simulated`, pattern and stress tests over `System`, stream ordering
 //! with a recording upstream, out-of-memory behaviour, and a GPU round trip.
 
-mod common;
-use common::gpu;
+use crate::support::gpu;
 
 use mrstack::adaptor::ArenaConfig;
 use mrstack::prelude::*;

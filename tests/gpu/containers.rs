@@ -8,8 +8,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use std::sync::Arc;
 
-mod common;
-use common::{fill_and_check, gpu, kernel};
+use crate::support::{fill_and_check, gpu, kernel};
 
 #[test]
 fn every_leaf_round_trips_through_a_kernel() {

@@ -1,0 +1,12 @@
+//! GPU tests: containers under kernels, adaptors on device memory, run-time choice on a GPU, and
+//! the soundness rules (stream ordering after dropped streams, pinned copies). Each test writes,
+//! copies back and compares. Without a CUDA driver each test prints why and returns; with
+//! `MRSTACK_REQUIRE_GPU=1` a missing GPU fails the test instead.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod adaptors;
+mod containers;
+mod erased;
+mod soundness;

@@ -1,0 +1,17 @@
+//! Host tests: every algorithm over `Simulated` and `System`, property tests against models, the
+//! compile-time property checks at run time, replay and text configs. No GPU needed; the few
+//! tests that touch CUDA skip where there is none.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod adaptors;
+mod arena;
+mod callback;
+mod config;
+mod erased;
+mod host_allocator;
+mod misc;
+mod registry;
+mod suballocators;
+mod workload;
