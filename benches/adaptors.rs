@@ -8,6 +8,10 @@
 //!
 //! `cargo bench --bench adaptors` (add `-- --quick` for a shorter run).
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
+
 // resource_stack! always adds `..Default::default()`, which clippy flags for a configuration whose
 // every field is given (`Limiting { limit: 1 TiB }`).
 

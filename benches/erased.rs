@@ -3,6 +3,10 @@
 //!
 //! Run: `cargo bench --bench erased`
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use mrstack::prelude::*;
 use mrstack::resource::{align_up, check_request};

@@ -11,6 +11,10 @@
 //!
 //! `cargo bench --bench gpu`
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
+
 use mrstack::workload::{
     self, measure, min_capacity, stack, timing_capacity, StackFactory, Workload,
 };

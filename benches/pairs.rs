@@ -4,6 +4,10 @@
 //!
 //! `cargo bench --bench pairs`
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use mrstack::prelude::*;
 use std::hint::black_box;

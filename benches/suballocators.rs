@@ -11,6 +11,10 @@
 //!
 //! `cargo bench --bench suballocators` (add `-- random` to run one workload).
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use mrstack::workload::{self, measure, min_capacity, timing_capacity, Replay, Workload};
 use mrstack::Simulated;

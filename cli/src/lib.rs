@@ -39,9 +39,6 @@
 //! assert_eq!(report.pass_ns_per_op.len(), 3);
 //! ```
 
-#![deny(missing_docs, unreachable_pub, unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks)]
-
 use mrstack::stream::StreamHandle;
 use mrstack::trace::Trace;
 use mrstack::upstream::Simulated;
@@ -100,6 +97,15 @@ pub struct Candidate<'a, U> {
     pub timing: &'a dyn StackFactory<U>,
     /// Builds the stack whose minimum capacity is searched.
     pub capacity: Option<&'a dyn StackFactory<Arc<Simulated>>>,
+}
+
+impl<U> std::fmt::Debug for Candidate<'_, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Candidate")
+            .field("name", &self.name)
+            .field("capacity_search", &self.capacity.is_some())
+            .finish()
+    }
 }
 
 /// One stack's row of the report. Sizes are bytes; `null` in JSON where a number is missing:

@@ -5,6 +5,10 @@
 //! otherwise, with few passes and a coarse capacity search so that the suite stays fast in debug
 //! builds.
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used)]
+
 use serde_json::Value;
 use std::io::Write;
 use std::path::PathBuf;

@@ -10,7 +10,7 @@ use typenum::U256;
 
 /// A foreign allocator: cudarc's own `CudaStream::alloc` (cuMemAllocAsync on its stream) and
 /// `CudaSlice` drop (cuMemFreeAsync). Requests for another stream are ordered by waiting.
-pub fn cudarc_allocator(
+pub(crate) fn cudarc_allocator(
     stream: Arc<CudaStream>,
 ) -> Callback<Arc<CudaStream>, DeviceAccessible, U256> {
     fn allocate(

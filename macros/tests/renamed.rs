@@ -1,6 +1,10 @@
 //! `resource_stack!` in a crate that renamed its mrstack dependency (`mrs = { package =
 //! "mrstack" }`, this package's dev-dependency): the macro names the crate as the caller does.
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used)]
+
 use mrs::prelude::*;
 
 #[test]

@@ -3,6 +3,10 @@
 //! copies back and compares. Without a CUDA driver each test prints why and returns; with
 //! `MRSTACK_REQUIRE_GPU=1` a missing GPU fails the test instead.
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -2,6 +2,10 @@
 //! compile-time property checks at run time, replay and text configs. No GPU needed; the few
 //! tests that touch CUDA skip where there is none.
 
+// Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
+// the library).
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

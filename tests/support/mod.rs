@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// Device 0's context, or `None` (printing why) where there is no GPU. With
 /// `MRSTACK_REQUIRE_GPU=1` a missing GPU fails the test instead of skipping it.
-pub fn gpu() -> Option<Arc<cudarc::driver::CudaContext>> {
+pub(crate) fn gpu() -> Option<Arc<cudarc::driver::CudaContext>> {
     match mrstack::cuda_context(0) {
         Ok(ctx) => Some(ctx),
         Err(e) if std::env::var_os("MRSTACK_REQUIRE_GPU").is_some_and(|v| v == "1") => {
@@ -26,7 +26,7 @@ pub fn gpu() -> Option<Arc<cudarc::driver::CudaContext>> {
 /// Test kernels: `fill` (out[i] = i*k + 1), `scale` (out[i] = 2*in[i] + 7), `increment`, and
 /// `slow_fill` (`fill` after spinning `cycles` clock cycles: work that is still running when the
 /// host goes on, to catch a missing wait).
-pub const KERNELS: &str = r#"
+pub(crate) const KERNELS: &str = r#"
 extern "C" __global__ void slow_fill(unsigned int* out, unsigned int n, unsigned int k, long long cycles) {
     long long start = clock64();
     while (clock64() - start < cycles) {}
@@ -47,7 +47,7 @@ extern "C" __global__ void increment(unsigned int* data, unsigned int n) {
 }
 "#;
 
-pub fn kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
+pub(crate) fn kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
     let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
     ctx.load_module(ptx)
         .expect("module loads")
@@ -58,7 +58,7 @@ pub fn kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
 /// Clock cycles that `slow_fill` spins: 200 M by default, about 100 ms on an H100 (1.98 GHz
 /// boost clock), far longer than the host takes to go on to its next call;
 /// `MRSTACK_SLOW_CYCLES` overrides it (smaller under compute-sanitizer, which slows kernels).
-pub fn slow_cycles() -> i64 {
+pub(crate) fn slow_cycles() -> i64 {
     std::env::var("MRSTACK_SLOW_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -82,12 +82,12 @@ macro_rules! slow_fill {
     }};
 }
 
-pub fn expected_fill(n: usize, k: u32) -> Vec<u32> {
+pub(crate) fn expected_fill(n: usize, k: u32) -> Vec<u32> {
     (0..n as u32).map(|i| i.wrapping_mul(k) + 1).collect()
 }
 
 /// Fills `v` on its stream with the `fill` kernel and checks every value on the host.
-pub fn fill_and_check<R>(ctx: &Arc<CudaContext>, v: &mut DeviceVec<u32, R>, k: u32)
+pub(crate) fn fill_and_check<R>(ctx: &Arc<CudaContext>, v: &mut DeviceVec<u32, R>, k: u32)
 where
     R: MemoryResource + Accessible<DeviceAccessible>,
 {
