@@ -36,8 +36,8 @@
 //! ```
 
 use crate::erased::{AnyResource, Properties, PropertySet};
+use crate::leaf::{cuda_context, CudaAsync, CudaAsyncOptions, Simulated, System};
 use crate::resource::{AllocError, Layer, MemoryResource};
-use crate::upstream::{cuda_context, CudaAsync, CudaAsyncOptions, Simulated, System};
 use crate::{Cuda, Managed, Pinned};
 use std::fmt;
 

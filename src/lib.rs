@@ -64,7 +64,8 @@
 //!
 //! * [`property`]: the property markers and [`Accessible`].
 //! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
-//! * [`upstream`]: leaf resources. [`adaptor`]: adaptors, configured through [`layer`].
+//! * [`leaf`]: leaf resources (also at their former path, `upstream`). [`suballoc`]: the
+//!   suballocators. [`adaptor`]: behaviour adaptors. All are configured through [`layer`].
 //! * [`workload`] and [`trace`]: workloads and RMM logs to replay and measure stacks with.
 //! * [`container`]: typed containers with cudarc interop, and [`HostAllocator`] for
 //!   `allocator-api2` collections in host-accessible memory.
@@ -81,23 +82,26 @@ pub mod config;
 pub mod container;
 pub mod erased;
 pub mod layer;
+pub mod leaf;
 pub mod property;
 pub mod registry;
 pub mod resource;
 pub mod stream;
+pub mod suballoc;
 pub mod trace;
-pub mod upstream;
+/// The leaves under their former name (`mrstack::upstream::Cuda`): the same module as [`leaf`].
+pub use leaf as upstream;
 pub mod workload;
 
 pub use container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
 pub use erased::{AnyResource, PropertySet, ResourceRef};
-pub use property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
-pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
-pub use stream::{StreamHandle, StreamId, StreamRef};
-pub use upstream::{
+pub use leaf::{
     cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,
     Managed, Pinned, Simulated, System,
 };
+pub use property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
+pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
+pub use stream::{StreamHandle, StreamId, StreamRef};
 
 /// The `allocator-api2` crate [`HostAllocator`] implements, re-exported so that its `Vec` and
 /// `Box` match the version mrstack uses.
@@ -132,12 +136,12 @@ pub mod prelude {
     };
     pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
     pub use crate::erased::{AnyResource, ResourceRef};
+    pub use crate::leaf::{
+        Callback, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
+    };
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
     pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
     pub use crate::stream::StreamRef;
-    pub use crate::upstream::{
-        Callback, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
-    };
     pub use mrstack_macros::resource_stack;
     /// Alignments for `Aligned<A>` lines (`resource_stack![Cuda::new(&ctx)?, Aligned<U4096>]`).
     pub use typenum::{U1024, U128, U16384, U2048, U256, U4096, U512, U64, U65536, U8192};

@@ -18,9 +18,9 @@
 
 use crate::container::{DeviceBox, DeviceVec};
 use crate::erased::{AnyResource, PropertySet};
+use crate::leaf::{device_count, driver_available, Cuda};
 use crate::property::DeviceAccessible;
 use crate::resource::{AllocError, AllocErrorKind};
-use crate::upstream::{device_count, driver_available, Cuda};
 use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
 use std::sync::{Arc, OnceLock, RwLock};
 

@@ -32,9 +32,9 @@
 //! # Ok(()) }
 //! ```
 
+use crate::leaf::Simulated;
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{StreamHandle, StreamRef};
-use crate::upstream::Simulated;
 use rand::{RngExt, SeedableRng};
 use std::ptr::{null_mut, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};

@@ -62,7 +62,7 @@ impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
         if let Some(ctx) = self.context.get() {
             return Ok(ctx);
         }
-        let opened = crate::upstream::cuda_context(self.device)?;
+        let opened = crate::leaf::cuda_context(self.device)?;
         // Another thread may have opened it meanwhile: both are the same primary context.
         Ok(self.context.get_or_init(|| opened))
     }
@@ -78,7 +78,7 @@ impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
         let ctx = self.context()?;
         // No stream to queue the prefetch on (simulated, another thread's per-thread stream,
         // another context's): skip it; the pages migrate on first touch.
-        let Ok(handle) = crate::upstream::stream_in(ctx, stream, size, align, Self::NAME) else {
+        let Ok(handle) = crate::leaf::stream_in(ctx, stream, size, align, Self::NAME) else {
             return Ok(());
         };
         ctx.bind_to_thread().map_err(err)?;

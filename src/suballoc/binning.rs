@@ -24,7 +24,7 @@
 //! request: bins' chunks and large requests are asked for at least 256-byte alignment, which is
 //! what `Binning` guarantees.
 
-use crate::adaptor::fixed_size::{Bin, Growth};
+use super::fixed_size::{Bin, Growth};
 use crate::resource::{check_request, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;

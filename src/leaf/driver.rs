@@ -1,26 +1,5 @@
-//! Leaf resources: the bottom of every stack, each backed by one kind of memory.
-//!
-//! The CUDA ones (`Cuda`, `CudaAsync`, `Managed`, `Pinned`) call the driver through cudarc's
-//! dynamically loaded bindings, so the crate builds and runs with no CUDA toolkit: on a machine with
-//! no driver their constructors return [`AllocErrorKind::NoDriver`] instead of panicking.
-//! `System` is host memory, `Simulated` hands out address ranges and no memory, for tests and replay;
-//! `Callback` wraps a foreign allocator given as functions.
-
-pub mod callback;
-mod cuda;
-mod cuda_async;
-mod managed;
-mod pinned;
-mod simulated;
-mod system;
-
-pub use callback::Callback;
-pub use cuda::Cuda;
-pub use cuda_async::{CudaAsync, CudaAsyncOptions};
-pub use managed::Managed;
-pub use pinned::Pinned;
-pub use simulated::Simulated;
-pub use system::System;
+//! What the CUDA leaves share: the driver's presence, contexts, and the allocate, free, synchronize
+//! and order calls each makes with its context current, on streams located by their identity.
 
 use crate::resource::{AllocError, AllocErrorKind};
 use crate::stream::StreamRef;

@@ -1,0 +1,29 @@
+//! Leaf resources: the bottom of every stack, each backed by one kind of memory.
+//!
+//! The CUDA ones (`Cuda`, `CudaAsync`, `Managed`, `Pinned`) call the driver through cudarc's
+//! dynamically loaded bindings, so the crate builds and runs with no CUDA toolkit: on a machine with
+//! no driver their constructors return [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver) instead of panicking.
+//! `System` is host memory, `Simulated` hands out address ranges and no memory, for tests and replay;
+//! `Callback` wraps a foreign allocator given as functions.
+
+pub mod callback;
+mod cuda;
+mod cuda_async;
+mod driver;
+mod managed;
+mod pinned;
+mod simulated;
+mod system;
+
+pub use callback::Callback;
+pub use cuda::Cuda;
+pub use cuda_async::{CudaAsync, CudaAsyncOptions};
+pub use managed::Managed;
+pub use pinned::Pinned;
+pub use simulated::Simulated;
+pub use system::System;
+
+pub use driver::{cuda_context, device_count, driver_available};
+pub(crate) use driver::{
+    driver_allocate, driver_free, driver_order_after, driver_synchronize, record, stream_in,
+};
