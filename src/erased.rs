@@ -301,13 +301,7 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
         unsafe { erased_deallocate(&*self.inner, ptr, size, align, stream) }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.inner.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.inner.order_after(stream, after)
-    }
+    crate::resource::forward_upstream!(streams to inner);
 
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -405,13 +399,7 @@ unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
         unsafe { erased_deallocate(self.inner, ptr, size, align, stream) }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.inner.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.inner.order_after(stream, after)
-    }
+    crate::resource::forward_upstream!(streams to inner);
 
     fn name(&self) -> &'static str {
         self.inner.name()

@@ -89,6 +89,7 @@ pub mod resource;
 pub mod stream;
 pub mod suballoc;
 pub mod trace;
+pub mod units;
 /// The leaves under their former name (`mrstack::upstream::Cuda`): the same module as [`leaf`].
 pub use leaf as upstream;
 pub mod workload;

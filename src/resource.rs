@@ -176,11 +176,57 @@ pub unsafe trait MemoryResource {
     }
 }
 
+/// Writes the items of a `MemoryResource` impl that only pass through to the resource below:
+/// its property bits (`properties of U`), and `synchronize` / `order_after` sent on unchanged
+/// (`streams to field`, or `streams to *self` for a pointer), which is right whenever the memory
+/// handed out is the one below's. `U, field` writes both.
+macro_rules! forward_upstream {
+    (properties of $U:ty) => {
+        type Host = <$U as $crate::resource::MemoryResource>::Host;
+        type Device = <$U as $crate::resource::MemoryResource>::Device;
+        type Managed = <$U as $crate::resource::MemoryResource>::Managed;
+    };
+    (streams to *self) => {
+        fn synchronize(
+            &self,
+            stream: $crate::stream::StreamRef<'_>,
+        ) -> ::core::result::Result<(), $crate::resource::AllocError> {
+            $crate::resource::MemoryResource::synchronize(&**self, stream)
+        }
+        fn order_after(
+            &self,
+            stream: $crate::stream::StreamRef<'_>,
+            after: $crate::stream::StreamRef<'_>,
+        ) -> ::core::result::Result<(), $crate::resource::AllocError> {
+            $crate::resource::MemoryResource::order_after(&**self, stream, after)
+        }
+    };
+    (streams to $field:ident) => {
+        fn synchronize(
+            &self,
+            stream: $crate::stream::StreamRef<'_>,
+        ) -> ::core::result::Result<(), $crate::resource::AllocError> {
+            self.$field.synchronize(stream)
+        }
+        fn order_after(
+            &self,
+            stream: $crate::stream::StreamRef<'_>,
+            after: $crate::stream::StreamRef<'_>,
+        ) -> ::core::result::Result<(), $crate::resource::AllocError> {
+            self.$field.order_after(stream, after)
+        }
+    };
+    ($U:ty, $field:ident) => {
+        $crate::resource::forward_upstream!(properties of $U);
+        $crate::resource::forward_upstream!(streams to $field);
+    };
+}
+pub(crate) use forward_upstream;
+
 // SAFETY: forwards every call to `R`, whose promises hold for the same memory.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
-    type Host = R::Host;
-    type Device = R::Device;
-    type Managed = R::Managed;
+    forward_upstream!(properties of R);
+    forward_upstream!(streams to *self);
     type Alignment = R::Alignment;
 
     #[inline]
@@ -196,12 +242,6 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
         // SAFETY: forwarded from the caller.
         unsafe { (**self).deallocate(ptr, size, align, stream) }
-    }
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        (**self).synchronize(stream)
-    }
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        (**self).order_after(stream, after)
     }
     fn name(&self) -> &'static str {
         (**self).name()
@@ -210,9 +250,8 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
 
 // SAFETY: forwards every call to `R`, whose promises hold for the same memory.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
-    type Host = R::Host;
-    type Device = R::Device;
-    type Managed = R::Managed;
+    forward_upstream!(properties of R);
+    forward_upstream!(streams to *self);
     type Alignment = R::Alignment;
 
     #[inline]
@@ -228,12 +267,6 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
         // SAFETY: forwarded from the caller.
         unsafe { (**self).deallocate(ptr, size, align, stream) }
-    }
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        (**self).synchronize(stream)
-    }
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        (**self).order_after(stream, after)
     }
     fn name(&self) -> &'static str {
         (**self).name()

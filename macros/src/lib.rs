@@ -176,31 +176,10 @@ fn size_tokens(digits: &str, unit: &str, span: Span) -> syn::Result<TokenStream2
     Ok(lit.into_token_stream())
 }
 
-fn parse_size(digits: &str, unit: &str) -> Result<u128, String> {
-    let n: u128 = digits.replace('_', "").parse().map_err(|_| {
-        format!("bad size literal `{digits}{unit}`: the number must be a whole number of bytes or units")
-    })?;
-    let scale: u128 = match unit {
-        "" | "B" => 1,
-        "KB" => 1000,
-        "MB" => 1000_u128.pow(2),
-        "GB" => 1000_u128.pow(3),
-        "TB" => 1000_u128.pow(4),
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}`: use B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
-            ))
-        }
-    };
-    let bytes = n
-        .checked_mul(scale)
-        .filter(|&b| b <= u64::MAX as u128)
-        .ok_or_else(|| format!("size `{digits} {unit}` does not fit in 64 bits"))?;
-    Ok(bytes)
+/// The bytes in `digits unit`, or the message for the user: the rules are mrstack-units', shared
+/// with text configs.
+fn parse_size(digits: &str, unit: &str) -> Result<u64, String> {
+    mrstack_units::size_of(digits, unit).map_err(|e| format!("bad size `{digits} {unit}`: {e}"))
 }
 
 /// The path of the mrstack crate as the calling crate names it: `::mrstack`, or `::mrs` for a

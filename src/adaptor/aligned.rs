@@ -11,7 +11,11 @@
 //! when the request was over-aligned); a mutex and a hash-map entry per over-allocated block.
 //! Requires nothing of its upstream and keeps its other properties.
 
-use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use crate::config::{ConfigError, ItemSpec};
+use crate::erased::{AnyResource, PropertySet};
+use crate::resource::{
+    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+};
 use crate::stream::StreamRef;
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -137,9 +141,7 @@ where
     U: MemoryResource,
     Maximum<A, U::Alignment>: Unsigned + NonZero,
 {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = Maximum<A, U::Alignment>;
 
     #[inline]
@@ -192,14 +194,6 @@ where
         }
         // SAFETY: the caller's pointer came from the upstream with this size and `align`.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
-    }
-
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {
@@ -261,6 +255,26 @@ mod tests {
             alignment_of::<Aligned<U16, Aligned<U256, crate::System>>>(),
             256
         );
+    }
+}
+
+/// Builds `aligned(alignment=…)` over `below`: the alignment is a type parameter, so the text
+/// picks one of a few instantiations.
+pub(crate) fn aligned_from_item<P: PropertySet>(
+    item: &ItemSpec,
+    below: AnyResource<P>,
+) -> Result<AnyResource<P>, ConfigError> {
+    use typenum::{U1024, U256, U4096, U512};
+    item.check_fields(&["alignment"])?;
+    let f = item
+        .field("alignment")
+        .ok_or_else(|| item.missing("alignment"))?;
+    match item.required_size("alignment")? {
+        256 => item.layer(AlignedConfig::<U256>::default(), below),
+        512 => item.layer(AlignedConfig::<U512>::default(), below),
+        1024 => item.layer(AlignedConfig::<U1024>::default(), below),
+        4096 => item.layer(AlignedConfig::<U4096>::default(), below),
+        _ => Err(item.bad_value(f, "256, 512, 1024 or 4096")),
     }
 }
 

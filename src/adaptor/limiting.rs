@@ -7,7 +7,10 @@
 //! Counts requested sizes, not what the upstream rounds them to. Requires nothing of its upstream
 //! and keeps its properties.
 
-use crate::resource::{check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{
+    check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -72,9 +75,7 @@ impl<U> Limiting<U> {
 
 // SAFETY: every allocation is the upstream's, returned unchanged; the adaptor only refuses some.
 unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U::Alignment;
 
     #[inline]
@@ -123,14 +124,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
         self.in_use.fetch_sub(size, Relaxed);
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
-    }
-
     fn name(&self) -> &'static str {
         Self::NAME
     }
@@ -153,6 +146,16 @@ impl<U: MemoryResource> Layer<U> for LimitingConfig {
     type Resource = Limiting<U>;
     fn layer(self, upstream: U) -> Limiting<U> {
         Limiting::new(upstream, self.limit)
+    }
+}
+
+impl FromItem for LimitingConfig {
+    /// `limiting(limit=…)`: the limit is required.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["limit"])?;
+        Ok(LimitingConfig {
+            limit: item.required_size("limit")?,
+        })
     }
 }
 

@@ -26,7 +26,8 @@
 //! allocation: the first one is kept and returned by the next `flush`. Requires nothing of its
 //! upstream and keeps its properties.
 
-use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::io::{self, BufWriter, Write};
 use std::ptr::NonNull;
@@ -164,9 +165,7 @@ fn thread_number() -> u64 {
 
 // SAFETY: every allocation is the upstream's, returned unchanged; logging does not touch memory.
 unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U::Alignment;
 
     fn allocate(
@@ -197,14 +196,6 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
         self.log("free", ptr.as_ptr() as usize, size, stream);
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
-    }
-
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {
@@ -240,6 +231,21 @@ impl<U: MemoryResource> Layer<U> for LoggingConfig {
     type Resource = Logging<U, LogWriter>;
     fn layer(self, upstream: U) -> Logging<U, LogWriter> {
         Logging::new(upstream, self.to)
+    }
+}
+
+impl FromItem for LoggingConfig {
+    /// `logging(path=…)`: a file created (or truncated) at `path`; stderr without it.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["path"])?;
+        let to: LogWriter = match item.field("path") {
+            None => Box::new(io::stderr()),
+            Some(f) => Box::new(
+                std::fs::File::create(&f.value)
+                    .map_err(|_| item.bad_value(f, "a file path that can be created"))?,
+            ),
+        };
+        Ok(LoggingConfig { to })
     }
 }
 

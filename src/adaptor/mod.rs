@@ -11,9 +11,11 @@ mod retry;
 mod statistics;
 mod tracking;
 
+pub(crate) use aligned::aligned_from_item;
 pub use aligned::{Aligned, AlignedConfig};
 pub use limiting::{Limiting, LimitingConfig};
 pub use logging::{LogWriter, Logging, LoggingConfig, LOG_HEADER};
+pub(crate) use prefetch::prefetch_from_item;
 pub use prefetch::{Prefetch, PrefetchConfig};
 pub use retry::{Retry, RetryCallback, RetryConfig};
 pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};

@@ -11,8 +11,10 @@
 //! its primary context is opened on the first allocation. A prefetch the driver refuses fails the
 //! allocation (the block goes back to the upstream) with the driver's error.
 
+use crate::config::{ConfigError, ConfigErrorKind, ItemSpec};
+use crate::erased::{AnyResource, Properties, PropertySet};
 use crate::property::{Accessible, Migratable};
-use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -112,9 +114,7 @@ impl<U> Prefetch<U> {
 // SAFETY: every allocation is the upstream's, returned unchanged; the prefetch moves its pages
 // without changing what they hold.
 unsafe impl<U: MemoryResource + Accessible<Migratable>> MemoryResource for Prefetch<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U::Alignment;
 
     fn allocate(
@@ -143,14 +143,6 @@ unsafe impl<U: MemoryResource + Accessible<Migratable>> MemoryResource for Prefe
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
-    }
-
     fn name(&self) -> &'static str {
         Self::NAME
     }
@@ -168,6 +160,27 @@ impl<U: MemoryResource + Accessible<Migratable>> Layer<U> for PrefetchConfig {
     fn layer(self, upstream: U) -> Prefetch<U> {
         Prefetch::new(upstream, self.device)
     }
+}
+
+/// Builds `prefetch(device=…)` over `below`, which must give managed memory: checked at run time,
+/// since text erases the upstream's type.
+pub(crate) fn prefetch_from_item<P: PropertySet>(
+    item: &ItemSpec,
+    below: AnyResource<P>,
+) -> Result<AnyResource<P>, ConfigError> {
+    use crate::property::{DeviceAccessible, HostAccessible};
+    type ManagedMemory = (HostAccessible, DeviceAccessible, Migratable);
+    item.check_fields(&["device"])?;
+    let device = item.number("device")?.unwrap_or(0);
+    let gives = below.properties();
+    let managed = below.try_cast::<ManagedMemory>().map_err(|_| {
+        item.error(ConfigErrorKind::Properties {
+            item: item.name.clone(),
+            gives,
+            wants: Properties::of_set::<ManagedMemory>(),
+        })
+    })?;
+    item.erase(PrefetchConfig { device }.layer(managed))
 }
 
 static_assertions::assert_impl_all!(

@@ -8,7 +8,7 @@
 //! Cost: none on success (a zero-sized `F` adds no bytes). Requires nothing of its upstream and
 //! keeps its properties.
 
-use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 
@@ -66,9 +66,7 @@ where
     U: MemoryResource,
     F: Fn(&AllocError, usize) -> bool,
 {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U::Alignment;
 
     #[inline]
@@ -103,14 +101,6 @@ where
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
-    }
-
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {

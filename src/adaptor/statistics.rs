@@ -7,7 +7,8 @@
 //! by what the racing calls moved, never high. Counts requested sizes, not what the upstream
 //! rounds them to. Requires nothing of its upstream and keeps its properties.
 
-use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::atomic::{
@@ -271,9 +272,7 @@ impl<U> Statistics<U> {
 
 // SAFETY: every allocation is the upstream's, returned unchanged; the counters do not touch memory.
 unsafe impl<U: MemoryResource> MemoryResource for Statistics<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U::Alignment;
 
     #[inline]
@@ -301,14 +300,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Statistics<U> {
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
-    }
-
     fn name(&self) -> &'static str {
         Self::NAME
     }
@@ -322,6 +313,14 @@ impl<U: MemoryResource> Layer<U> for StatisticsConfig {
     type Resource = Statistics<U>;
     fn layer(self, upstream: U) -> Statistics<U> {
         Statistics::new(upstream)
+    }
+}
+
+impl FromItem for StatisticsConfig {
+    /// `statistics` (no fields).
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&[])?;
+        Ok(StatisticsConfig {})
     }
 }
 

@@ -12,7 +12,8 @@
 //! it is off by default. Requires nothing of its upstream and keeps its properties. Allocations
 //! still live when the adaptor is dropped are reported, not freed: their owner may still use them.
 
-use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
 use crate::stream::{StreamId, StreamRef};
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
@@ -221,9 +222,7 @@ impl<U> Tracking<U> {
 // SAFETY: every allocation is the upstream's, returned unchanged; a deallocation reaches the
 // upstream only for a pointer live here with the size and alignment it was allocated with.
 unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U::Alignment;
 
     fn allocate(
@@ -296,14 +295,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
         }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
-    }
-
     fn name(&self) -> &'static str {
         Self::NAME
     }
@@ -329,6 +320,16 @@ impl<U: MemoryResource> Layer<U> for TrackingConfig {
     type Resource = Tracking<U>;
     fn layer(self, upstream: U) -> Tracking<U> {
         Tracking::with_backtraces(upstream, self.backtraces)
+    }
+}
+
+impl FromItem for TrackingConfig {
+    /// `tracking(backtraces=true|false)`.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["backtraces"])?;
+        Ok(TrackingConfig {
+            backtraces: item.flag_or("backtraces", false)?,
+        })
     }
 }
 

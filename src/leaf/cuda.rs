@@ -4,40 +4,20 @@
 //! pools exist); `cuMemFree` synchronizes the device. Bound to one context: it makes that context
 //! current before each call, so any thread may allocate. Guarantees 256-byte alignment.
 
-use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
+use super::{context_leaf, driver_allocate, driver_free};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, CudaContext};
 use std::ptr::NonNull;
-use std::sync::Arc;
 use typenum::{B0, B1, U256};
 
 /// Device memory from `cuMemAlloc`, freed with `cuMemFree`.
 #[derive(Debug, Clone)]
 pub struct Cuda {
-    ctx: Arc<CudaContext>,
+    ctx: std::sync::Arc<CudaContext>,
 }
 
-impl Cuda {
-    const NAME: &'static str = "Cuda";
-
-    /// A resource allocating in `ctx`'s device.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
-        ctx.bind_to_thread()
-            .map_err(|e| AllocError::cuda(e, 0, 0, Self::NAME))?;
-        Ok(Cuda { ctx: ctx.clone() })
-    }
-
-    /// A resource on device `ordinal`; `Err(NoDriver)` on a machine without CUDA.
-    pub fn on_device(ordinal: usize) -> Result<Self, AllocError> {
-        Self::new(&super::cuda_context(ordinal)?)
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
-}
+context_leaf!(Cuda, "device memory");
 
 // SAFETY: cuMemAlloc returns device memory of `size` bytes aligned to 256 (checked), which stays
 // valid until cuMemFree; alignments above 256 are refused by driver_allocate.
@@ -73,17 +53,7 @@ unsafe impl MemoryResource for Cuda {
         });
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        driver_synchronize(&self.ctx, stream, Self::NAME)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        driver_order_after(&self.ctx, stream, after, Self::NAME)
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    context_leaf!(streams);
 }
 
 static_assertions::assert_impl_all!(Cuda: Send, Sync, crate::Accessible<crate::DeviceAccessible>);

@@ -7,7 +7,7 @@
 //! to the device's total memory, as RMM does). The pool is destroyed on drop; the driver releases
 //! its memory once the frees queued on streams have run. Guarantees 256-byte alignment.
 
-use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
+use super::{context_leaf, driver_allocate, driver_free, driver_synchronize};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
@@ -172,17 +172,7 @@ unsafe impl MemoryResource for CudaAsync {
         });
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        driver_synchronize(&self.ctx, stream, Self::NAME)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        driver_order_after(&self.ctx, stream, after, Self::NAME)
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    context_leaf!(streams);
 }
 
 impl Drop for CudaAsync {

@@ -216,3 +216,55 @@ pub(crate) fn record(ctx: &CudaContext, r: Result<(), AllocError>) {
 
 /// The alignment every CUDA allocation guarantees.
 pub(crate) const CUDA_ALIGNMENT: usize = 256;
+
+/// Writes what the leaves over one context (a field `ctx: Arc<CudaContext>`) share:
+/// `context_leaf!(Type, "what it allocates")` the constructors, `context_leaf!(streams)` the
+/// stream calls of its `MemoryResource` impl, which go to the driver in that context.
+macro_rules! context_leaf {
+    ($T:ident, $memory:literal) => {
+        impl $T {
+            const NAME: &'static str = stringify!($T);
+
+            #[doc = concat!("A resource allocating ", $memory, " for `ctx`'s device.")]
+            pub fn new(
+                ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+            ) -> Result<Self, $crate::resource::AllocError> {
+                ctx.bind_to_thread()
+                    .map_err(|e| $crate::resource::AllocError::cuda(e, 0, 0, Self::NAME))?;
+                Ok($T { ctx: ctx.clone() })
+            }
+
+            #[doc = concat!("A resource allocating ", $memory, " for device `ordinal`; ")]
+            /// `Err(NoDriver)` on a machine without CUDA.
+            pub fn on_device(ordinal: usize) -> Result<Self, $crate::resource::AllocError> {
+                Self::new(&$crate::leaf::cuda_context(ordinal)?)
+            }
+
+            /// The context this resource allocates in.
+            pub fn context(&self) -> &std::sync::Arc<cudarc::driver::CudaContext> {
+                &self.ctx
+            }
+        }
+    };
+    (streams) => {
+        fn synchronize(
+            &self,
+            stream: $crate::stream::StreamRef<'_>,
+        ) -> Result<(), $crate::resource::AllocError> {
+            $crate::leaf::driver_synchronize(&self.ctx, stream, Self::NAME)
+        }
+
+        fn order_after(
+            &self,
+            stream: $crate::stream::StreamRef<'_>,
+            after: $crate::stream::StreamRef<'_>,
+        ) -> Result<(), $crate::resource::AllocError> {
+            $crate::leaf::driver_order_after(&self.ctx, stream, after, Self::NAME)
+        }
+
+        fn name(&self) -> &'static str {
+            Self::NAME
+        }
+    };
+}
+pub(crate) use context_leaf;

@@ -4,40 +4,20 @@
 //! call per operation, like `Cuda`. Guarantees 256-byte alignment. Do not ask for more managed
 //! memory than the device has free: oversubscription can stall the whole GPU.
 
-use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
+use super::{context_leaf, driver_allocate, driver_free};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
-use std::sync::Arc;
 use typenum::{B1, U256};
 
 /// Managed (unified) memory from `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`.
 #[derive(Debug, Clone)]
 pub struct Managed {
-    ctx: Arc<CudaContext>,
+    ctx: std::sync::Arc<CudaContext>,
 }
 
-impl Managed {
-    const NAME: &'static str = "Managed";
-
-    /// A resource allocating managed memory for `ctx`'s device.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
-        ctx.bind_to_thread()
-            .map_err(|e| AllocError::cuda(e, 0, 0, Self::NAME))?;
-        Ok(Managed { ctx: ctx.clone() })
-    }
-
-    /// A resource on device `ordinal`; `Err(NoDriver)` on a machine without CUDA.
-    pub fn on_device(ordinal: usize) -> Result<Self, AllocError> {
-        Self::new(&super::cuda_context(ordinal)?)
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
-}
+context_leaf!(Managed, "managed memory");
 
 // SAFETY: cuMemAllocManaged returns memory valid on host and device until cuMemFree, aligned to
 // 256 (checked by driver_allocate, which refuses larger alignments).
@@ -76,17 +56,7 @@ unsafe impl MemoryResource for Managed {
         });
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        driver_synchronize(&self.ctx, stream, Self::NAME)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        driver_order_after(&self.ctx, stream, after, Self::NAME)
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    context_leaf!(streams);
 }
 
 static_assertions::assert_impl_all!(

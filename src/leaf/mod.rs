@@ -23,7 +23,8 @@ pub use pinned::Pinned;
 pub use simulated::Simulated;
 pub use system::System;
 
-pub use driver::{cuda_context, device_count, driver_available};
 pub(crate) use driver::{
-    driver_allocate, driver_free, driver_order_after, driver_synchronize, record, stream_in,
+    context_leaf, driver_allocate, driver_free, driver_order_after, driver_synchronize, record,
+    stream_in,
 };
+pub use driver::{cuda_context, device_count, driver_available};

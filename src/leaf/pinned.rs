@@ -5,41 +5,23 @@
 //! driver call per operation; pinning is slow, so put a pool over it for frequent allocations.
 //! Guarantees 256-byte alignment.
 
-use super::{driver_allocate, driver_free, driver_order_after, driver_synchronize};
+use super::{context_leaf, driver_allocate, driver_free};
 use crate::resource::{check_request, AllocError, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
-use std::sync::Arc;
 use typenum::{B0, B1, U256};
 
 /// Pinned host memory from `cuMemHostAlloc(PORTABLE | DEVICEMAP)`, freed with `cuMemFreeHost`.
 #[derive(Debug, Clone)]
 pub struct Pinned {
-    ctx: Arc<CudaContext>,
+    ctx: std::sync::Arc<CudaContext>,
 }
 
+context_leaf!(Pinned, "pinned host memory");
+
 impl Pinned {
-    const NAME: &'static str = "Pinned";
     const FLAGS: u32 = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-
-    /// A resource allocating pinned memory visible to `ctx`'s device (and, being portable, to
-    /// every context).
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
-        ctx.bind_to_thread()
-            .map_err(|e| AllocError::cuda(e, 0, 0, Self::NAME))?;
-        Ok(Pinned { ctx: ctx.clone() })
-    }
-
-    /// A resource for device `ordinal`; `Err(NoDriver)` on a machine without CUDA.
-    pub fn on_device(ordinal: usize) -> Result<Self, AllocError> {
-        Self::new(&super::cuda_context(ordinal)?)
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
 }
 
 // SAFETY: cuMemHostAlloc with DEVICEMAP returns host memory that is also addressable by the device
@@ -76,17 +58,7 @@ unsafe impl MemoryResource for Pinned {
         });
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        driver_synchronize(&self.ctx, stream, Self::NAME)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        driver_order_after(&self.ctx, stream, after, Self::NAME)
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    context_leaf!(streams);
 }
 
 static_assertions::assert_impl_all!(

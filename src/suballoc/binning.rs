@@ -25,7 +25,8 @@
 //! what `Binning` guarantees.
 
 use super::fixed_size::{Bin, Growth};
-use crate::resource::{check_request, AllocError, Layer, MemoryResource};
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -168,9 +169,7 @@ fn lock(bin: &Mutex<Bin>) -> MutexGuard<'_, Bin> {
 // `FixedSize`), handed to another stream only after `order_after`; other requests are the
 // upstream's, asked for at least 256-byte alignment, which the upstream honours or refuses.
 unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U256;
 
     #[inline]
@@ -214,14 +213,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
-    }
-
     fn name(&self) -> &'static str {
         NAME
     }
@@ -234,6 +225,18 @@ impl<U: MemoryResource> Drop for Binning<U> {
             // SAFETY: the resource is being dropped, so it hands out no block any more.
             unsafe { bin.release_all(&self.upstream) };
         }
+    }
+}
+
+impl FromItem for BinningConfig {
+    /// `binning(min=…, max=…)`.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["min", "max"])?;
+        let default = Self::default();
+        Ok(BinningConfig {
+            min: item.size_or("min", default.min)?,
+            max: item.size_or("max", default.max)?,
+        })
     }
 }
 

@@ -21,7 +21,10 @@
 //! request. Block sizes are rounded up to 256 bytes, so every block is 256-byte aligned; a request
 //! larger than a block or aligned beyond 256 bytes is refused with an error.
 
-use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{
+    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+};
 use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -164,9 +167,7 @@ impl<U: MemoryResource> FixedSize<U> {
 // `block` (a multiple of 256) from the chunk's 256-aligned start; requests above the block size or
 // aligned beyond 256 are refused; a block goes to another stream only after `order_after`.
 unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U256;
 
     fn allocate(
@@ -213,14 +214,6 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
             return;
         }
         self.lock().push(ptr.as_ptr() as usize, stream);
-    }
-
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {
@@ -496,6 +489,20 @@ impl Bin {
                 };
             }
         }
+    }
+}
+
+impl FromItem for FixedSizeConfig {
+    /// `fixed_size(block_size=…, blocks_to_preallocate=…)`.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["block_size", "blocks_to_preallocate"])?;
+        let default = Self::default();
+        Ok(FixedSizeConfig {
+            block_size: item.size_or("block_size", default.block_size)?,
+            blocks_to_preallocate: item
+                .number("blocks_to_preallocate")?
+                .unwrap_or(default.blocks_to_preallocate),
+        })
     }
 }
 

@@ -30,7 +30,10 @@
 //! the upstream's properties and guarantees 256-byte alignment; larger alignments are honoured by
 //! carving an aligned block out of a larger free one.
 
-use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{
+    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+};
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasher, Hasher};
@@ -543,9 +546,7 @@ impl<U: MemoryResource> Pool<U> {
 // and blocks are carved at `align` multiples); a block goes to another stream only after
 // `order_after`. The memory is the upstream's, with its properties.
 unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U256;
 
     fn allocate(
@@ -604,14 +605,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
         st.free(ptr.as_ptr() as usize, block, stream);
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
-    }
-
     fn name(&self) -> &'static str {
         NAME
     }
@@ -642,6 +635,18 @@ impl<U: MemoryResource> Drop for Pool<U> {
             // ordered after every stream that freed a block inside it.
             unsafe { self.give_back(start, chunk, &st.streams) };
         }
+    }
+}
+
+impl FromItem for PoolConfig {
+    /// `pool(initial=…, max=…)`.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["initial", "max"])?;
+        let default = Self::default();
+        Ok(PoolConfig {
+            initial: item.size_or("initial", default.initial)?,
+            max: item.size_or("max", default.max)?,
+        })
     }
 }
 

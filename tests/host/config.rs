@@ -257,7 +257,7 @@ fn bad_sizes_and_values_are_errors_at_the_value() {
     fails(
         "simulated(capacity=1XB)",
         20,
-        "bad size `1XB` for `simulated.capacity`: unknown unit `XB`",
+        "bad size `1XB` for `simulated.capacity`: unknown size unit `XB`",
     );
     fails(
         "simulated(capacity=1.5GiB)",
@@ -268,7 +268,7 @@ fn bad_sizes_and_values_are_errors_at_the_value() {
     fails(
         "simulated(capacity=99999999999TiB)",
         20,
-        "does not fit in usize",
+        "does not fit in 64 bits",
     );
     fails("simulated(capacity=-1)", 20, "bad size `-1`");
     fails(

@@ -1,0 +1,131 @@
+//! What can be wrong with a text configuration, and where.
+
+use crate::erased::Properties;
+use crate::resource::AllocError;
+
+/// What is wrong with a configuration; [`ConfigError`] adds where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// Nothing but white space.
+    #[error(
+        "empty configuration: expected a resource such as `cuda` or `simulated(capacity=1GiB)`"
+    )]
+    Empty,
+    /// The text does not follow the grammar here.
+    #[error("expected {expected}, found {}", found.map_or("the end of the text".to_string(), |c| format!("`{c}`")))]
+    Expected {
+        /// What would have been right.
+        expected: String,
+        /// What is there (`None`: the end of the text).
+        found: Option<char>,
+    },
+    /// A `"` that is never closed.
+    #[error("a quoted value is not closed with `\"`")]
+    UnterminatedString,
+    /// A field given twice in one item.
+    #[error("`{item}` has the field `{field}` twice")]
+    DuplicateField {
+        /// The item.
+        item: String,
+        /// The field.
+        field: String,
+    },
+    /// A name that is neither a leaf nor a registered adaptor.
+    #[error("unknown resource or adaptor `{name}`; known: {known}")]
+    Unknown {
+        /// The name written.
+        name: String,
+        /// The names this builder knows, comma-separated.
+        known: String,
+    },
+    /// A leaf resource after the first item.
+    #[error("`{name}` is a leaf resource: only the first item may be one (items wrap the one before, as in `cuda > statistics`)")]
+    LeafNotFirst {
+        /// The leaf's name.
+        name: String,
+    },
+    /// An adaptor as the first item.
+    #[error("`{name}` is an adaptor: it needs a leaf resource before it, as in `cuda > {name}`")]
+    AdaptorFirst {
+        /// The adaptor's name.
+        name: String,
+    },
+    /// A field the item does not take.
+    #[error("`{item}` has no field `{field}`; it takes {}", if known.is_empty() { "none" } else { known })]
+    UnknownField {
+        /// The item.
+        item: String,
+        /// The field written.
+        field: String,
+        /// The fields it takes, comma-separated.
+        known: String,
+    },
+    /// A field the item needs and does not have.
+    #[error("`{item}` needs the field `{field}`")]
+    MissingField {
+        /// The item.
+        item: String,
+        /// The field.
+        field: String,
+    },
+    /// A value that is not a size.
+    #[error("bad size `{value}` for `{item}.{field}`: {reason}")]
+    BadSize {
+        /// The item.
+        item: String,
+        /// The field.
+        field: String,
+        /// The value written.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A value that is not what the field takes (a whole number, one of a few choices).
+    #[error("bad value `{value}` for `{item}.{field}`: expected {expected}")]
+    BadValue {
+        /// The item.
+        item: String,
+        /// The field.
+        field: String,
+        /// The value written.
+        value: String,
+        /// What the field takes.
+        expected: String,
+    },
+    /// An item whose memory lacks a property the stack must give.
+    #[error("`{item}` gives {gives} memory, but the stack must give {wants}")]
+    Properties {
+        /// The item.
+        item: String,
+        /// What it gives.
+        gives: Properties,
+        /// What the stack's `P` asks for.
+        wants: Properties,
+    },
+    /// Building the item failed (no driver, no such device, out of memory).
+    #[error("`{item}` could not be built: {error}")]
+    Resource {
+        /// The item.
+        item: String,
+        /// Why.
+        error: AllocError,
+    },
+}
+
+/// A configuration error at a column of the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("column {}: {kind}", .position + 1)]
+pub struct ConfigError {
+    /// What is wrong.
+    pub kind: ConfigErrorKind,
+    /// Where, as a column counted from 0 in characters.
+    pub position: usize,
+}
+
+impl ConfigError {
+    /// An error of `kind` at column `position` (from 0).
+    pub fn new(kind: ConfigErrorKind, position: usize) -> Self {
+        ConfigError { kind, position }
+    }
+}

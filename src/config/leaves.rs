@@ -1,0 +1,60 @@
+//! The leaf resources text can name: `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated`.
+
+use super::{ConfigError, ItemSpec};
+use crate::erased::{AnyResource, PropertySet};
+use crate::leaf::{
+    cuda_context, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
+};
+
+/// The leaf resources, by name.
+pub(super) const LEAVES: &[&str] = &[
+    "cuda",
+    "cuda_async",
+    "managed",
+    "pinned",
+    "system",
+    "simulated",
+];
+
+/// Builds the leaf `item` names; `Ok(None)` when it names no leaf.
+pub(super) fn leaf<P: PropertySet>(item: &ItemSpec) -> Result<Option<AnyResource<P>>, ConfigError> {
+    let device = || -> Result<usize, ConfigError> { Ok(item.number("device")?.unwrap_or(0)) };
+    let err = |e| item.resource_error(e);
+    let any = match item.name.as_str() {
+        "cuda" => {
+            item.check_fields(&["device"])?;
+            item.check_gives::<P, Cuda>()?;
+            item.erase(Cuda::on_device(device()?).map_err(err)?)
+        }
+        "cuda_async" => {
+            item.check_fields(&["device", "initial", "release_threshold"])?;
+            item.check_gives::<P, CudaAsync>()?;
+            let options = CudaAsyncOptions {
+                initial_pool_size: item.size("initial")?,
+                release_threshold: item.size("release_threshold")?,
+            };
+            let ctx = cuda_context(device()?).map_err(err)?;
+            item.erase(CudaAsync::with_options(&ctx, options).map_err(err)?)
+        }
+        "managed" => {
+            item.check_fields(&["device"])?;
+            item.check_gives::<P, Managed>()?;
+            item.erase(Managed::on_device(device()?).map_err(err)?)
+        }
+        "pinned" => {
+            item.check_fields(&["device"])?;
+            item.check_gives::<P, Pinned>()?;
+            item.erase(Pinned::on_device(device()?).map_err(err)?)
+        }
+        "system" => {
+            item.check_fields(&[])?;
+            item.erase(System::new())
+        }
+        "simulated" => {
+            item.check_fields(&["capacity"])?;
+            item.erase(Simulated::new(item.required_size("capacity")?))
+        }
+        _ => return Ok(None),
+    };
+    any.map(Some)
+}

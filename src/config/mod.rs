@@ -1,0 +1,253 @@
+//! Resource stacks from text, for tools and configuration files:
+//! `"cuda > pool(initial=1GiB, max=8GiB) > binning(min=256KiB, max=4MiB) > statistics"` builds the
+//! stack `resource_stack!` would, erased into an [`AnyResource<P>`].
+//!
+//! The text is a list of items separated by `>`, read bottom-up like the macro's lines: the first
+//! is a leaf resource, each next one an adaptor wrapping the one before. An item is a name,
+//! optionally followed by `(field=value, …)`. Values are sizes (`4096`, `64 KiB`, `1GiB`: units B,
+//! KB/MB/GB/TB in powers of 1000, KiB/MiB/GiB/TiB in powers of 1024, as the macro takes them),
+//! whole numbers, or text; text with `,` `(` `)` `>` `=` or `"` in it goes in double quotes
+//! (`logging(path="a,b.csv")`, with `\"` and `\\` as escapes).
+//!
+//! Leaves: `cuda(device=0)`, `cuda_async(device=0, initial=…, release_threshold=…)`,
+//! `managed(device=0)`, `pinned(device=0)`, `system`, `simulated(capacity=…)`. Adaptors: those
+//! registered on the [`StackBuilder`] (the crate's own, and any the caller adds with
+//! [`StackBuilder::with_adaptor`]).
+//!
+//! Every malformed input is an `Err` naming the column and the item: an unknown name, a bad size,
+//! a missing or unknown field, a leaf whose memory lacks a property of `P`. Cost: parsing is
+//! linear in the text; the built stack costs one virtual call per operation at its top (each
+//! adaptor layer over an `AnyResource` adds one more).
+//!
+//! ```
+//! use mrstack::prelude::*;
+//! use mrstack::config;
+//!
+//! let mr = config::build::<()>("simulated(capacity = 1 GiB)").unwrap();
+//! let p = mr.allocate(1 << 20, 256, StreamRef::DEFAULT).unwrap();
+//! // SAFETY: p came from mr with this size and alignment.
+//! unsafe { mr.deallocate(p, 1 << 20, 256, StreamRef::DEFAULT) };
+//!
+//! let err = config::build::<DeviceAccessible>("system").unwrap_err();
+//! assert_eq!(
+//!     err.to_string(),
+//!     "column 1: `system` gives HostAccessible memory, but the stack must give DeviceAccessible"
+//! );
+//! ```
+
+mod error;
+mod leaves;
+mod parser;
+mod spec;
+
+pub use error::{ConfigError, ConfigErrorKind};
+pub use spec::{FieldSpec, ItemSpec, StackSpec};
+
+use crate::erased::{AnyResource, PropertySet};
+use crate::resource::Layer;
+use leaves::{leaf, LEAVES};
+use std::fmt;
+
+/// A [`Layer`] configuration that text can describe: it reads its own fields from an item such as
+/// `pool(initial=1GiB, max=8GiB)` with [`ItemSpec`]'s readers, and refuses fields it does not
+/// take. [`StackBuilder::with_layer`] registers it under a name.
+///
+/// ```
+/// use mrstack::config::{ConfigError, FromItem, ItemSpec, StackBuilder};
+/// use mrstack::prelude::*;
+///
+/// /// A caller's own configuration, with one field.
+/// struct Cap { bytes: usize }
+/// impl FromItem for Cap {
+///     fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+///         item.check_fields(&["bytes"])?;
+///         Ok(Cap { bytes: item.required_size("bytes")? })
+///     }
+/// }
+/// impl<U: MemoryResource> Layer<U> for Cap {
+///     type Resource = Limiting<U>;
+///     fn layer(self, upstream: U) -> Limiting<U> {
+///         Limiting::new(upstream, self.bytes)
+///     }
+/// }
+///
+/// let builder = StackBuilder::<()>::new().with_layer::<Cap>("cap");
+/// let mr = builder.build("simulated(capacity=1GiB) > cap(bytes=1MiB)").unwrap();
+/// assert!(mr.allocate(2 << 20, 256, StreamRef::DEFAULT).is_err());
+/// let err = builder.build("simulated(capacity=1GiB) > cap(bites=1)").unwrap_err();
+/// assert_eq!(err.to_string(), "column 32: `cap` has no field `bites`; it takes bytes");
+/// ```
+pub trait FromItem: Sized {
+    /// The configuration `item` describes; `Err` naming the field for a bad or unknown one.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError>;
+}
+
+type AdaptorFn<P> =
+    dyn Fn(&ItemSpec, AnyResource<P>) -> Result<AnyResource<P>, ConfigError> + Send + Sync;
+
+/// Builds stacks from text: the leaves above and the adaptors registered by name.
+///
+/// ```
+/// use mrstack::config::StackBuilder;
+/// use mrstack::prelude::*;
+///
+/// // A caller's own adaptor, taking one field.
+/// struct Tag(&'static str);
+/// let builder = StackBuilder::<()>::new().with_adaptor("tagged", |item, below| {
+///     item.check_fields(&["label"])?;
+///     item.text("label").ok_or_else(|| item.missing("label"))?;
+///     Ok(below) // a real adaptor would wrap `below`, e.g. with `item.layer(config, below)`
+/// });
+/// assert!(builder.build("simulated(capacity=1MiB) > tagged(label=\"a, b\")").is_ok());
+/// let err = builder.build("simulated(capacity=1MiB) > tagged").unwrap_err();
+/// assert_eq!(err.to_string(), "column 28: `tagged` needs the field `label`");
+/// ```
+pub struct StackBuilder<P: PropertySet> {
+    adaptors: Vec<(String, Box<AdaptorFn<P>>)>,
+}
+
+impl<P: PropertySet> StackBuilder<P> {
+    /// A builder that knows the leaves and this crate's adaptors.
+    pub fn new() -> Self {
+        Self::without_adaptors().with_crate_adaptors()
+    }
+
+    /// A builder that knows the leaves only.
+    pub fn without_adaptors() -> Self {
+        StackBuilder {
+            adaptors: Vec::new(),
+        }
+    }
+
+    /// Registers this crate's adaptors under their text names; `new` calls it. Each is one
+    /// `with_adaptor(name, |item, below| …)` that checks the item's fields, builds the adaptor's
+    /// `Layer` configuration from them and ends with [`ItemSpec::layer`]; an adaptor that needs a
+    /// property of its upstream (`prefetch`: `Migratable`) first takes it with
+    /// [`AnyResource::try_cast`]. A name not registered here is an unknown adaptor.
+    fn with_crate_adaptors(self) -> Self {
+        use crate::layer;
+        self.with_layer::<layer::Pool>("pool")
+            .with_layer::<layer::Binning>("binning")
+            .with_layer::<layer::FixedSize>("fixed_size")
+            .with_layer::<layer::Arena>("arena")
+            .with_layer::<layer::Statistics>("statistics")
+            .with_layer::<layer::Tracking>("tracking")
+            .with_layer::<layer::Limiting>("limiting")
+            .with_layer::<layer::Logging>("logging")
+            // The alignment is a type parameter and prefetch needs a property of what is below:
+            // each picks its resource type from the text at run time.
+            .with_adaptor("aligned", crate::adaptor::aligned_from_item)
+            .with_adaptor("prefetch", crate::adaptor::prefetch_from_item)
+    }
+
+    /// Registers the adaptor that configuration `C` builds under `name`; `C` reads its own fields
+    /// from the item ([`FromItem`]). The crate's adaptors are registered this way.
+    pub fn with_layer<C>(self, name: &str) -> Self
+    where
+        C: FromItem + Layer<AnyResource<P>> + 'static,
+        C::Resource: Send + Sync + 'static,
+    {
+        self.with_adaptor(name, |item, below| item.layer(C::from_item(item)?, below))
+    }
+
+    /// Registers an adaptor under `name` (replacing one of that name): `build(item, below)` checks
+    /// `item`'s fields and wraps `below`.
+    pub fn with_adaptor(
+        mut self,
+        name: &str,
+        build: impl Fn(&ItemSpec, AnyResource<P>) -> Result<AnyResource<P>, ConfigError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.adaptors.retain(|(n, _)| n != name);
+        self.adaptors.push((name.to_string(), Box::new(build)));
+        self
+    }
+
+    /// The names of the leaves and registered adaptors.
+    pub fn names(&self) -> Vec<&str> {
+        LEAVES
+            .iter()
+            .copied()
+            .chain(self.adaptors.iter().map(|(n, _)| n.as_str()))
+            .collect()
+    }
+
+    fn adaptor(&self, name: &str) -> Option<&AdaptorFn<P>> {
+        self.adaptors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, f)| &**f)
+    }
+
+    fn unknown(&self, item: &ItemSpec) -> ConfigError {
+        item.error(ConfigErrorKind::Unknown {
+            name: item.name.clone(),
+            known: self.names().join(", "),
+        })
+    }
+
+    /// Parses `text` and builds the stack it describes.
+    pub fn build(&self, text: &str) -> Result<AnyResource<P>, ConfigError> {
+        self.build_spec(&text.parse()?)
+    }
+
+    /// Builds the stack `spec` describes.
+    pub fn build_spec(&self, spec: &StackSpec) -> Result<AnyResource<P>, ConfigError> {
+        let (first, rest) = spec
+            .items
+            .split_first()
+            .ok_or(ConfigError::new(ConfigErrorKind::Empty, 0))?;
+        let mut stack = match leaf::<P>(first)? {
+            Some(built) => built,
+            None if self.adaptor(&first.name).is_some() => {
+                return Err(first.error(ConfigErrorKind::AdaptorFirst {
+                    name: first.name.clone(),
+                }))
+            }
+            None => return Err(self.unknown(first)),
+        };
+        for item in rest {
+            if LEAVES.contains(&item.name.as_str()) {
+                return Err(item.error(ConfigErrorKind::LeafNotFirst {
+                    name: item.name.clone(),
+                }));
+            }
+            let build = self.adaptor(&item.name).ok_or_else(|| self.unknown(item))?;
+            stack = build(item, stack)?;
+        }
+        Ok(stack)
+    }
+}
+
+impl<P: PropertySet> Default for StackBuilder<P> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<P: PropertySet> fmt::Debug for StackBuilder<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder")
+            .field("names", &self.names())
+            .finish()
+    }
+}
+
+/// Builds the stack `text` describes with the leaves and this crate's adaptors.
+pub fn build<P: PropertySet>(text: &str) -> Result<AnyResource<P>, ConfigError> {
+    StackBuilder::new().build(text)
+}
+
+impl FromItem for crate::layer::Arena {
+    /// `arena(size=…, superblock=…)`.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["size", "superblock"])?;
+        let default = Self::default();
+        Ok(crate::layer::Arena {
+            size: item.size_or("size", default.size)?,
+            superblock: item.size_or("superblock", default.superblock)?,
+        })
+    }
+}

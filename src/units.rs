@@ -1,0 +1,3 @@
+//! Byte sizes: how text configs, the macro and reports read and show them (the `mrstack-units` crate).
+
+pub use mrstack_units::{parse_size, size_of, unit_scale, Bytes, SizeError, UNITS};
