@@ -15,5 +15,5 @@ fn the_macro_follows_a_renamed_dependency() {
     assert_eq!(mr.bytes().current, 1000);
     // SAFETY: p came from mr with this size and alignment.
     unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
-    assert_eq!(mr.upstream().pool_size(), 1 << 20);
+    assert_eq!(mr.upstream().usage().held, 1 << 20);
 }

@@ -22,6 +22,5 @@ pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
 pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
 
 pub use crate::suballoc::{
-    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, Pool, PoolConfig,
-    PoolStats,
+    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, Pool, PoolConfig, Usage,
 };

@@ -24,7 +24,8 @@
 //! request: bins' chunks and large requests are asked for at least 256-byte alignment, which is
 //! what `Binning` guarantees.
 
-use super::fixed_size::{Bin, Growth};
+use super::free_list::{Bin, Growth, Upstream, GRANULE};
+use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
 use crate::stream::StreamRef;
@@ -32,8 +33,6 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
-/// The smallest bin (and every block's alignment).
-const GRANULE: usize = 256;
 /// The most blocks a bin takes from the upstream at once.
 const MAX_GROWTH: usize = 128;
 const NAME: &str = "Binning";
@@ -101,6 +100,7 @@ pub struct Binning<U: MemoryResource> {
     /// The largest bin's block size: requests above it go to the upstream.
     max_block: usize,
     bins: Box<[Mutex<Bin>]>,
+    meter: Meter,
 }
 
 impl<U: MemoryResource> Binning<U> {
@@ -122,7 +122,15 @@ impl<U: MemoryResource> Binning<U> {
             min_shift: min.trailing_zeros(),
             max_block: if bins.is_empty() { 0 } else { max },
             bins,
+            meter: Meter::default(),
         }
+    }
+
+    /// Bins from `config.min` to `config.max` over `upstream`: `new` cannot fail (the bins take
+    /// memory when first used), so this is `Ok(new(…))`, for the same constructor on every
+    /// suballocator.
+    pub fn try_new(upstream: U, config: BinningConfig) -> Result<Self, AllocError> {
+        Ok(Self::new(upstream, config))
     }
 
     /// The block size of each bin, smallest first.
@@ -132,14 +140,24 @@ impl<U: MemoryResource> Binning<U> {
             .collect()
     }
 
-    /// Bytes the bins hold from the upstream (not counting requests passed through).
-    pub fn bins_size(&self) -> usize {
-        self.bins.iter().map(|b| lock(b).held()).sum()
+    /// What the bins hold, over all bins (requests passed to the upstream are not counted).
+    /// Each bin is read under its own lock, so under concurrent use the sum is of moments a few
+    /// nanoseconds apart.
+    pub fn usage(&self) -> Usage {
+        let bins = self
+            .bins
+            .iter()
+            .map(|b| lock(b).usage())
+            .fold(Usage::default(), |a, b| a + b);
+        Usage {
+            peak_held: self.meter.peak(),
+            ..bins
+        }
     }
 
-    /// Free blocks in each bin, smallest bin first.
-    pub fn free_blocks(&self) -> Vec<usize> {
-        self.bins.iter().map(|b| lock(b).free_blocks()).collect()
+    /// What each bin holds, smallest bin first (the peaks are the whole resource's).
+    pub fn bin_usage(&self) -> Vec<Usage> {
+        self.bins.iter().map(|b| lock(b).usage()).collect()
     }
 
     /// The resource the bins and the large requests take memory from.
@@ -185,14 +203,12 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         let Some(bin) = self.bin(size, align) else {
             return self.upstream.allocate(size, align.max(GRANULE), stream);
         };
-        let addr = lock(bin).pop(
-            &self.upstream,
-            stream,
-            Growth::Double(MAX_GROWTH),
-            size,
-            align,
-            NAME,
-        )?;
+        let from = Upstream {
+            upstream: &self.upstream,
+            meter: &self.meter,
+            name: NAME,
+        };
+        let addr = lock(bin).pop(from, stream, Growth::Double(MAX_GROWTH), size, align)?;
         NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
             .ok_or(AllocError::out_of_memory(size, align, NAME))
     }
@@ -220,10 +236,15 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
 
 impl<U: MemoryResource> Drop for Binning<U> {
     fn drop(&mut self) {
+        let from = Upstream {
+            upstream: &self.upstream,
+            meter: &self.meter,
+            name: NAME,
+        };
         for bin in self.bins.iter_mut() {
             let bin = bin.get_mut().unwrap_or_else(PoisonError::into_inner);
             // SAFETY: the resource is being dropped, so it hands out no block any more.
-            unsafe { bin.release_all(&self.upstream) };
+            unsafe { bin.release_all(from) };
         }
     }
 }

@@ -12,9 +12,12 @@
 mod arena;
 mod binning;
 mod fixed_size;
+mod free_list;
 mod pool;
+mod usage;
 
 pub use arena::{Arena, ArenaConfig};
 pub use binning::{Binning, BinningConfig};
 pub use fixed_size::{FixedSize, FixedSizeConfig};
-pub use pool::{Pool, PoolConfig, PoolStats};
+pub use pool::{Pool, PoolConfig};
+pub use usage::Usage;

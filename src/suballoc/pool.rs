@@ -30,6 +30,7 @@
 //! the upstream's properties and guarantees 256-byte alignment; larger alignments are honoured by
 //! carving an aligned block out of a larger free one.
 
+use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
@@ -92,7 +93,7 @@ impl<U: MemoryResource> Layer<U> for PoolConfig {
 /// let sim = Simulated::new(1 << 30);
 /// let pool = resource_stack![&sim, Pool { initial: 1 MiB, max: 64 MiB }];
 /// let a = pool.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
-/// assert_eq!(pool.pool_size(), 1 << 20); // taken from the upstream once
+/// assert_eq!(pool.usage().held, 1 << 20); // taken from the upstream once
 /// // SAFETY: `a` came from this pool with this size and alignment.
 /// unsafe { pool.deallocate(a, 1000, 256, StreamRef::DEFAULT) };
 /// let b = pool.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
@@ -107,19 +108,6 @@ pub struct Pool<U: MemoryResource> {
     /// The cap on `pool_size`, rounded down to the granule.
     max: usize,
     state: Mutex<State>,
-}
-
-/// What a [`Pool`] holds, as [`Pool::stats`] reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolStats {
-    /// Bytes held from the upstream.
-    pub pool_size: usize,
-    /// Bytes in live blocks (each request's size rounded up to 256 bytes).
-    pub allocated: usize,
-    /// Free blocks, over all streams.
-    pub free_blocks: usize,
-    /// Upstream allocations (chunks) held.
-    pub chunks: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -189,6 +177,8 @@ struct State {
     /// Upstream allocations by address: coalescing stops at their starts.
     chunks: BTreeMap<usize, Chunk>,
     pool_size: usize,
+    /// The most `pool_size` has been.
+    peak: usize,
     allocated: usize,
     /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
     streams: StreamKeeper,
@@ -227,6 +217,7 @@ impl State {
         let held = self.streams.hold(stream);
         self.chunks.insert(addr, Chunk { size, stream: held });
         self.pool_size += size;
+        self.peak = self.peak.max(self.pool_size);
         let li = self.list_index(stream);
         self.insert(li, addr, size);
     }
@@ -403,21 +394,18 @@ impl<U: MemoryResource> Pool<U> {
         Ok(())
     }
 
-    /// Bytes currently held from the upstream.
-    pub fn pool_size(&self) -> usize {
-        self.lock().pool_size
-    }
-
-    /// The cap on [`pool_size`](Self::pool_size) (the configured maximum rounded down to 256 bytes).
+    /// The cap on the bytes held from the upstream (the configured maximum rounded down to 256
+    /// bytes).
     pub fn max_size(&self) -> usize {
         self.max
     }
 
-    /// Sizes and counts, read at one instant.
-    pub fn stats(&self) -> PoolStats {
+    /// What the pool holds, read at one instant.
+    pub fn usage(&self) -> Usage {
         let st = self.lock();
-        PoolStats {
-            pool_size: st.pool_size,
+        Usage {
+            held: st.pool_size,
+            peak_held: st.peak,
             allocated: st.allocated,
             free_blocks: st.starts.len(),
             chunks: st.chunks.len(),

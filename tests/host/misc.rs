@@ -202,7 +202,7 @@ fn macro_fields_take_sizes_literals_and_expressions() {
         "{e}"
     );
     let p = mr.allocate(1 << 20, 256, S).unwrap();
-    assert_eq!(mr.upstream().pool_size(), 1 << 20);
+    assert_eq!(mr.upstream().usage().held, 1 << 20);
     // SAFETY: p came from mr with this size and align.
     unsafe { mr.deallocate(p, 1 << 20, 256, S) };
     let aligned = resource_stack![System::new(), Aligned<U4096>];

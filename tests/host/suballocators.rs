@@ -204,21 +204,27 @@ proptest! {
                     }
                 }
             }
-            let stats = pool.stats();
+            let stats = pool.usage();
             let allocated: usize = live.iter().map(|b| align_up(b.size, 256).unwrap()).sum();
             prop_assert_eq!(stats.allocated, allocated);
-            prop_assert_eq!(stats.pool_size, sim.in_use());
+            prop_assert_eq!(stats.held, sim.in_use());
             prop_assert_eq!(stats.chunks, sim.live());
-            prop_assert!(stats.pool_size <= pool.max_size());
+            prop_assert!(stats.held <= pool.max_size());
         }
         for b in live.drain(..) {
             // SAFETY: b is live, from this pool, with this size and alignment.
             unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
         }
-        prop_assert_eq!(pool.stats().allocated, 0);
-        let size = pool.pool_size();
+        prop_assert_eq!(pool.usage().allocated, 0);
+        let size = pool.usage().held;
         prop_assert_eq!(pool.release(), size, "every chunk is wholly free once all is freed");
-        prop_assert_eq!(pool.stats(), mrstack::adaptor::PoolStats::default());
+        prop_assert_eq!(
+            pool.usage(),
+            mrstack::suballoc::Usage {
+                peak_held: pool.usage().peak_held,
+                ..Default::default()
+            }
+        );
         drop(pool);
         prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
     }
@@ -283,16 +289,16 @@ fn check_pattern(addr: usize, size: usize, tag: u8) {
 fn pool_reuses_blocks_and_returns_everything() {
     let sim = Simulated::new(1 << 30);
     let pool = resource_stack![&sim, Pool { initial: 4 MiB }];
-    assert_eq!((pool.pool_size(), sim.in_use()), (4 << 20, 4 << 20));
+    assert_eq!((pool.usage().held, sim.in_use()), (4 << 20, 4 << 20));
     let a = pool.allocate(1000, 8, StreamRef::DEFAULT).unwrap();
     let b = pool.allocate(3000, 8, StreamRef::DEFAULT).unwrap();
-    assert_eq!(pool.stats().allocated, 1024 + 3072);
+    assert_eq!(pool.usage().allocated, 1024 + 3072);
     // SAFETY: a and b are live with these sizes.
     unsafe {
         pool.deallocate(a, 1000, 8, StreamRef::DEFAULT);
         pool.deallocate(b, 3000, 8, StreamRef::DEFAULT);
     }
-    let stats = pool.stats();
+    let stats = pool.usage();
     assert_eq!(
         (stats.allocated, stats.free_blocks, stats.chunks),
         (0, 1, 1),
@@ -352,7 +358,7 @@ fn pool_never_coalesces_across_upstream_chunks() {
     let d = StreamRef::DEFAULT;
     let a = pool.allocate(2 << 20, 256, d).unwrap();
     let b = pool.allocate(2 << 20, 256, d).unwrap();
-    assert_eq!(pool.stats().chunks, 2);
+    assert_eq!(pool.usage().chunks, 2);
     assert_eq!(
         b.as_ptr() as usize,
         a.as_ptr() as usize + (2 << 20),
@@ -363,11 +369,11 @@ fn pool_never_coalesces_across_upstream_chunks() {
         pool.deallocate(a, 2 << 20, 256, d);
         pool.deallocate(b, 2 << 20, 256, d);
     }
-    assert_eq!(pool.stats().free_blocks, 2, "one free block per chunk");
+    assert_eq!(pool.usage().free_blocks, 2, "one free block per chunk");
     let err = pool.allocate(3 << 20, 256, d);
     // Both chunks are wholly free: the pool gives them back to make room for one that fits.
     let p = err.expect("released free chunks to grow within the cap");
-    assert_eq!(pool.stats().chunks, 1);
+    assert_eq!(pool.usage().chunks, 1);
     // SAFETY: live with this size.
     unsafe { pool.deallocate(p, 3 << 20, 256, d) };
     drop(pool);
@@ -388,7 +394,7 @@ fn pool_at_its_maximum_is_out_of_memory_and_recovers() {
     let blocks: Vec<_> = (0..4)
         .map(|_| pool.allocate(256 << 10, 256, d).unwrap())
         .collect();
-    assert_eq!(pool.pool_size(), 1 << 20, "grew to exactly the maximum");
+    assert_eq!(pool.usage().held, 1 << 20, "grew to exactly the maximum");
     let err = pool.allocate(1, 1, d).unwrap_err();
     assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
     assert_eq!(err.resource, "Pool");
@@ -401,7 +407,7 @@ fn pool_at_its_maximum_is_out_of_memory_and_recovers() {
         // SAFETY: live with this size.
         unsafe { pool.deallocate(b, 256 << 10, 256, d) };
     }
-    assert_eq!(pool.stats().allocated, 0);
+    assert_eq!(pool.usage().allocated, 0);
     let all = pool.allocate(1 << 20, 256, d).unwrap();
     // SAFETY: live with this size.
     unsafe { pool.deallocate(all, 1 << 20, 256, d) };
@@ -415,7 +421,7 @@ fn pool_near_its_maximum_grows_by_what_is_left() {
     let d = StreamRef::DEFAULT;
     let a = pool.allocate(6 << 20, 256, d).unwrap();
     let b = pool.allocate((4 << 20) + 700, 256, d).unwrap();
-    assert_eq!(pool.pool_size(), (10 << 20) + 768);
+    assert_eq!(pool.usage().held, (10 << 20) + 768);
     // SAFETY: live with these sizes.
     unsafe {
         pool.deallocate(a, 6 << 20, 256, d);
@@ -438,8 +444,8 @@ fn pool_honours_large_alignments() {
         // SAFETY: live with this size and alignment.
         unsafe { pool.deallocate(p, 300, align, d) };
     }
-    assert_eq!(pool.stats().allocated, 0);
-    let size = pool.pool_size();
+    assert_eq!(pool.usage().allocated, 0);
+    let size = pool.usage().held;
     assert_eq!(pool.release(), size);
 }
 
@@ -484,7 +490,7 @@ fn pool_try_new_reports_a_failed_reservation() {
     assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
     // `new` (and the macro) start empty instead, and still serve what fits.
     let pool = resource_stack![&sim, Pool { initial: 2 MiB }];
-    assert_eq!(pool.pool_size(), 0);
+    assert_eq!(pool.usage().held, 0);
     let p = pool.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
     // SAFETY: live with this size.
     unsafe { pool.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
@@ -497,7 +503,7 @@ fn pool_try_new_reports_a_failed_reservation() {
         },
     )
     .unwrap();
-    assert_eq!(ok.pool_size(), 1 << 20);
+    assert_eq!(ok.usage().held, 1 << 20);
 }
 
 #[test]
@@ -532,7 +538,7 @@ fn pool_orders_streams_before_handing_blocks_across() {
     assert_eq!(rec.orders().len(), 1);
     // SAFETY: live with this size.
     unsafe { pool.deallocate(e, 1000, 256, t) };
-    assert_eq!(pool.stats().free_blocks, 1, "all coalesced on t");
+    assert_eq!(pool.usage().free_blocks, 1, "all coalesced on t");
     drop(pool);
     assert_eq!(rec.in_use(), 0);
 }
@@ -551,7 +557,7 @@ fn pool_keeps_streams_apart_until_ordered() {
         pool.deallocate(a, 1024, 256, s);
         pool.deallocate(b, 1024, 256, t);
     }
-    let stats = pool.stats();
+    let stats = pool.usage();
     assert_eq!(
         stats.free_blocks, 3,
         "a, b and the chunk's rest: a and b not merged"
@@ -641,8 +647,8 @@ fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
         };
         (size, 1 << (next() % 13))
     });
-    assert_eq!(pool.stats().allocated, 0);
-    let size = pool.pool_size();
+    assert_eq!(pool.usage().allocated, 0);
+    let size = pool.usage().held;
     assert_eq!(pool.release(), size, "every chunk came back whole");
     drop(pool);
     assert_eq!(rec.in_use(), 0);
@@ -689,7 +695,7 @@ proptest! {
                             prop_assert!(matches!(e.kind, AllocErrorKind::Unsupported(_)), "{e}");
                         } else {
                             prop_assert!(e.is_out_of_memory(), "{e}");
-                            prop_assert_eq!(mr.free_blocks(), 0);
+                            prop_assert_eq!(mr.usage().free_blocks, 0);
                             prop_assert!(capacity - sim.in_use() < bs, "the upstream had room for a block");
                         }
                     }
@@ -706,14 +712,14 @@ proptest! {
                 }
             }
             let nonzero = live.iter().filter(|b| b.size > 0).count();
-            prop_assert_eq!(mr.pool_size(), sim.in_use());
-            prop_assert_eq!(mr.free_blocks() + nonzero, mr.pool_size() / bs);
+            prop_assert_eq!(mr.usage().held, sim.in_use());
+            prop_assert_eq!(mr.usage().free_blocks + nonzero, mr.usage().held / bs);
         }
         for b in live {
             // SAFETY: b is live, from this resource, with this size and alignment.
             unsafe { mr.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
         }
-        prop_assert_eq!(mr.free_blocks(), mr.pool_size() / bs);
+        prop_assert_eq!(mr.usage().free_blocks, mr.usage().held / bs);
         drop(mr);
         prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
     }
@@ -725,7 +731,7 @@ fn fixed_size_preallocates_and_grows_by_chunks() {
     // Naming every field in `resource_stack!` trips clippy's needless_update on the macro's
     // `..Default::default()`, so this names one and leaves the count to a plain constructor below.
     let mr = resource_stack![&sim, FixedSize { block_size: 4 KiB }];
-    assert_eq!(mr.free_blocks(), 128);
+    assert_eq!(mr.usage().free_blocks, 128);
     drop(mr);
     let mr = FixedSize::new(
         &sim,
@@ -735,13 +741,13 @@ fn fixed_size_preallocates_and_grows_by_chunks() {
         },
     );
     assert_eq!(
-        (sim.in_use(), sim.live(), mr.free_blocks()),
+        (sim.in_use(), sim.live(), mr.usage().free_blocks),
         (16 << 10, 1, 4)
     );
     let d = StreamRef::DEFAULT;
     let blocks: Vec<_> = (0..5).map(|_| mr.allocate(4096, 256, d).unwrap()).collect();
     assert_eq!(
-        (sim.live(), mr.free_blocks()),
+        (sim.live(), mr.usage().free_blocks),
         (2, 3),
         "a second chunk of 4 blocks"
     );
@@ -756,7 +762,7 @@ fn fixed_size_preallocates_and_grows_by_chunks() {
     }
     let defaults = resource_stack![&sim, FixedSize];
     assert_eq!(
-        (defaults.block_size(), defaults.free_blocks()),
+        (defaults.block_size(), defaults.usage().free_blocks),
         (1 << 20, 128)
     );
     drop((mr, defaults));
@@ -869,13 +875,13 @@ proptest! {
                 }
             }
             let direct: usize = live.iter().filter(|b| b.size > 0 && passed(b)).map(|b| b.size).sum();
-            prop_assert_eq!(sim.in_use(), mr.bins_size() + direct);
+            prop_assert_eq!(sim.in_use(), mr.usage().held + direct);
         }
         for b in live {
             // SAFETY: b is live, from this resource, with this size and alignment.
             unsafe { mr.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
         }
-        prop_assert_eq!(sim.in_use(), mr.bins_size());
+        prop_assert_eq!(sim.in_use(), mr.usage().held);
         drop(mr);
         prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
     }
@@ -897,7 +903,7 @@ fn binning_routes_by_size_and_alignment() {
     let mid = mr.allocate(3000, 256, d).unwrap();
     assert_eq!(sim.live(), 2, "one chunk per bin used");
     assert_eq!(
-        mr.free_blocks(),
+        free_per_bin(&mr),
         [0, 0, 0, 0],
         "a new bin takes one block first"
     );
@@ -917,12 +923,12 @@ fn binning_routes_by_size_and_alignment() {
         mr.deallocate(large, 9000, 256, d);
         mr.deallocate(aligned, 100, 4096, d);
     }
-    assert_eq!(mr.free_blocks(), [1, 0, 1, 0]);
+    assert_eq!(free_per_bin(&mr), [1, 0, 1, 0]);
     assert_eq!(sim.in_use(), 1024 + 4096);
     // The next refill of a bin doubles what it holds.
     let a = mr.allocate(1000, 256, d).unwrap();
     let b = mr.allocate(1000, 256, d).unwrap();
-    assert_eq!(mr.bins_size(), 1024 * 2 + 4096);
+    assert_eq!(mr.usage().held, 1024 * 2 + 4096);
     // SAFETY: live with these sizes.
     unsafe {
         mr.deallocate(a, 1000, 256, d);
@@ -975,7 +981,7 @@ fn binning_over_a_pool_shares_one_upstream() {
     assert_eq!(mr.bin_sizes(), [256 << 10, 512 << 10, 1 << 20]);
     let large = mr.allocate(16 << 20, 256, d).unwrap();
     let pool = mr.upstream();
-    assert_eq!(pool.stats().allocated, (256 << 10) + (16 << 20));
+    assert_eq!(pool.usage().allocated, (256 << 10) + (16 << 20));
     // The pool is out of room for another 64 MiB; the bins' blocks still serve.
     assert!(mr
         .allocate(60 << 20, 256, d)
@@ -1011,7 +1017,7 @@ fn binning_sixteen_threads_over_a_pool() {
     hammer(&mr, 0xD1B5_4A32_D192_ED03, |next| {
         ((next() % (128 << 10)) as usize + 1, 256)
     });
-    assert_eq!(mr.upstream().stats().allocated, mr.bins_size());
+    assert_eq!(mr.upstream().usage().allocated, mr.usage().held);
     drop(mr);
     assert_eq!(rec.in_use(), 0);
 }
@@ -1060,5 +1066,86 @@ fn fixed_size_refuses_a_preallocation_it_cannot_list() {
     assert_eq!(sim.in_use(), 0);
     // The infallible constructor starts empty instead.
     let mr = FixedSize::new(&sim, config);
-    assert_eq!((mr.free_blocks(), sim.in_use()), (0, 0));
+    assert_eq!((mr.usage().free_blocks, sim.in_use()), (0, 0));
+}
+
+/// Free blocks in each bin of `mr`, smallest bin first.
+fn free_per_bin<U: MemoryResource>(mr: &Binning<U>) -> Vec<usize> {
+    mr.bin_usage().iter().map(|u| u.free_blocks).collect()
+}
+
+#[test]
+fn every_suballocator_reports_usage_with_its_peak() {
+    let sim = Simulated::new(1 << 30);
+    let d = StreamRef::DEFAULT;
+
+    let pool = Pool::new(
+        &sim,
+        PoolConfig {
+            initial: 0,
+            max: 1 << 30,
+        },
+    );
+    let p = pool.allocate(4 << 20, 256, d).unwrap();
+    let busy = pool.usage();
+    assert_eq!(
+        (busy.held, busy.allocated, busy.chunks),
+        (sim.in_use(), 4 << 20, 1)
+    );
+    // SAFETY: p came from pool with this size and alignment.
+    unsafe { pool.deallocate(p, 4 << 20, 256, d) };
+    assert_eq!(pool.release(), busy.held);
+    let idle = pool.usage();
+    assert_eq!(
+        (idle.held, idle.allocated, idle.peak_held),
+        (0, 0, busy.held)
+    );
+
+    let fixed = FixedSize::new(
+        &sim,
+        FixedSizeConfig {
+            block_size: 1024,
+            blocks_to_preallocate: 4,
+        },
+    );
+    let blocks: Vec<_> = (0..5)
+        .map(|_| fixed.allocate(1000, 256, d).unwrap())
+        .collect();
+    let u = fixed.usage();
+    assert_eq!(
+        (u.held, u.allocated, u.chunks, u.free_blocks),
+        (8 * 1024, 5 * 1024, 2, 3)
+    );
+    assert_eq!(u.peak_held, u.held);
+    for b in blocks {
+        // SAFETY: b came from fixed with this size and alignment.
+        unsafe { fixed.deallocate(b, 1000, 256, d) };
+    }
+    assert_eq!(fixed.usage().allocated, 0);
+
+    let binning = Binning::new(
+        &sim,
+        BinningConfig {
+            min: 256,
+            max: 1024,
+        },
+    );
+    let a = binning.allocate(300, 256, d).unwrap();
+    let big = binning.allocate(1 << 20, 256, d).unwrap(); // to the upstream: not counted
+    let u = binning.usage();
+    assert_eq!(
+        (u.held, u.allocated, u.chunks, u.peak_held),
+        (512, 512, 1, 512)
+    );
+    assert_eq!(free_per_bin(&binning), [0, 0, 0]);
+    // SAFETY: each came from binning with this size and alignment.
+    unsafe {
+        binning.deallocate(a, 300, 256, d);
+        binning.deallocate(big, 1 << 20, 256, d);
+    }
+    assert_eq!(binning.bin_usage()[1].free_blocks, 1);
+    assert!(binning
+        .usage()
+        .to_string()
+        .starts_with("512 B held (peak 512 B) in 1 chunk: 0 B allocated"));
 }
