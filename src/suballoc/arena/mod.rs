@@ -1,0 +1,403 @@
+//! `Arena<U>`: the resource, its configuration, and where each request goes.
+
+mod chunk;
+mod global;
+mod local;
+mod max_tree;
+mod superblock;
+mod tags;
+mod threads;
+
+use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
+use chunk::Chunk;
+use global::Global;
+use local::Local;
+use std::collections::HashMap;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use tags::Tags;
+use threads::Registry;
+use typenum::U256;
+
+const NAME: &str = "Arena";
+/// Every block is a multiple of this and aligned to it.
+const GRAN: usize = 256;
+/// The most upstream allocations the arena holds (one unless the upstream refused the whole size).
+const MAX_CHUNKS: usize = 64;
+/// The most local arenas; beyond, requests go to the global arena.
+const MAX_ARENAS: usize = 1024;
+const MIN_SUPERBLOCK: usize = 64 << 10;
+const MAX_SUPERBLOCK: usize = 1 << 30;
+
+/// Configuration of an [`Arena`]; `resource_stack!` names it `Arena`.
+#[derive(Debug, Clone)]
+pub struct ArenaConfig {
+    /// The most bytes the arena takes from its upstream, rounded down to 256. Default: 1 GiB.
+    ///
+    /// RMM's arena takes half the free device memory by default; an adaptor generic over its
+    /// upstream cannot ask a device, so set this for real workloads. The arena reserves it in one
+    /// upstream allocation on first use; if the upstream refuses, it takes smaller pieces on demand.
+    pub size: usize,
+    /// Bytes per superblock, rounded up to a power of two in [64 KiB, 1 GiB]. Default: 4 MiB.
+    /// Requests up to a quarter of it are served by local arenas, larger ones by the global arena.
+    pub superblock: usize,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        ArenaConfig {
+            size: 1 << 30,
+            superblock: 4 << 20,
+        }
+    }
+}
+
+impl<U: MemoryResource> Layer<U> for ArenaConfig {
+    type Resource = Arena<U>;
+    fn layer(self, upstream: U) -> Arena<U> {
+        Arena::new(upstream, self)
+    }
+}
+
+/// A global arena of memory from `U` with per-thread and per-stream arenas over it: RMM's arena
+/// suballocator, made to scale with threads.
+///
+/// The arena takes up to [`ArenaConfig::size`] bytes from its upstream (all at once, on the first
+/// allocation that needs memory) and splits them between a *global arena* and *local arenas*:
+///
+/// * one local arena per thread for work on the default stream, and one per stream for other
+///   streams. A local arena takes *superblocks* (chunks of [`ArenaConfig::superblock`] bytes,
+///   aligned to their size) from the global arena and serves requests up to a quarter of a
+///   superblock from them by address-ordered first fit, coalescing what is freed. Superblocks that
+///   become wholly free go back to the global arena. They move in batches (a local arena takes up
+///   to 4 at once, holds up to 8 empty ones, then gives back all but the 4 lowest), so that a
+///   thread takes the global lock once per few superblocks, not on every exchange;
+/// * the global arena serves larger requests itself, by best fit at 256-byte granularity with
+///   coalescing, and hands out superblocks. Superblocks given back stay whole in a spare list for
+///   the next local arena that needs one; they merge into the free ranges when a large request
+///   finds no room.
+///
+/// When a request cannot be met, the arena grows (up to `size`), then asks every local arena to
+/// give back its empty superblocks, then serves a small request from the global arena directly,
+/// and only then fails with [`AllocErrorKind::OutOfMemory`]. A thread's arena outlives the thread:
+/// what it allocated may be freed later from anywhere, and the next new thread adopts the arena.
+///
+/// # Cost
+///
+/// A small request takes only its own arena's lock, an O(log n) walk down a max-tree and a
+/// first-fit scan inside one superblock; a large one takes the global lock for an O(log n) best
+/// fit.
+///
+/// In detail: a small request on the default stream finds the thread's arena in thread-local
+/// storage and takes that arena's own lock, which other threads take only to free memory this
+/// thread allocated: no global lock, no shared counter. The first superblock that fits is found by
+/// a walk down a 16-ary max-tree over superblock-sized windows (three steps for 4096 windows);
+/// inside the superblock, first fit scans its free blocks. A deallocation finds the owner of its
+/// pointer in a per-window table, without any lock but the owner's. Exchanging superblocks with
+/// the global arena takes the global lock for a few pushes or pops. Up to 1024 local arenas (a
+/// thread that ends leaves its arena to the next new thread; a stream keeps its arena); past that,
+/// requests go to the global arena. Host memory: each local arena keeps 8 to 16 bytes per
+/// superblock-sized window of the arena (at most 64 KiB for 16 GiB with 4 MiB superblocks).
+///
+/// # Streams
+///
+/// Memory freed on a stream is reused at once by that stream's arena. Memory that changes streams
+/// is ordered with the upstream's [`order_after`](MemoryResource::order_after), without blocking
+/// the host: a block freed on another stream than its arena's orders the arena's stream after the
+/// freeing stream; memory returned to the global arena is tagged with the streams that freed it, and
+/// whoever takes it next is ordered after them. (A free range that merges memory of more than four
+/// streams synchronizes them instead.) Memory fresh from the upstream is synchronized once taken.
+/// The arena keeps alive the streams of its stream arenas and of the tags on its free ranges until
+/// it is dropped, so that reuse is ordered after a stream even once its owner dropped it.
+///
+/// # Upstream
+///
+/// Any resource: the arena asks it for superblock-aligned memory and falls back to 256-byte or
+/// natural alignment when the upstream refuses that alignment as unsupported. Every byte taken
+/// goes back to the upstream when the arena is dropped, whatever is still allocated. The arena is
+/// `Sync` (one arena for all threads) when `U` is.
+///
+/// # Examples
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let gpu = Simulated::new(1 << 30);
+/// let mr = resource_stack![&gpu, Arena { size: 256 MiB }];
+/// let p = mr.allocate(1000, 256, StreamRef::DEFAULT)?;
+/// assert_eq!(mr.arena_size(), 256 << 20); // reserved on first use
+/// // SAFETY: p came from mr with this size and alignment.
+/// unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+/// drop(mr);
+/// assert_eq!(gpu.in_use(), 0);
+/// # Ok(()) }
+/// ```
+pub struct Arena<U: MemoryResource> {
+    upstream: U,
+    max_size: usize,
+    sb_shift: u32,
+    global: Mutex<Global>,
+    taken: AtomicUsize,
+    chunks: Box<[OnceLock<Chunk>]>,
+    nchunks: AtomicUsize,
+    arenas: Box<[OnceLock<Box<Local>>]>,
+    narenas: AtomicUsize,
+    create: Mutex<()>,
+    streams: RwLock<HashMap<StreamId, u32>>,
+    registry: Arc<Registry>,
+    /// Keeps alive every stream a `Held` of this arena names (its local arenas' and its free
+    /// ranges' tags); declared last, so dropped after everything that names one.
+    keeper: Mutex<StreamKeeper>,
+}
+
+impl<U: MemoryResource> Arena<U> {
+    /// An arena over `upstream` that takes nothing from it until the first allocation.
+    pub fn new(upstream: U, config: ArenaConfig) -> Self {
+        let superblock = config
+            .superblock
+            .clamp(MIN_SUPERBLOCK, MAX_SUPERBLOCK)
+            .next_power_of_two();
+        Arena {
+            upstream,
+            // No allocation can exceed isize::MAX less its alignment (at most a superblock): a cap
+            // above that ("no cap") is clamped, so the first reservation is a request the
+            // upstream can refuse as out of memory, and the arena then halves it.
+            max_size: config.size.min(isize::MAX as usize - MAX_SUPERBLOCK) & !(GRAN - 1),
+            sb_shift: superblock.trailing_zeros(),
+            global: Mutex::new(Global::default()),
+            taken: AtomicUsize::new(0),
+            chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
+            nchunks: AtomicUsize::new(0),
+            arenas: (0..MAX_ARENAS).map(|_| OnceLock::new()).collect(),
+            narenas: AtomicUsize::new(0),
+            create: Mutex::new(()),
+            streams: RwLock::new(HashMap::new()),
+            registry: Arc::new(Registry::new()),
+            keeper: Mutex::new(StreamKeeper::default()),
+        }
+    }
+
+    /// An arena that reserves its whole size from `upstream` now, or the upstream's error.
+    pub fn try_new(upstream: U, config: ArenaConfig) -> Result<Self, AllocError> {
+        let arena = Self::new(upstream, config);
+        if arena.max_size > 0 {
+            let mut g = lock(&arena.global);
+            arena.grow(&mut g, arena.max_size)?;
+        }
+        Ok(arena)
+    }
+
+    /// Bytes taken from the upstream so far (all of them go back when the arena is dropped).
+    pub fn arena_size(&self) -> usize {
+        self.taken.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes the arena may take from the upstream: the configured size, rounded down.
+    pub fn max_size(&self) -> usize {
+        self.max_size
+    }
+
+    /// Bytes per superblock.
+    pub fn superblock_size(&self) -> usize {
+        1 << self.sb_shift
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// Keeps `stream` alive as long as the arena, for a local arena or a free range's tags.
+    fn hold(&self, stream: StreamRef) -> Held {
+        lock(&self.keeper).hold(stream)
+    }
+
+    /// The stream `held` names, valid while the arena (its keeper) lives.
+    fn stream_of(&self, held: Held) -> StreamRef<'static> {
+        lock(&self.keeper).get(held)
+    }
+
+    /// Makes `stream` wait for the work of every stream in `tags`.
+    fn order(&self, stream: StreamRef, tags: &Tags) -> Result<(), AllocError> {
+        for after in tags
+            .iter()
+            .map(|h| self.stream_of(h))
+            .filter(|&s| s != stream)
+        {
+            self.upstream
+                .order_after(stream, after)
+                .or_else(|_| self.upstream.synchronize(after))?;
+        }
+        Ok(())
+    }
+
+    /// As `order`, for paths that cannot return an error: failing to order, wait.
+    fn order_or_wait(&self, stream: StreamRef, after: StreamRef) {
+        if stream != after && self.upstream.order_after(stream, after).is_err() {
+            // Nothing better to do: a failed synchronize stays recorded in the CUDA context.
+            let _ = self.upstream.synchronize(after);
+        }
+    }
+}
+
+impl<U: MemoryResource> fmt::Debug for Arena<U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arena")
+            .field("upstream", &self.upstream.name())
+            .field("max_size", &self.max_size)
+            .field("arena_size", &self.arena_size())
+            .field("superblock_size", &self.superblock_size())
+            .field("arenas", &self.narenas.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+// SAFETY: every block handed out lies in memory taken from the upstream and not given back
+// (chunks are freed only in Drop); blocks are carved from disjoint free ranges (global) or disjoint
+// free blocks of a superblock (local) and return to exactly one of them when deallocated, so live
+// blocks never overlap. Addresses are multiples of 256 (chunk starts are rounded up to 256) and
+// requests for more are padded to their alignment. Access properties are the upstream's memory's.
+unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U256;
+
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, AllocError> {
+        if let Some(p) = check_request::<Self>(size, align, NAME)? {
+            return Ok(p);
+        }
+        let fix = |e: AllocError| {
+            if e.kind == AllocErrorKind::OutOfMemory {
+                AllocError::out_of_memory(size, align, NAME)
+            } else {
+                e
+            }
+        };
+        let align_g = align.max(GRAN);
+        // check_request bounded size + align below isize::MAX.
+        let bytes = align_up(size, GRAN).ok_or(AllocError::out_of_memory(size, align, NAME))?;
+        let small = bytes <= self.superblock_size() / 4
+            && bytes + (align_g - GRAN) <= self.superblock_size();
+        if small {
+            if let Some(id) = self.arena_for(stream) {
+                if let Some(p) = self.local_allocate(id, bytes, align_g).map_err(fix)? {
+                    // A local arena's blocks are ordered on its stream. The thread arenas serve
+                    // every default stream (`DEFAULT`, and each context's), which may be
+                    // distinct streams: order the caller's after the arena's (a no-op where
+                    // they are one stream).
+                    let local = self.local(id).stream;
+                    if local.id() != stream.id() {
+                        if let Err(e) = self.upstream.order_after(stream, local) {
+                            // SAFETY: just allocated from this arena with these arguments and
+                            // handed to no one.
+                            unsafe { self.deallocate(p, size, align, local) };
+                            return Err(e);
+                        }
+                    }
+                    return Ok(p);
+                }
+            }
+        }
+        self.global_allocate(bytes, align_g, stream).map_err(fix)
+    }
+
+    /// # Panics
+    ///
+    /// On a pointer that lies outside every range the arena took from its upstream: the caller
+    /// broke `deallocate`'s contract.
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        let bytes = (size + GRAN - 1) & !(GRAN - 1);
+        let addr = ptr.as_ptr() as usize;
+        let Some((ci, chunk)) = self.chunk_of(addr) else {
+            panic!("Arena: {addr:#x} was not allocated by this arena");
+        };
+        let meta = chunk
+            .meta_at(addr, self.sb_shift)
+            .map_or(0, |m| m.load(Ordering::Acquire));
+        if meta == 0 {
+            self.give_back(addr, bytes, ci, Tags::one(self.hold(stream)));
+        } else {
+            self.local_deallocate((meta >> 32) as u32 - 1, meta as u32, addr, bytes, stream);
+        }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+}
+
+impl<U: MemoryResource> Drop for Arena<U> {
+    fn drop(&mut self) {
+        let g = self.global.get_mut().unwrap_or_else(|p| p.into_inner());
+        // The keeper (a field) outlives this function, so every Held below is still valid.
+        let mut streams: Vec<Held> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
+        streams.extend(g.spare.iter().flat_map(|sp| sp.tags.iter()));
+        let n = *self.narenas.get_mut();
+        streams.extend(self.arenas[..n].iter().filter_map(|a| Some(a.get()?.held)));
+        streams.sort();
+        streams.dedup();
+        // The chunks go back on the default stream: it must first wait for work on the others.
+        for s in streams {
+            self.order_or_wait(StreamRef::DEFAULT, self.stream_of(s));
+        }
+        let n = *self.nchunks.get_mut();
+        for chunk in self.chunks[..n].iter().filter_map(OnceLock::get) {
+            if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(chunk.ptr))
+            {
+                // SAFETY: the chunk came from the upstream with this size and alignment and goes
+                // back once; nothing of it is used after the arena is gone.
+                unsafe {
+                    self.upstream
+                        .deallocate(ptr, chunk.len, chunk.align, StreamRef::DEFAULT)
+                };
+            }
+        }
+    }
+}
+
+fn to_ptr(addr: usize) -> NonNull<u8> {
+    // Addresses come from NonNull pointers of the upstream, offset within their allocation.
+    NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
+        .expect("Arena: a block address is never 0")
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under the arena's mutexes completes before anything can panic, so a poisoned
+    // one still guards consistent state.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static_assertions::assert_impl_all!(
+    Arena<crate::System>: Send,
+    Sync,
+    crate::Accessible<crate::HostAccessible>
+);
+static_assertions::assert_impl_all!(
+    Arena<crate::Cuda>: Send,
+    Sync,
+    crate::Accessible<crate::DeviceAccessible>
+);
+static_assertions::assert_impl_all!(Arena<&crate::Simulated>: Send, Sync);
+static_assertions::assert_not_impl_any!(Arena<crate::System>: crate::Accessible<crate::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<Arena<crate::System>>() == 256);
