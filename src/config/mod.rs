@@ -239,15 +239,3 @@ impl<P: PropertySet> fmt::Debug for StackBuilder<P> {
 pub fn build<P: PropertySet>(text: &str) -> Result<AnyResource<P>, ConfigError> {
     StackBuilder::new().build(text)
 }
-
-impl FromItem for crate::layer::Arena {
-    /// `arena(size=…, superblock=…)`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["size", "superblock"])?;
-        let default = Self::default();
-        Ok(crate::layer::Arena {
-            size: item.size_or("size", default.size)?,
-            superblock: item.size_or("superblock", default.superblock)?,
-        })
-    }
-}

@@ -84,7 +84,7 @@ fn bad_requests_are_errors_and_zero_size_is_free() {
     // SAFETY: zero-size deallocation is a no-op.
     unsafe { arena.deallocate(p, 0, 8, D) };
     assert_eq!(
-        arena.arena_size(),
+        arena.usage().held,
         0,
         "nothing taken for a zero-size request"
     );
@@ -103,7 +103,7 @@ fn resource_stack_builds_an_arena_reserving_lazily() {
     assert_eq!(sim.in_use(), 0);
     let p = mr.allocate(100, 1, D).unwrap();
     assert_eq!(
-        (sim.in_use(), sim.live(), mr.arena_size()),
+        (sim.in_use(), sim.live(), mr.usage().held),
         (64 * MIB, 1, 64 * MIB)
     );
     // SAFETY: p came from mr with this size.
@@ -127,7 +127,7 @@ fn resource_stack_builds_an_arena_reserving_lazily() {
 fn try_new_reserves_now_or_fails() {
     let sim = Simulated::new(32 * MIB);
     let arena = Arena::try_new(&sim, config(16 * MIB, MIB)).unwrap();
-    assert_eq!((sim.in_use(), arena.arena_size()), (16 * MIB, 16 * MIB));
+    assert_eq!((sim.in_use(), arena.usage().held), (16 * MIB, 16 * MIB));
     drop(arena);
     let err = Arena::try_new(&sim, config(64 * MIB, MIB)).unwrap_err();
     assert!(err.is_out_of_memory());
@@ -291,7 +291,7 @@ fn out_of_memory_at_the_arena_size_then_usable_again() {
     };
     assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
     assert_eq!(
-        arena.arena_size(),
+        arena.usage().held,
         32 * MIB,
         "never more than the configured size"
     );
@@ -355,7 +355,7 @@ fn grows_in_pieces_when_the_upstream_refuses_the_whole_size() {
     while let Ok(p) = arena.allocate(200_000, 256, D) {
         live.push(p);
     }
-    assert!(arena.arena_size() <= 10 * MIB);
+    assert!(arena.usage().held <= 10 * MIB);
     assert!(live.len() * 200_000 > 7 * MIB, "{} blocks", live.len());
     drop(arena);
     assert_eq!(
@@ -476,8 +476,8 @@ fn run_model(ops: &[Op], size: usize, superblock: usize) {
             }
             Op::Free { .. } => {}
         }
-        assert_eq!(sim.in_use(), arena.arena_size());
-        assert!(arena.arena_size() <= size);
+        assert_eq!(sim.in_use(), arena.usage().held);
+        assert!(arena.usage().held <= size);
     }
     for (p, align) in zero {
         assert_eq!(addr(p) % align.max(256), 0);
@@ -486,7 +486,7 @@ fn run_model(ops: &[Op], size: usize, superblock: usize) {
         // SAFETY: p is live in the model, allocated with this size and alignment.
         unsafe { arena.deallocate(NonNull::new(p as *mut u8).unwrap(), n, align, stream(s)) };
     }
-    if arena.arena_size() == size {
+    if arena.usage().held == size {
         // Everything came back together: the whole arena is one free range again.
         let p = arena
             .allocate(size, 256, stream(9))
@@ -689,4 +689,29 @@ impl Rng {
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
+}
+
+#[test]
+fn usage_counts_live_blocks_in_local_and_global_arenas() {
+    let sim = Simulated::new(1 << 30);
+    let arena = Arena::new(
+        &sim,
+        ArenaConfig {
+            size: 64 << 20,
+            superblock: 1 << 20,
+        },
+    );
+    let d = StreamRef::DEFAULT;
+    let small = arena.allocate(1000, 256, d).unwrap(); // a local arena's superblock
+    let large = arena.allocate(8 << 20, 256, d).unwrap(); // the global arena
+    let u = arena.usage();
+    assert_eq!((u.held, u.peak_held, u.chunks), (64 << 20, 64 << 20, 1));
+    assert_eq!(u.allocated, 1024 + (8 << 20));
+    assert_eq!(u.free(), u.held - u.allocated);
+    // SAFETY: each came from arena with this size and alignment.
+    unsafe {
+        arena.deallocate(small, 1000, 256, d);
+        arena.deallocate(large, 8 << 20, 256, d);
+    }
+    assert_eq!(arena.usage().allocated, 0);
 }

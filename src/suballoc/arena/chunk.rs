@@ -25,6 +25,11 @@ pub(super) struct Chunk {
 }
 
 impl Chunk {
+    /// Bytes of the upstream allocation outside the usable range (alignment slack).
+    pub(super) fn slack(&self) -> usize {
+        self.len - (self.end - self.start)
+    }
+
     /// The window-table entry of the window that holds `addr`, if the chunk has one there.
     pub(super) fn meta_at(&self, addr: usize, shift: u32) -> Option<&AtomicU64> {
         let off = addr.checked_sub(self.win_base)?;

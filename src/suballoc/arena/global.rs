@@ -37,6 +37,15 @@ pub(super) struct Spare {
 }
 
 impl Global {
+    /// Free bytes and free ranges, spare superblocks (of `superblock` bytes) included.
+    pub(super) fn free(&self, superblock: usize) -> (usize, usize) {
+        let runs: usize = self.runs.values().map(|r| r.len).sum();
+        (
+            runs + self.spare.len() * superblock,
+            self.runs.len() + self.spare.len(),
+        )
+    }
+
     pub(super) fn insert(&mut self, start: usize, run: Run) {
         self.runs.insert(start, run);
         self.by_size.insert((run.len, start));

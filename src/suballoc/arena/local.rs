@@ -32,6 +32,17 @@ impl Local {
     fn lock(&self) -> MutexGuard<'_, LocalState> {
         lock(&self.state)
     }
+
+    /// Free bytes and free blocks in this arena's superblocks.
+    pub(super) fn free(&self) -> (usize, usize) {
+        let st = self.lock();
+        st.sbs.iter().flatten().fold((0, 0), |(bytes, blocks), sb| {
+            (
+                bytes + sb.free_units as usize * GRAN,
+                blocks + sb.free.len(),
+            )
+        })
+    }
 }
 
 /// The superblocks of a local arena, behind its lock.

@@ -8,7 +8,11 @@ mod superblock;
 mod tags;
 mod threads;
 
-use crate::resource::{align_up, check_request, AllocError, AllocErrorKind, Layer, MemoryResource};
+use super::usage::Usage;
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{
+    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+};
 use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use chunk::Chunk;
 use global::Global;
@@ -129,7 +133,7 @@ impl<U: MemoryResource> Layer<U> for ArenaConfig {
 /// let gpu = Simulated::new(1 << 30);
 /// let mr = resource_stack![&gpu, Arena { size: 256 MiB }];
 /// let p = mr.allocate(1000, 256, StreamRef::DEFAULT)?;
-/// assert_eq!(mr.arena_size(), 256 << 20); // reserved on first use
+/// assert_eq!(mr.usage().held, 256 << 20); // reserved on first use
 /// // SAFETY: p came from mr with this size and alignment.
 /// unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
 /// drop(mr);
@@ -191,9 +195,31 @@ impl<U: MemoryResource> Arena<U> {
         Ok(arena)
     }
 
-    /// Bytes taken from the upstream so far (all of them go back when the arena is dropped).
-    pub fn arena_size(&self) -> usize {
-        self.taken.load(Ordering::Relaxed)
+    /// What the arena holds. The arena gives nothing back before it is dropped, so the peak is
+    /// what it holds. Read arena by arena (the global arena, then each local one under its own
+    /// lock): under concurrent use, the parts are of moments a little apart.
+    pub fn usage(&self) -> Usage {
+        let held = self.taken.load(Ordering::Relaxed);
+        let (mut free, mut free_blocks) = lock(&self.global).free(self.superblock_size());
+        let arenas = self.narenas.load(Ordering::Acquire);
+        for local in self.arenas[..arenas].iter().filter_map(OnceLock::get) {
+            let (bytes, blocks) = local.free();
+            free += bytes;
+            free_blocks += blocks;
+        }
+        let chunks = self.nchunks.load(Ordering::Acquire);
+        let slack: usize = self.chunks[..chunks]
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(Chunk::slack)
+            .sum();
+        Usage {
+            held,
+            peak_held: held,
+            allocated: held.saturating_sub(free + slack),
+            free_blocks,
+            chunks,
+        }
     }
 
     /// The most bytes the arena may take from the upstream: the configured size, rounded down.
@@ -249,7 +275,7 @@ impl<U: MemoryResource> fmt::Debug for Arena<U> {
         f.debug_struct("Arena")
             .field("upstream", &self.upstream.name())
             .field("max_size", &self.max_size)
-            .field("arena_size", &self.arena_size())
+            .field("usage", &self.usage())
             .field("superblock_size", &self.superblock_size())
             .field("arenas", &self.narenas.load(Ordering::Relaxed))
             .finish()
@@ -262,9 +288,7 @@ impl<U: MemoryResource> fmt::Debug for Arena<U> {
 // blocks never overlap. Addresses are multiples of 256 (chunk starts are rounded up to 256) and
 // requests for more are padded to their alignment. Access properties are the upstream's memory's.
 unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
+    forward_upstream!(U, upstream);
     type Alignment = U256;
 
     fn allocate(
@@ -334,14 +358,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
         }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(stream, after)
-    }
-
     fn name(&self) -> &'static str {
         NAME
     }
@@ -386,6 +402,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every update under the arena's mutexes completes before anything can panic, so a poisoned
     // one still guards consistent state.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl FromItem for ArenaConfig {
+    /// `arena(size=…, superblock=…)`.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["size", "superblock"])?;
+        let default = Self::default();
+        Ok(ArenaConfig {
+            size: item.size_or("size", default.size)?,
+            superblock: item.size_or("superblock", default.superblock)?,
+        })
+    }
 }
 
 static_assertions::assert_impl_all!(
