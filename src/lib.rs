@@ -60,12 +60,47 @@
 //! # }
 //! ```
 //!
+//! ## Anatomy of an allocation
+//!
+//! One `DeviceVec::<f32, _>::zeroed(1000, &mr, &stream)` on
+//! `mr: Statistics<Binning<Pool<Cuda>>>`, from the top down. Each step is a plain generic call:
+//! the compiler sees the whole path and inlines it.
+//!
+//! 1. **The container** ([`container`]) checks at compile time that `mr` gives
+//!    [`DeviceAccessible`] memory aligned enough for `f32`, computes the bytes (4000, an overflow is
+//!    an `Err`), refuses cudarc's per-thread stream, and calls
+//!    `mr.allocate(4000, 4, StreamRef::from(&stream))` ([`MemoryResource::allocate`]).
+//! 2. **[`Statistics`](adaptor::Statistics)** checks the request (a bad alignment or a size near
+//!    `usize::MAX` is an `Err` naming it; size 0 never reaches the upstream), passes it down
+//!    unchanged, and on success adds to two atomic counters.
+//! 3. **[`Binning`](suballoc::Binning)** checks again, picks the bin of 4096-byte blocks with one
+//!    bit scan, locks that bin and pops a block from the free list of this stream
+//!    (`suballoc/free_list.rs`). On an empty list it takes the blocks another stream freed, after
+//!    `order_after(stream, other)` (an event, no host wait), or refills the bin from its upstream
+//!    with one chunk of twice the blocks it holds.
+//! 4. **[`Pool`](suballoc::Pool)** serves that refill, if it comes: under its lock, a best fit from
+//!    this stream's free blocks, coalescing on free; with nothing that fits, blocks freed on another
+//!    stream (again after `order_after`), else a new chunk from its own upstream, doubling.
+//! 5. **[`Cuda`]** serves a pool's growth: makes its context current and calls `cuMemAlloc`
+//!    (`leaf/driver.rs`), the only driver call on the path; it returns 256-byte aligned device
+//!    memory.
+//! 6. **Back in the container**, `cuMemsetD8Async` zeroes the 4000 bytes on `stream`, and the
+//!    `DeviceVec` holds the pointer, its length, `&mr` and the stream.
+//!
+//! Dropping the vector calls `mr.deallocate(ptr, 4000, 4, stream)`: `Statistics` subtracts,
+//! `Binning` pushes the block on this stream's list for immediate reuse by later work on the same
+//! stream — no driver call, no wait. Memory reaches the driver again only when the `Binning` and
+//! then the `Pool` are dropped (or [`Pool::release`](suballoc::Pool::release) is called): each
+//! gives every chunk back to the resource it came from, on the stream it was taken on, after that
+//! stream is ordered behind every stream that freed a block inside it.
+//!
 //! ## Modules
 //!
 //! * [`property`]: the property markers and [`Accessible`].
 //! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
 //! * [`leaf`]: leaf resources (also at their former path, `upstream`). [`suballoc`]: the
-//!   suballocators. [`adaptor`]: behaviour adaptors. All are configured through [`layer`].
+//!   suballocators and their [`Usage`](suballoc::Usage) report. [`adaptor`]: behaviour adaptors.
+//!   All are configured through [`layer`]; [`units`] reads and shows byte sizes.
 //! * [`workload`] and [`trace`]: workloads and RMM logs to replay and measure stacks with.
 //! * [`container`]: typed containers with cudarc interop, and [`HostAllocator`] for
 //!   `allocator-api2` collections in host-accessible memory.

@@ -178,7 +178,7 @@ impl ItemSpec {
     }
 
     /// Wraps `below` in the adaptor `config` builds and erases the result: what an adaptor
-    /// registered with [`StackBuilder::with_adaptor`] usually ends with.
+    /// registered with [`StackBuilder::with_adaptor`](super::StackBuilder::with_adaptor) usually ends with.
     pub fn layer<P, C>(
         &self,
         config: C,
