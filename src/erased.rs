@@ -22,7 +22,7 @@
 
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
 pub use crate::property::{Properties, PropertySet};
-use crate::resource::{check_request, AllocError, MemoryResource};
+use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::any::Any;
 use std::marker::PhantomData;
@@ -72,29 +72,19 @@ unsafe fn erased_deallocate<D: DynResource + ?Sized>(
 
 /// The object-safe face of a [`MemoryResource`]: what the vtable of an erased resource holds.
 trait DynResource {
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError>;
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>>;
     /// # Safety
     /// As for [`MemoryResource::deallocate`].
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError>;
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError>;
+    fn synchronize(&self, stream: StreamRef) -> Result<()>;
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
     fn name(&self) -> &'static str;
     fn properties(&self) -> Properties;
 }
 
 impl<R: MemoryResource> DynResource for R {
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         MemoryResource::allocate(self, size, align, stream)
     }
     #[inline]
@@ -102,10 +92,10 @@ impl<R: MemoryResource> DynResource for R {
         // SAFETY: forwarded from the caller.
         unsafe { MemoryResource::deallocate(self, ptr, size, align, stream) }
     }
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
         MemoryResource::synchronize(self, stream)
     }
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
         MemoryResource::order_after(self, stream, after)
     }
     fn name(&self) -> &'static str {
@@ -286,12 +276,7 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
     type Alignment = U16;
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         erased_allocate::<Self, _>(&*self.inner, size, align, stream, "AnyResource")
     }
 
@@ -384,12 +369,7 @@ unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
     type Alignment = U16;
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         erased_allocate::<Self, _>(self.inner, size, align, stream, "ResourceRef")
     }
 

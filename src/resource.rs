@@ -5,6 +5,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use typenum::{Bit, NonZero, Unsigned};
 
+/// `Result` with mrstack's error by default: what every resource operation returns.
+pub type Result<T, E = AllocError> = std::result::Result<T, E>;
+
 /// A source of memory: a leaf that calls a driver (`Cuda`, `Pinned`, `System` …) or an adaptor
 /// that wraps another resource (`Pool<Cuda>`, `Statistics<…>`).
 ///
@@ -72,7 +75,7 @@ use typenum::{Bit, NonZero, Unsigned};
 ///     type Managed = B0;
 ///     type Alignment = U16;
 ///
-///     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+///     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
 ///         if let Some(empty) = check_request::<Self>(size, align, "Counted")? {
 ///             return Ok(empty);
 ///         }
@@ -94,10 +97,10 @@ use typenum::{Bit, NonZero, Unsigned};
 ///     }
 ///
 ///     // Host memory from std::alloc: no stream-ordered work to wait for or order.
-///     fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+///     fn synchronize(&self, _: StreamRef) -> Result<()> {
 ///         Ok(())
 ///     }
-///     fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+///     fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
 ///         Ok(())
 ///     }
 /// }
@@ -119,12 +122,7 @@ pub unsafe trait MemoryResource {
     type Alignment: Unsigned + NonZero;
 
     /// Allocates `size` bytes aligned to `max(align, Self::Alignment)` for use on `stream`.
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError>;
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>>;
 
     /// Gives back memory after the work on `stream` that uses it.
     ///
@@ -137,14 +135,14 @@ pub unsafe trait MemoryResource {
     /// Waits until the work queued on `stream` is done. Host-only and simulated resources have no
     /// work to wait for and return `Ok(())`; CUDA resources synchronize the stream in their
     /// context; adaptors forward to their upstream. Required, so that no adaptor forgets it.
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError>;
+    fn synchronize(&self, stream: StreamRef) -> Result<()>;
 
     /// Makes work queued on `stream` from now on wait for the work queued on `after` so far, without
     /// blocking the host: how a suballocator hands a block freed on one stream to another (RMM does
     /// the same with an event). CUDA resources record an event on `after` and make `stream` wait on
     /// it; resources without streams have nothing to order and return `Ok(())`; adaptors forward.
     /// Required, so that no adaptor forgets it.
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError>;
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
 
     /// A short name for errors and logs (`"Cuda"`, `"Pool"`).
     fn name(&self) -> &'static str {
@@ -179,7 +177,8 @@ pub unsafe trait MemoryResource {
 /// Writes the items of a `MemoryResource` impl that only pass through to the resource below:
 /// its property bits (`properties of U`), and `synchronize` / `order_after` sent on unchanged
 /// (`streams to field`, or `streams to *self` for a pointer), which is right whenever the memory
-/// handed out is the one below's. `U, field` writes both.
+/// handed out is the one below's. `U, field` writes both and `U`'s alignment;
+/// `U, field, Alignment = A` both and alignment `A`.
 macro_rules! forward_upstream {
     (properties of $U:ty) => {
         type Host = <$U as $crate::resource::MemoryResource>::Host;
@@ -217,7 +216,11 @@ macro_rules! forward_upstream {
         }
     };
     ($U:ty, $field:ident) => {
+        $crate::resource::forward_upstream!($U, $field, Alignment = <$U as $crate::resource::MemoryResource>::Alignment);
+    };
+    ($U:ty, $field:ident, Alignment = $A:ty) => {
         $crate::resource::forward_upstream!(properties of $U);
+        type Alignment = $A;
         $crate::resource::forward_upstream!(streams to $field);
     };
 }
@@ -230,12 +233,7 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
     type Alignment = R::Alignment;
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         (**self).allocate(size, align, stream)
     }
     #[inline]
@@ -255,12 +253,7 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
     type Alignment = R::Alignment;
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         (**self).allocate(size, align, stream)
     }
     #[inline]
@@ -291,7 +284,7 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 ///     type Device = U::Device;
 ///     type Managed = U::Managed;
 ///     type Alignment = U::Alignment;
-///     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+///     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>> {
 ///         self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 ///         self.upstream.allocate(size, align, s)
 ///     }
@@ -300,10 +293,10 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 ///         unsafe { self.upstream.deallocate(p, size, align, s) }
 ///     }
 ///     // Stream ordering is part of the contract: forward what this adaptor does not change.
-///     fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+///     fn synchronize(&self, s: StreamRef) -> Result<()> {
 ///         self.upstream.synchronize(s)
 ///     }
-///     fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+///     fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<()> {
 ///         self.upstream.order_after(s, after)
 ///     }
 /// }

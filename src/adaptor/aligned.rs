@@ -15,6 +15,7 @@ use crate::config::{ConfigError, ItemSpec};
 use crate::erased::{AnyResource, PropertySet};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+    Result,
 };
 use crate::stream::StreamRef;
 use std::collections::HashMap;
@@ -141,16 +142,10 @@ where
     U: MemoryResource,
     Maximum<A, U::Alignment>: Unsigned + NonZero,
 {
-    forward_upstream!(U, upstream);
-    type Alignment = Maximum<A, U::Alignment>;
+    forward_upstream!(U, upstream, Alignment = Maximum<A, U::Alignment>);
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

@@ -9,7 +9,7 @@
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
-    check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+    check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource, Result,
 };
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
@@ -76,15 +76,9 @@ impl<U> Limiting<U> {
 // SAFETY: every allocation is the upstream's, returned unchanged; the adaptor only refuses some.
 unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
     forward_upstream!(U, upstream);
-    type Alignment = U::Alignment;
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

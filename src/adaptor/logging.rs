@@ -27,7 +27,7 @@
 //! upstream and keeps its properties.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::io::{self, BufWriter, Write};
 use std::ptr::NonNull;
@@ -166,14 +166,8 @@ fn thread_number() -> u64 {
 // SAFETY: every allocation is the upstream's, returned unchanged; logging does not touch memory.
 unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
     forward_upstream!(U, upstream);
-    type Alignment = U::Alignment;
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

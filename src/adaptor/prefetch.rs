@@ -14,7 +14,7 @@
 use crate::config::{ConfigError, ConfigErrorKind, ItemSpec};
 use crate::erased::{AnyResource, Properties, PropertySet};
 use crate::property::{Accessible, Migratable};
-use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -115,14 +115,8 @@ impl<U> Prefetch<U> {
 // without changing what they hold.
 unsafe impl<U: MemoryResource + Accessible<Migratable>> MemoryResource for Prefetch<U> {
     forward_upstream!(U, upstream);
-    type Alignment = U::Alignment;
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

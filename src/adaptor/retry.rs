@@ -8,7 +8,7 @@
 //! Cost: none on success (a zero-sized `F` adds no bytes). Requires nothing of its upstream and
 //! keeps its properties.
 
-use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 
@@ -67,15 +67,9 @@ where
     F: Fn(&AllocError, usize) -> bool,
 {
     forward_upstream!(U, upstream);
-    type Alignment = U::Alignment;
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

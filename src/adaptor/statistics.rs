@@ -8,7 +8,7 @@
 //! rounds them to. Requires nothing of its upstream and keeps its properties.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::atomic::{
@@ -273,15 +273,9 @@ impl<U> Statistics<U> {
 // SAFETY: every allocation is the upstream's, returned unchanged; the counters do not touch memory.
 unsafe impl<U: MemoryResource> MemoryResource for Statistics<U> {
     forward_upstream!(U, upstream);
-    type Alignment = U::Alignment;
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

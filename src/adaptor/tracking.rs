@@ -13,7 +13,7 @@
 //! still live when the adaptor is dropped are reported, not freed: their owner may still use them.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::stream::{StreamId, StreamRef};
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
@@ -223,14 +223,8 @@ impl<U> Tracking<U> {
 // upstream only for a pointer live here with the size and alignment it was allocated with.
 unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
     forward_upstream!(U, upstream);
-    type Alignment = U::Alignment;
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

@@ -14,7 +14,7 @@
 //! (`with_synchronize`, `with_order_after`).
 
 use crate::property::PropertySet;
-use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
+use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -202,12 +202,7 @@ unsafe impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> MemoryResou
     type Managed = P::Managed;
     type Alignment = A;
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, self.name)? {
             return Ok(empty);
         }
@@ -236,11 +231,11 @@ unsafe impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> MemoryResou
         unsafe { (self.deallocate)(&self.ctx, ptr, size, align, stream) }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
         (self.synchronize)(&self.ctx, stream)
     }
 
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
         (self.order_after)(&self.ctx, stream, after)
     }
 

@@ -8,7 +8,7 @@
 //! its memory once the frees queued on streams have run. Guarantees 256-byte alignment.
 
 use super::{context_leaf, driver_allocate, driver_free, driver_synchronize};
-use crate::resource::{check_request, AllocError, MemoryResource};
+use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -125,12 +125,7 @@ unsafe impl MemoryResource for CudaAsync {
     type Managed = B0;
     type Alignment = U256;
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

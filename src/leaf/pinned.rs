@@ -6,7 +6,7 @@
 //! Guarantees 256-byte alignment.
 
 use super::{context_leaf, driver_allocate, driver_free};
-use crate::resource::{check_request, AllocError, MemoryResource};
+use crate::resource::{check_request, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -32,7 +32,7 @@ unsafe impl MemoryResource for Pinned {
     type Managed = B0;
     type Alignment = U256;
 
-    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }

@@ -8,7 +8,7 @@
 //! range (addresses are never reused), so a use-after-free in a test shows up as an unknown pointer.
 //! One mutex-protected map: fine for an upstream, not meant to be fast per call.
 
-use crate::resource::{align_up, check_request, AllocError, MemoryResource};
+use crate::resource::{align_up, check_request, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -87,7 +87,7 @@ unsafe impl MemoryResource for Simulated {
     type Managed = B0;
     type Alignment = U256;
 
-    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }
@@ -125,11 +125,11 @@ unsafe impl MemoryResource for Simulated {
     }
 
     // No memory and no device: nothing is ever queued on a stream to wait for or to order.
-    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+    fn synchronize(&self, _: StreamRef) -> Result<()> {
         Ok(())
     }
 
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 //! Host-accessible only: kernels cannot read it, and the containers that hand memory to kernels
 //! refuse it at compile time. The natural upstream for host tests that need real bytes.
 
-use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
+use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -35,7 +35,7 @@ unsafe impl MemoryResource for System {
     type Managed = B0;
     type Alignment = U16;
 
-    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }
@@ -65,11 +65,11 @@ unsafe impl MemoryResource for System {
     }
 
     // Host memory: no stream-ordered work to wait for or to order.
-    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+    fn synchronize(&self, _: StreamRef) -> Result<()> {
         Ok(())
     }
 
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
         Ok(())
     }
 

@@ -27,7 +27,7 @@
 use super::free_list::{Bin, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource};
+use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -187,16 +187,10 @@ fn lock(bin: &Mutex<Bin>) -> MutexGuard<'_, Bin> {
 // `FixedSize`), handed to another stream only after `order_after`; other requests are the
 // upstream's, asked for at least 256-byte alignment, which the upstream honours or refuses.
 unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
-    forward_upstream!(U, upstream);
-    type Alignment = U256;
+    forward_upstream!(U, upstream, Alignment = U256);
 
     #[inline]
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }

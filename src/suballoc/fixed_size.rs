@@ -26,6 +26,7 @@ use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+    Result,
 };
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
@@ -174,15 +175,9 @@ impl<U: MemoryResource> FixedSize<U> {
 // `block` (a multiple of 256) from the chunk's 256-aligned start; requests above the block size or
 // aligned beyond 256 are refused; a block goes to another stream only after `order_after`.
 unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
-    forward_upstream!(U, upstream);
-    type Alignment = U256;
+    forward_upstream!(U, upstream, Alignment = U256);
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }

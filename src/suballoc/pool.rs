@@ -34,6 +34,7 @@ use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+    Result,
 };
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -534,15 +535,9 @@ impl<U: MemoryResource> Pool<U> {
 // and blocks are carved at `align` multiples); a block goes to another stream only after
 // `order_after`. The memory is the upstream's, with its properties.
 unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
-    forward_upstream!(U, upstream);
-    type Alignment = U256;
+    forward_upstream!(U, upstream, Alignment = U256);
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }

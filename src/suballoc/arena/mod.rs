@@ -12,6 +12,7 @@ use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
+    Result,
 };
 use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use chunk::Chunk;
@@ -288,15 +289,9 @@ impl<U: MemoryResource> fmt::Debug for Arena<U> {
 // blocks never overlap. Addresses are multiples of 256 (chunk starts are rounded up to 256) and
 // requests for more are padded to their alignment. Access properties are the upstream's memory's.
 unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
-    forward_upstream!(U, upstream);
-    type Alignment = U256;
+    forward_upstream!(U, upstream, Alignment = U256);
 
-    fn allocate(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, AllocError> {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
