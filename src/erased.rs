@@ -1,24 +1,4 @@
-//! Type erasure that keeps the checks: [`AnyResource<P>`] owns any resource stack behind one type,
-//! [`ResourceRef<'a, P>`] borrows one. `P` names the properties the caller may rely on
-//! (`AnyResource<DeviceAccessible>`, `AnyResource<(HostAccessible, DeviceAccessible)>`), so containers
-//! and adaptors still check them at compile time.
-//!
-//! Cost: one virtual call per operation (`allocate`, `deallocate`, `synchronize`, `order_after`),
-//! through an `Arc<dyn …>` (owned) or `&dyn …` (borrowed); the concrete resource's body is inlined
-//! behind it. Cloning an `AnyResource` clones the `Arc`: clones share one resource, as RMM's
-//! `any_resource` copies share their state.
-//!
-//! Requirements of the erased resource: `MemoryResource + Accessible<P>` (a compile error naming the
-//! missing property otherwise; [`AnyResource::try_new`] checks the same at run time for code that
-//! picks stacks from text), `Send + Sync + 'static` for `AnyResource`, `Sync` for `ResourceRef`.
-//!
-//! Alignment: erasure forgets the resource's alignment type, so both types claim `U16` at the type
-//! level and keep that promise by asking the erased resource for at least 16 bytes of alignment
-//! (every resource honours or refuses an alignment, never ignores it), which lets containers of
-//! ordinary element types (up to 16-byte alignment: `f64`, `u128`, `[f32; 4]`) sit on an erased
-//! stack. The erased resource's real guarantee is reported at run time through
-//! [`AnyResource::properties`]. Claiming more (say `U256`, what CUDA leaves give) would cost every
-//! host allocation through a `System` below.
+//! Erased resources that keep the checks: [`AnyResource`] (owned) and [`ResourceRef`] (borrowed).
 
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
 pub use crate::property::{Properties, PropertySet};
@@ -123,6 +103,42 @@ impl<R: MemoryResource + Send + Sync + 'static> DynOwned for R {
 }
 
 /// An owned resource stack of any type, with properties `P` still checked at compile time.
+///
+/// `P` names the properties the caller may rely on (`AnyResource<DeviceAccessible>`,
+/// `AnyResource<(HostAccessible, DeviceAccessible)>`), so containers and adaptors still check them
+/// at compile time. Cloning an `AnyResource` clones the `Arc`: clones share one resource, as RMM's
+/// `any_resource` copies share their state. [`try_cast`](Self::try_cast) and
+/// [`forget`](Self::forget) change the properties promised, [`downcast_ref`](Self::downcast_ref)
+/// recovers the concrete resource, and [`as_resource_ref`](Self::as_resource_ref) lends it as a
+/// [`ResourceRef`].
+///
+/// # Cost
+///
+/// One virtual call per operation (`allocate`, `deallocate`, `synchronize`, `order_after`),
+/// through an `Arc<dyn …>`; the concrete resource's body is inlined behind it. Zero-size and
+/// malformed requests are answered before the virtual call. Two words; a clone is one `Arc` clone.
+///
+/// # Streams
+///
+/// Every call goes to the erased resource with its stream unchanged; `synchronize` and
+/// `order_after` are forwarded to it. The handle keeps no stream alive of its own.
+///
+/// # Upstream
+///
+/// The erased resource must be `MemoryResource + Accessible<P> + Send + Sync + 'static` (a compile
+/// error naming the missing property otherwise; [`try_new`](Self::try_new) checks the same at run
+/// time for code that picks stacks from text). `AnyResource<P>` gives exactly the properties of
+/// `P`, whatever more the resource gives.
+///
+/// Erasure forgets the resource's alignment type, so both erased types claim `U16` at the type
+/// level and keep that promise by asking the erased resource for at least 16 bytes of alignment
+/// (every resource honours or refuses an alignment, never ignores it), which lets containers of
+/// ordinary element types (up to 16-byte alignment: `f64`, `u128`, `[f32; 4]`) sit on an erased
+/// stack. The erased resource's real guarantee is reported at run time through
+/// [`properties`](Self::properties). Claiming more (say `U256`, what CUDA leaves give) would cost
+/// every host allocation through a `System` below.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;
@@ -295,6 +311,38 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
 
 /// A borrowed resource of any type with properties `P`: `Copy`, two words, and it cannot outlive
 /// the resource it borrows.
+///
+/// `P` names the properties the caller may rely on, as for [`AnyResource`], so containers and
+/// adaptors still check them at compile time; a library can take a `ResourceRef` instead of being
+/// generic over the resource. [`forget`](Self::forget) promises fewer properties;
+/// [`AnyResource::as_resource_ref`] borrows an owned erased stack.
+///
+/// # Cost
+///
+/// One virtual call per operation (`allocate`, `deallocate`, `synchronize`, `order_after`),
+/// through a `&dyn …`; the concrete resource's body is inlined behind it. Zero-size and malformed
+/// requests are answered before the virtual call. Two words, copied freely.
+///
+/// # Streams
+///
+/// Every call goes to the borrowed resource with its stream unchanged; `synchronize` and
+/// `order_after` are forwarded to it. It keeps no stream alive of its own.
+///
+/// # Upstream
+///
+/// The borrowed resource must be `MemoryResource + Accessible<P> + Sync` (a compile error naming
+/// the missing property otherwise). `ResourceRef<P>` gives exactly the properties of `P`, whatever
+/// more the resource gives.
+///
+/// Erasure forgets the resource's alignment type, so both erased types claim `U16` at the type
+/// level and keep that promise by asking the erased resource for at least 16 bytes of alignment
+/// (every resource honours or refuses an alignment, never ignores it), which lets containers of
+/// ordinary element types (up to 16-byte alignment: `f64`, `u128`, `[f32; 4]`) sit on an erased
+/// stack. The erased resource's real guarantee is reported at run time through
+/// [`properties`](Self::properties). Claiming more (say `U256`, what CUDA leaves give) would cost
+/// every host allocation through a `System` below.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

@@ -1,15 +1,4 @@
-//! `Aligned<A, U>`: every allocation aligned to at least `A` bytes (a typenum power of two), and the
-//! type says so: `Alignment = Maximum<A, U::Alignment>`, so a container of a `T` aligned to 4096
-//! compiles on `Aligned<U4096, Cuda>` and not on `Cuda`.
-//!
-//! Each request goes to the upstream with the larger alignment. An upstream that refuses it with
-//! [`AllocErrorKind::Unsupported`] (the CUDA leaves refuse anything above 256) is served by
-//! over-allocation instead: `size + alignment - U::Alignment` bytes, the pointer rounded up inside
-//! them, the original pointer remembered in a side table until the block is freed.
-//!
-//! Cost: none when the upstream honours the alignment (a deallocation reads one atomic counter
-//! when the request was over-aligned); a mutex and a hash-map entry per over-allocated block.
-//! Requires nothing of its upstream and keeps its other properties.
+//! `Aligned<A, U>`: every allocation aligned to at least `A` bytes, and the type says so.
 
 use crate::config::{ConfigError, ItemSpec};
 use crate::erased::{AnyResource, PropertySet};
@@ -26,6 +15,37 @@ use std::sync::Mutex;
 use typenum::{Max, Maximum, NonZero, PowerOfTwo, Unsigned};
 
 /// `U` with every allocation aligned to at least `A` bytes.
+///
+/// `A` is a typenum power of two, and the type says so: `Alignment = Maximum<A, U::Alignment>`, so
+/// a container of a `T` aligned to 4096 compiles on `Aligned<U4096, Cuda>` and not on `Cuda`. Each
+/// request goes to the upstream with the larger alignment. An upstream that refuses it with
+/// [`AllocErrorKind::Unsupported`] (the CUDA leaves refuse anything above 256) is served by
+/// over-allocation instead: `size + alignment - U::Alignment` bytes, the pointer rounded up inside
+/// them, the original pointer remembered in a side table until the block is freed
+/// ([`over_allocated`](Self::over_allocated) counts those blocks).
+///
+/// # Cost
+///
+/// None when the upstream honours the alignment (a deallocation reads one atomic counter when the
+/// request was over-aligned, that is above the upstream's guarantee). An over-allocated block
+/// costs the refused upstream call, a second upstream call for the padded size, a mutex and a
+/// hash-map entry on allocation, and a mutex, a hash-map removal and an atomic subtraction on
+/// deallocation; it holds up to `alignment - U::Alignment` bytes more than asked. The alignment
+/// itself costs no bytes: the side table and its counter are the only state, the same for every
+/// `A`.
+///
+/// # Streams
+///
+/// The stream of each call goes to the upstream unchanged (an over-allocated block is freed on
+/// the stream its deallocation names); `synchronize` and `order_after` are forwarded to the
+/// upstream. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// Requires nothing of its upstream and keeps its other properties; the alignment it guarantees
+/// is the larger of `A` and the upstream's.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

@@ -1,11 +1,4 @@
-//! `Limiting<U>`: a cap on the bytes allocated at once through it, as RMM's
-//! `limiting_resource_adaptor` and PyTorch's `set_per_process_memory_fraction`.
-//!
-//! A request that would take the total over the cap fails with
-//! [`AllocErrorKind::LimitExceeded`] (the cap and the bytes in use) without reaching the upstream.
-//! Cost: one compare-and-swap per allocation, one atomic subtraction per deallocation; no lock.
-//! Counts requested sizes, not what the upstream rounds them to. Requires nothing of its upstream
-//! and keeps its properties.
+//! `Limiting<U>`: a cap on the bytes allocated at once through it.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
@@ -16,6 +9,29 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// At most `limit` bytes allocated through it at once.
+///
+/// A cap on the bytes allocated at once through it, as RMM's `limiting_resource_adaptor` and
+/// PyTorch's `set_per_process_memory_fraction`. A request that would take the total over the cap
+/// fails with [`AllocErrorKind::LimitExceeded`] (the cap and the bytes in use) without reaching
+/// the upstream. It counts requested sizes, not what the upstream rounds them to. The bytes are
+/// reserved before the upstream is asked, so that concurrent requests cannot together pass the cap,
+/// and released after the upstream has the memory back.
+///
+/// # Cost
+///
+/// One compare-and-swap per allocation (retried under contention), plus an atomic subtraction
+/// when the upstream fails; one atomic subtraction per deallocation; no lock. Memory: one counter.
+///
+/// # Streams
+///
+/// The cap ignores streams: the stream of each call goes to the upstream unchanged, and
+/// `synchronize` and `order_after` are forwarded to the upstream. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// Requires nothing of its upstream and keeps its properties and alignment.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

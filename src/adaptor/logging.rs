@@ -1,30 +1,4 @@
-//! `Logging<U, W>`: one CSV line per allocation event, in the format of RMM's
-//! `logging_resource_adaptor`, so that a log taken from a real program can be replayed
-//! (`mrstack replay`, RMM's `REPLAY_BENCHMARK`).
-//!
-//! ```text
-//! Thread,Time,Action,Pointer,Size,Stream
-//! 0,1718000000123456,allocate,0x7f3a40000000,1048576,0
-//! 0,1718000000123470,allocate failure,0x0,1099511627776,0
-//! 0,1718000000123501,free,0x7f3a40000000,1048576,0
-//! ```
-//!
-//! * `Thread`: a small number per thread, in the order threads first log (RMM writes the OS
-//!   thread id; replay only groups by it).
-//! * `Time`: microseconds since the Unix epoch (RMM writes `HH:MM:SS.ffffff`; replay does not use
-//!   the column, and an integer sorts and subtracts across midnight).
-//! * `Action`: `allocate`, `allocate failure` or `free`. `Pointer`: hexadecimal, `0x0` for a
-//!   failure. `Size`: bytes. `Stream`: the `CUstream` handle as a decimal integer, `0` for the
-//!   default stream.
-//!
-//! An allocation is logged after the upstream returns it and a free before the upstream gets it
-//! back, so that when an address is reused its `free` line always precedes the next `allocate`.
-//! Zero-size requests take no memory and are not logged.
-//!
-//! Cost: a mutex and a formatted line into a `BufWriter` per call; the writer's I/O happens when
-//! the buffer fills, on [`flush`](Logging::flush) and on drop. A write error does not fail an
-//! allocation: the first one is kept and returned by the next `flush`. Requires nothing of its
-//! upstream and keeps its properties.
+//! `Logging<U, W>`: one CSV line per allocation event, in the format of RMM's logging adaptor.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
@@ -48,6 +22,47 @@ struct Sink<W: Write> {
 }
 
 /// Logs every allocation and deallocation of `U` as a CSV line to `W`.
+///
+/// The lines are in the format of RMM's `logging_resource_adaptor`, so that a log taken from a
+/// real program can be replayed (`mrstack replay`, RMM's `REPLAY_BENCHMARK`):
+///
+/// ```text
+/// Thread,Time,Action,Pointer,Size,Stream
+/// 0,1718000000123456,allocate,0x7f3a40000000,1048576,0
+/// 0,1718000000123470,allocate failure,0x0,1099511627776,0
+/// 0,1718000000123501,free,0x7f3a40000000,1048576,0
+/// ```
+///
+/// * `Thread`: a small number per thread, in the order threads first log (RMM writes the OS
+///   thread id; replay only groups by it).
+/// * `Time`: microseconds since the Unix epoch (RMM writes `HH:MM:SS.ffffff`; replay does not use
+///   the column, and an integer sorts and subtracts across midnight).
+/// * `Action`: `allocate`, `allocate failure` or `free`. `Pointer`: hexadecimal, `0x0` for a
+///   failure. `Size`: bytes. `Stream`: the `CUstream` handle as a decimal integer, `0` for the
+///   default stream (see [`StreamId::get`](crate::StreamId::get)).
+///
+/// An allocation is logged after the upstream returns it and a free before the upstream gets it
+/// back, so that when an address is reused its `free` line always precedes the next `allocate`.
+/// Zero-size requests take no memory and are not logged. The header line is written by
+/// [`new`](Self::new).
+///
+/// # Cost
+///
+/// A mutex and a formatted line into a `BufWriter` per call; the writer's I/O happens when the
+/// buffer fills, on [`flush`](Self::flush) and on drop. A write error does not fail an allocation:
+/// the first one is kept and returned by the next `flush`.
+///
+/// # Streams
+///
+/// Each line records the stream's handle as a number; the adaptor keeps no stream alive. The
+/// stream of each call goes to the upstream unchanged; `synchronize` and `order_after` are
+/// forwarded to the upstream.
+///
+/// # Upstream
+///
+/// Requires nothing of its upstream and keeps its properties and alignment.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

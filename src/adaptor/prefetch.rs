@@ -1,15 +1,4 @@
-//! `Prefetch<U>`: prefetches each allocation to a device on the allocation's stream
-//! (`cuMemPrefetchAsync`), as RMM's `prefetch_resource_adaptor`, so that the first kernel touching
-//! managed memory does not stall on page faults.
-//!
-//! Requires an upstream whose memory is [`Migratable`] (managed: `Managed`, or an adaptor stack
-//! over it); over anything else — `Cuda`, `Pinned`, `System` — it does not compile, since the
-//! driver would refuse the prefetch at run time.
-//!
-//! Cost: one asynchronous driver call per allocation (queued on the stream; the migration itself
-//! runs on the device), none per deallocation. The device is a configuration value (default 0);
-//! its primary context is opened on the first allocation. A prefetch the driver refuses fails the
-//! allocation (the block goes back to the upstream) with the driver's error.
+//! `Prefetch<U>`: each allocation of managed memory prefetched to a device on its stream.
 
 use crate::config::{ConfigError, ConfigErrorKind, ItemSpec};
 use crate::erased::{AnyResource, Properties, PropertySet};
@@ -21,6 +10,36 @@ use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
 /// Prefetches every allocation of `U` to one device.
+///
+/// Each allocation is prefetched to the device on the allocation's stream
+/// (`cuMemPrefetchAsync`), as RMM's `prefetch_resource_adaptor`, so that the first kernel touching
+/// managed memory does not stall on page faults. The device is a configuration value (default 0;
+/// [`with_context`](Self::with_context) takes a context's); its primary context is opened on the
+/// first allocation. A prefetch the driver refuses fails the allocation (the block goes back to
+/// the upstream) with the driver's error.
+///
+/// # Cost
+///
+/// One asynchronous driver call per allocation (queued on the stream; the migration itself runs on
+/// the device), after making the context current; none per deallocation. No lock or atomic of its
+/// own beyond the once-initialized context.
+///
+/// # Streams
+///
+/// The prefetch is queued on the allocation's stream. On a stream it cannot queue on — a
+/// simulated stream, another thread's per-thread stream, a stream of another context — it skips
+/// the prefetch, and the pages migrate on first touch. Deallocations, `synchronize` and
+/// `order_after` are forwarded to the upstream unchanged. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// Requires an upstream whose memory is [`Migratable`] (managed: [`Managed`](crate::Managed), or an
+/// adaptor stack over it); over anything else — `Cuda`, `Pinned`, `System` — it does not compile,
+/// since the driver would refuse the prefetch at run time. It keeps the upstream's properties and
+/// alignment. It calls the CUDA driver, so it needs one: without it the first allocation fails
+/// with [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver).
+///
+/// # Examples
 ///
 /// ```no_run
 /// use mrstack::prelude::*;

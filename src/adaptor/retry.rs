@@ -1,18 +1,33 @@
-//! `Retry<U, F>`: when an allocation fails for want of memory, calls `F` — which may free a cache,
-//! trim a pool, collect garbage — and tries again while `F` says so: RMM's
-//! `failure_callback_resource_adaptor`, PyTorch's OOM observers.
-//!
-//! `F` gets the error and the attempt number (1 after the first failure) and returns whether to
-//! try again. Only failures that freeing memory could cure go to `F`
-//! ([`AllocError::is_out_of_memory`]: out of memory, a limit reached); others return at once.
-//! Cost: none on success (a zero-sized `F` adds no bytes). Requires nothing of its upstream and
-//! keeps its properties.
+//! `Retry<U, F>`: allocations that fail for want of memory retried while a callback says so.
 
 use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 
 /// Retries failed allocations of `U` while `on_failure(&error, attempt)` returns true.
+///
+/// When an allocation fails for want of memory, it calls `F` — which may free a cache, trim a
+/// pool, collect garbage — and tries again while `F` says so: RMM's
+/// `failure_callback_resource_adaptor`, PyTorch's OOM observers. `F` gets the error and the
+/// attempt number (1 after the first failure) and returns whether to try again. Only failures that
+/// freeing memory could cure go to `F` ([`AllocError::is_out_of_memory`]: out of memory, a limit
+/// reached); others return at once. Deallocations go straight to the upstream.
+///
+/// # Cost
+///
+/// None on success (a zero-sized `F` adds no bytes): one upstream call, no lock or atomic. Each
+/// failure that goes to `F` costs one call of `F` and, when it says so, another upstream call.
+///
+/// # Streams
+///
+/// Every attempt goes to the upstream on the stream of the call; `synchronize` and
+/// `order_after` are forwarded to the upstream. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// Requires nothing of its upstream and keeps its properties and alignment.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

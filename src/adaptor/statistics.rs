@@ -1,11 +1,4 @@
-//! `Statistics<U>`: counts what passes through — bytes and allocations, current, peak and total —
-//! as RMM's `statistics_resource_adaptor` and PyTorch's `memory_stats` do.
-//!
-//! Cost: two atomic additions per allocation, two per deallocation (no lock) while no scope is
-//! open; with [`push_scope`](Statistics::push_scope) open, one extra mutex per call. Counts are
-//! exact for calls that do not overlap; when calls race on several threads, a peak may read low
-//! by what the racing calls moved, never high. Counts requested sizes, not what the upstream
-//! rounds them to. Requires nothing of its upstream and keeps its properties.
+//! `Statistics<U>`: counts of bytes and allocations — current, peak and total — with nested scopes.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
@@ -130,6 +123,33 @@ impl AtomicCounter {
 }
 
 /// Counts bytes and allocations going through to `U`.
+///
+/// It counts what passes through — bytes and allocations, current, peak and total — as RMM's
+/// `statistics_resource_adaptor` and PyTorch's `memory_stats` do: [`stats`](Self::stats) over the
+/// adaptor's whole life, [`reset_peak`](Self::reset_peak) to measure the next peak from now, and
+/// nested scopes ([`push_scope`](Self::push_scope) / [`pop_scope`](Self::pop_scope), RMM's
+/// `push_counters` / `pop_counters`) with counters of their own. It counts requested sizes, not
+/// what the upstream rounds them to.
+///
+/// # Cost
+///
+/// Two atomic additions per allocation, two per deallocation (no lock) while no scope is open, plus
+/// a `fetch_max` for a counter that reaches a new peak and one relaxed load of the "scope open"
+/// flag; with [`push_scope`](Self::push_scope) open, one extra mutex per call. Counts are exact for
+/// calls that do not overlap; when calls race on several threads, a peak may read low by what the
+/// racing calls moved, never high. Memory: three 64-bit atomics per counter and the scope stack.
+///
+/// # Streams
+///
+/// The stream of each call goes to the upstream unchanged, and the counters ignore it;
+/// `synchronize` and `order_after` are forwarded to the upstream. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// Requires nothing of its upstream and keeps its properties and alignment; every call goes
+/// through (the counting happens after a successful `allocate` and before `deallocate`).
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

@@ -1,16 +1,4 @@
-//! `Tracking<U>`: remembers every live allocation — address, size, alignment, stream and, when
-//! enabled, the backtrace of the call that made it — as RMM's `tracking_resource_adaptor` and
-//! PyTorch's memory history do.
-//!
-//! It answers what is allocated now ([`outstanding`](Tracking::outstanding)), writes a leak report
-//! on demand and to stderr when dropped with allocations live, and catches a deallocation of a
-//! pointer that is not live here (a double free, a pointer from elsewhere) or with another size or
-//! alignment than it was allocated with: such a call is recorded, reported on stderr and *not*
-//! passed to the upstream, so the bug cannot corrupt it.
-//!
-//! Cost: a mutex and a hash-map operation per call; capturing a backtrace costs microseconds, so
-//! it is off by default. Requires nothing of its upstream and keeps its properties. Allocations
-//! still live when the adaptor is dropped are reported, not freed: their owner may still use them.
+//! `Tracking<U>`: a table of every live allocation, with leak reports and refused bad frees.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
@@ -100,6 +88,35 @@ struct State {
 }
 
 /// Tracks every live allocation of `U`.
+///
+/// It remembers every live allocation — address, size, alignment, stream and, when enabled, the
+/// backtrace of the call that made it — as RMM's `tracking_resource_adaptor` and PyTorch's memory
+/// history do. It answers what is allocated now ([`outstanding`](Self::outstanding)), writes a leak
+/// report on demand ([`leak_report`](Self::leak_report)) and to stderr when dropped with
+/// allocations live, and catches a deallocation of a pointer that is not live here (a double free,
+/// a pointer from elsewhere) or with another size or alignment than it was allocated with: such a
+/// call is recorded ([`bad_frees`](Self::bad_frees)), reported on stderr and *not* passed to the
+/// upstream, so the bug cannot corrupt it. Allocations still live when the adaptor is dropped are
+/// reported, not freed: their owner may still use them.
+///
+/// # Cost
+///
+/// A mutex and a hash-map operation per call; capturing a backtrace costs microseconds, so it is
+/// off by default ([`with_backtraces`](Self::with_backtraces) turns it on; backtraces are
+/// symbolized only when printed). Memory: one map entry per live allocation (with its backtrace
+/// when captured) and one record per refused deallocation, kept for the adaptor's life.
+///
+/// # Streams
+///
+/// Each allocation records the identity ([`StreamId`]) of its stream, not the stream: it keeps no
+/// stream alive. The stream of each call goes to the upstream unchanged; `synchronize` and
+/// `order_after` are forwarded to the upstream.
+///
+/// # Upstream
+///
+/// Requires nothing of its upstream and keeps its properties and alignment.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

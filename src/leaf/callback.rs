@@ -1,17 +1,4 @@
-//! `Callback`: a resource made of user functions and a context value, the way NVCV's custom
-//! allocators, PyTorch's pluggable allocator and TensorRT's `IGpuAllocator` take a foreign
-//! allocator. The user states the memory's properties at the type level (`P`, a
-//! [`PropertySet`]) and its alignment (`A`, a typenum unsigned), and promises them in the `unsafe`
-//! constructor.
-//!
-//! Cost: one call through a function pointer per operation, plus a check that the pointer returned
-//! meets the alignment asked (a misaligned pointer is given back and reported, never handed out).
-//! Requests of size zero never reach the functions.
-//!
-//! Stream order: `synchronize` and `order_after` default to what is right for any memory, if slow:
-//! `synchronize` waits for the stream through the driver (nothing to wait for without one) and
-//! `order_after` waits for `after` on the host. A stream-ordered allocator should supply its own
-//! (`with_synchronize`, `with_order_after`).
+//! `Callback`: a resource made of user functions and a context value, for foreign allocators.
 
 use crate::property::PropertySet;
 use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource, Result};
@@ -32,6 +19,35 @@ pub type OrderAfterFn<Ctx> = fn(&Ctx, StreamRef, StreamRef) -> Result<(), AllocE
 
 /// A resource made of user functions over a context value `Ctx`, giving memory with properties
 /// `P` aligned to at least `A` bytes.
+///
+/// This is how NVCV's custom allocators, PyTorch's pluggable allocator and TensorRT's
+/// `IGpuAllocator` take a foreign allocator. The user states the memory's properties at the type
+/// level (`P`, a [`PropertySet`]) and its alignment (`A`, a typenum unsigned), and promises them in
+/// the `unsafe` constructor [`new`](Self::new). Requests of size zero never reach the functions.
+///
+/// # Cost
+///
+/// One call through a function pointer per operation, plus a check that the pointer returned
+/// meets the alignment asked (a misaligned pointer is given back and reported, never handed out).
+/// No lock or atomic of its own.
+///
+/// # Streams
+///
+/// The stream of each call is passed to the functions as given. `synchronize` and `order_after`
+/// default to what is right for any memory, if slow: `synchronize` waits for the stream through
+/// the driver (nothing to wait for without one, nor for the default stream of a thread with no
+/// current context) and `order_after` waits for `after` on the host. A stream-ordered allocator
+/// should supply its own ([`with_synchronize`](Self::with_synchronize),
+/// [`with_order_after`](Self::with_order_after)). It keeps no stream alive.
+///
+/// # Upstream
+///
+/// None: a leaf. It calls the user's functions, and gives the properties `P` and the alignment `A`
+/// that the caller of [`new`](Self::new) promised. The default `synchronize` calls the CUDA driver
+/// (a stream or context synchronize) when the driver library is present; no driver is needed
+/// otherwise.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

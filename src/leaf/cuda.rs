@@ -1,8 +1,4 @@
 //! `Cuda`: device memory from `cuMemAlloc` / `cuMemFree`.
-//!
-//! Costs one driver call per operation (about 86 µs per alloc+free pair on an H100, which is why
-//! pools exist); `cuMemFree` synchronizes the device. Bound to one context: it makes that context
-//! current before each call, so any thread may allocate. Guarantees 256-byte alignment.
 
 use super::{context_leaf, driver_allocate, driver_free};
 use crate::resource::{check_request, MemoryResource, Result};
@@ -12,6 +8,47 @@ use std::ptr::NonNull;
 use typenum::{B0, B1, U256};
 
 /// Device memory from `cuMemAlloc`, freed with `cuMemFree`.
+///
+/// Each allocation is one `cuMemAlloc` and each deallocation one `cuMemFree`; the resource keeps
+/// nothing between calls. It is bound to one context and makes that context current before each
+/// call, so any thread may allocate.
+///
+/// # Cost
+///
+/// One driver call per operation (about 86 µs per alloc+free pair on an H100, which is why pools
+/// exist), after making the context current; `cuMemFree` synchronizes the device. No lock or
+/// atomic of its own; the resource is one `Arc` of its context.
+///
+/// # Streams
+///
+/// `allocate` and `deallocate` ignore the stream: the memory is usable at once by any stream, and
+/// `cuMemFree` waits for the device. `synchronize` makes the stream's context current and
+/// synchronizes the stream (the whole context for another thread's per-thread stream, which no
+/// handle names here). `order_after` records an event on `after` and makes `stream` wait on it;
+/// where either stream cannot be named from this thread, or `stream` is simulated, the host waits
+/// for `after` instead. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// None: a leaf. It calls the CUDA driver (`cuMemAlloc`, `cuMemFree`), loaded at run time through
+/// cudarc, and needs a CUDA device: on a machine without the driver the constructors return
+/// [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver). It gives device-accessible
+/// memory and guarantees 256-byte alignment; a larger alignment is refused with
+/// [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported) (wrap the resource in
+/// [`Aligned`](crate::adaptor::Aligned)).
+///
+/// # Examples
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let cuda = Cuda::on_device(0)?; // Err(NoDriver) on a machine without CUDA
+/// let p = cuda.allocate_sync(1 << 20, 256)?;
+/// // SAFETY: p came from cuda with this size and alignment.
+/// unsafe { cuda.deallocate_sync(p, 1 << 20, 256) };
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Cuda {
     ctx: std::sync::Arc<CudaContext>,

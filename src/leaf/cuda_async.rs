@@ -1,11 +1,4 @@
-//! `CudaAsync`: stream-ordered device memory from a `cuMemPool` of its own
-//! (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`), as RMM's `cuda_async_memory_resource`.
-//!
-//! The driver's pool reuses memory freed on a stream for later work on that stream without a
-//! device synchronization. Options: an initial size (allocated and freed once at construction so the
-//! pool holds it) and a release threshold (bytes the pool keeps when streams synchronize; defaults
-//! to the device's total memory, as RMM does). The pool is destroyed on drop; the driver releases
-//! its memory once the frees queued on streams have run. Guarantees 256-byte alignment.
+//! `CudaAsync`: stream-ordered device memory from a driver memory pool of its own.
 
 use super::{context_leaf, driver_allocate, driver_free, driver_synchronize};
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
@@ -24,7 +17,62 @@ pub struct CudaAsyncOptions {
     pub release_threshold: Option<usize>,
 }
 
-/// Stream-ordered device memory from a driver memory pool owned by this resource.
+/// Stream-ordered device memory from a driver memory pool owned by this resource, as RMM's
+/// `cuda_async_memory_resource`.
+///
+/// The resource creates a `cuMemPool` of its own on the context's device and allocates from it
+/// with `cuMemAllocFromPoolAsync`, freeing with `cuMemFreeAsync`. Options
+/// ([`CudaAsyncOptions`]): an initial size (allocated and freed once at construction so the pool
+/// holds it) and a release threshold (bytes the pool keeps when streams synchronize; defaults to
+/// the device's total memory, as RMM does). The pool is destroyed on drop; the driver releases its
+/// memory once the frees queued on streams have run.
+///
+/// # Cost
+///
+/// One driver call per operation, after making the context current; no lock or atomic of its own
+/// (the driver synchronizes its pool). The pool keeps up to the release threshold of freed memory
+/// across synchronizations ([`reserved_bytes`](Self::reserved_bytes) reads what it holds).
+///
+/// # Streams
+///
+/// Allocation and free are queued on the stream: the driver's pool reuses memory freed on a stream
+/// for later work on that stream without a device synchronization. `allocate` on a stream the pool
+/// cannot queue on — a simulated stream, another thread's per-thread stream, a stream of another
+/// context — fails with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported);
+/// `deallocate` on such a stream waits for it on the host, then frees on the null stream.
+/// `synchronize` makes the stream's context current and synchronizes the stream (the whole context
+/// for another thread's per-thread stream). `order_after` records an event on `after` and makes
+/// `stream` wait on it; where either stream cannot be named from this thread, or `stream` is
+/// simulated, the host waits for `after` instead. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// None: a leaf. It calls the CUDA driver's memory pools (`cuMemPoolCreate`,
+/// `cuMemPoolSetAttribute`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuMemPoolDestroy`),
+/// loaded at run time through cudarc, and needs a CUDA device: on a machine without the driver
+/// [`on_device`](Self::on_device) returns
+/// [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver).
+/// It gives device-accessible memory and guarantees 256-byte alignment; a larger alignment is
+/// refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+///
+/// # Examples
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let ctx = mrstack::cuda_context(0)?; // Err(NoDriver) on a machine without CUDA
+/// let options = CudaAsyncOptions { initial_pool_size: Some(256 << 20), ..Default::default() };
+/// let mr = CudaAsync::with_options(&ctx, options)?;
+/// let stream = ctx.default_stream();
+/// let s = StreamRef::from(&stream);
+/// let p = mr.allocate(1 << 20, 256, s)?; // queued on `stream`
+/// // SAFETY: p came from mr with this size and alignment; the free is queued on `stream`, after
+/// // the work that used p.
+/// unsafe { mr.deallocate(p, 1 << 20, 256, s) };
+/// mr.synchronize(s)?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct CudaAsync {
     ctx: Arc<CudaContext>,

@@ -1,8 +1,4 @@
 //! `Managed`: unified memory from `cuMemAllocManaged`, reachable from host and device.
-//!
-//! The driver migrates pages on demand (or on prefetch), so the memory is `Migratable`. One driver
-//! call per operation, like `Cuda`. Guarantees 256-byte alignment. Do not ask for more managed
-//! memory than the device has free: oversubscription can stall the whole GPU.
 
 use super::{context_leaf, driver_allocate, driver_free};
 use crate::resource::{check_request, MemoryResource, Result};
@@ -11,7 +7,51 @@ use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
 use typenum::{B1, U256};
 
-/// Managed (unified) memory from `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`.
+/// Managed (unified) memory from `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`, freed with `cuMemFree`.
+///
+/// The memory is reachable from host and device: the driver migrates pages on demand (or on
+/// prefetch, see [`Prefetch`](crate::adaptor::Prefetch)), so it is
+/// [`Migratable`](crate::Migratable). The resource is bound to one context and makes it current
+/// before each call, so any thread may allocate.
+///
+/// # Cost
+///
+/// One driver call per operation, like [`Cuda`](crate::Cuda), after making the context current;
+/// `cuMemFree` synchronizes the device. No lock or atomic of its own; the resource is one `Arc` of
+/// its context.
+///
+/// # Streams
+///
+/// `allocate` and `deallocate` ignore the stream: the memory is usable at once by any stream, and
+/// `cuMemFree` waits for the device. `synchronize` makes the stream's context current and
+/// synchronizes the stream (the whole context for another thread's per-thread stream, which no
+/// handle names here). `order_after` records an event on `after` and makes `stream` wait on it;
+/// where either stream cannot be named from this thread, or `stream` is simulated, the host waits
+/// for `after` instead. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// None: a leaf. It calls the CUDA driver (`cuMemAllocManaged`, `cuMemFree`), loaded at run time
+/// through cudarc, and needs a CUDA device: on a machine without the driver the constructors
+/// return [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver). Do not ask for more
+/// managed memory than the device has free: oversubscription can stall the whole GPU. It gives
+/// host- and device-accessible, migratable memory and guarantees 256-byte alignment; a larger
+/// alignment is refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+///
+/// # Examples
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let managed = Managed::on_device(0)?; // Err(NoDriver) on a machine without CUDA
+/// let p = managed.allocate_sync(1 << 20, 256)?;
+/// // SAFETY: managed memory is host-accessible, and the allocation was synchronized.
+/// unsafe { p.as_ptr().write_bytes(0, 1 << 20) };
+/// // SAFETY: p came from managed with this size and alignment.
+/// unsafe { managed.deallocate_sync(p, 1 << 20, 256) };
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Managed {
     ctx: std::sync::Arc<CudaContext>,

@@ -1,9 +1,4 @@
 //! `Pinned`: page-locked host memory from `cuMemHostAlloc`, mapped into the device's address space.
-//!
-//! With unified addressing (every 64-bit platform CUDA supports) the host pointer is also the
-//! device pointer, so kernels read it over PCIe/NVLink and copies from it run at full speed. One
-//! driver call per operation; pinning is slow, so put a pool over it for frequent allocations.
-//! Guarantees 256-byte alignment.
 
 use super::{context_leaf, driver_allocate, driver_free};
 use crate::resource::{check_request, MemoryResource, Result};
@@ -13,6 +8,48 @@ use std::ptr::NonNull;
 use typenum::{B0, B1, U256};
 
 /// Pinned host memory from `cuMemHostAlloc(PORTABLE | DEVICEMAP)`, freed with `cuMemFreeHost`.
+///
+/// The memory is page-locked and mapped into the device's address space. With unified addressing
+/// (every 64-bit platform CUDA supports) the host pointer is also the device pointer, so kernels
+/// read it over PCIe/NVLink and copies from it run at full speed. The resource is bound to one
+/// context and makes it current before each call, so any thread may allocate.
+///
+/// # Cost
+///
+/// One driver call per operation, after making the context current; pinning is slow, so put a
+/// pool over it for frequent allocations. No lock or atomic of its own; the resource is one `Arc`
+/// of its context.
+///
+/// # Streams
+///
+/// `allocate` and `deallocate` ignore the stream: the memory is usable at once by any stream, and
+/// is freed by `cuMemFreeHost` when `deallocate` is called. `synchronize` makes the stream's
+/// context current and synchronizes the stream (the whole context for another thread's per-thread
+/// stream, which no handle names here). `order_after` records an event on `after` and makes
+/// `stream` wait on it; where either stream cannot be named from this thread, or `stream` is
+/// simulated, the host waits for `after` instead. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// None: a leaf. It calls the CUDA driver (`cuMemHostAlloc`, `cuMemFreeHost`), loaded at run time
+/// through cudarc, and needs a CUDA device: on a machine without the driver the constructors
+/// return [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver). It gives host- and
+/// device-accessible memory (not migratable) and guarantees 256-byte alignment; a larger
+/// alignment is refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+///
+/// # Examples
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let pinned = Pinned::on_device(0)?; // Err(NoDriver) on a machine without CUDA
+/// let staging = resource_stack![pinned, Pool { initial: 64 MiB }]; // pinning is slow: pool it
+/// let p = staging.allocate_sync(4096, 256)?;
+/// // SAFETY: p came from staging with this size and alignment.
+/// unsafe { staging.deallocate_sync(p, 4096, 256) };
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Pinned {
     ctx: std::sync::Arc<CudaContext>,

@@ -1,12 +1,4 @@
-//! `Simulated`: hands out aligned address ranges from a fake address space, with no memory behind
-//! them.
-//!
-//! It has no properties (neither host- nor device-accessible: nothing may dereference what it
-//! returns), a capacity in bytes, and exact accounting — bytes in use, peak, live allocations — so
-//! that every suballocator can be tested, fuzzed and replayed at any size on a machine with no GPU,
-//! and a test can check that a stack gave back everything it took. Each allocation gets a fresh
-//! range (addresses are never reused), so a use-after-free in a test shows up as an unknown pointer.
-//! One mutex-protected map: fine for an upstream, not meant to be fast per call.
+//! `Simulated`: a fake address space that hands out aligned ranges with no memory behind them.
 
 use crate::resource::{align_up, check_request, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
@@ -16,6 +8,47 @@ use std::sync::Mutex;
 use typenum::{B0, U256};
 
 /// A fake address space of `capacity` bytes.
+///
+/// It hands out aligned address ranges with no memory behind them. It has no properties (neither
+/// host- nor device-accessible: nothing may dereference what it returns), a capacity in bytes, and
+/// exact accounting — bytes in use ([`in_use`](Self::in_use)), [`peak`](Self::peak), live
+/// allocations ([`live`](Self::live)) — so that every suballocator can be tested, fuzzed and
+/// replayed at any size on a machine with no GPU, and a test can check that a stack gave back
+/// everything it took. Each allocation gets a fresh range from a bump pointer (addresses are never
+/// reused), so a use-after-free in a test shows up as an unknown pointer; `deallocate` panics on
+/// a pointer that is not live or a size that differs from the allocation's.
+///
+/// # Cost
+///
+/// One mutex-protected map: fine for an upstream, not meant to be fast per call. Each operation
+/// locks the mutex once and inserts or removes one entry of a `HashMap` of live allocations.
+///
+/// # Streams
+///
+/// None: no memory and no device, so nothing is ever queued on a stream to wait for or to order.
+/// `allocate` and `deallocate` ignore the stream; `synchronize` and `order_after` return `Ok(())`
+/// at once. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// None: a leaf. It calls no driver and needs nothing of the machine. Every range is aligned to
+/// `max(align, 256)`, and an allocation beyond the capacity left fails with
+/// [`AllocErrorKind::OutOfMemory`](crate::AllocErrorKind::OutOfMemory).
+///
+/// # Examples
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let sim = Simulated::new(1 << 20);
+/// let p = sim.allocate(1000, 4096, StreamRef::DEFAULT).unwrap();
+/// assert_eq!(p.as_ptr() as usize % 4096, 0);
+/// assert_eq!((sim.in_use(), sim.live()), (1000, 1));
+/// assert!(sim.allocate(1 << 20, 1, StreamRef::DEFAULT).is_err()); // over the capacity
+/// // SAFETY: p came from sim with this size and alignment.
+/// unsafe { sim.deallocate(p, 1000, 4096, StreamRef::DEFAULT) };
+/// assert_eq!((sim.in_use(), sim.peak(), sim.live()), (0, 1000, 0));
+/// ```
 #[derive(Debug)]
 pub struct Simulated {
     capacity: usize,

@@ -1,7 +1,4 @@
 //! `System`: host memory from Rust's global allocator, at any power-of-two alignment.
-//!
-//! Host-accessible only: kernels cannot read it, and the containers that hand memory to kernels
-//! refuse it at compile time. The natural upstream for host tests that need real bytes.
 
 use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource, Result};
 use crate::stream::StreamRef;
@@ -10,6 +7,40 @@ use std::ptr::NonNull;
 use typenum::{B0, B1, U16};
 
 /// Host memory from `std::alloc`.
+///
+/// Each allocation is one `std::alloc::alloc` (Rust's global allocator) with the alignment asked,
+/// at least 16 bytes; any power-of-two alignment is honoured. The memory is host-accessible only:
+/// kernels cannot read it, and the containers that hand memory to kernels refuse it at compile
+/// time. The natural upstream for host tests that need real bytes.
+///
+/// # Cost
+///
+/// One call to the global allocator per operation; no lock or atomic of its own, and no memory
+/// beyond what the global allocator keeps (the resource is zero-sized).
+///
+/// # Streams
+///
+/// None: host memory has no stream-ordered work. `allocate` and `deallocate` ignore the stream;
+/// `synchronize` and `order_after` return `Ok(())` at once. It keeps no stream alive.
+///
+/// # Upstream
+///
+/// None: a leaf. It calls `std::alloc` and needs nothing of the machine (no driver, no GPU). It
+/// gives host-accessible memory aligned to at least 16 bytes.
+///
+/// # Examples
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let mr = System::new();
+/// let p = mr.allocate_sync(100, 64).unwrap();
+/// assert_eq!(p.as_ptr() as usize % 64, 0);
+/// // SAFETY: System gives host memory; p holds 100 bytes.
+/// unsafe { p.as_ptr().write_bytes(7, 100) };
+/// // SAFETY: p came from mr with this size and alignment.
+/// unsafe { mr.deallocate_sync(p, 100, 64) };
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct System;
 

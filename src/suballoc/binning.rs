@@ -1,28 +1,4 @@
-//! `Binning`: power-of-two size classes served from fixed-size bins, larger requests from the
-//! upstream.
-//!
-//! **What it does.** Bins of block sizes `min, 2·min, 4·min, …, max` each work as a
-//! [`FixedSize`](crate::adaptor::FixedSize) resource: a request of at most `max` bytes takes one
-//! block of the smallest bin that holds it; a larger request, or one aligned beyond 256 bytes, goes
-//! to the upstream directly. The bins are not resources of their own but free lists that `Binning`
-//! refills from the upstream it owns, so that the bins and the large requests share one upstream
-//! (typically a [`Pool`](crate::adaptor::Pool)) with no `Arc` or borrow between them. A bin grows
-//! geometrically: each refill doubles the blocks it holds, up to 128 blocks at a time (RMM's
-//! `fixed_size_memory_resource` step), so a little-used bin holds little memory. Every chunk goes
-//! back to the upstream when the resource is dropped.
-//!
-//! **Streams.** Each bin keeps free blocks per stream, as `FixedSize` does: reuse on the same stream
-//! is immediate, and taking blocks freed on another stream `S` costs one `upstream.order_after(T, S)`.
-//! Each bin keeps alive the streams it keys a free list or a chunk by, until the resource is
-//! dropped.
-//!
-//! **What it costs.** For a binned request: a bit scan to pick the bin, then a pop or a push on a
-//! vector under that bin's own mutex (bins do not contend with each other). Other requests cost
-//! what the upstream costs. Blocks waste up to half their size to rounding.
-//!
-//! **What it requires of its upstream.** Any [`MemoryResource`] that honours a 256-byte alignment
-//! request: bins' chunks and large requests are asked for at least 256-byte alignment, which is
-//! what `Binning` guarantees.
+//! `Binning`: power-of-two bins of fixed-size blocks, larger requests from the upstream.
 
 use super::free_list::{Bin, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
@@ -68,12 +44,41 @@ impl<U: MemoryResource> Layer<U> for BinningConfig {
 
 /// Power-of-two bins over an upstream resource `U`.
 ///
-/// Requests of at most [`BinningConfig::max`] bytes (aligned to at most 256) take a block of the
-/// smallest power-of-two bin that holds them: a pop or push on that bin's free list under its own
-/// mutex. Bins are refilled from the upstream in chunks that double what the bin holds, up to 128
-/// blocks at a time. Larger or over-aligned requests go to the upstream, which the bins share
-/// (typically a [`Pool`](crate::adaptor::Pool)). Free blocks are kept per stream, handed to another
-/// stream only after `upstream.order_after`. Everything goes back to the upstream on drop.
+/// Bins of block sizes `min, 2·min, 4·min, …, max` ([`BinningConfig`]) each work as a
+/// [`FixedSize`](crate::adaptor::FixedSize) resource: a request of at most `max` bytes (aligned to
+/// at most 256) takes one block of the smallest bin that holds it; a larger request, or one aligned
+/// beyond 256 bytes, goes to the upstream directly. The bins are not resources of their own but
+/// free lists that `Binning` refills from the upstream it owns, so that the bins and the large
+/// requests share one upstream (typically a [`Pool`](crate::adaptor::Pool)) with no `Arc` or
+/// borrow between them. A bin grows geometrically: each refill doubles the blocks it holds, up to
+/// 128 blocks at a time (RMM's `fixed_size_memory_resource` step), so a little-used bin holds
+/// little memory; the bins start empty. Every chunk goes back to the upstream when the resource is
+/// dropped.
+///
+/// # Cost
+///
+/// For a binned request: a bit scan to pick the bin, then a pop or a push on a vector under that
+/// bin's own mutex (bins do not contend with each other); an upstream call only when the bin's
+/// free list runs dry. Other requests cost what the upstream costs. Blocks waste up to half their
+/// size to rounding.
+///
+/// # Streams
+///
+/// Each bin keeps free blocks per stream, as `FixedSize` does: reuse on the same stream is
+/// immediate, and taking blocks freed on another stream `S` costs one
+/// `upstream.order_after(T, S)`, which moves all of `S`'s free blocks in that bin to `T`. A chunk
+/// grown for a request belongs to the request's stream. Each bin keeps alive the streams it keys a
+/// free list or a chunk by, until the resource is dropped; on drop each chunk goes back on its own
+/// stream, ordered after every stream holding free blocks. Requests passed to the upstream keep
+/// their stream; `synchronize` and `order_after` are forwarded to the upstream.
+///
+/// # Upstream
+///
+/// Any [`MemoryResource`] that honours a 256-byte alignment request: bins' chunks and large
+/// requests are asked for at least 256-byte alignment, which is what `Binning` guarantees. It gives
+/// the upstream's properties.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

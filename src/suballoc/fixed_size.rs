@@ -1,25 +1,4 @@
-//! `FixedSize`: blocks of one size, carved from upstream chunks and kept on a free list.
-//!
-//! **What it does.** The resource takes chunks of `blocks_to_preallocate` blocks from its upstream
-//! (one chunk when built, then one more each time the free list runs dry, as RMM's
-//! `fixed_size_memory_resource` does) and serves every request of at most `block_size` bytes with
-//! one whole block. Blocks are never split or merged, so there is no fragmentation to manage, only
-//! the rounding up of each request to the block size. Chunks go back to the upstream when the
-//! resource is dropped.
-//!
-//! **Streams.** Free blocks are kept per stream: a block freed on stream `S` is handed out again at
-//! once to `S`; another stream `T` takes `S`'s blocks only after `upstream.order_after(T, S)`, and
-//! then takes all of them, since one wait orders them all. The resource keeps alive
-//! every stream it keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is
-//! dropped: a stream whose owner dropped it is still there to order reuse after, and its handle
-//! cannot be given to a new stream meanwhile.
-//!
-//! **What it costs.** A pop or a push on a vector under a mutex; an upstream call only when the
-//! free list runs dry.
-//!
-//! **What it requires of its upstream.** Any [`MemoryResource`] that honours a 256-byte alignment
-//! request. Block sizes are rounded up to 256 bytes, so every block is 256-byte aligned; a request
-//! larger than a block or aligned beyond 256 bytes is refused with an error.
+//! `FixedSize`: blocks of one size, carved from upstream chunks and kept on free lists per stream.
 
 use super::free_list::{Bin, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
@@ -66,12 +45,40 @@ impl<U: MemoryResource> Layer<U> for FixedSizeConfig {
 
 /// Blocks of one size over an upstream resource `U`.
 ///
-/// Takes chunks of [`FixedSizeConfig::blocks_to_preallocate`] blocks from the upstream (one when
-/// built, one more whenever the free list runs dry) and serves each request of at most
-/// [`block_size`](Self::block_size) bytes with a whole block: a pop or push on a free list under
-/// a mutex. Blocks are 256-byte aligned; larger or over-aligned requests are refused. Free blocks
-/// are kept per stream; another stream takes them only after `upstream.order_after`. Chunks go
-/// back to the upstream on drop.
+/// The resource takes chunks of [`FixedSizeConfig::blocks_to_preallocate`] blocks from its upstream
+/// (one chunk when built, then one more each time the free list runs dry, as RMM's
+/// `fixed_size_memory_resource` does) and serves every request of at most
+/// [`block_size`](Self::block_size) bytes with one whole block. Blocks are never split or merged,
+/// so there is no fragmentation to manage, only the rounding up of each request to the block size.
+/// When the upstream is short of memory for a growth, it is asked for half as many blocks, down to
+/// one. Chunks go back to the upstream when the resource is dropped.
+///
+/// # Cost
+///
+/// A pop or a push on a vector under a mutex; an upstream call only when the free list runs dry
+/// (and when the resource is dropped). Memory: one address per free block and one record per
+/// chunk; each request is rounded up to the block size.
+///
+/// # Streams
+///
+/// Free blocks are kept per stream: a block freed on stream `S` is handed out again at once to
+/// `S`; another stream `T` takes `S`'s blocks only after `upstream.order_after(T, S)`, and then
+/// takes all of them, since one wait orders them all. A chunk grown for a request belongs to the
+/// request's stream (the first one to the default stream). The resource keeps alive every stream
+/// it keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is dropped: a
+/// stream whose owner dropped it is still there to order reuse after, and its handle cannot be
+/// given to a new stream meanwhile. On drop each chunk goes back on its own stream, ordered by
+/// `upstream.order_after` after every stream holding free blocks (or after
+/// `upstream.synchronize` of that stream where ordering fails). `synchronize` and `order_after`
+/// are forwarded to the upstream.
+///
+/// # Upstream
+///
+/// Any [`MemoryResource`] that honours a 256-byte alignment request. Block sizes are rounded up to
+/// 256 bytes, so every block is 256-byte aligned; a request larger than a block or aligned beyond
+/// 256 bytes is refused with an error. It gives the upstream's properties.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;

@@ -1,34 +1,4 @@
-//! `Pool`: a coalescing best-fit suballocator that takes memory from its upstream in large chunks,
-//! up to a maximum, and carves it into blocks.
-//!
-//! **What it does.** Free blocks are kept per stream, indexed twice: by `(size, address)` for best
-//! fit and by address for coalescing with their neighbours. An allocation takes the smallest free
-//! block that fits, splits off what it does not need and keeps the rest free; a deallocation merges
-//! the block with the free blocks right before and after it, when they were freed on the same stream
-//! and lie in the same upstream chunk (two upstream allocations are never one block, even when
-//! adjacent). When no block fits, the pool grows by a new chunk: doubling without a maximum, and
-//! near the maximum by exactly what is still allowed, so that a pool whose maximum is barely above
-//! the peak of live bytes still serves the workload. Every chunk goes back to the upstream when the
-//! pool is dropped; [`Pool::release`] gives back the chunks that are wholly free before that.
-//!
-//! **Streams.** Like RMM, a block freed on stream `S` is handed out again at once to work on `S`.
-//! Another stream `T` may take it only after `upstream.order_after(T, S)` (CUDA leaves record an event
-//! on `S` and make `T` wait on it); the pool then moves all of `S`'s free blocks to `T`, since the one
-//! wait orders all of them, so a second request on `T` needs no second wait. The initial
-//! reservation belongs to the default stream, as in RMM; a chunk grown for a request belongs to
-//! the request's stream. The pool keeps alive
-//! every stream it keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is
-//! dropped: a stream whose owner dropped it is still there to order reuse after, and its handle
-//! cannot be given to a new stream meanwhile.
-//!
-//! **What it costs.** Allocation and deallocation are a handful of B-tree operations under one
-//! mutex: O(log n) in the number of free blocks, no scan. Sizes are rounded up to 256 bytes.
-//! Upstream calls happen only when the pool grows, releases, or is dropped.
-//!
-//! **What it requires of its upstream.** Any [`MemoryResource`] that honours a 256-byte alignment
-//! request (every CUDA leaf guarantees it, `System` and `Simulated` honour it). The pool gives
-//! the upstream's properties and guarantees 256-byte alignment; larger alignments are honoured by
-//! carving an aligned block out of a larger free one.
+//! `Pool`: a coalescing best-fit pool with free lists per stream.
 
 use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
@@ -81,12 +51,47 @@ impl<U: MemoryResource> Layer<U> for PoolConfig {
 
 /// A coalescing best-fit pool over an upstream resource `U`.
 ///
-/// Best fit and coalescing in O(log n) per operation (B-trees of free blocks by size and by
-/// address, per stream); grows from the upstream in chunks up to [`PoolConfig::max`], doubling,
-/// and near the maximum by exactly what is left; never merges blocks of two upstream chunks.
-/// Blocks freed on one stream go to another only after `upstream.order_after`. Guarantees 256-byte
-/// alignment and honours larger requested ones. Every chunk goes back to the upstream on drop, or
-/// earlier through [`release`](Self::release) once wholly free. `Sync` when `U` is.
+/// It takes memory from its upstream in large chunks, up to a maximum ([`PoolConfig::max`]), and
+/// carves it into blocks. Free blocks are kept per stream, indexed twice: by `(size, address)` for
+/// best fit and by address for coalescing with their neighbours. An allocation takes the smallest
+/// free block that fits, splits off what it does not need and keeps the rest free; a deallocation
+/// merges the block with the free blocks right before and after it, when they were freed on the
+/// same stream and lie in the same upstream chunk (two upstream allocations are never one block,
+/// even when adjacent). When no block fits, the pool grows by a new chunk: doubling (at least
+/// 2 MiB) without a maximum, and near the maximum by exactly what is still allowed, so that a pool
+/// whose maximum is barely above the peak of live bytes still serves the workload; an upstream
+/// short of memory is asked for half as much, down to the request, as RMM does. Every chunk goes
+/// back to the upstream when the pool is dropped; [`release`](Self::release) gives back the
+/// chunks that are wholly free before that. `Sync` when `U` is.
+///
+/// # Cost
+///
+/// Allocation and deallocation are a handful of B-tree (and hash-map) operations under one mutex:
+/// O(log n) in the number of free blocks, no scan. Sizes are rounded up to 256 bytes. Upstream
+/// calls happen only when the pool grows, releases, or is dropped, and `order_after` when a
+/// request takes blocks freed on another stream.
+///
+/// # Streams
+///
+/// Like RMM, a block freed on stream `S` is handed out again at once to work on `S`. Another
+/// stream `T` may take it only after `upstream.order_after(T, S)` (CUDA leaves record an event on
+/// `S` and make `T` wait on it); the pool then moves all of `S`'s free blocks to `T`, since the one
+/// wait orders all of them, so a second request on `T` needs no second wait. The initial
+/// reservation belongs to the default stream, as in RMM; a chunk grown for a request belongs to
+/// the request's stream, and is given back on it (by `release` or on drop) after `order_after`
+/// that stream behind the streams that freed blocks inside it. The pool keeps alive every stream it
+/// keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is dropped: a
+/// stream whose owner dropped it is still there to order reuse after, and its handle cannot be
+/// given to a new stream meanwhile. `synchronize` and `order_after` are forwarded to the upstream.
+///
+/// # Upstream
+///
+/// Any [`MemoryResource`] that honours a 256-byte alignment request (every CUDA leaf guarantees
+/// it, `System` and `Simulated` honour it). The pool gives the upstream's properties and
+/// guarantees 256-byte alignment; larger alignments are honoured by carving an aligned block out of
+/// a larger free one.
+///
+/// # Examples
 ///
 /// ```
 /// use mrstack::prelude::*;
