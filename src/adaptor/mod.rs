@@ -11,9 +11,11 @@ mod retry;
 mod statistics;
 mod tracking;
 
+/// The header line `Logging` writes first: [`rmm_log::HEADER`](crate::replay::rmm_log::HEADER).
+pub use crate::replay::rmm_log::HEADER as LOG_HEADER;
 pub use aligned::{Aligned, AlignedConfig};
 pub use limiting::{Limiting, LimitingConfig};
-pub use logging::{LogWriter, Logging, LoggingConfig, LOG_HEADER};
+pub use logging::{LogWriter, Logging, LoggingConfig};
 pub use prefetch::{Prefetch, PrefetchConfig};
 pub use retry::{Retry, RetryCallback, RetryConfig};
 pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
