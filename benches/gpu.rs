@@ -15,7 +15,11 @@
 // the library).
 #![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
 
-use mrstack::workload::{
+#[path = "../tests/support/traces.rs"]
+mod traces;
+
+use mrstack::replay::rmm_log;
+use mrstack::replay::{
     self, measure, min_capacity, stack, timing_capacity, StackFactory, Workload,
 };
 use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
@@ -37,9 +41,9 @@ const RMM: [(&str, f64, f64); 4] = [
 ];
 
 fn workloads() -> Vec<Workload> {
-    let mut all = vec![workload::random(&Default::default())];
-    let path = mrstack::trace::resnet50_path();
-    match mrstack::trace::read(&path) {
+    let mut all = vec![replay::random(&Default::default())];
+    let path = traces::resnet50_path();
+    match rmm_log::read(&path) {
         Ok(t) => all.push(t.workload),
         Err(e) => println!("skipping the ResNet-50 trace: {e}"),
     }
@@ -58,7 +62,7 @@ fn time(
     cuda: &Cuda,
     w: &Workload,
     streams: &[StreamHandle],
-) -> Result<Cell, workload::ReplayError> {
+) -> Result<Cell, replay::ReplayError> {
     let capacity = timing_capacity(w);
     let mut replay = stack.replayer(cuda.clone(), capacity, w, streams.to_vec())?;
     // A first pass, cold (the stack fills from the driver), to size the run; `measure` adds its own
@@ -110,7 +114,7 @@ fn main() {
 
     // The table: raw cuMemAlloc (the "upstream" preset), CudaAsync, then the suballocator stacks.
     let async_ctx = ctx.clone();
-    let mut stacks: Vec<Box<dyn StackFactory<Cuda>>> = workload::stacks::<Cuda>();
+    let mut stacks: Vec<Box<dyn StackFactory<Cuda>>> = replay::stacks::<Cuda>();
     stacks.insert(
         1,
         stack("cuda-async", move |_: Cuda, _| CudaAsync::new(&async_ctx)),
@@ -122,7 +126,7 @@ fn main() {
 
     // Minimum capacities, host-side over Simulated, for the suballocator stacks.
     let mut min_cap: HashMap<(String, usize), String> = HashMap::new();
-    for s in workload::stacks::<Arc<Simulated>>().iter().skip(1) {
+    for s in replay::stacks::<Arc<Simulated>>().iter().skip(1) {
         for (i, w) in workloads.iter().enumerate() {
             let cell = match min_capacity(s.as_ref(), w, 0.001) {
                 Ok(c) => format!("{:.3}", c.ratio),
@@ -246,7 +250,7 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
     const THREAD_PASSES: usize = 11;
     let workloads: Vec<Workload> = (0..THREADS as u64)
         .map(|t| {
-            workload::random(&workload::RandomConfig {
+            replay::random(&replay::RandomConfig {
                 seed: 42 + t,
                 ..Default::default()
             })
@@ -259,11 +263,11 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
         match name {
             "arena" => {
                 let mr = resource_stack![cuda, Arena { size: cap(n) }];
-                workload::measure_threads(&mr, w, THREAD_PASSES)
+                replay::measure_threads(&mr, w, THREAD_PASSES)
             }
             "arena/16M" => {
                 let mr = resource_stack![cuda, Arena { size: cap(n), superblock: 16 MiB }];
-                workload::measure_threads(&mr, w, THREAD_PASSES)
+                replay::measure_threads(&mr, w, THREAD_PASSES)
             }
             _ => {
                 let mr = resource_stack![
@@ -273,7 +277,7 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
                         max: cap(n)
                     }
                 ];
-                workload::measure_threads(&mr, w, THREAD_PASSES)
+                replay::measure_threads(&mr, w, THREAD_PASSES)
             }
         }
         .map_err(|e| e.to_string())

@@ -4,7 +4,7 @@
 //!
 //! Before criterion runs, a table is printed, computed outside criterion's timing: for each stack
 //! and workload, ns per op in steady state (a warm-up pass, then the median of 5 passes on the same
-//! resource) and the minimum capacity (`workload::min_capacity`, to 0.1%) over peak live bytes.
+//! resource) and the minimum capacity (`replay::min_capacity`, to 0.1%) over peak live bytes.
 //! Then criterion times each stack × workload, one criterion iteration being one op, so the times
 //! it reports are ns per op. `Simulated` itself costs a mutex and a hash map per call: the raw
 //! upstream row is the floor under every stack here, not a GPU number.
@@ -16,17 +16,21 @@
 #![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mrstack::workload::{self, measure, min_capacity, timing_capacity, Replay, Workload};
+#[path = "../tests/support/traces.rs"]
+mod traces;
+
+use mrstack::replay::rmm_log;
+use mrstack::replay::{self, measure, min_capacity, timing_capacity, Replay, Workload};
 use mrstack::Simulated;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The random workload, and the ResNet-50 trace where `shared/` is beside the repository.
 fn workloads() -> Vec<Workload> {
-    let mut all = vec![workload::random(&Default::default())];
-    let path = mrstack::trace::resnet50_path();
+    let mut all = vec![replay::random(&Default::default())];
+    let path = traces::resnet50_path();
     if path.exists() {
-        match mrstack::trace::read(&path) {
+        match rmm_log::read(&path) {
             Ok(t) => all.push(t.workload),
             Err(e) => eprintln!("skipping the ResNet-50 trace: {e}"),
         }
@@ -38,9 +42,9 @@ fn workloads() -> Vec<Workload> {
 
 /// Builds `stack` over a roomy `Simulated` for timing `w`.
 fn replayer<'w>(
-    stack: &dyn workload::StackFactory<Arc<Simulated>>,
+    stack: &dyn replay::StackFactory<Arc<Simulated>>,
     w: &'w Workload,
-) -> Result<Box<dyn Replay + 'w>, workload::ReplayError> {
+) -> Result<Box<dyn Replay + 'w>, replay::ReplayError> {
     let capacity = timing_capacity(w);
     stack.replayer(
         Arc::new(Simulated::new(capacity)),
@@ -58,7 +62,7 @@ fn print_table(workloads: &[Workload]) {
         "{:<16} {:<16} {:>8} {:>11} {:>13} {:>15}",
         "stack", "workload", "ops", "ns/op", "min capacity", "peak live (B)"
     );
-    for stack in workload::stacks::<Arc<Simulated>>() {
+    for stack in replay::stacks::<Arc<Simulated>>() {
         for w in workloads {
             let timing = replayer(stack.as_ref(), w).and_then(|mut r| measure(r.as_mut(), 5));
             let ns = match &timing {
@@ -103,7 +107,7 @@ fn bench(c: &mut Criterion) {
     print_table(&workloads);
     for w in &workloads {
         let mut group = c.benchmark_group(format!("{}/per-op", w.name()));
-        for stack in workload::stacks::<Arc<Simulated>>() {
+        for stack in replay::stacks::<Arc<Simulated>>() {
             let what = format!("{} on {}", stack.name(), w.name());
             let mut replay = match replayer(stack.as_ref(), w) {
                 Ok(r) => r,

@@ -101,7 +101,9 @@
 //! * [`leaf`]: leaf resources (also at their former path, `upstream`). [`suballoc`]: the
 //!   suballocators and their [`Usage`](suballoc::Usage) report. [`adaptor`]: behaviour adaptors.
 //!   All are configured through [`layer`]; [`units`] reads and shows byte sizes.
-//! * [`workload`] and [`trace`]: workloads and RMM logs to replay and measure stacks with.
+//! * [`replay`]: workloads (built, random, or RMM logs read by [`replay::rmm_log`]) replayed
+//!   through stacks to time them and to find the smallest capacity they complete with (also at
+//!   their former paths, `workload` and `trace`).
 //! * [`container`]: typed containers with cudarc interop, and [`HostAllocator`] for
 //!   `allocator-api2` collections in host-accessible memory.
 //! * [`erased`]: [`AnyResource`] and [`ResourceRef`], stacks chosen at run time with their
@@ -120,14 +122,19 @@ pub mod layer;
 pub mod leaf;
 pub mod property;
 pub mod registry;
+pub mod replay;
 pub mod resource;
 pub mod stream;
 pub mod suballoc;
-pub mod trace;
 pub mod units;
 /// The leaves under their former name (`mrstack::upstream::Cuda`): the same module as [`leaf`].
 pub use leaf as upstream;
-pub mod workload;
+/// The replay module under its former name (`mrstack::workload::Workload`): the same module as
+/// [`replay`].
+pub use replay as workload;
+/// RMM log reading under its former name (`mrstack::trace::read`): the same module as
+/// [`replay::rmm_log`].
+pub use replay::rmm_log as trace;
 
 pub use container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
 pub use erased::{AnyResource, PropertySet, ResourceRef};

@@ -171,7 +171,7 @@ unsafe impl<U: HostOnly, F> HostOnly for crate::adaptor::Retry<U, F> where
 {
 }
 // SAFETY: the upstream's memory, counted.
-unsafe impl<U: HostOnly> HostOnly for crate::workload::Metered<U> {}
+unsafe impl<U: HostOnly> HostOnly for crate::replay::Metered<U> {}
 // SAFETY: `Callback::new`'s caller promised memory that `Pageable` describes: pageable host memory.
 unsafe impl<Ctx, A> HostOnly for crate::Callback<Ctx, Pageable, A> where
     A: typenum::Unsigned + typenum::NonZero + typenum::PowerOfTwo

@@ -6,7 +6,7 @@
 //! For each stack a report holds:
 //!
 //! * **ns/op**: a warm-up pass, then the median of timed passes on the same resource
-//!   ([`workload::measure`]); a many-threaded workload replays each thread on an OS thread of its
+//!   ([`measure`]); a many-threaded workload replays each thread on an OS thread of its
 //!   own, and ns/op is then wall time over all ops;
 //! * **upstream peak**: the most bytes the stack took from its upstream during those passes, with
 //!   the stack built with a capacity (pool maximum, arena size) of [`timed_capacity`]: twice the
@@ -21,7 +21,7 @@
 //!
 //! ```
 //! use mrstack_cli::{run_stack, Candidate, Settings};
-//! use mrstack::workload::{self, Workload, Op};
+//! use mrstack::replay::{self, Workload, Op};
 //! use mrstack::Simulated;
 //! use std::sync::Arc;
 //!
@@ -29,7 +29,7 @@
 //!     Op::Alloc { id: 0, size: 100, stream: 0 },
 //!     Op::Free { id: 0 },
 //! ]).unwrap();
-//! let stacks = workload::stacks::<Arc<Simulated>>();
+//! let stacks = replay::stacks::<Arc<Simulated>>();
 //! let raw = Candidate { name: "upstream", timing: stacks[0].as_ref(), capacity: Some(stacks[0].as_ref()) };
 //! let sim = Arc::new(Simulated::new(1 << 20));
 //! let settings = Settings { passes: 3, ..Settings::default() };
@@ -39,12 +39,12 @@
 //! assert_eq!(report.pass_ns_per_op.len(), 3);
 //! ```
 
-use mrstack::stream::StreamHandle;
-use mrstack::trace::Trace;
-use mrstack::upstream::Simulated;
-use mrstack::workload::{
-    self, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
+use mrstack::leaf::Simulated;
+use mrstack::replay::rmm_log::Trace;
+use mrstack::replay::{
+    measure, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
 };
+use mrstack::stream::StreamHandle;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -506,7 +506,7 @@ pub fn run_stack<U>(
     };
     let timed = built.and_then(|inner| {
         let mut replay = Ticking { inner, progress };
-        let timing = workload::measure(&mut replay, settings.passes)?;
+        let timing = measure(&mut replay, settings.passes)?;
         // Read while the stack is alive: a driver pool's reservation goes with it.
         Ok((timing, upstream_peak()))
     });
@@ -531,6 +531,7 @@ pub fn probes_estimate(precision: f64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mrstack::replay;
 
     #[test]
     fn bytes_are_human() {
@@ -542,7 +543,7 @@ mod tests {
     }
 
     fn tiny() -> Workload {
-        use mrstack::workload::Op;
+        use mrstack::replay::Op;
         Workload::new(
             "tiny",
             vec![
@@ -582,7 +583,7 @@ mod tests {
     #[test]
     fn run_stack_times_meters_and_searches() {
         let w = tiny();
-        let stacks = workload::stacks::<Arc<Simulated>>();
+        let stacks = replay::stacks::<Arc<Simulated>>();
         let raw = Candidate {
             name: "upstream",
             timing: stacks[0].as_ref(),
@@ -639,7 +640,7 @@ mod tests {
     #[test]
     fn run_stack_keeps_failures_and_still_runs_the_other_step() {
         let w = tiny();
-        let stacks = workload::stacks::<Arc<Simulated>>();
+        let stacks = replay::stacks::<Arc<Simulated>>();
         let raw = Candidate {
             name: "upstream",
             timing: stacks[0].as_ref(),
@@ -661,7 +662,7 @@ mod tests {
         assert_eq!((r.ns_per_op, r.upstream_peak), (None, None));
         assert_eq!(r.min_capacity, Some(300));
 
-        let broken = workload::stack("broken", |_: Arc<Simulated>, _| {
+        let broken = replay::stack("broken", |_: Arc<Simulated>, _| {
             Err::<Simulated, _>(mrstack::AllocError::new(
                 mrstack::AllocErrorKind::Unsupported("test"),
                 0,

@@ -1,22 +1,25 @@
 //! `mrstack`: the command-line tool. `mrstack replay [TRACE]` replays an allocation log (RMM's CSV,
 //! as the `Logging` adaptor writes it) or the built-in random workload through the preset stacks of
-//! `mrstack::workload::stacks()`, over a GPU or over `Simulated`, and prints for each stack its ns
+//! `mrstack::replay::stacks()`, over a GPU or over `Simulated`, and prints for each stack its ns
 //! per op, the peak it took from its upstream and its minimum capacity. The work itself is in
 //! `mrstack_cli` (cli/src/lib.rs); this file is the command line, the choice of upstream and the progress bar.
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::CudaContext;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mrstack::trace::{self, OnError};
-use mrstack::workload::{self, simulated_streams, stack, timing_capacity, Metered, StackFactory};
+use mrstack::replay::rmm_log::{self, OnError};
+use mrstack::replay::{
+    random, simulated_streams, stack, timing_capacity, Metered, RandomConfig, StackFactory,
+    Workload,
+};
 use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
 use mrstack_cli::{self as replay, probes_estimate, run_stack, Candidate, Report, Settings};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 const EXIT_STATUS: &str = "\
 Exit status:
@@ -139,7 +142,7 @@ const CUDA_ASYNC: &str = "cuda-async";
 
 /// The stack names, for the help: the table's, plus `cuda-async` on a GPU.
 fn stack_list() -> String {
-    let names: Vec<String> = workload::stacks::<Arc<Simulated>>()
+    let names: Vec<String> = mrstack::replay::stacks::<Arc<Simulated>>()
         .iter()
         .map(|s| match s.name() {
             "upstream" => "upstream (the upstream itself; alias `cuda` or `simulated`)".to_owned(),
@@ -215,7 +218,7 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
              Simulated ({device})"
         ));
     }
-    let mut names: Vec<String> = workload::stacks::<Arc<Simulated>>()
+    let mut names: Vec<String> = mrstack::replay::stacks::<Arc<Simulated>>()
         .iter()
         .map(|s| s.name().to_owned())
         .collect();
@@ -230,14 +233,14 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
     // The workload, parsed in full before anything is timed.
     let (workload, summary, stream_ids) = match &args.trace {
         None => {
-            let mut config = workload::RandomConfig {
+            let mut config = RandomConfig {
                 allocations: args.allocations,
                 ..Default::default()
             };
             if let Some(seed) = args.seed {
                 config.seed = seed;
             }
-            let w = workload::random(&config);
+            let w = random(&config);
             let summary = replay::WorkloadSummary::of(&w, "built-in random workload");
             (w, summary, vec![0])
         }
@@ -308,15 +311,15 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
 fn read_trace(
     path: &std::path::Path,
     args: &ReplayArgs,
-) -> Result<trace::Trace, trace::TraceError> {
+) -> Result<rmm_log::Trace, rmm_log::TraceError> {
     let on_error = match args.on_error {
         OnErrorArg::Stop => OnError::Stop,
         OnErrorArg::Skip => OnError::Skip,
     };
-    let file = std::fs::File::open(path).map_err(|e| trace::TraceError {
+    let file = std::fs::File::open(path).map_err(|e| rmm_log::TraceError {
         path: Some(path.to_owned()),
         line: 0,
-        kind: trace::TraceErrorKind::Open(e),
+        kind: rmm_log::TraceErrorKind::Open(e),
     })?;
     let size = file.metadata().map_or(0, |m| m.len());
     let bar = ProgressBar::with_draw_target(Some(size), draw_target(args.quiet)).with_style(
@@ -325,17 +328,17 @@ fn read_trace(
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.set_message(trace::workload_name(path));
-    let parsed = trace::read_from(bar.wrap_read(file), trace::workload_name(path), on_error);
+    bar.set_message(rmm_log::workload_name(path));
+    let parsed = rmm_log::read_from(bar.wrap_read(file), rmm_log::workload_name(path), on_error);
     bar.finish_and_clear();
-    parsed.map_err(|e| trace::TraceError {
+    parsed.map_err(|e| rmm_log::TraceError {
         path: Some(path.to_owned()),
         ..e
     })
 }
 
 /// Warns of the lines `--on-error skip` left out.
-fn report_skipped(t: &trace::Trace, path: &std::path::Path) {
+fn report_skipped(t: &rmm_log::Trace, path: &std::path::Path) {
     if t.skipped_lines == 0 {
         return;
     }
@@ -421,11 +424,11 @@ impl replay::Progress for Bar {
 
 fn replay_simulated(
     chosen: &[String],
-    w: &workload::Workload,
+    w: &Workload,
     settings: &Settings,
     bar: &Bar,
 ) -> Vec<replay::StackReport> {
-    let stacks = workload::stacks::<Arc<Simulated>>();
+    let stacks = mrstack::replay::stacks::<Arc<Simulated>>();
     let mut reports = Vec::new();
     for name in chosen {
         let Some(factory) = stacks.iter().find(|s| s.name() == name) else {
@@ -453,27 +456,10 @@ fn replay_simulated(
     reports
 }
 
-/// The most bytes a driver pool has reserved from the device since it was made.
-fn reserved_high(ctx: &CudaContext, pool: sys::CUmemoryPool) -> Option<usize> {
-    ctx.bind_to_thread().ok()?;
-    let mut value: u64 = 0;
-    // SAFETY: `pool` is the live pool of the CudaAsync being replayed (read before it is
-    // dropped), and RESERVED_MEM_HIGH writes a cuuint64_t.
-    unsafe {
-        result::mem_pool::get_attribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
-            (&mut value as *mut u64).cast(),
-        )
-    }
-    .ok()?;
-    usize::try_from(value).ok()
-}
-
 fn replay_cuda(
     ctx: &Arc<CudaContext>,
     chosen: &[String],
-    w: &workload::Workload,
+    w: &Workload,
     stream_ids: &[u64],
     settings: &Settings,
     bar: &Bar,
@@ -493,18 +479,20 @@ fn replay_cuda(
     }
 
     type Up = Arc<Metered<Cuda>>;
-    let mut stacks: Vec<Box<dyn StackFactory<Up>>> = workload::stacks::<Up>();
-    let pool = Rc::new(Cell::new(None));
+    let mut stacks: Vec<Box<dyn StackFactory<Up>>> = mrstack::replay::stacks::<Up>();
+    // The driver pool of the `cuda-async` stack last built, to read its peak while the replay
+    // holds it; weak, so that the pool still goes when its replay does.
+    let pool: Rc<RefCell<Weak<CudaAsync>>> = Rc::default();
     let (async_ctx, async_pool) = (ctx.clone(), pool.clone());
     stacks.insert(
         1,
         stack(CUDA_ASYNC, move |_: Up, _| {
-            let r = CudaAsync::new(&async_ctx)?;
-            async_pool.set(Some(r.pool_handle()));
+            let r = Arc::new(CudaAsync::new(&async_ctx)?);
+            *async_pool.borrow_mut() = Arc::downgrade(&r);
             Ok(r)
         }),
     );
-    let on_simulated = workload::stacks::<Arc<Simulated>>();
+    let on_simulated = mrstack::replay::stacks::<Arc<Simulated>>();
 
     let mut reports = Vec::new();
     for name in chosen {
@@ -520,10 +508,10 @@ fn replay_cuda(
                 .map(|s| s.as_ref()),
         };
         let meter = Arc::new(Metered::new(cuda.clone()));
-        pool.set(None);
         let peak = || {
             if name == CUDA_ASYNC {
-                pool.get().and_then(|p| reserved_high(ctx, p))
+                let pool = pool.borrow().upgrade();
+                pool.and_then(|p| p.reserved_high().ok())
             } else {
                 Some(meter.peak())
             }

@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
@@ -21,6 +21,16 @@ const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 fn binary() -> PathBuf {
     std::env::var_os("MRSTACK_BIN")
         .map_or_else(|| env!("CARGO_BIN_EXE_mrstack").into(), PathBuf::from)
+}
+
+/// The ResNet-50 training trace, a fixture of this repository (as `tests/support/traces.rs` says
+/// for the library's tests): `$MRSTACK_TRACES/resnet50_train.csv.gz` where that variable is set,
+/// else `shared/traces/` beside the repository (two levels above this package).
+fn resnet50_path() -> PathBuf {
+    let dir = std::env::var_os("MRSTACK_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
+    dir.join("resnet50_train.csv.gz")
 }
 
 /// Runs `mrstack ARGS`.
@@ -267,7 +277,7 @@ fn quiet_leaves_stderr_empty_and_no_capacity_skips_the_search() {
 
 #[test]
 fn the_resnet_trace_replays() {
-    let path = mrstack::trace::resnet50_path();
+    let path = resnet50_path();
     if !path.exists() {
         eprintln!("skipping: no trace at {}", path.display());
         return;

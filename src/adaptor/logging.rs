@@ -1,6 +1,7 @@
 //! `Logging<U, W>`: one CSV line per allocation event, in the format of RMM's logging adaptor.
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::replay::rmm_log;
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::io::{self, BufWriter, Write};
@@ -8,9 +9,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-/// The CSV header line (without its newline), as RMM writes it.
-pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 
 /// The writer a [`LoggingConfig`] gives: any `Write + Send`, boxed.
 pub type LogWriter = Box<dyn Write + Send>;
@@ -94,7 +92,7 @@ impl<U: MemoryResource, W: Write> Logging<U, W> {
             out: BufWriter::new(writer),
             error: None,
         };
-        if let Err(e) = writeln!(sink.out, "{LOG_HEADER}") {
+        if let Err(e) = writeln!(sink.out, "{}", rmm_log::HEADER) {
             sink.error = Some(e);
         }
         Logging {
@@ -188,11 +186,11 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
         }
         match self.upstream.allocate(size, align, stream) {
             Ok(ptr) => {
-                self.log("allocate", ptr.as_ptr() as usize, size, stream);
+                self.log(rmm_log::ALLOCATE, ptr.as_ptr() as usize, size, stream);
                 Ok(ptr)
             }
             Err(e) => {
-                self.log("allocate failure", 0, size, stream);
+                self.log(rmm_log::ALLOCATE_FAILURE, 0, size, stream);
                 Err(e)
             }
         }
@@ -202,7 +200,7 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
         if size == 0 {
             return;
         }
-        self.log("free", ptr.as_ptr() as usize, size, stream);
+        self.log(rmm_log::FREE, ptr.as_ptr() as usize, size, stream);
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }

@@ -11,10 +11,12 @@ mod retry;
 mod statistics;
 mod tracking;
 
+/// The header line `Logging` writes first: [`rmm_log::HEADER`](crate::replay::rmm_log::HEADER).
+pub use crate::replay::rmm_log::HEADER as LOG_HEADER;
 pub(crate) use aligned::aligned_from_item;
 pub use aligned::{Aligned, AlignedConfig};
 pub use limiting::{Limiting, LimitingConfig};
-pub use logging::{LogWriter, Logging, LoggingConfig, LOG_HEADER};
+pub use logging::{LogWriter, Logging, LoggingConfig};
 pub(crate) use prefetch::prefetch_from_item;
 pub use prefetch::{Prefetch, PrefetchConfig};
 pub use retry::{Retry, RetryCallback, RetryConfig};

@@ -163,6 +163,25 @@ impl CudaAsync {
         .map_err(|e| AllocError::cuda(e, 0, 0, Self::NAME))?;
         Ok(value as usize)
     }
+
+    /// The most bytes the driver pool has held from the device at once since it was made
+    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`): what the pool cost at its peak.
+    pub fn reserved_high(&self) -> Result<usize, AllocError> {
+        let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
+        self.ctx.bind_to_thread().map_err(err)?;
+        let mut value: u64 = 0;
+        // SAFETY: the pool is live (it is destroyed only when self drops), and
+        // RESERVED_MEM_HIGH writes a cuuint64_t, which `value` is.
+        unsafe {
+            result::mem_pool::get_attribute(
+                self.pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .map_err(err)?;
+        Ok(usize::try_from(value).unwrap_or(usize::MAX))
+    }
 }
 
 // SAFETY: cuMemAllocFromPoolAsync returns device memory usable by work on `stream` once queued,

@@ -42,6 +42,7 @@ fn stream_ordered_allocation_on_a_new_stream() {
     )
     .unwrap();
     assert!(pool.reserved_bytes().unwrap() >= 64 << 20);
+    assert!(pool.reserved_high().unwrap() >= pool.reserved_bytes().unwrap());
     for round in 0..4u32 {
         let host: Vec<u32> = (0..100_000u32).map(|i| i ^ round).collect();
         let mut v = DeviceVec::from_slice(&host, &pool, &stream).unwrap();

@@ -1009,7 +1009,7 @@ fn every_adaptor_forwards_synchronize_and_order_after() {
     );
     check_forwarding("Binning", &Binning::new(r, BinningConfig::default()), r);
     check_forwarding("Arena", &Arena::new(r, ArenaConfig::default()), r);
-    check_forwarding("Metered", &mrstack::workload::Metered::new(r), r);
+    check_forwarding("Metered", &mrstack::replay::Metered::new(r), r);
     // AnyResource needs a 'static resource: a recorder of its own.
     let erased = Arc::new(StreamRecorder::default());
     let any =

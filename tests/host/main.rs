@@ -17,5 +17,5 @@ mod erased;
 mod host_allocator;
 mod misc;
 mod registry;
+mod replay;
 mod suballocators;
-mod workload;

@@ -1,8 +1,11 @@
 //! Helpers shared by the test crates (`host` and `gpu`, each of which declares `mod support;`):
-//! the GPU context or a skip, the test kernels, the slow kernel that catches a missing wait.
+//! the GPU context or a skip, the test kernels, the slow kernel that catches a missing wait, and
+//! the trace fixture (`traces`, which the benches include too).
 
 // Each test crate uses only some of these helpers.
 #![allow(dead_code)]
+
+pub(crate) mod traces;
 
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;

@@ -1,40 +1,34 @@
-//! Parsing RMM allocation logs into [`Workload`]s: the CSV that RMM's
-//! `logging_resource_adaptor` (and this crate's `Logging`) writes, plain or gzip-compressed.
-//!
-//! The first line is a header naming the columns, `Thread,Time,Action,Pointer,Size,Stream`;
-//! columns are found by name, so their order may differ, and `Thread`, `Time` and `Stream` may be
-//! missing (one thread, the default stream). `Action` is `allocate`, `free` or `allocate failure`
-//! (a failed request: skipped, as RMM's replay does). `Pointer` is hexadecimal with `0x` or
-//! decimal; so are `Stream` and `Thread`; `Time` is not read. Each free is paired with the live
-//! allocation at its pointer, must free the size that was allocated, and is replayed on the
-//! allocation's stream. Zero-size requests at the
-//! null pointer carry no memory and are skipped. Allocations never freed are kept: a replay frees
-//! them after its timed part.
-//!
-//! Parsing builds the whole op list first, so it costs nothing in a measurement. Every problem is a
-//! [`TraceError`] naming the line: a malformed line, a free of a pointer not allocated, a file that
-//! ends inside its gzip stream. Nothing here panics on bad input. [`OnError::Skip`] makes the
-//! parser lenient instead: it leaves bad lines out, counts them, keeps the first few reasons, and
-//! replays what a truncated file holds up to where it breaks.
-//!
-//! A log of many threads keeps each op's thread ([`Workload::op_threads`]), so that a replay can
-//! run each thread's ops on a thread of its own.
-//!
-//! ```
-//! let log = "Thread,Time,Action,Pointer,Size,Stream\n\
-//!            0,1,allocate,0x7f0000000000,1024,0\n\
-//!            0,2,free,0x7f0000000000,1024,0\n";
-//! let trace = mrstack::trace::parse(log.as_bytes(), "example").unwrap();
-//! assert_eq!(trace.workload.allocations(), 1);
-//! assert_eq!(trace.workload.peak_live(), 1024);
-//! ```
+//! RMM allocation logs: the CSV format ([`HEADER`], the column and action names), read into [`Workload`]s.
 
-use crate::workload::{Op, Workload, WorkloadError};
+use super::{Op, Workload, WorkloadError};
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+
+/// The header line of a log, without its newline: the column names, in the order RMM writes them.
+pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+/// The column of the thread that made a request; optional when reading (one thread).
+pub const THREAD: &str = "Thread";
+/// The column of the time of a request; not read.
+pub const TIME: &str = "Time";
+/// The column of what happened: [`ALLOCATE`], [`FREE`] or [`ALLOCATE_FAILURE`].
+pub const ACTION: &str = "Action";
+/// The column of the address, hexadecimal with `0x` (or decimal when reading).
+pub const POINTER: &str = "Pointer";
+/// The column of the size in bytes.
+pub const SIZE: &str = "Size";
+/// The column of the stream's handle; optional when reading (the default stream).
+pub const STREAM: &str = "Stream";
+
+/// The action of a request that got memory.
+pub const ALLOCATE: &str = "allocate";
+/// The action of a free.
+pub const FREE: &str = "free";
+/// The action of a request that failed; a replay skips it, as RMM's does.
+pub const ALLOCATE_FAILURE: &str = "allocate failure";
 
 /// A parsed log: the workload, and what the log's numbers were.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,10 +108,10 @@ pub enum TraceErrorKind {
     #[error("not UTF-8 text (a binary file, or a corrupt line?)")]
     NotUtf8,
     /// The log has no header line.
-    #[error("empty log: expected the header Thread,Time,Action,Pointer,Size,Stream")]
+    #[error("empty log: expected the header {header}", header = HEADER)]
     Empty,
     /// The header lacks a column the parser needs.
-    #[error("the header has no `{0}` column: expected Thread,Time,Action,Pointer,Size,Stream")]
+    #[error("the header has no `{0}` column: expected {header}", header = HEADER)]
     MissingColumn(&'static str),
     /// A line has a different number of fields than the header.
     #[error("{found} fields where the header has {expected}")]
@@ -136,7 +130,12 @@ pub enum TraceErrorKind {
         value: String,
     },
     /// The action is none of `allocate`, `free`, `allocate failure`.
-    #[error("unknown action `{0}`: expected allocate, free or allocate failure")]
+    #[error(
+        "unknown action `{0}`: expected {allocate}, {free} or {failure}",
+        allocate = ALLOCATE,
+        free = FREE,
+        failure = ALLOCATE_FAILURE
+    )]
     UnknownAction(String),
     /// A free of a pointer that no earlier line allocated (or that was freed already).
     #[error("free of {0:#x}, which is not a live allocation (never allocated, or freed twice)")]
@@ -177,19 +176,29 @@ impl std::error::Error for TraceError {
     }
 }
 
-/// The ResNet-50 training trace this project measures with (an RMM log of a real run on an H100):
-/// `$MRSTACK_TRACES/resnet50_train.csv.gz` where that variable is set (a GPU machine that gets the
-/// file beside the test binaries), else `shared/traces/` beside the repository.
-pub fn resnet50_path() -> PathBuf {
-    let dir = std::env::var_os("MRSTACK_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"));
-    dir.join("resnet50_train.csv.gz")
-}
-
 /// Reads the log at `path`, gzip-compressed or not (told by its first bytes, not its name),
 /// stopping at the first bad line; the workload is named after the file, less `.csv` and `.gz`
 /// (`resnet50_train`).
+///
+/// # The format
+///
+/// The first line is a header naming the columns, [`HEADER`]:
+/// `Thread,Time,Action,Pointer,Size,Stream`. Columns are found by name, so their order may differ,
+/// and `Thread`, `Time` and `Stream` may be missing (one thread, the default stream). `Action` is
+/// `allocate`, `free` or `allocate failure` (a failed request: skipped, as RMM's replay does).
+/// `Pointer` is hexadecimal with `0x` or decimal; so are `Stream` and `Thread`; `Time` is not read. Each free is paired with the live
+/// allocation at its pointer, must free the size that was allocated, and is replayed on the
+/// allocation's stream. Zero-size requests at the null pointer carry no memory and are skipped.
+/// Allocations never freed are kept: a replay frees them after its timed part.
+///
+/// Parsing builds the whole op list first, so it costs nothing in a measurement. Every problem is a
+/// [`TraceError`] naming the line: a malformed line, a free of a pointer not allocated, a file that
+/// ends inside its gzip stream. Nothing here panics on bad input. [`OnError::Skip`] makes the
+/// parser lenient instead: it leaves bad lines out, counts them, keeps the first few reasons, and
+/// replays what a truncated file holds up to where it breaks.
+///
+/// A log of many threads keeps each op's thread ([`Workload::op_threads`]), so that a replay can
+/// run each thread's ops on a thread of its own.
 pub fn read(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
     read_with(path, OnError::Stop)
 }
@@ -264,11 +273,11 @@ impl Columns {
         let need = |name: &'static str| find(name).ok_or(TraceErrorKind::MissingColumn(name));
         Ok(Columns {
             count: names.len(),
-            thread: find("Thread"),
-            action: need("Action")?,
-            pointer: need("Pointer")?,
-            size: need("Size")?,
-            stream: find("Stream"),
+            thread: find(THREAD),
+            action: need(ACTION)?,
+            pointer: need(POINTER)?,
+            size: need(SIZE)?,
+            stream: find(STREAM),
         })
     }
 }
@@ -293,8 +302,17 @@ fn index_of(seen: &mut Vec<u64>, value: u64) -> usize {
     })
 }
 
-/// Parses a log from `reader` (uncompressed text; [`read`] handles gzip), naming the workload
-/// `name`, stopping at the first bad line.
+/// Parses a log from `reader` (uncompressed text; [`read`] handles gzip, and says what the format
+/// is), naming the workload `name`, stopping at the first bad line.
+///
+/// ```
+/// let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+///            0,1,allocate,0x7f0000000000,1024,0\n\
+///            0,2,free,0x7f0000000000,1024,0\n";
+/// let trace = mrstack::replay::rmm_log::parse(log.as_bytes(), "example").unwrap();
+/// assert_eq!(trace.workload.allocations(), 1);
+/// assert_eq!(trace.workload.peak_live(), 1024);
+/// ```
 pub fn parse(reader: impl BufRead, name: impl Into<String>) -> Result<Trace, TraceError> {
     parse_with(reader, name, OnError::Stop)
 }
@@ -328,15 +346,15 @@ impl Columns {
             });
         }
         let allocate = match fields[self.action] {
-            "allocate" => true,
-            "free" => false,
-            "allocate failure" => return Ok(Line::Failure),
+            ALLOCATE => true,
+            FREE => false,
+            ALLOCATE_FAILURE => return Ok(Line::Failure),
             other => return Err(TraceErrorKind::UnknownAction(other.to_owned())),
         };
-        let pointer = number("Pointer", fields[self.pointer])?;
-        let size = usize::try_from(number("Size", fields[self.size])?).map_err(|_| {
+        let pointer = number(POINTER, fields[self.pointer])?;
+        let size = usize::try_from(number(SIZE, fields[self.size])?).map_err(|_| {
             TraceErrorKind::BadNumber {
-                column: "Size",
+                column: SIZE,
                 value: fields[self.size].to_owned(),
             }
         })?;
@@ -344,13 +362,13 @@ impl Columns {
             return Ok(Line::Empty);
         }
         let optional = |column, i: Option<usize>| i.map_or(Ok(0), |i| number(column, fields[i]));
-        let thread = optional("Thread", self.thread)?;
+        let thread = optional(THREAD, self.thread)?;
         Ok(if allocate {
             Line::Allocate {
                 pointer,
                 size,
                 thread,
-                stream: optional("Stream", self.stream)?,
+                stream: optional(STREAM, self.stream)?,
             }
         } else {
             Line::Free {
@@ -510,4 +528,17 @@ pub fn parse_with(
         skipped_lines,
         skipped,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_names_the_columns() {
+        assert_eq!(
+            HEADER,
+            [THREAD, TIME, ACTION, POINTER, SIZE, STREAM].join(",")
+        );
+    }
 }

@@ -1,12 +1,12 @@
-//! Workloads, trace parsing, the replay driver and the minimum-capacity search, over `Simulated`.
+//! Workloads, RMM log parsing, the replayers and the minimum-capacity search, over `Simulated`.
 
 use mrstack::prelude::*;
-use mrstack::resource::check_request;
-use mrstack::trace::{self, TraceErrorKind};
-use mrstack::workload::{
+use mrstack::replay::rmm_log::{self, TraceErrorKind};
+use mrstack::replay::{
     self, measure, min_capacity, random, simulated_streams, stack, Op, RandomConfig, ReplayError,
     Replayer, Workload, WorkloadError,
 };
+use mrstack::resource::check_request;
 use mrstack::StreamHandle;
 use std::io::Write;
 use std::path::PathBuf;
@@ -52,7 +52,7 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 /// The shared ResNet-50 trace, or None (with a message) where `shared/` is not beside the repo.
 fn resnet_trace() -> Option<PathBuf> {
-    let path = mrstack::trace::resnet50_path();
+    let path = crate::support::traces::resnet50_path();
     if path.exists() {
         Some(path)
     } else {
@@ -75,7 +75,7 @@ fn parses_good_lines() {
                7,10:00:00:000006,allocate,0x0,0,0\n\
                7,10:00:00:000007,free,0x0,0,0\n\
                7,10:00:00:000008,free,0x2000,200,5\n";
-    let t = trace::parse(log.as_bytes(), "good").unwrap();
+    let t = rmm_log::parse(log.as_bytes(), "good").unwrap();
     assert_eq!(
         t.workload.ops(),
         [
@@ -104,7 +104,7 @@ fn parses_good_lines() {
 #[test]
 fn columns_are_found_by_name_and_thread_and_stream_are_optional() {
     let log = "Size , Pointer,Action\n64,0xa0,allocate\n64,0xa0,free\n64,0xa0,allocate\n";
-    let t = trace::parse(log.as_bytes(), "reordered").unwrap();
+    let t = rmm_log::parse(log.as_bytes(), "reordered").unwrap();
     assert_eq!(t.workload.ops(), [alloc(0, 64), free(0), alloc(1, 64)]);
     assert_eq!(t.stream_ids, [0]);
     assert_eq!(t.thread_ids, [0]);
@@ -113,7 +113,7 @@ fn columns_are_found_by_name_and_thread_and_stream_are_optional() {
 /// Parses `body` after the standard header and returns the error's line and message.
 fn parse_error(body: &str) -> (usize, String, TraceErrorKind) {
     let log = format!("{HEADER}{body}");
-    let e = trace::parse(log.as_bytes(), "bad").unwrap_err();
+    let e = rmm_log::parse(log.as_bytes(), "bad").unwrap_err();
     let msg = e.to_string();
     (e.line, msg, e.kind)
 }
@@ -171,10 +171,10 @@ fn malformed_lines_are_errors_naming_the_line() {
         }
     ));
 
-    let e = trace::parse("".as_bytes(), "empty").unwrap_err();
+    let e = rmm_log::parse("".as_bytes(), "empty").unwrap_err();
     assert!(matches!(e.kind, TraceErrorKind::Empty), "{e}");
 
-    let e = trace::parse("Thread,Time,Action,Size,Stream\n".as_bytes(), "h").unwrap_err();
+    let e = rmm_log::parse("Thread,Time,Action,Size,Stream\n".as_bytes(), "h").unwrap_err();
     assert_eq!(e.line, 1);
     assert!(matches!(e.kind, TraceErrorKind::MissingColumn("Pointer")));
     assert!(e.to_string().contains("no `Pointer` column"), "{e}");
@@ -206,8 +206,8 @@ fn reads_plain_and_gzip_files_alike() {
     let plain = TempFile::new("plain.csv", text.as_bytes());
     // No .gz in the name: gzip is told by the content.
     let gz = TempFile::new("compressed.csv", &gzip(text.as_bytes()));
-    let a = trace::read(&plain.0).unwrap();
-    let b = trace::read(&gz.0).unwrap();
+    let a = rmm_log::read(&plain.0).unwrap();
+    let b = rmm_log::read(&gz.0).unwrap();
     assert_eq!(a.workload.ops(), b.workload.ops());
     assert_eq!(a.workload.allocations(), 50);
     let stem =
@@ -224,7 +224,7 @@ fn truncated_gzip_is_an_error() {
     let packed = gzip(log_of(3000).as_bytes());
     for keep in [packed.len() / 2, packed.len() - 4] {
         let f = TempFile::new(&format!("truncated-{keep}.csv.gz"), &packed[..keep]);
-        let e = trace::read(&f.0).unwrap_err();
+        let e = rmm_log::read(&f.0).unwrap_err();
         assert!(matches!(e.kind, TraceErrorKind::Read(_)), "{e}");
         assert!(e.line > 0);
         let msg = e.to_string();
@@ -238,7 +238,7 @@ fn truncated_gzip_is_an_error() {
 
 #[test]
 fn missing_file_is_an_error() {
-    let e = trace::read("/nonexistent/mrstack/trace.csv").unwrap_err();
+    let e = rmm_log::read("/nonexistent/mrstack/trace.csv").unwrap_err();
     assert!(matches!(e.kind, TraceErrorKind::Open(_)));
     assert!(e.to_string().contains("cannot open"), "{e}");
 }
@@ -246,7 +246,7 @@ fn missing_file_is_an_error() {
 #[test]
 fn resnet_trace_parses() {
     let Some(path) = resnet_trace() else { return };
-    let t = trace::read(path).unwrap();
+    let t = rmm_log::read(path).unwrap();
     let w = &t.workload;
     assert_eq!(w.name(), "resnet50_train");
     assert_eq!(w.allocations(), 3221);
@@ -254,7 +254,7 @@ fn resnet_trace_parses() {
     assert_eq!(w.unfreed(), 0);
     assert_eq!(w.stream_count(), 1);
     assert!(w.peak_live() > 0);
-    let raw = &workload::stacks::<Arc<Simulated>>()[0];
+    let raw = &replay::stacks::<Arc<Simulated>>()[0];
     let cap = min_capacity(raw.as_ref(), w, 0.001).unwrap();
     assert_eq!((cap.capacity, cap.ratio), (w.peak_live(), 1.0));
 }
@@ -460,7 +460,7 @@ impl<U: MemoryResource> Drop for NoReuse<U> {
             // SAFETY: each entry is a block from the upstream with this size, freed here once.
             unsafe {
                 self.upstream
-                    .deallocate(ptr, size, workload::ALIGN, StreamRef::DEFAULT)
+                    .deallocate(ptr, size, replay::ALIGN, StreamRef::DEFAULT)
             };
         }
     }
@@ -483,7 +483,7 @@ fn capacity_search_finds_the_known_answer() {
     .unwrap();
     assert_eq!(w.peak_live(), 300);
 
-    let raw = &workload::stacks::<Arc<Simulated>>()[0];
+    let raw = &replay::stacks::<Arc<Simulated>>()[0];
     assert_eq!(raw.name(), "upstream");
     let cap = min_capacity(raw.as_ref(), &w, 0.001).unwrap();
     assert_eq!(
@@ -516,7 +516,7 @@ fn capacity_search_reports_stacks_that_never_fit_or_fail_otherwise() {
     });
     match min_capacity(never.as_ref(), &w, 0.001) {
         Err(ReplayError::NeverCompletes { capacity, last }) => {
-            assert_eq!(capacity, 100 * workload::MAX_CAPACITY_FACTOR);
+            assert_eq!(capacity, 100 * replay::MAX_CAPACITY_FACTOR);
             assert!(last.is_out_of_memory());
         }
         other => panic!("expected NeverCompletes, got {other:?}"),
@@ -537,7 +537,7 @@ fn capacity_search_reports_stacks_that_never_fit_or_fail_otherwise() {
 #[test]
 fn raw_upstream_needs_exactly_the_peak_of_the_random_workload() {
     let w = random(&RandomConfig::default());
-    let raw = &workload::stacks::<Arc<Simulated>>()[0];
+    let raw = &replay::stacks::<Arc<Simulated>>()[0];
     let cap = min_capacity(raw.as_ref(), &w, 0.001).unwrap();
     assert_eq!((cap.capacity, cap.ratio), (w.peak_live(), 1.0));
 }
@@ -559,10 +559,10 @@ fn skip_mode_leaves_bad_lines_out_and_counts_them() {
     bytes.extend_from_slice(b"0,9,allocate,0x\xff\xfe,8,0\n"); // 10: not UTF-8
     bytes.extend_from_slice(b"0,10,free,0x300,32,0\n"); // 11
 
-    let e = trace::parse(&bytes[..], "strict").unwrap_err();
+    let e = rmm_log::parse(&bytes[..], "strict").unwrap_err();
     assert_eq!(e.line, 3);
 
-    let t = trace::parse_with(&bytes[..], "lenient", trace::OnError::Skip).unwrap();
+    let t = rmm_log::parse_with(&bytes[..], "lenient", rmm_log::OnError::Skip).unwrap();
     assert_eq!(
         t.workload.ops(),
         [alloc(0, 64), alloc(1, 32), free(0), free(1)]
@@ -586,7 +586,7 @@ fn skip_mode_leaves_bad_lines_out_and_counts_them() {
 fn not_utf8_is_an_error_naming_the_line() {
     let mut bytes = HEADER.as_bytes().to_vec();
     bytes.extend_from_slice(b"0,1,allocate,0x100,64,0\n0,1,\xc3\x28,0x100,64,0\n");
-    let e = trace::parse(&bytes[..], "binary").unwrap_err();
+    let e = rmm_log::parse(&bytes[..], "binary").unwrap_err();
     assert_eq!(e.line, 3);
     assert!(matches!(e.kind, TraceErrorKind::NotUtf8), "{e}");
 }
@@ -595,22 +595,22 @@ fn not_utf8_is_an_error_naming_the_line() {
 fn skip_mode_keeps_what_a_truncated_gzip_holds() {
     let packed = gzip(log_of(3000).as_bytes());
     let f = TempFile::new("truncated-skip.csv.gz", &packed[..packed.len() / 2]);
-    let t = trace::read_with(&f.0, trace::OnError::Skip).unwrap();
+    let t = rmm_log::read_with(&f.0, rmm_log::OnError::Skip).unwrap();
     assert_eq!(t.skipped_lines, 1);
     assert!(t.skipped[0].reason.contains("truncated"), "{:?}", t.skipped);
     let n = t.workload.allocations();
     assert!(n > 100 && n < 3000, "{n} allocations read");
     // The line that broke is where the strict parse stops.
-    let strict = trace::read(&f.0).unwrap_err();
+    let strict = rmm_log::read(&f.0).unwrap_err();
     assert_eq!(strict.line, t.skipped[0].line);
 }
 
 #[test]
 fn a_header_is_needed_even_in_skip_mode() {
-    let e = trace::parse_with("".as_bytes(), "empty", trace::OnError::Skip).unwrap_err();
+    let e = rmm_log::parse_with("".as_bytes(), "empty", rmm_log::OnError::Skip).unwrap_err();
     assert!(matches!(e.kind, TraceErrorKind::Empty));
-    let e =
-        trace::parse_with("Thread,Time\n1,2\n".as_bytes(), "h", trace::OnError::Skip).unwrap_err();
+    let e = rmm_log::parse_with("Thread,Time\n1,2\n".as_bytes(), "h", rmm_log::OnError::Skip)
+        .unwrap_err();
     assert!(matches!(e.kind, TraceErrorKind::MissingColumn("Action")));
 }
 
@@ -660,12 +660,12 @@ fn threaded_log(threads: u64, n: usize) -> String {
 
 #[test]
 fn threaded_replay_runs_each_thread_and_waits_for_cross_thread_frees() {
-    let t = trace::parse(threaded_log(4, 2000).as_bytes(), "threads").unwrap();
+    let t = rmm_log::parse(threaded_log(4, 2000).as_bytes(), "threads").unwrap();
     let w = &t.workload;
     assert_eq!(w.thread_count(), 4);
     assert_eq!(w.unfreed(), 8);
     let sim = Simulated::new(1 << 30);
-    let mut r = workload::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
+    let mut r = replay::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
     for _ in 0..3 {
         // Simulated panics on a free of a pointer not live: a free that ran before its
         // allocation, or twice, would fail the test here.
@@ -676,7 +676,7 @@ fn threaded_replay_runs_each_thread_and_waits_for_cross_thread_frees() {
     // Threads interleave: the peak can differ from the log's, never exceed what all blocks take.
     assert!(sim.peak() > 0);
 
-    let mut r = workload::stacks::<Arc<Simulated>>()[0]
+    let mut r = replay::stacks::<Arc<Simulated>>()[0]
         .threaded_replayer(Arc::new(Simulated::new(1 << 30)), 0, w, w.default_streams())
         .unwrap();
     let timing = measure(r.as_mut(), 2).unwrap();
@@ -692,11 +692,11 @@ fn threaded_replay_failure_stops_every_thread_and_frees_everything() {
         "{HEADER}0,1,allocate,0x100,600,0\n1,2,free,0x100,600,0\n0,3,allocate,0x200,900,0\n\
          1,4,allocate,0x300,100,0\n1,5,free,0x200,900,0\n"
     );
-    let t = trace::parse(log.as_bytes(), "fails").unwrap();
+    let t = rmm_log::parse(log.as_bytes(), "fails").unwrap();
     let w = &t.workload;
     assert_eq!(w.thread_count(), 2);
     let sim = Simulated::new(950);
-    let mut r = workload::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
+    let mut r = replay::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
     for _ in 0..20 {
         match r.pass() {
             Err(ReplayError::Alloc { op, error, .. }) => {
@@ -709,7 +709,7 @@ fn threaded_replay_failure_stops_every_thread_and_frees_everything() {
     }
 
     let tiny = Simulated::new(500);
-    let mut r = workload::ThreadedReplayer::new(&tiny, w, w.default_streams()).unwrap();
+    let mut r = replay::ThreadedReplayer::new(&tiny, w, w.default_streams()).unwrap();
     match r.pass() {
         Err(ReplayError::Alloc {
             op: 0, size: 600, ..
@@ -721,7 +721,7 @@ fn threaded_replay_failure_stops_every_thread_and_frees_everything() {
 
 #[test]
 fn metered_counts_what_reaches_its_upstream_from_many_threads() {
-    let meter = workload::Metered::new(Simulated::new(1 << 30));
+    let meter = replay::Metered::new(Simulated::new(1 << 30));
     std::thread::scope(|s| {
         for t in 0..4 {
             let meter = &meter;
@@ -780,10 +780,10 @@ fn a_panic_in_one_replay_thread_reaches_the_caller_without_a_hang() {
     // Thread 1 waits to free what thread 0 never makes: thread 0 panics first.
     let log =
         format!("{HEADER}1,1,allocate,0x100,8,0\n0,2,allocate,0x200,999,0\n1,3,free,0x200,999,0\n");
-    let t = trace::parse(log.as_bytes(), "panics").unwrap();
+    let t = rmm_log::parse(log.as_bytes(), "panics").unwrap();
     let resource = PanicsOn999(Simulated::new(1 << 20));
     let w = &t.workload;
-    let mut r = workload::ThreadedReplayer::new(&resource, w, w.default_streams()).unwrap();
+    let mut r = replay::ThreadedReplayer::new(&resource, w, w.default_streams()).unwrap();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.pass()));
     let panic = outcome.unwrap_err();
     let msg = panic
@@ -795,7 +795,7 @@ fn a_panic_in_one_replay_thread_reaches_the_caller_without_a_hang() {
 
 #[test]
 fn threads_share_one_stack_and_failures_come_back() {
-    use mrstack::workload::{measure_threads, Op, Workload};
+    use mrstack::replay::{measure_threads, Op, Workload};
     let w = |size| {
         Workload::new(
             "two",
@@ -824,4 +824,23 @@ fn threads_share_one_stack_and_failures_come_back() {
     let e = measure_threads(&sim, &[w(1000), w(1 << 20)], 1).unwrap_err();
     assert!(e.to_string().contains("out of memory"), "{e}");
     assert_eq!(sim.in_use(), 0);
+}
+
+// ---------------------------------------------------------------- former paths
+
+#[test]
+fn former_paths_name_the_same_items() {
+    let ops = vec![alloc(0, 64), free(0)];
+    let w: Workload = mrstack::workload::Workload::new("former", ops).unwrap();
+    let raw = &mrstack::workload::stacks::<Arc<Simulated>>()[0];
+    assert_eq!(
+        replay::min_capacity(raw.as_ref(), &w, 0.01)
+            .unwrap()
+            .capacity,
+        64
+    );
+    let log = format!("{HEADER}0,1,allocate,0x1000,64,0\n");
+    let t: rmm_log::Trace = mrstack::trace::parse(log.as_bytes(), "former").unwrap();
+    assert_eq!(t.workload.allocations(), 1);
+    assert_eq!(mrstack::adaptor::LOG_HEADER, rmm_log::HEADER);
 }

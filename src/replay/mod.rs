@@ -1,0 +1,18 @@
+//! Replaying allocation workloads through resource stacks, to time them ([`measure`]) and to find the smallest capacity they complete with ([`min_capacity`]).
+
+mod measure;
+mod metered;
+mod presets;
+mod random;
+mod replayer;
+pub mod rmm_log;
+mod threaded;
+mod workload;
+
+pub use measure::{measure, measure_threads, min_capacity, Capacity, Timing, MAX_CAPACITY_FACTOR};
+pub use metered::Metered;
+pub use presets::{simulated_streams, stack, stacks, timing_capacity, StackFactory};
+pub use random::{random, RandomConfig};
+pub use replayer::{Replay, ReplayError, Replayer, ALIGN};
+pub use threaded::ThreadedReplayer;
+pub use workload::{Op, Workload, WorkloadError};

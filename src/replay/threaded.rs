@@ -1,0 +1,316 @@
+//! [`ThreadedReplayer`]: a many-threaded workload replayed with each of its threads on an OS thread of its own.
+
+use super::replayer::synchronize_streams;
+use super::{Op, Replay, ReplayError, Workload, ALIGN};
+use crate::resource::MemoryResource;
+use crate::stream::StreamHandle;
+use std::ptr::{null_mut, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+/// Replays a many-threaded [`Workload`] through a shared resource, each of its threads on an OS
+/// thread of its own, each keeping its ops in log order, pass after pass.
+///
+/// A free waits until the allocation it names is made, which matters only where another thread
+/// makes it: one atomic load when it is already there; otherwise a short spin, then yielding the
+/// core, then parking until the allocating thread wakes it (there may be more threads than
+/// cores). Waits cannot deadlock: the op earliest in the log among those not done yet can always
+/// run. The lanes of ops, each allocation's size and stream, and the slots that hand pointers
+/// between threads are laid out before any pass, so a pass does no work of its own but two atomic
+/// operations per allocation and two per free that finds its block made.
+///
+/// The time of a pass is wall time, from the moment every thread is started and waiting until the
+/// last one finishes, plus synchronizing the streams: ns per op is then the inverse of throughput.
+/// Starting the threads is not timed.
+#[derive(Debug)]
+pub struct ThreadedReplayer<'w, R> {
+    resource: R,
+    workload: &'w Workload,
+    streams: Vec<StreamHandle>,
+    /// Each thread's ops in order, with their index in the workload.
+    lanes: Vec<Vec<(usize, Op)>>,
+    /// Each allocation's size and stream index, for its free.
+    blocks: Vec<(usize, usize)>,
+    /// Each allocation's hand-over slot.
+    live: Vec<Slot>,
+}
+
+/// Where a pointer passes from the thread that allocates a block to the one that frees it.
+#[derive(Debug, Default)]
+struct Slot {
+    /// The pointer while the block is live; null before it is made and after it is freed.
+    ptr: AtomicPtr<u8>,
+    /// 1 + the lane of the thread parked waiting for `ptr`, or 0.
+    waiter: AtomicUsize,
+}
+
+/// What the threads of one pass share.
+struct PassState {
+    /// Set when a thread failed: the others stop at their next wait.
+    abort: AtomicBool,
+    /// Each lane's thread, to wake it; set before any op runs.
+    threads: Vec<std::sync::OnceLock<std::thread::Thread>>,
+}
+
+/// Stops the other threads of a pass when the one that holds it panics (a resource that panics
+/// on a broken contract), so that none waits forever for an allocation that will not come.
+struct FailOnPanic<'a>(&'a PassState);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail();
+        }
+    }
+}
+
+impl PassState {
+    fn wake(&self, lane: usize) {
+        if let Some(t) = self.threads.get(lane).and_then(|t| t.get()) {
+            t.unpark();
+        }
+    }
+
+    fn fail(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        for lane in 0..self.threads.len() {
+            self.wake(lane);
+        }
+    }
+}
+
+impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
+    /// A replay of `workload` through `resource` with one OS thread per workload thread, stream
+    /// index `i` mapping to `streams[i]`.
+    pub fn new(
+        resource: R,
+        workload: &'w Workload,
+        streams: Vec<StreamHandle>,
+    ) -> Result<Self, ReplayError> {
+        if streams.len() < workload.stream_count() {
+            return Err(ReplayError::Streams {
+                needed: workload.stream_count(),
+                given: streams.len(),
+            });
+        }
+        let mut lanes = vec![Vec::new(); workload.thread_count()];
+        let mut blocks = Vec::with_capacity(workload.allocations());
+        for (op, &o) in workload.ops().iter().enumerate() {
+            let thread = workload.op_threads().map_or(0, |t| t[op]);
+            lanes[thread].push((op, o));
+            if let Op::Alloc { size, stream, .. } = o {
+                blocks.push((size, stream));
+            }
+        }
+        Ok(ThreadedReplayer {
+            resource,
+            workload,
+            streams,
+            lanes,
+            blocks,
+            live: (0..workload.allocations())
+                .map(|_| Slot::default())
+                .collect(),
+        })
+    }
+
+    /// The resource replayed through.
+    pub fn resource(&self) -> &R {
+        &self.resource
+    }
+
+    /// Replays every op once, each thread's on its own OS thread, then synchronizes every stream,
+    /// and returns the time that took. As [`Replayer::pass`](super::Replayer::pass), blocks left
+    /// live are freed afterwards, untimed, and on a failure every block is freed before the error
+    /// returns; the failure reported is the one earliest in the log.
+    pub fn pass(&mut self) -> Result<Duration, ReplayError> {
+        let state = PassState {
+            abort: AtomicBool::new(false),
+            threads: (0..self.lanes.len())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        };
+        let ready = AtomicUsize::new(0);
+        // Held for writing until every thread is started and waiting to read it.
+        let gate = RwLock::new(());
+        let this = &*self;
+        let outcome = std::thread::scope(|scope| {
+            let held = gate.write().unwrap_or_else(|p| p.into_inner());
+            let mut handles = Vec::with_capacity(this.lanes.len());
+            let mut spawn_error = None;
+            for (thread, lane) in this.lanes.iter().enumerate() {
+                let (gate, ready, state) = (&gate, &ready, &state);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("replay-{thread}"))
+                    .spawn_scoped(scope, move || {
+                        let _failing = FailOnPanic(state);
+                        let _ = state.threads[thread].set(std::thread::current());
+                        ready.fetch_add(1, Ordering::Release);
+                        drop(gate.read().unwrap_or_else(|p| p.into_inner()));
+                        this.run_lane(thread, lane, state)
+                    });
+                match spawned {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        state.fail();
+                        spawn_error = Some(ReplayError::Thread {
+                            thread,
+                            message: e.to_string(),
+                        });
+                        break;
+                    }
+                }
+            }
+            while ready.load(Ordering::Acquire) < handles.len() {
+                std::thread::yield_now();
+            }
+            let start = Instant::now();
+            drop(held);
+            let mut end = start;
+            let mut failure: Option<(usize, ReplayError)> = None;
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(done)) => end = end.max(done),
+                    Ok(Err((op, e))) => {
+                        if failure.as_ref().is_none_or(|(first, _)| op < *first) {
+                            failure = Some((op, e));
+                        }
+                    }
+                    // A resource that panics (Simulated on a broken free) keeps panicking here.
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            match (spawn_error, failure) {
+                (Some(e), _) | (None, Some((_, e))) => Err(e),
+                (None, None) => Ok(end - start),
+            }
+        });
+        let outcome = outcome.and_then(|ran| {
+            let sync_start = Instant::now();
+            synchronize_streams(&self.resource, self.workload, &self.streams)?;
+            Ok(ran + sync_start.elapsed())
+        });
+        self.release();
+        outcome
+    }
+
+    /// Runs the ops of lane `me`; returns when it finished, or the op that failed and why. Stops
+    /// early, with `Ok`, once another thread has failed.
+    fn run_lane(
+        &self,
+        me: usize,
+        lane: &[(usize, Op)],
+        state: &PassState,
+    ) -> Result<Instant, (usize, ReplayError)> {
+        if state.abort.load(Ordering::Relaxed) {
+            return Ok(Instant::now());
+        }
+        for &(op, o) in lane {
+            match o {
+                Op::Alloc { id, size, stream } => {
+                    match self
+                        .resource
+                        .allocate(size, ALIGN, self.streams[stream].as_ref())
+                    {
+                        Ok(ptr) => {
+                            let slot = &self.live[id];
+                            // SeqCst with the waiter's store of `waiter` then load of `ptr`: either
+                            // it sees the pointer, or this sees it waiting and wakes it.
+                            slot.ptr.store(ptr.as_ptr(), Ordering::SeqCst);
+                            let waiter = slot.waiter.load(Ordering::SeqCst);
+                            if waiter != 0 {
+                                state.wake(waiter - 1);
+                            }
+                        }
+                        Err(error) => {
+                            state.fail();
+                            return Err((op, ReplayError::Alloc { op, size, error }));
+                        }
+                    }
+                }
+                Op::Free { id } => {
+                    let Some(ptr) = self.wait_for(id, me, state) else {
+                        return Ok(Instant::now());
+                    };
+                    let (size, stream) = self.blocks[id];
+                    // SAFETY: ptr came from allocate on this resource with this size and ALIGN
+                    // (blocks[id] is allocation id's); the slot was emptied by this thread, the one
+                    // thread that frees id, so it is freed once.
+                    unsafe {
+                        self.resource
+                            .deallocate(ptr, size, ALIGN, self.streams[stream].as_ref())
+                    };
+                }
+            }
+        }
+        Ok(Instant::now())
+    }
+
+    /// Takes allocation `id`'s pointer once its thread has made it, waiting as lane `me`; None if
+    /// the replay aborts.
+    fn wait_for(&self, id: usize, me: usize, state: &PassState) -> Option<NonNull<u8>> {
+        /// Spins that catch a hand-over in flight, then yields that let a thread on this core
+        /// make the allocation, before parking.
+        const SPINS: u32 = 16;
+        const YIELDS: u32 = 4;
+        let slot = &self.live[id];
+        // Only this thread frees `id`, so no one else writes the slot once the pointer is in.
+        let take = |ptr| {
+            slot.ptr.store(null_mut(), Ordering::Relaxed);
+            Some(ptr)
+        };
+        for i in 0..SPINS + YIELDS {
+            if let Some(ptr) = NonNull::new(slot.ptr.load(Ordering::Acquire)) {
+                return take(ptr);
+            }
+            if state.abort.load(Ordering::Relaxed) {
+                return None;
+            }
+            if i < SPINS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        slot.waiter.store(me + 1, Ordering::SeqCst);
+        loop {
+            if let Some(ptr) = NonNull::new(slot.ptr.load(Ordering::SeqCst)) {
+                slot.waiter.store(0, Ordering::Relaxed);
+                return take(ptr);
+            }
+            if state.abort.load(Ordering::SeqCst) {
+                return None;
+            }
+            // Woken by the allocation, by a failure, or spuriously: the loop looks again.
+            std::thread::park();
+        }
+    }
+
+    fn release(&mut self) {
+        for (slot, &(size, stream)) in self.live.iter_mut().zip(&self.blocks) {
+            *slot.waiter.get_mut() = 0;
+            if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
+                // SAFETY: a live block of this resource with its size and ALIGN; the slot is
+                // emptied, so it is freed once, and every replay thread has finished.
+                unsafe {
+                    self.resource
+                        .deallocate(ptr, size, ALIGN, self.streams[stream].as_ref())
+                };
+            }
+        }
+    }
+}
+
+impl<R: MemoryResource + Sync> Replay for ThreadedReplayer<'_, R> {
+    fn pass(&mut self) -> Result<Duration, ReplayError> {
+        ThreadedReplayer::pass(self)
+    }
+    fn ops(&self) -> usize {
+        self.workload.ops().len()
+    }
+}
+
+static_assertions::assert_impl_all!(
+    ThreadedReplayer<'static, std::sync::Arc<crate::Simulated>>: Send, Sync
+);
