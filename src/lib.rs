@@ -72,6 +72,9 @@
 //! * [`erased`]: [`AnyResource`] and [`ResourceRef`], stacks chosen at run time with their
 //!   properties still checked; [`registry`]: the per-device current resource;
 //!   [`config`]: stacks built from text such as `"cuda > pool(initial=1GiB)"`.
+//! * `testing` (cargo feature `testing`, off by default): the conformance battery every resource
+//!   here passes, `testing::conformance`, and the recording upstream it reads, to run over your
+//!   own resources.
 //! * The `mrstack replay` command is the `mrstack-cli` package (`cli/` in the repository): the
 //!   library carries none of its dependencies.
 
@@ -88,6 +91,8 @@ pub mod registry;
 pub mod resource;
 pub mod stream;
 pub mod suballoc;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod trace;
 /// The leaves under their former name (`mrstack::upstream::Cuda`): the same module as [`leaf`].
 pub use leaf as upstream;
