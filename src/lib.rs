@@ -109,6 +109,9 @@
 //! * [`erased`]: [`AnyResource`] and [`ResourceRef`], stacks chosen at run time with their
 //!   properties still checked; [`registry`]: the per-device current resource;
 //!   [`config`]: stacks built from text such as `"cuda > pool(initial=1GiB)"`.
+//! * `testing` (cargo feature `testing`, off by default): the conformance battery every resource
+//!   here passes, `testing::conformance`, and the recording upstream it reads, to run over your
+//!   own resources.
 //! * The `mrstack replay` command is the `mrstack-cli` package (`cli/` in the repository): the
 //!   library carries none of its dependencies.
 
@@ -126,6 +129,8 @@ pub mod replay;
 pub mod resource;
 pub mod stream;
 pub mod suballoc;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod units;
 /// The leaves under their former name (`mrstack::upstream::Cuda`): the same module as [`leaf`].
 pub use leaf as upstream;

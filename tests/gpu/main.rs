@@ -1,4 +1,4 @@
-//! GPU tests: containers under kernels, adaptors on device memory, run-time choice on a GPU, and
+//! GPU tests: the conformance battery over every CUDA leaf, containers under kernels, adaptors on device memory, run-time choice on a GPU, and
 //! the soundness rules (stream ordering after dropped streams, pinned copies). Each test writes,
 //! copies back and compares. Without a CUDA driver each test prints why and returns; with
 //! `MRSTACK_REQUIRE_GPU=1` a missing GPU fails the test instead.
@@ -11,6 +11,7 @@
 mod support;
 
 mod adaptors;
+mod conformance;
 mod containers;
 mod erased;
 mod soundness;

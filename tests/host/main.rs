@@ -1,6 +1,6 @@
-//! Host tests: every algorithm over `Simulated` and `System`, property tests against models, the
-//! compile-time property checks at run time, replay and text configs. No GPU needed; the few
-//! tests that touch CUDA skip where there is none.
+//! Host tests: the conformance battery over every host resource, every algorithm over `Simulated`
+//! and `System`, property tests against models, the compile-time property checks at run time,
+//! replay and text configs. No GPU needed; the few tests that touch CUDA skip where there is none.
 
 // Tests and benches may unwrap: a failed unwrap is a failed test (clippy::unwrap_used is for
 // the library).
@@ -13,6 +13,7 @@ mod adaptors;
 mod arena;
 mod callback;
 mod config;
+mod conformance;
 mod erased;
 mod host_allocator;
 mod misc;

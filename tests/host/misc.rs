@@ -82,27 +82,6 @@ fn references_and_arcs_are_resources() {
 }
 
 #[test]
-fn system_memory_is_real_and_aligned() {
-    let sys = System::new();
-    let mut ptrs = Vec::new();
-    for (i, align) in [1usize, 16, 64, 4096, 1 << 16].into_iter().enumerate() {
-        let size = 1000 + i * 77;
-        let p = sys.allocate_sync(size, align).unwrap();
-        assert_eq!(p.as_ptr() as usize % align.max(16), 0);
-        // SAFETY: p is `size` bytes of host memory owned by this test.
-        unsafe { p.as_ptr().write_bytes(i as u8, size) };
-        ptrs.push((p, size, align, i as u8));
-    }
-    for (p, size, align, fill) in ptrs {
-        // SAFETY: as above; no other block overlaps it, so the pattern survived.
-        let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), size) };
-        assert!(bytes.iter().all(|&b| b == fill));
-        // SAFETY: p came from sys with this size and align.
-        unsafe { sys.deallocate_sync(p, size, align) };
-    }
-}
-
-#[test]
 fn simulated_out_of_memory_is_an_error_and_recoverable() {
     let sim = Simulated::new(4096);
     let a = sim.allocate(4096, 1, S).unwrap();
