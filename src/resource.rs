@@ -60,7 +60,8 @@ pub type Result<T, E = AllocError> = std::result::Result<T, E>;
 ///
 /// ```
 /// use mrstack::prelude::*;
-/// use mrstack::resource::{check_request, AllocError};
+/// // `Result<T>` is `Result<T, AllocError>`.
+/// use mrstack::resource::{check_request, AllocError, Result};
 /// use std::ptr::NonNull;
 /// use typenum::{B0, B1, U16};
 ///
@@ -277,7 +278,7 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 ///
 /// ```
 /// use mrstack::prelude::*;
-/// use mrstack::resource::{AllocError, Layer};
+/// use mrstack::resource::{AllocError, Layer, Result};
 /// use std::ptr::NonNull;
 ///
 /// /// An adaptor that counts allocations.
