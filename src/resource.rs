@@ -227,6 +227,19 @@ macro_rules! forward_upstream {
 }
 pub(crate) use forward_upstream;
 
+/// Writes the property bits and alignment a leaf claims, in one line:
+/// `properties!(Host = B1, Device = B0, Managed = B0, Alignment = U16)`. The claim is the
+/// `unsafe impl`'s, whose `// SAFETY:` argues it.
+macro_rules! properties {
+    (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Alignment = $a:ty) => {
+        type Host = $h;
+        type Device = $d;
+        type Managed = $m;
+        type Alignment = $a;
+    };
+}
+pub(crate) use properties;
+
 /// A borrowed resource is the same resource: every call, `synchronize` and `order_after`
 /// included, goes to `R` unchanged, with `R`'s properties and alignment; it costs one pointer
 /// indirection. How a stack shares a leaf it does not own (`resource_stack![&sim, Pool]`).

@@ -1,7 +1,7 @@
 //! `Cuda`: device memory from `cuMemAlloc` / `cuMemFree`.
 
 use super::{context_leaf, driver_allocate, driver_free};
-use crate::resource::{check_request, MemoryResource, Result};
+use crate::resource::{properties, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, CudaContext};
 use std::ptr::NonNull;
@@ -59,16 +59,10 @@ context_leaf!(Cuda, "device memory");
 // SAFETY: cuMemAlloc returns device memory of `size` bytes aligned to 256 (checked), which stays
 // valid until cuMemFree; alignments above 256 are refused by driver_allocate.
 unsafe impl MemoryResource for Cuda {
-    type Host = B0;
-    type Device = B1;
-    type Managed = B0;
-    type Alignment = U256;
+    properties!(Host = B0, Device = B1, Managed = B0, Alignment = U256);
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
-            return Ok(empty);
-        }
-        driver_allocate(
+        driver_allocate::<Self>(
             &self.ctx,
             size,
             align,

@@ -1,7 +1,7 @@
 //! `CudaAsync`: stream-ordered device memory from a driver memory pool of its own.
 
 use super::{context_leaf, driver_allocate, driver_free, driver_synchronize};
-use crate::resource::{check_request, AllocError, MemoryResource, Result};
+use crate::resource::{check_request, properties, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -187,17 +187,14 @@ impl CudaAsync {
 // SAFETY: cuMemAllocFromPoolAsync returns device memory usable by work on `stream` once queued,
 // aligned to 256 (checked), valid until cuMemFreeAsync on that stream.
 unsafe impl MemoryResource for CudaAsync {
-    type Host = B0;
-    type Device = B1;
-    type Managed = B0;
-    type Alignment = U256;
+    properties!(Host = B0, Device = B1, Managed = B0, Alignment = U256);
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }
         let handle = super::stream_in(&self.ctx, stream, size, align, Self::NAME)?;
-        driver_allocate(
+        driver_allocate::<Self>(
             &self.ctx,
             size,
             align,

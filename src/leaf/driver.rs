@@ -1,7 +1,7 @@
 //! What the CUDA leaves share: the driver's presence, contexts, and the allocate, free, synchronize
 //! and order calls each makes with its context current, on streams located by their identity.
 
-use crate::resource::{AllocError, AllocErrorKind};
+use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use std::ptr::NonNull;
@@ -38,9 +38,10 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
 }
 
-/// Makes `ctx` current on this thread, then runs one allocating driver call, checking the pointer
-/// it returns against the alignment asked. Shared by the CUDA leaves, whose guarantee is 256 bytes.
-pub(crate) fn driver_allocate(
+/// Checks the request for resource `R` (size 0 is answered without the driver), makes `ctx`
+/// current on this thread, then runs one allocating driver call, checking the pointer it returns
+/// against the alignment asked. Shared by the CUDA leaves, whose guarantee is 256 bytes.
+pub(crate) fn driver_allocate<R: MemoryResource>(
     ctx: &CudaContext,
     size: usize,
     align: usize,
@@ -48,6 +49,9 @@ pub(crate) fn driver_allocate(
     alloc: impl FnOnce(usize) -> Result<usize, DriverError>,
     free: impl FnOnce(usize) -> Result<(), DriverError>,
 ) -> Result<NonNull<u8>, AllocError> {
+    if let Some(empty) = check_request::<R>(size, align, name)? {
+        return Ok(empty);
+    }
     if align > CUDA_ALIGNMENT {
         return Err(AllocError::new(
             AllocErrorKind::Unsupported(

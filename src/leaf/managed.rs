@@ -1,7 +1,7 @@
 //! `Managed`: unified memory from `cuMemAllocManaged`, reachable from host and device.
 
 use super::{context_leaf, driver_allocate, driver_free};
-use crate::resource::{check_request, MemoryResource, Result};
+use crate::resource::{properties, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -62,16 +62,10 @@ context_leaf!(Managed, "managed memory");
 // SAFETY: cuMemAllocManaged returns memory valid on host and device until cuMemFree, aligned to
 // 256 (checked by driver_allocate, which refuses larger alignments).
 unsafe impl MemoryResource for Managed {
-    type Host = B1;
-    type Device = B1;
-    type Managed = B1;
-    type Alignment = U256;
+    properties!(Host = B1, Device = B1, Managed = B1, Alignment = U256);
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
-            return Ok(empty);
-        }
-        driver_allocate(
+        driver_allocate::<Self>(
             &self.ctx,
             size,
             align,

@@ -1,7 +1,7 @@
 //! `Pinned`: page-locked host memory from `cuMemHostAlloc`, mapped into the device's address space.
 
 use super::{context_leaf, driver_allocate, driver_free};
-use crate::resource::{check_request, MemoryResource, Result};
+use crate::resource::{properties, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -64,16 +64,10 @@ impl Pinned {
 // SAFETY: cuMemHostAlloc with DEVICEMAP returns host memory that is also addressable by the device
 // under unified addressing, valid until cuMemFreeHost, aligned to 256 (checked).
 unsafe impl MemoryResource for Pinned {
-    type Host = B1;
-    type Device = B1;
-    type Managed = B0;
-    type Alignment = U256;
+    properties!(Host = B1, Device = B1, Managed = B0, Alignment = U256);
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
-            return Ok(empty);
-        }
-        driver_allocate(
+        driver_allocate::<Self>(
             &self.ctx,
             size,
             align,

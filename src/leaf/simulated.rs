@@ -1,6 +1,6 @@
 //! `Simulated`: a fake address space that hands out aligned ranges with no memory behind them.
 
-use crate::resource::{align_up, check_request, AllocError, MemoryResource, Result};
+use crate::resource::{align_up, check_request, properties, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -115,10 +115,7 @@ impl Simulated {
 // SAFETY: ranges are carved from a bump pointer and never reused, so no two live ranges overlap;
 // each is aligned to max(align, 256). The type claims no access property, so nothing dereferences it.
 unsafe impl MemoryResource for Simulated {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B0;
-    type Alignment = U256;
+    properties!(Host = B0, Device = B0, Managed = B0, Alignment = U256);
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {

@@ -1,6 +1,8 @@
 //! `System`: host memory from Rust's global allocator, at any power-of-two alignment.
 
-use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource, Result};
+use crate::resource::{
+    check_request, properties, AllocError, AllocErrorKind, MemoryResource, Result,
+};
 use crate::stream::StreamRef;
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -61,10 +63,7 @@ impl System {
 // SAFETY: std::alloc returns host memory of the layout's size and alignment (at least 16), freed
 // with the same layout.
 unsafe impl MemoryResource for System {
-    type Host = B1;
-    type Device = B0;
-    type Managed = B0;
-    type Alignment = U16;
+    properties!(Host = B1, Device = B0, Managed = B0, Alignment = U16);
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {

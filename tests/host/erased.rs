@@ -3,10 +3,10 @@
 
 use mrstack::erased::Properties;
 use mrstack::prelude::*;
+use mrstack::testing::Recorder;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 const S: StreamRef = StreamRef::DEFAULT;
@@ -16,10 +16,6 @@ fn fake_stream(n: usize) -> StreamRef<'static> {
 }
 
 /// The number a test stream was made from (0 for the default stream).
-fn sid(s: StreamRef) -> usize {
-    (s.id().get() & u64::from(u32::MAX)) as usize
-}
-
 fn needs_host<R: Accessible<HostAccessible>>(_: &R) {}
 
 #[test]
@@ -174,60 +170,30 @@ fn downcast_reaches_the_concrete_resource() {
     assert!(format!("{any:?}").contains("Simulated"));
 }
 
-/// Counts the calls that must pass through erasure unchanged.
-#[derive(Default)]
-struct Recording {
-    synchronized: AtomicUsize,
-    ordered: AtomicUsize,
-    last_order: std::sync::Mutex<(usize, usize)>,
-    inner: System,
-}
-
-// SAFETY: allocation and deallocation go to System unchanged.
-unsafe impl MemoryResource for Recording {
-    type Host = typenum::B1;
-    type Device = typenum::B0;
-    type Managed = typenum::B0;
-    type Alignment = typenum::U16;
-
-    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
-        self.inner.allocate(size, align, s)
-    }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.inner.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
-        self.synchronized.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.ordered.fetch_add(1, Ordering::Relaxed);
-        *self.last_order.lock().unwrap() = (sid(stream), sid(after));
-        Ok(())
-    }
-    fn name(&self) -> &'static str {
-        "Recording"
-    }
-}
-
 #[test]
 fn every_call_is_forwarded() {
-    let rec = Arc::new(Recording::default());
+    let rec = Arc::new(Recorder::new(System::new()));
     let any = AnyResource::<HostAccessible>::from_arc(rec.clone());
     let r = ResourceRef::<HostAccessible>::new(&*rec);
     any.synchronize(fake_stream(3)).unwrap();
     r.synchronize(fake_stream(3)).unwrap();
     any.order_after(fake_stream(1), fake_stream(2)).unwrap();
-    assert_eq!(*rec.last_order.lock().unwrap(), (1, 2));
+    let last_order = || rec.record().ordered().last().copied();
+    assert_eq!(
+        last_order(),
+        Some((fake_stream(1).id(), fake_stream(2).id()))
+    );
     r.order_after(fake_stream(4), fake_stream(5)).unwrap();
-    assert_eq!(*rec.last_order.lock().unwrap(), (4, 5));
+    assert_eq!(
+        last_order(),
+        Some((fake_stream(4).id(), fake_stream(5).id()))
+    );
     let p = any.allocate_sync(64, 8).unwrap();
     // SAFETY: p came from any with this size and align.
     unsafe { any.deallocate_sync(p, 64, 8) };
-    assert_eq!(rec.synchronized.load(Ordering::Relaxed), 4);
-    assert_eq!(rec.ordered.load(Ordering::Relaxed), 2);
-    assert_eq!((any.name(), r.name()), ("Recording", "Recording"));
+    assert_eq!(rec.record().synchronized().len(), 4);
+    assert_eq!(rec.record().ordered().len(), 2);
+    assert_eq!((any.name(), r.name()), ("Recorder", "Recorder"));
 }
 
 #[test]

@@ -5,12 +5,10 @@
 use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig};
 use mrstack::prelude::*;
 use mrstack::resource::align_up;
-use mrstack::stream::StreamId;
+use mrstack::testing::Recorder;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -18,59 +16,6 @@ use std::sync::Mutex;
 /// A simulated stream (0 is the default stream).
 fn stream(n: usize) -> StreamRef<'static> {
     StreamRef::simulated(n as u32)
-}
-
-/// An upstream that forwards to `inner`, records every `order_after(stream, after)` call and
-/// counts the bytes it has handed out.
-struct Recorder<U> {
-    inner: U,
-    orders: Mutex<Vec<(StreamId, StreamId)>>,
-    in_use: AtomicUsize,
-}
-
-impl<U> Recorder<U> {
-    fn new(inner: U) -> Self {
-        Recorder {
-            inner,
-            orders: Mutex::new(Vec::new()),
-            in_use: AtomicUsize::new(0),
-        }
-    }
-    fn orders(&self) -> Vec<(StreamId, StreamId)> {
-        self.orders.lock().unwrap().clone()
-    }
-    fn in_use(&self) -> usize {
-        self.in_use.load(Ordering::Relaxed)
-    }
-}
-
-// SAFETY: every allocation is `inner`'s, unchanged.
-unsafe impl<U: MemoryResource> MemoryResource for Recorder<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
-    type Alignment = U::Alignment;
-
-    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
-        let p = self.inner.allocate(size, align, s)?;
-        self.in_use.fetch_add(size, Ordering::Relaxed);
-        Ok(p)
-    }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        self.in_use.fetch_sub(size, Ordering::Relaxed);
-        // SAFETY: forwarded from the caller.
-        unsafe { self.inner.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, stream: StreamRef) -> Result<(), AllocError> {
-        self.inner.synchronize(stream)
-    }
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.orders.lock().unwrap().push((stream.id(), after.id()));
-        self.inner.order_after(stream, after)
-    }
-    fn name(&self) -> &'static str {
-        "Recorder"
-    }
 }
 
 /// Live blocks by address, for overlap checks: `[addr, addr + len)`.
@@ -268,7 +213,7 @@ proptest! {
             unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
         }
         drop(pool);
-        prop_assert_eq!(rec.in_use(), 0);
+        prop_assert_eq!(rec.record().in_use(), 0);
     }
 }
 
@@ -516,31 +461,35 @@ fn pool_orders_streams_before_handing_blocks_across() {
     unsafe { pool.deallocate(a, 1000, 256, s) };
     let b = pool.allocate(1000, 256, s).unwrap();
     assert_eq!(b, a, "same-stream reuse is immediate");
-    assert!(rec.orders().is_empty(), "and needs no ordering");
+    assert!(rec.record().ordered().is_empty(), "and needs no ordering");
     // SAFETY: live with this size.
     unsafe { pool.deallocate(b, 1000, 256, s) };
 
     let c = pool.allocate(1000, 256, t).unwrap();
     assert_eq!(c, a, "the block freed on s goes to t");
     assert_eq!(
-        rec.orders(),
+        rec.record().ordered(),
         [(t.id(), s.id())],
         "after t is ordered behind s, once"
     );
     let d = pool.allocate(5000, 256, t).unwrap();
-    assert_eq!(rec.orders().len(), 1, "s's other free blocks came along");
+    assert_eq!(
+        rec.record().ordered().len(),
+        1,
+        "s's other free blocks came along"
+    );
     // SAFETY: live with these sizes.
     unsafe {
         pool.deallocate(c, 1000, 256, t);
         pool.deallocate(d, 5000, 256, t);
     }
     let e = pool.allocate(1000, 256, t).unwrap();
-    assert_eq!(rec.orders().len(), 1);
+    assert_eq!(rec.record().ordered().len(), 1);
     // SAFETY: live with this size.
     unsafe { pool.deallocate(e, 1000, 256, t) };
     assert_eq!(pool.usage().free_blocks, 1, "all coalesced on t");
     drop(pool);
-    assert_eq!(rec.in_use(), 0);
+    assert_eq!(rec.record().in_use(), 0);
 }
 
 #[test]
@@ -565,7 +514,7 @@ fn pool_keeps_streams_apart_until_ordered() {
     // A request on s that fits a's hole takes it without ordering.
     let c = pool.allocate(1024, 256, s).unwrap();
     assert_eq!(c, a);
-    assert!(rec.orders().is_empty());
+    assert!(rec.record().ordered().is_empty());
     // SAFETY: live with these sizes.
     unsafe {
         pool.deallocate(c, 1024, 256, s);
@@ -573,8 +522,8 @@ fn pool_keeps_streams_apart_until_ordered() {
     }
     // Releasing a chunk whose blocks were freed on s and t orders the chunk's stream after t.
     assert_eq!(pool.release(), 2 << 20);
-    assert_eq!(rec.orders(), [(s.id(), t.id())]);
-    assert_eq!(rec.in_use(), 0);
+    assert_eq!(rec.record().ordered(), [(s.id(), t.id())]);
+    assert_eq!(rec.record().in_use(), 0);
 }
 
 /// 16 threads allocate, fill, check and free random blocks through `mr`, half on the default
@@ -651,7 +600,7 @@ fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
     let size = pool.usage().held;
     assert_eq!(pool.release(), size, "every chunk came back whole");
     drop(pool);
-    assert_eq!(rec.in_use(), 0);
+    assert_eq!(rec.record().in_use(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -784,19 +733,19 @@ fn fixed_size_orders_streams_before_handing_blocks_across() {
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 100, 256, s) };
     assert_eq!(mr.allocate(100, 256, s).unwrap(), a);
-    assert!(rec.orders().is_empty());
+    assert!(rec.record().ordered().is_empty());
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 100, 256, s) };
     assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
-    assert_eq!(rec.orders(), [(t.id(), s.id())]);
+    assert_eq!(rec.record().ordered(), [(t.id(), s.id())]);
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 100, 256, t) };
     assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
-    assert_eq!(rec.orders().len(), 1);
+    assert_eq!(rec.record().ordered().len(), 1);
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 100, 256, t) };
     drop(mr);
-    assert_eq!(rec.in_use(), 0);
+    assert_eq!(rec.record().in_use(), 0);
 }
 
 #[test]
@@ -957,15 +906,15 @@ fn binning_orders_streams_before_handing_blocks_across() {
         a,
         "same bin, same stream"
     );
-    assert!(rec.orders().is_empty());
+    assert!(rec.record().ordered().is_empty());
     // SAFETY: live; 1500 bytes pick the same bin as 2000.
     unsafe { mr.deallocate(a, 1500, 256, s) };
     assert_eq!(mr.allocate(2000, 256, t).unwrap(), a);
-    assert_eq!(rec.orders(), [(t.id(), s.id())]);
+    assert_eq!(rec.record().ordered(), [(t.id(), s.id())]);
     // SAFETY: live with this size.
     unsafe { mr.deallocate(a, 2000, 256, t) };
     drop(mr);
-    assert_eq!(rec.in_use(), 0);
+    assert_eq!(rec.record().in_use(), 0);
 }
 
 #[test]
@@ -1019,7 +968,7 @@ fn binning_sixteen_threads_over_a_pool() {
     });
     assert_eq!(mr.upstream().usage().allocated, mr.usage().held);
     drop(mr);
-    assert_eq!(rec.in_use(), 0);
+    assert_eq!(rec.record().in_use(), 0);
 }
 
 #[test]
