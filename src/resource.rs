@@ -186,6 +186,35 @@ macro_rules! forward_upstream {
         type Device = <$U as $crate::resource::MemoryResource>::Device;
         type Managed = <$U as $crate::resource::MemoryResource>::Managed;
     };
+    // A pointer to a resource `R` is that resource: every item goes through.
+    (everything to *self as $R:ty) => {
+        $crate::resource::forward_upstream!(properties of $R);
+        type Alignment = <$R as $crate::resource::MemoryResource>::Alignment;
+        #[inline]
+        fn allocate(
+            &self,
+            size: usize,
+            align: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<::core::ptr::NonNull<u8>> {
+            $crate::resource::MemoryResource::allocate(&**self, size, align, stream)
+        }
+        #[inline]
+        unsafe fn deallocate(
+            &self,
+            ptr: ::core::ptr::NonNull<u8>,
+            size: usize,
+            align: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) {
+            // SAFETY: forwarded from the caller.
+            unsafe { $crate::resource::MemoryResource::deallocate(&**self, ptr, size, align, stream) }
+        }
+        $crate::resource::forward_upstream!(streams to *self);
+        fn name(&self) -> &'static str {
+            $crate::resource::MemoryResource::name(&**self)
+        }
+    };
     (streams to *self) => {
         fn synchronize(
             &self,
@@ -245,22 +274,7 @@ pub(crate) use properties;
 /// indirection. How a stack shares a leaf it does not own (`resource_stack![&sim, Pool]`).
 // SAFETY: forwards every call to `R`, whose promises hold for the same memory.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
-    forward_upstream!(properties of R);
-    forward_upstream!(streams to *self);
-    type Alignment = R::Alignment;
-
-    #[inline]
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        (**self).allocate(size, align, stream)
-    }
-    #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { (**self).deallocate(ptr, size, align, stream) }
-    }
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
+    forward_upstream!(everything to *self as R);
 }
 
 /// A shared resource is the same resource: every call, `synchronize` and `order_after` included,
@@ -268,22 +282,7 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
 /// (cloning the `Arc` is one atomic increment, and clones share one resource).
 // SAFETY: forwards every call to `R`, whose promises hold for the same memory.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
-    forward_upstream!(properties of R);
-    forward_upstream!(streams to *self);
-    type Alignment = R::Alignment;
-
-    #[inline]
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        (**self).allocate(size, align, stream)
-    }
-    #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { (**self).deallocate(ptr, size, align, stream) }
-    }
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
+    forward_upstream!(everything to *self as R);
 }
 
 /// A configuration that wraps an upstream resource into an adaptor: what `resource_stack!`

@@ -30,7 +30,7 @@
 //!     Op::Free { id: 0 },
 //! ]).unwrap();
 //! let stacks = replay::stacks::<Arc<Simulated>>();
-//! let raw = Candidate { name: "upstream", timing: stacks[0].as_ref(), capacity: Some(stacks[0].as_ref()) };
+//! let raw = Candidate::simulated("upstream", stacks[0].as_ref());
 //! let sim = Arc::new(Simulated::new(1 << 20));
 //! let settings = Settings { passes: 3, ..Settings::default() };
 //! let report = run_stack(&raw, sim.clone(), &|| Some(sim.peak()), &w, w.default_streams(), &settings, &());
@@ -97,6 +97,17 @@ pub struct Candidate<'a, U> {
     pub timing: &'a dyn StackFactory<U>,
     /// Builds the stack whose minimum capacity is searched.
     pub capacity: Option<&'a dyn StackFactory<Arc<Simulated>>>,
+}
+
+impl<'a> Candidate<'a, Arc<Simulated>> {
+    /// A stack on `Simulated`, timed and searched with the same factory.
+    pub fn simulated(name: &'a str, factory: &'a dyn StackFactory<Arc<Simulated>>) -> Self {
+        Candidate {
+            name,
+            timing: factory,
+            capacity: Some(factory),
+        }
+    }
 }
 
 impl<U> std::fmt::Debug for Candidate<'_, U> {
@@ -584,11 +595,7 @@ mod tests {
     fn run_stack_times_meters_and_searches() {
         let w = tiny();
         let stacks = replay::stacks::<Arc<Simulated>>();
-        let raw = Candidate {
-            name: "upstream",
-            timing: stacks[0].as_ref(),
-            capacity: Some(stacks[0].as_ref()),
-        };
+        let raw = Candidate::simulated("upstream", stacks[0].as_ref());
         let sim = Arc::new(Simulated::new(usize::MAX));
         let settings = Settings {
             passes: 3,
@@ -641,11 +648,7 @@ mod tests {
     fn run_stack_keeps_failures_and_still_runs_the_other_step() {
         let w = tiny();
         let stacks = replay::stacks::<Arc<Simulated>>();
-        let raw = Candidate {
-            name: "upstream",
-            timing: stacks[0].as_ref(),
-            capacity: Some(stacks[0].as_ref()),
-        };
+        let raw = Candidate::simulated("upstream", stacks[0].as_ref());
         // Too small an upstream to time on: timing fails, the search (on its own upstream) works.
         let r = run_stack(
             &raw,

@@ -434,11 +434,7 @@ fn replay_simulated(
         let Some(factory) = stacks.iter().find(|s| s.name() == name) else {
             continue;
         };
-        let candidate = Candidate {
-            name,
-            timing: factory.as_ref(),
-            capacity: Some(factory.as_ref()),
-        };
+        let candidate = Candidate::simulated(name, factory.as_ref());
         // Unlimited: the stack's own capacity bounds it, as device memory would hardly.
         let sim = Arc::new(Simulated::new(usize::MAX));
         let streams = simulated_streams(w.stream_count());

@@ -10,7 +10,6 @@
 #![allow(clippy::unwrap_used)]
 
 use serde_json::Value;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -83,32 +82,9 @@ fn json(o: &Output) -> Value {
     serde_json::from_str(&expect(o, 0)).expect("--json prints JSON")
 }
 
-/// A scratch file unique to this test process and `name`, removed when dropped.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, bytes: &[u8]) -> Self {
-        let path = std::env::temp_dir().join(format!("mrstack-cli-{}-{name}", std::process::id()));
-        std::fs::write(&path, bytes).unwrap();
-        TempFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    enc.write_all(bytes).unwrap();
-    enc.finish().unwrap()
-}
+#[path = "../../tests/support/files.rs"]
+mod files;
+use files::{gzip, TempFile};
 
 /// Peak live 300 bytes (blocks 0 and 1), 350 allocated in all; block 2 is never freed.
 const TINY: &str = "0,1,allocate,0x1000,100,0\n\
@@ -161,8 +137,12 @@ fn replay_without_a_trace_prints_the_table() {
 
 #[test]
 fn json_gives_the_capacity_of_a_tiny_trace() {
-    let f = TempFile::new("tiny.csv", format!("{HEADER}{TINY}").as_bytes());
-    let v = json(&replay(&[f.path(), "--json", "--stack", "upstream"]));
+    let f = TempFile::new(
+        "mrstack-cli",
+        "tiny.csv",
+        format!("{HEADER}{TINY}").as_bytes(),
+    );
+    let v = json(&replay(&[f.text(), "--json", "--stack", "upstream"]));
     let w = &v["workload"];
     assert_eq!(w["ops"], 5);
     assert_eq!(w["allocations"], 3);
@@ -185,8 +165,12 @@ fn json_gives_the_capacity_of_a_tiny_trace() {
 
 #[test]
 fn every_preset_completes_the_tiny_trace_at_or_above_its_peak() {
-    let f = TempFile::new("tiny-all.csv", format!("{HEADER}{TINY}").as_bytes());
-    let v = json(&replay(&[f.path(), "--json"]));
+    let f = TempFile::new(
+        "mrstack-cli",
+        "tiny-all.csv",
+        format!("{HEADER}{TINY}").as_bytes(),
+    );
+    let v = json(&replay(&[f.text(), "--json"]));
     let stacks = v["stacks"].as_array().unwrap();
     assert!(!stacks.is_empty());
     assert_eq!(stacks[0]["name"], "upstream");
@@ -212,8 +196,12 @@ const THREADED: &str = "0,1,allocate,0x1000,100,0\n\
 
 #[test]
 fn a_many_threaded_log_replays_with_its_threads() {
-    let f = TempFile::new("threads.csv", format!("{HEADER}{THREADED}").as_bytes());
-    let v = json(&replay(&[f.path(), "--json", "--passes", "3"]));
+    let f = TempFile::new(
+        "mrstack-cli",
+        "threads.csv",
+        format!("{HEADER}{THREADED}").as_bytes(),
+    );
+    let v = json(&replay(&[f.text(), "--json", "--passes", "3"]));
     assert_eq!(v["workload"]["threads"], 3);
     assert_eq!(v["workload"]["peak_live"], 700);
     assert_eq!(v["replayed_with_threads"], true);
@@ -222,11 +210,11 @@ fn a_many_threaded_log_replays_with_its_threads() {
     // The search replays in log order, so its answer does not depend on the interleaving.
     assert_eq!(s["min_capacity"], 700);
 
-    let out = expect(&replay(&[f.path()]), 0);
+    let out = expect(&replay(&[f.text()]), 0);
     assert!(out.contains("3 threads"), "{out}");
     assert!(out.contains("3 OS threads"), "{out}");
 
-    let v = json(&replay(&[f.path(), "--json", "--sequential"]));
+    let v = json(&replay(&[f.text(), "--json", "--sequential"]));
     assert_eq!(v["replayed_with_threads"], false);
     assert_eq!(v["stacks"][0]["upstream_peak"], 700);
 }
@@ -234,10 +222,10 @@ fn a_many_threaded_log_replays_with_its_threads() {
 #[test]
 fn plain_and_gzip_logs_replay_alike() {
     let text = format!("{HEADER}{TINY}");
-    let plain = TempFile::new("same.csv", text.as_bytes());
-    let packed = TempFile::new("same.csv.gz", &gzip(text.as_bytes()));
-    let a = json(&replay(&[plain.path(), "--json", "--stack", "upstream"]));
-    let b = json(&replay(&[packed.path(), "--json", "--stack", "upstream"]));
+    let plain = TempFile::new("mrstack-cli", "same.csv", text.as_bytes());
+    let packed = TempFile::new("mrstack-cli", "same.csv.gz", &gzip(text.as_bytes()));
+    let a = json(&replay(&[plain.text(), "--json", "--stack", "upstream"]));
+    let b = json(&replay(&[packed.text(), "--json", "--stack", "upstream"]));
     for key in ["ops", "allocations", "peak_live", "unfreed"] {
         assert_eq!(a["workload"][key], b["workload"][key], "{key}");
     }
@@ -251,10 +239,14 @@ fn plain_and_gzip_logs_replay_alike() {
 
 #[test]
 fn stacks_are_picked_by_repeated_or_comma_separated_names() {
-    let f = TempFile::new("pick.csv", format!("{HEADER}{TINY}").as_bytes());
+    let f = TempFile::new(
+        "mrstack-cli",
+        "pick.csv",
+        format!("{HEADER}{TINY}").as_bytes(),
+    );
     // `simulated` names the raw upstream on Simulated; each stack is replayed once.
     let v = json(&replay(&[
-        f.path(),
+        f.text(),
         "--json",
         "--stack",
         "upstream,simulated",
@@ -266,8 +258,12 @@ fn stacks_are_picked_by_repeated_or_comma_separated_names() {
 
 #[test]
 fn quiet_leaves_stderr_empty_and_no_capacity_skips_the_search() {
-    let f = TempFile::new("quiet.csv", format!("{HEADER}{TINY}").as_bytes());
-    let o = replay(&[f.path(), "--quiet", "--no-capacity", "--json"]);
+    let f = TempFile::new(
+        "mrstack-cli",
+        "quiet.csv",
+        format!("{HEADER}{TINY}").as_bytes(),
+    );
+    let o = replay(&[f.text(), "--quiet", "--no-capacity", "--json"]);
     let v = json(&o);
     assert_eq!(stderr(&o), "");
     let s = &v["stacks"][0];
@@ -298,18 +294,18 @@ fn the_resnet_trace_replays() {
 /// Asserts that `body` after the header fails with status 1 and a message naming `line`, and
 /// that `--on-error skip` replays the rest, reporting one bad line.
 fn bad_line(name: &str, body: &str, line: usize, says: &str) {
-    let f = TempFile::new(name, format!("{HEADER}{body}").as_bytes());
-    let o = replay(&[f.path()]);
+    let f = TempFile::new("mrstack-cli", name, format!("{HEADER}{body}").as_bytes());
+    let o = replay(&[f.text()]);
     expect(&o, 1);
     let err = stderr(&o);
     assert!(
-        err.contains(&format!("{}: line {line}: {says}", f.path())),
+        err.contains(&format!("{}: line {line}: {says}", f.text())),
         "{err}"
     );
     assert!(err.contains("--on-error skip"), "{err}");
     assert_eq!(stdout(&o), "", "no table after a trace error");
 
-    let o = replay(&[f.path(), "--on-error", "skip", "--json"]);
+    let o = replay(&[f.text(), "--on-error", "skip", "--json"]);
     let v = json(&o);
     assert_eq!(v["workload"]["skipped_lines"], 1);
     let err = stderr(&o);
@@ -355,16 +351,16 @@ fn a_truncated_gzip_is_named() {
         );
     }
     let packed = gzip(text.as_bytes());
-    let f = TempFile::new("cut.csv.gz", &packed[..packed.len() / 2]);
-    let o = replay(&[f.path()]);
+    let f = TempFile::new("mrstack-cli", "cut.csv.gz", &packed[..packed.len() / 2]);
+    let o = replay(&[f.text()]);
     expect(&o, 1);
     let err = stderr(&o);
     assert!(
-        err.contains(f.path()) && err.contains("line ") && err.contains("truncated"),
+        err.contains(f.text()) && err.contains("line ") && err.contains("truncated"),
         "{err}"
     );
 
-    let o = replay(&[f.path(), "--on-error", "skip", "--json"]);
+    let o = replay(&[f.text(), "--on-error", "skip", "--json"]);
     let v = json(&o);
     assert_eq!(v["workload"]["skipped_lines"], 1);
     let allocations = v["workload"]["allocations"].as_u64().unwrap();
@@ -377,13 +373,13 @@ fn missing_empty_and_headless_files_exit_1() {
     expect(&o, 1);
     assert!(stderr(&o).contains("cannot open"), "{}", stderr(&o));
 
-    let empty = TempFile::new("empty.csv", b"");
-    let o = replay(&[empty.path(), "--on-error", "skip"]);
+    let empty = TempFile::new("mrstack-cli", "empty.csv", b"");
+    let o = replay(&[empty.text(), "--on-error", "skip"]);
     expect(&o, 1);
     assert!(stderr(&o).contains("empty log"), "{}", stderr(&o));
 
-    let headless = TempFile::new("headless.csv", b"0,1,allocate,0x100,64,0\n");
-    let o = replay(&[headless.path()]);
+    let headless = TempFile::new("mrstack-cli", "headless.csv", b"0,1,allocate,0x100,64,0\n");
+    let o = replay(&[headless.text()]);
     expect(&o, 1);
     assert!(
         stderr(&o).contains("line 1: the header has no `Action` column"),
@@ -430,7 +426,11 @@ fn an_unknown_stack_is_a_usage_error_listing_the_names() {
 
 #[test]
 fn bad_options_are_usage_errors() {
-    let f = TempFile::new("usage.csv", format!("{HEADER}{TINY}").as_bytes());
+    let f = TempFile::new(
+        "mrstack-cli",
+        "usage.csv",
+        format!("{HEADER}{TINY}").as_bytes(),
+    );
     for args in [
         &["replay", "--precision", "2"][..],
         &["replay", "--precision", "0"],
@@ -439,8 +439,8 @@ fn bad_options_are_usage_errors() {
         &["replay", "--upstream", "tpu"],
         &["replay", "--on-error", "maybe"],
         &["replay", "--bogus"],
-        &["replay", f.path(), "--seed", "3"],
-        &["replay", f.path(), "second.csv"],
+        &["replay", f.text(), "--seed", "3"],
+        &["replay", f.text(), "second.csv"],
         &["record"],
         &[],
     ] {

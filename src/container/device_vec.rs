@@ -5,7 +5,7 @@
 use super::{copy_error, cudarc_interop, length_mismatch, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, MemoryResource};
-use cudarc::driver::{result, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{result, sys, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use std::sync::Arc;
 
 /// `len` values of `T` in memory from `R`, ordered on one stream, freed on it when dropped.
@@ -78,44 +78,43 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     /// may be changed or freed as soon as this returns, pinned or managed memory included (the
     /// driver stages only pageable memory; from pinned memory the copy is fully asynchronous).
     pub fn copy_from(&mut self, host: &[T]) -> Result<(), AllocError> {
-        let name = self.buf.resource().name();
-        if host.len() != self.len() {
-            return Err(length_mismatch(host.len(), name));
-        }
-        if host.is_empty() || self.buf.bytes() == 0 {
-            return Ok(());
-        }
-        let stream = self.buf.stream();
-        let err = copy_error(name, self.buf.bytes());
-        stream.context().bind_to_thread().map_err(err)?;
-        // SAFETY: the destination holds `host.len()` values; the source is a live host slice,
-        // borrowed until the synchronize below has waited for the copy.
-        unsafe { result::memcpy_htod_async(*self.buf.address(), host, stream.cu_stream()) }
-            .map_err(copy_error(name, self.buf.bytes()))?;
-        stream
-            .synchronize()
-            .map_err(copy_error(name, self.buf.bytes()))
+        let address = *self.buf.address();
+        self.blocking_copy(host.len(), |stream| {
+            // SAFETY: the destination holds `host.len()` values (checked by blocking_copy); the
+            // source is a live host slice, borrowed until blocking_copy has waited for the copy.
+            unsafe { result::memcpy_htod_async(address, host, stream) }
+        })
     }
 
     /// Copies the values out into `host` (same length), waiting for the vector's stream.
     pub fn copy_to(&self, host: &mut [T]) -> Result<(), AllocError> {
+        let address = *self.buf.address();
+        self.blocking_copy(host.len(), |stream| {
+            // SAFETY: the source holds `host.len()` values (checked by blocking_copy); the
+            // destination is a live host slice, borrowed until blocking_copy has waited for it.
+            unsafe { result::memcpy_dtoh_async(host, address, stream) }
+        })
+    }
+
+    /// Runs `copy` of `host_len` values on the vector's stream with its context current, and
+    /// waits for it; `Err` if the lengths differ, nothing for an empty vector.
+    fn blocking_copy(
+        &self,
+        host_len: usize,
+        copy: impl FnOnce(sys::CUstream) -> Result<(), DriverError>,
+    ) -> Result<(), AllocError> {
         let name = self.buf.resource().name();
-        if host.len() != self.len() {
-            return Err(length_mismatch(host.len(), name));
+        if host_len != self.len() {
+            return Err(length_mismatch(host_len, name));
         }
-        if host.is_empty() || self.buf.bytes() == 0 {
+        if host_len == 0 || self.buf.bytes() == 0 {
             return Ok(());
         }
         let stream = self.buf.stream();
-        let err = copy_error(name, self.buf.bytes());
-        stream.context().bind_to_thread().map_err(err)?;
-        // SAFETY: the source holds `host.len()` values; the destination is a live host slice,
-        // borrowed until the synchronize below has waited for the copy.
-        unsafe { result::memcpy_dtoh_async(host, *self.buf.address(), stream.cu_stream()) }
-            .map_err(copy_error(name, self.buf.bytes()))?;
-        stream
-            .synchronize()
-            .map_err(copy_error(name, self.buf.bytes()))
+        let err = || copy_error(name, self.buf.bytes());
+        stream.context().bind_to_thread().map_err(err())?;
+        copy(stream.cu_stream()).map_err(err())?;
+        stream.synchronize().map_err(err())
     }
 
     /// The values, copied to a new host `Vec`.

@@ -56,6 +56,17 @@ pub enum ReplayError {
 }
 
 impl ReplayError {
+    /// `Err(Streams)` when `streams` has fewer streams than `workload` names.
+    pub(crate) fn check_streams(workload: &Workload, streams: &[StreamHandle]) -> Result<(), Self> {
+        if streams.len() < workload.stream_count() {
+            return Err(ReplayError::Streams {
+                needed: workload.stream_count(),
+                given: streams.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// True when the failure is running out of room: a larger capacity could cure it.
     pub fn is_out_of_memory(&self) -> bool {
         match self {
@@ -92,12 +103,7 @@ impl<'w, R: MemoryResource> Replayer<'w, R> {
         workload: &'w Workload,
         streams: Vec<StreamHandle>,
     ) -> Result<Self, ReplayError> {
-        if streams.len() < workload.stream_count() {
-            return Err(ReplayError::Streams {
-                needed: workload.stream_count(),
-                given: streams.len(),
-            });
-        }
+        ReplayError::check_streams(workload, &streams)?;
         Ok(Replayer {
             resource,
             workload,

@@ -88,12 +88,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         workload: &'w Workload,
         streams: Vec<StreamHandle>,
     ) -> Result<Self, ReplayError> {
-        if streams.len() < workload.stream_count() {
-            return Err(ReplayError::Streams {
-                needed: workload.stream_count(),
-                given: streams.len(),
-            });
-        }
+        ReplayError::check_streams(workload, &streams)?;
         let mut lanes = vec![Vec::new(); workload.thread_count()];
         let mut blocks = Vec::with_capacity(workload.allocations());
         for (op, &o) in workload.ops().iter().enumerate() {

@@ -3,7 +3,7 @@
 use super::free_list::{Bin, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
+use crate::resource::{check_request, forward_upstream, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -35,12 +35,7 @@ impl Default for BinningConfig {
     }
 }
 
-impl<U: MemoryResource> Layer<U> for BinningConfig {
-    type Resource = Binning<U>;
-    fn layer(self, upstream: U) -> Binning<U> {
-        Binning::new(upstream, self)
-    }
-}
+layer_by_new!(BinningConfig => Binning);
 
 /// Power-of-two bins over an upstream resource `U`.
 ///

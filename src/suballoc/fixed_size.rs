@@ -4,8 +4,7 @@ use super::free_list::{Bin, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
-    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
-    Result,
+    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
@@ -36,12 +35,7 @@ impl Default for FixedSizeConfig {
     }
 }
 
-impl<U: MemoryResource> Layer<U> for FixedSizeConfig {
-    type Resource = FixedSize<U>;
-    fn layer(self, upstream: U) -> FixedSize<U> {
-        FixedSize::new(upstream, self)
-    }
-}
+layer_by_new!(FixedSizeConfig => FixedSize);
 
 /// Blocks of one size over an upstream resource `U`.
 ///
@@ -101,7 +95,7 @@ pub struct FixedSize<U: MemoryResource> {
 
 impl<U: MemoryResource> FixedSize<U> {
     /// A resource over `upstream` that takes its first chunk at once if the upstream has it, and
-    /// starts empty otherwise, growing on demand (a [`Layer`] cannot fail; use
+    /// starts empty otherwise, growing on demand (a [`Layer`](crate::Layer) cannot fail; use
     /// [`try_new`](Self::try_new) to learn whether the reservation succeeded).
     pub fn new(upstream: U, config: FixedSizeConfig) -> Self {
         let (mr, count) = Self::empty(upstream, &config);

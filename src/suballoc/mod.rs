@@ -9,6 +9,19 @@
 //!   the fastest.
 //! * [`Arena`]: per-thread and per-stream arenas over a global one, for many threads.
 
+/// `impl Layer<U> for Config` that builds `Resource::new(upstream, config)`: every suballocator's
+/// configuration wraps its upstream that way.
+macro_rules! layer_by_new {
+    ($Config:ty => $Resource:ident) => {
+        impl<U: $crate::resource::MemoryResource> $crate::resource::Layer<U> for $Config {
+            type Resource = $Resource<U>;
+            fn layer(self, upstream: U) -> $Resource<U> {
+                $Resource::new(upstream, self)
+            }
+        }
+    };
+}
+
 mod arena;
 mod binning;
 mod fixed_size;

@@ -3,8 +3,7 @@
 use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
-    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
-    Result,
+    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -42,12 +41,7 @@ impl Default for PoolConfig {
     }
 }
 
-impl<U: MemoryResource> Layer<U> for PoolConfig {
-    type Resource = Pool<U>;
-    fn layer(self, upstream: U) -> Pool<U> {
-        Pool::new(upstream, self)
-    }
-}
+layer_by_new!(PoolConfig => Pool);
 
 /// A coalescing best-fit pool over an upstream resource `U`.
 ///
@@ -356,7 +350,7 @@ impl State {
 
 impl<U: MemoryResource> Pool<U> {
     /// A pool over `upstream`. It takes `config.initial` bytes at once if the upstream has them,
-    /// and starts empty otherwise, growing on demand (a [`Layer`] cannot fail; use
+    /// and starts empty otherwise, growing on demand (a [`Layer`](crate::Layer) cannot fail; use
     /// [`try_new`](Self::try_new) to learn whether the reservation succeeded).
     pub fn new(upstream: U, config: PoolConfig) -> Self {
         let pool = Self::empty(upstream, config.max);

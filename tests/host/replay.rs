@@ -1,5 +1,6 @@
 //! Workloads, RMM log parsing, the replayers and the minimum-capacity search, over `Simulated`.
 
+use crate::support::files::{gzip, TempFile};
 use mrstack::prelude::*;
 use mrstack::replay::rmm_log::{self, TraceErrorKind};
 use mrstack::replay::{
@@ -8,7 +9,6 @@ use mrstack::replay::{
 };
 use mrstack::resource::check_request;
 use mrstack::StreamHandle;
-use std::io::Write;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -25,29 +25,6 @@ fn alloc(id: usize, size: usize) -> Op {
 
 fn free(id: usize) -> Op {
     Op::Free { id }
-}
-
-/// A scratch file path unique to this test process and `name`, removed when dropped.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, bytes: &[u8]) -> Self {
-        let path = std::env::temp_dir().join(format!("mrstack-{}-{name}", std::process::id()));
-        std::fs::write(&path, bytes).unwrap();
-        TempFile(path)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    enc.write_all(bytes).unwrap();
-    enc.finish().unwrap()
 }
 
 /// The shared ResNet-50 trace, or None (with a message) where `shared/` is not beside the repo.
@@ -203,19 +180,20 @@ fn log_of(n: usize) -> String {
 #[test]
 fn reads_plain_and_gzip_files_alike() {
     let text = log_of(50);
-    let plain = TempFile::new("plain.csv", text.as_bytes());
+    let plain = TempFile::new("mrstack", "plain.csv", text.as_bytes());
     // No .gz in the name: gzip is told by the content.
-    let gz = TempFile::new("compressed.csv", &gzip(text.as_bytes()));
-    let a = rmm_log::read(&plain.0).unwrap();
-    let b = rmm_log::read(&gz.0).unwrap();
+    let gz = TempFile::new("mrstack", "compressed.csv", &gzip(text.as_bytes()));
+    let a = rmm_log::read(plain.path()).unwrap();
+    let b = rmm_log::read(gz.path()).unwrap();
     assert_eq!(a.workload.ops(), b.workload.ops());
     assert_eq!(a.workload.allocations(), 50);
-    let stem =
-        gz.0.file_name()
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .strip_suffix(".csv");
+    let stem = gz
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .strip_suffix(".csv");
     assert_eq!(Some(b.workload.name()), stem);
 }
 
@@ -223,8 +201,12 @@ fn reads_plain_and_gzip_files_alike() {
 fn truncated_gzip_is_an_error() {
     let packed = gzip(log_of(3000).as_bytes());
     for keep in [packed.len() / 2, packed.len() - 4] {
-        let f = TempFile::new(&format!("truncated-{keep}.csv.gz"), &packed[..keep]);
-        let e = rmm_log::read(&f.0).unwrap_err();
+        let f = TempFile::new(
+            "mrstack",
+            &format!("truncated-{keep}.csv.gz"),
+            &packed[..keep],
+        );
+        let e = rmm_log::read(f.path()).unwrap_err();
         assert!(matches!(e.kind, TraceErrorKind::Read(_)), "{e}");
         assert!(e.line > 0);
         let msg = e.to_string();
@@ -232,7 +214,7 @@ fn truncated_gzip_is_an_error() {
             msg.contains(&format!("line {}", e.line)) && msg.contains("truncated"),
             "{msg}"
         );
-        assert!(msg.starts_with(&f.0.display().to_string()), "{msg}");
+        assert!(msg.starts_with(&f.path().display().to_string()), "{msg}");
     }
 }
 
@@ -594,14 +576,18 @@ fn not_utf8_is_an_error_naming_the_line() {
 #[test]
 fn skip_mode_keeps_what_a_truncated_gzip_holds() {
     let packed = gzip(log_of(3000).as_bytes());
-    let f = TempFile::new("truncated-skip.csv.gz", &packed[..packed.len() / 2]);
-    let t = rmm_log::read_with(&f.0, rmm_log::OnError::Skip).unwrap();
+    let f = TempFile::new(
+        "mrstack",
+        "truncated-skip.csv.gz",
+        &packed[..packed.len() / 2],
+    );
+    let t = rmm_log::read_with(f.path(), rmm_log::OnError::Skip).unwrap();
     assert_eq!(t.skipped_lines, 1);
     assert!(t.skipped[0].reason.contains("truncated"), "{:?}", t.skipped);
     let n = t.workload.allocations();
     assert!(n > 100 && n < 3000, "{n} allocations read");
     // The line that broke is where the strict parse stops.
-    let strict = rmm_log::read(&f.0).unwrap_err();
+    let strict = rmm_log::read(f.path()).unwrap_err();
     assert_eq!(strict.line, t.skipped[0].line);
 }
 

@@ -718,34 +718,49 @@ fn fixed_size_preallocates_and_grows_by_chunks() {
     assert_eq!((sim.in_use(), sim.live()), (0, 0));
 }
 
-#[test]
-fn fixed_size_orders_streams_before_handing_blocks_across() {
-    let rec = Recorder::new(Simulated::new(1 << 30));
-    let mr = FixedSize::new(
-        &rec,
-        FixedSizeConfig {
-            block_size: 4096,
-            blocks_to_preallocate: 0,
-        },
-    );
+/// Blocks `mr` frees on `s` are reused at once on `s`, and on `t` only after `order_after(t, s)`
+/// reached the upstream, `rec`.
+fn check_cross_stream_reuse<R: MemoryResource>(mr: R, rec: &Recorder<Simulated>, size: usize) {
     let (s, t) = (stream(1), stream(2));
-    let a = mr.allocate(100, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { mr.deallocate(a, 100, 256, s) };
-    assert_eq!(mr.allocate(100, 256, s).unwrap(), a);
+    let a = mr.allocate(size, 256, s).unwrap();
+    // SAFETY: each call frees `a`, live with this size, after the allocation before it.
+    let free = |on| unsafe { mr.deallocate(a, size, 256, on) };
+    free(s);
+    assert_eq!(
+        mr.allocate(size, 256, s).unwrap(),
+        a,
+        "same stream: reused at once"
+    );
     assert!(rec.record().ordered().is_empty());
-    // SAFETY: live with this size.
-    unsafe { mr.deallocate(a, 100, 256, s) };
-    assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
+    free(s);
+    assert_eq!(mr.allocate(size, 256, t).unwrap(), a);
     assert_eq!(rec.record().ordered(), [(t.id(), s.id())]);
-    // SAFETY: live with this size.
-    unsafe { mr.deallocate(a, 100, 256, t) };
-    assert_eq!(mr.allocate(100, 256, t).unwrap(), a);
-    assert_eq!(rec.record().ordered().len(), 1);
-    // SAFETY: live with this size.
-    unsafe { mr.deallocate(a, 100, 256, t) };
+    free(t);
+    assert_eq!(mr.allocate(size, 256, t).unwrap(), a);
+    assert_eq!(
+        rec.record().ordered().len(),
+        1,
+        "t's own free block needs no order"
+    );
+    free(t);
     drop(mr);
     assert_eq!(rec.record().in_use(), 0);
+}
+
+#[test]
+fn fixed_size_and_binning_order_streams_before_handing_blocks_across() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let fixed = FixedSizeConfig {
+        block_size: 4096,
+        blocks_to_preallocate: 0,
+    };
+    check_cross_stream_reuse(FixedSize::new(&rec, fixed), &rec, 100);
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let bins = BinningConfig {
+        min: 256,
+        max: 4096,
+    };
+    check_cross_stream_reuse(Binning::new(&rec, bins), &rec, 2000);
 }
 
 #[test]
@@ -885,36 +900,6 @@ fn binning_routes_by_size_and_alignment() {
     }
     drop(mr);
     assert_eq!((sim.in_use(), sim.live()), (0, 0));
-}
-
-#[test]
-fn binning_orders_streams_before_handing_blocks_across() {
-    let rec = Recorder::new(Simulated::new(1 << 30));
-    let mr = Binning::new(
-        &rec,
-        BinningConfig {
-            min: 256,
-            max: 4096,
-        },
-    );
-    let (s, t) = (stream(1), stream(2));
-    let a = mr.allocate(2000, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { mr.deallocate(a, 2000, 256, s) };
-    assert_eq!(
-        mr.allocate(1500, 256, s).unwrap(),
-        a,
-        "same bin, same stream"
-    );
-    assert!(rec.record().ordered().is_empty());
-    // SAFETY: live; 1500 bytes pick the same bin as 2000.
-    unsafe { mr.deallocate(a, 1500, 256, s) };
-    assert_eq!(mr.allocate(2000, 256, t).unwrap(), a);
-    assert_eq!(rec.record().ordered(), [(t.id(), s.id())]);
-    // SAFETY: live with this size.
-    unsafe { mr.deallocate(a, 2000, 256, t) };
-    drop(mr);
-    assert_eq!(rec.record().in_use(), 0);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 // Each test crate uses only some of these helpers.
 #![allow(dead_code)]
 
+pub(crate) mod files;
 pub(crate) mod traces;
 
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};

@@ -11,8 +11,7 @@ mod threads;
 use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
-    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
-    Result,
+    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
 use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use chunk::Chunk;
@@ -60,12 +59,7 @@ impl Default for ArenaConfig {
     }
 }
 
-impl<U: MemoryResource> Layer<U> for ArenaConfig {
-    type Resource = Arena<U>;
-    fn layer(self, upstream: U) -> Arena<U> {
-        Arena::new(upstream, self)
-    }
-}
+layer_by_new!(ArenaConfig => Arena);
 
 /// A global arena of memory from `U` with per-thread and per-stream arenas over it: RMM's arena
 /// suballocator, made to scale with threads.
