@@ -1,216 +1,13 @@
-//! A conformance battery for [`MemoryResource`] implementations, as RMM runs over every resource:
-//! [`conformance`] checks a resource against the trait's rules, and [`Recorder`] is the upstream
-//! that lets it see what reaches the layer below. Behind the cargo feature `testing` (off by
-//! default), so that you can run the same battery over your own adaptors.
-//!
-//! The battery checks, panicking with the resource's name and what broke:
-//!
-//! * **Bad requests are errors:** an alignment that is zero or not a power of two, and a size that
-//!   overflows once aligned (up to `usize::MAX`), return `Err` with
-//!   [`AllocErrorKind::InvalidArgument`], and take nothing from the upstream.
-//! * **Zero size:** `allocate(0, align)` returns a non-null pointer aligned to
-//!   `max(align, R::Alignment)` and deallocating it is a no-op; neither reaches the upstream.
-//! * **Alignment:** every pointer is aligned to `R::Alignment` and to the alignment asked, for
-//!   every power of two up to [`Options::max_align`]; an alignment above `R::Alignment` may instead
-//!   be refused with [`AllocErrorKind::Unsupported`], never ignored.
-//! * **No overlap under threads:** [`Options::threads`] threads allocate and free random sizes and
-//!   alignments on the [`Options::streams`]; every allocation's range is checked disjoint from
-//!   every live one, and a pattern written into it (host-accessible memory, or through
-//!   [`Options::access`]) must survive until it is freed.
-//! * **Stream order reaches the upstream:** `synchronize(b)` and `order_after(a, b)` return `Ok`,
-//!   and with an [`Options::upstream`] record, the upstream saw `synchronize(b)` and
-//!   `order_after(a, b)` (or a `synchronize(b)` in its place), as the trait's contract asks of
-//!   every resource that has an upstream.
-//! * **Everything goes back:** once every block is freed and the resource dropped, the upstream
-//!   record has no byte in use, every upstream allocation was deallocated once with the size and
-//!   alignment it was allocated with, and no zero-size request reached it.
-//!
-//! ```
-//! use mrstack::prelude::*;
-//! use mrstack::testing::{conformance, Options, Recorder};
-//!
-//! // A pool over a recording upstream over a fake 1 GiB address space.
-//! let upstream = Recorder::new(Simulated::new(1 << 30));
-//! let pool = Pool::new(&upstream, Default::default());
-//! let options = Options { upstream: Some(upstream.record()), ..Options::default() };
-//! let report = conformance(pool, &options);
-//! assert!(report.allocations > 0);
-//! assert_eq!(upstream.inner().in_use(), 0);
-//! ```
+//! The battery: `conformance` runs every rule over one resource.
 
-use crate::resource::{forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result};
-use crate::stream::{StreamId, StreamRef};
-use std::collections::{BTreeMap, HashMap};
+use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
+use crate::stream::StreamRef;
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 use typenum::{Bit, Unsigned};
 
-// ---------------------------------------------------------------------------------------------
-// The recording upstream
-
-/// An upstream that forwards to `inner` and records what reaches it in a [`Record`]: bytes and
-/// allocations live, zero-size calls, deallocations that match no live allocation, and the
-/// `synchronize` and `order_after` calls. Put it under the resource you test.
-#[derive(Debug)]
-pub struct Recorder<U> {
-    inner: U,
-    record: Record,
-}
-
-impl<U> Recorder<U> {
-    /// Records what reaches `inner`.
-    pub fn new(inner: U) -> Self {
-        Recorder {
-            inner,
-            record: Record::default(),
-        }
-    }
-
-    /// The resource it forwards to.
-    pub fn inner(&self) -> &U {
-        &self.inner
-    }
-
-    /// What has reached it so far.
-    pub fn record(&self) -> &Record {
-        &self.record
-    }
-}
-
-/// What reached a [`Recorder`]. Every method takes a snapshot.
-#[derive(Debug, Default)]
-pub struct Record {
-    state: Mutex<RecordState>,
-}
-
-#[derive(Debug, Default)]
-struct RecordState {
-    /// Live allocations: address → (size, alignment).
-    live: HashMap<usize, (usize, usize)>,
-    in_use: usize,
-    allocations: usize,
-    deallocations: usize,
-    zero_size_calls: usize,
-    bad_frees: usize,
-    synchronized: Vec<StreamId>,
-    ordered: Vec<(StreamId, StreamId)>,
-}
-
-impl Record {
-    fn lock(&self) -> MutexGuard<'_, RecordState> {
-        // Every update is a few plain stores: a poisoned lock still holds a consistent record.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Bytes allocated and not yet deallocated.
-    pub fn in_use(&self) -> usize {
-        self.lock().in_use
-    }
-
-    /// Allocations not yet deallocated.
-    pub fn live(&self) -> usize {
-        self.lock().live.len()
-    }
-
-    /// Successful allocations of a non-zero size.
-    pub fn allocations(&self) -> usize {
-        self.lock().allocations
-    }
-
-    /// Deallocations of a live allocation, with its size and alignment.
-    pub fn deallocations(&self) -> usize {
-        self.lock().deallocations
-    }
-
-    /// `allocate` and `deallocate` calls of size zero: a resource above should answer those
-    /// itself.
-    pub fn zero_size_calls(&self) -> usize {
-        self.lock().zero_size_calls
-    }
-
-    /// Deallocations of a pointer that is not live, or with another size or alignment than it was
-    /// allocated with. They are not forwarded (the memory, if any, leaks).
-    pub fn bad_frees(&self) -> usize {
-        self.lock().bad_frees
-    }
-
-    /// The streams `synchronize` was called with, in order.
-    pub fn synchronized(&self) -> Vec<StreamId> {
-        self.lock().synchronized.clone()
-    }
-
-    /// The `(stream, after)` pairs `order_after` was called with, in order.
-    pub fn ordered(&self) -> Vec<(StreamId, StreamId)> {
-        self.lock().ordered.clone()
-    }
-
-    /// Forgets the `synchronize` and `order_after` calls recorded so far.
-    pub fn clear_streams(&self) {
-        let mut st = self.lock();
-        st.synchronized.clear();
-        st.ordered.clear();
-    }
-}
-
-// SAFETY: every allocation is `inner`'s, unchanged, and goes back to it with the arguments it was
-// allocated with; a deallocation that matches no live allocation is not forwarded (leaking is
-// safe). The stream calls are forwarded after they are recorded.
-unsafe impl<U: MemoryResource> MemoryResource for Recorder<U> {
-    forward_upstream!(properties of U);
-    type Alignment = U::Alignment;
-
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        if size == 0 {
-            self.record.lock().zero_size_calls += 1;
-            return self.inner.allocate(size, align, stream);
-        }
-        let ptr = self.inner.allocate(size, align, stream)?;
-        let mut st = self.record.lock();
-        st.live.insert(ptr.as_ptr() as usize, (size, align));
-        st.in_use += size;
-        st.allocations += 1;
-        Ok(ptr)
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        {
-            let mut st = self.record.lock();
-            if size == 0 {
-                st.zero_size_calls += 1;
-            } else {
-                let addr = ptr.as_ptr() as usize;
-                if st.live.get(&addr) != Some(&(size, align)) {
-                    st.bad_frees += 1;
-                    return;
-                }
-                st.live.remove(&addr);
-                st.in_use -= size;
-                st.deallocations += 1;
-            }
-        }
-        // SAFETY: the pointer is live here with this size and alignment (checked above), so it
-        // came from `inner.allocate` with them; it left the live table, so it is freed once. A
-        // zero-size deallocation is forwarded as the caller made it.
-        unsafe { self.inner.deallocate(ptr, size, align, stream) }
-    }
-
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.record.lock().synchronized.push(stream.id());
-        self.inner.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.record.lock().ordered.push((stream.id(), after.id()));
-        self.inner.order_after(stream, after)
-    }
-
-    fn name(&self) -> &'static str {
-        "Recorder"
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The battery
+use super::Record;
 
 /// How the battery writes and reads memory the CPU may not dereference (device memory, through
 /// the driver). Host-accessible memory needs none: the battery writes and reads it itself.
@@ -249,7 +46,7 @@ pub struct Options<'a> {
     /// The streams requests are made on, at random (at least one; default the default stream and
     /// simulated streams 1 and 2). The stream checks use the first two.
     pub streams: Vec<StreamRef<'a>>,
-    /// The record of a [`Recorder`] under the resource, for the checks of what reaches the
+    /// The record of a [`Recorder`](super::Recorder) under the resource, for the checks of what reaches the
     /// upstream. The battery expects all of its allocations back once the resource is dropped.
     pub upstream: Option<&'a Record>,
     /// How to write and read memory that is not host-accessible; without it such memory is only
@@ -291,7 +88,7 @@ pub struct Report {
 
 /// Runs the battery over `resource`, then drops it and checks that the upstream
 /// ([`Options::upstream`]) got everything back. Panics, naming the resource, at the first rule
-/// broken. See the [module documentation](self) for the checks.
+/// broken. See the [module documentation](crate::testing) for the checks.
 pub fn conformance<R: MemoryResource + Sync>(resource: R, options: &Options<'_>) -> Report {
     let name = resource.name();
     assert!(
