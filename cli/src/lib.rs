@@ -45,6 +45,7 @@ use mrstack::replay::{
     measure, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
 };
 use mrstack::stream::StreamHandle;
+use mrstack::units::Bytes;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -263,14 +264,14 @@ impl Report {
             plural(w.allocations, "allocation"),
             plural(w.threads, "thread"),
             plural(w.streams, "stream"),
-            bytes(w.peak_live)
+            Bytes::from(w.peak_live)
         );
         let _ = writeln!(
             out,
             "upstream: {} ({}); stacks timed with capacity {} (2 × peak live), or twice their min capacity where more",
             self.upstream,
             self.device,
-            bytes(self.base_capacity)
+            Bytes::from(self.base_capacity)
         );
         let threads = if w.threads > 1 {
             if self.replayed_with_threads {
@@ -321,9 +322,15 @@ impl Report {
                 "{:<16} {:>10} {:>14} {:>12} {:>13} {:>10}",
                 s.name,
                 or_dash(s.ns_per_op.map(|n| format!("{n:.1}")), timing_failed),
-                or_dash(s.upstream_peak.map(bytes), timing_failed),
-                bytes(s.peak_live),
-                or_dash(s.min_capacity.map(bytes), capacity_failed),
+                or_dash(
+                    s.upstream_peak.map(|n| Bytes::from(n).to_string()),
+                    timing_failed
+                ),
+                Bytes::from(s.peak_live),
+                or_dash(
+                    s.min_capacity.map(|n| Bytes::from(n).to_string()),
+                    capacity_failed
+                ),
                 or_dash(
                     s.min_capacity_ratio.map(|r| format!("{r:.3}")),
                     capacity_failed
@@ -340,21 +347,6 @@ impl Report {
         }
         out
     }
-}
-
-/// `n` bytes for people: `512 B`, `1.50 KiB`, `2.00 GiB`.
-pub fn bytes(n: usize) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
 }
 
 /// Picks stacks by name from `available`, in the order asked, each once; nothing asked means all.
@@ -543,15 +535,6 @@ pub fn probes_estimate(precision: f64) -> usize {
 mod tests {
     use super::*;
     use mrstack::replay;
-
-    #[test]
-    fn bytes_are_human() {
-        assert_eq!(bytes(0), "0 B");
-        assert_eq!(bytes(1023), "1023 B");
-        assert_eq!(bytes(1536), "1.50 KiB");
-        assert_eq!(bytes(3 << 30), "3.00 GiB");
-        assert_eq!(bytes(usize::MAX), "16384.00 PiB");
-    }
 
     fn tiny() -> Workload {
         use mrstack::replay::Op;

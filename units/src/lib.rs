@@ -114,7 +114,7 @@ impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const NAMES: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
         if self.0 < 1024 {
-            return write!(f, "{} B", self.0);
+            return f.pad(&format!("{} B", self.0));
         }
         let mut value = self.0 as f64 / 1024.0;
         let mut unit = 0;
@@ -122,7 +122,8 @@ impl fmt::Display for Bytes {
             value /= 1024.0;
             unit += 1;
         }
-        write!(f, "{value:.2} {}", NAMES[unit])
+        // `pad`, so that widths and alignment (`{:>12}`) apply as to a string.
+        f.pad(&format!("{value:.2} {}", NAMES[unit]))
     }
 }
 
@@ -166,5 +167,9 @@ mod tests {
         assert_eq!(Bytes(1536).to_string(), "1.50 KiB");
         assert_eq!(Bytes(3 << 30).to_string(), "3.00 GiB");
         assert_eq!(Bytes(u64::MAX).to_string(), "16384.00 PiB");
+        assert_eq!(
+            format!("{:>10}|{:<6}|", Bytes(1536), Bytes(7)),
+            "  1.50 KiB|7 B   |"
+        );
     }
 }
