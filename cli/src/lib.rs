@@ -7,15 +7,18 @@
 //!
 //! * **ns/op**: a warm-up pass, then the median of timed passes on the same resource
 //!   ([`measure`]); a many-threaded workload replays each thread on an OS thread of its
-//!   own, and ns/op is then wall time over all ops;
+//!   own (up to [`MAX_REPLAY_THREADS`](mrstack::replay::MAX_REPLAY_THREADS)), and ns/op is then
+//!   wall time over all ops;
 //! * **upstream peak**: the most bytes the stack took from its upstream during those passes, with
 //!   the stack built with a capacity (pool maximum, arena size) of [`timed_capacity`]: twice the
-//!   peak live bytes, or twice the stack's minimum capacity where that is more, so that the timing
-//!   measures speed rather than a squeeze;
+//!   most bytes the replay can hold at once (the peak live bytes in log order; with threads, the
+//!   most they can hold in any interleaving, [`Workload::threaded_peak`]), more for a stack whose
+//!   minimum capacity exceeds the peak live bytes, so that the timing measures speed rather than a
+//!   squeeze and every run of the same log gives the same answer;
 //! * **peak live**: the most bytes the workload holds at once, in log order;
 //! * **min capacity**: the smallest capacity with which the workload completes, found by
-//!   [`min_capacity`] over `Simulated` (host-side, on any machine, in log order: the same answer
-//!   every run), and its ratio to peak live.
+//!   [`min_capacity`] over `Simulated` (host-side, on any machine, in log order on one thread:
+//!   the same answer every run), and its ratio to peak live.
 //!
 //! The library of the `mrstack-cli` package; the mrstack library itself has no CLI dependencies.
 //!
@@ -38,6 +41,8 @@
 //! assert_eq!(report.min_capacity, Some(100));
 //! assert_eq!(report.pass_ns_per_op.len(), 3);
 //! ```
+
+pub mod args;
 
 use mrstack::leaf::Simulated;
 use mrstack::replay::rmm_log::Trace;
@@ -173,6 +178,9 @@ pub struct WorkloadSummary {
     pub streams: usize,
     /// The most bytes live at once, in log order.
     pub peak_live: usize,
+    /// The most bytes a replay with threads can hold at once, in any interleaving of its
+    /// threads ([`Workload::threaded_peak`]; `peak_live` for one thread).
+    pub threaded_peak: usize,
     /// Allocations the log never frees (freed after each pass, untimed).
     pub unfreed: usize,
     /// `allocate failure` lines of the log (not replayed).
@@ -192,6 +200,7 @@ impl WorkloadSummary {
             threads: workload.thread_count(),
             streams: workload.stream_count(),
             peak_live: workload.peak_live(),
+            threaded_peak: workload.threaded_peak(),
             unfreed: workload.unfreed(),
             log_failures: 0,
             skipped_lines: 0,
@@ -229,7 +238,14 @@ pub struct Report {
     pub precision: f64,
     /// A row per stack, in the order replayed.
     pub stacks: Vec<StackReport>,
+    /// Why there are no rows, where nothing was replayed: [`NOTHING_TO_TIME`].
+    pub note: Option<String>,
 }
+
+/// The [`Report::note`] of a workload of no ops (a log of only a header, only failed or
+/// zero-size requests, or every line left out): nothing to replay, so no stack is timed.
+pub const NOTHING_TO_TIME: &str =
+    "nothing to time: the workload has no allocations or frees, so no stack was replayed";
 
 impl Report {
     /// True when any stack failed a step.
@@ -255,9 +271,18 @@ impl Report {
             }
         };
         let mut out = String::new();
+        let with_threads = w.threads > 1 && self.replayed_with_threads;
+        let threaded = if with_threads {
+            format!(
+                " in log order, up to {} with its threads at once",
+                Bytes::from(w.threaded_peak)
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "workload: {} ({}): {}, {}, {}, {}; peak live {}",
+            "workload: {} ({}): {}, {}, {}, {}; peak live {}{threaded}",
             w.name,
             w.source,
             plural(w.ops, "op"),
@@ -266,16 +291,26 @@ impl Report {
             plural(w.streams, "stream"),
             Bytes::from(w.peak_live)
         );
+        if let Some(note) = &self.note {
+            let _ = writeln!(out, "{note}");
+            return out;
+        }
+        let held = if with_threads {
+            "what its threads can hold at once"
+        } else {
+            "peak live"
+        };
         let _ = writeln!(
             out,
-            "upstream: {} ({}); stacks timed with capacity {} (2 × peak live), or twice their min capacity where more",
+            "upstream: {} ({}); stacks timed with capacity {} (2 × {held}), more for a stack whose min capacity exceeds peak live",
             self.upstream,
             self.device,
             Bytes::from(self.base_capacity)
         );
         let threads = if w.threads > 1 {
             if self.replayed_with_threads {
-                format!(", {} OS threads (wall time / ops)", w.threads)
+                let os = w.threads.min(mrstack::replay::MAX_REPLAY_THREADS);
+                format!(", {os} OS threads (wall time / ops)")
             } else {
                 ", in log order on one thread".to_owned()
             }
@@ -284,7 +319,7 @@ impl Report {
         };
         let _ = writeln!(
             out,
-            "ns/op: median of {} after a warm-up pass{threads}; min capacity: smallest that completes, to {}%, over Simulated",
+            "ns/op: median of {} after a warm-up pass{threads}; min capacity: smallest that completes in log order, to {}%, over Simulated",
             plural(self.passes, "pass"),
             self.precision * 100.0
         );
@@ -441,11 +476,33 @@ impl StackFactory<Arc<Simulated>> for Probing<'_> {
     }
 }
 
-/// The capacity to time a stack with, given its minimum capacity where known: twice the
-/// workload's peak live bytes (at least 1 MiB, [`timing_capacity`]), or twice the minimum
-/// capacity where that is more.
-pub fn timed_capacity(workload: &Workload, min_capacity: Option<usize>) -> usize {
-    timing_capacity(workload).max(min_capacity.unwrap_or(0).saturating_mul(2))
+/// The capacity to time a stack with, given its minimum capacity where known (found in log
+/// order). Twice the most bytes the replay can hold at once, at least 1 MiB: the workload's peak
+/// live bytes ([`timing_capacity`]) in log order, or with `threads` the most its threads can hold
+/// in any interleaving ([`Workload::threaded_peak`]). Where the stack's minimum capacity is more
+/// than the peak live bytes, that much more again in proportion (its overhead), so that every run
+/// of the same log has room enough and gives the same answer. At most
+/// [`MAX_SIZE`](mrstack::replay::rmm_log::MAX_SIZE), the largest allocation any resource makes.
+pub fn timed_capacity(workload: &Workload, min_capacity: Option<usize>, threads: bool) -> usize {
+    let peak = workload.peak_live();
+    let held = if threads {
+        workload.threaded_peak()
+    } else {
+        peak
+    };
+    // min_capacity × held / peak: the stack's overhead in log order, applied to what it holds.
+    let with_overhead = match min_capacity {
+        Some(min) if peak > 0 => {
+            let scaled = min as u128 * held as u128 / peak as u128;
+            usize::try_from(scaled).unwrap_or(usize::MAX)
+        }
+        Some(min) => min,
+        None => 0,
+    };
+    held.max(with_overhead)
+        .saturating_mul(2)
+        .max(timing_capacity(workload))
+        .min(mrstack::replay::rmm_log::MAX_SIZE)
 }
 
 /// Replays `workload` through one stack and reports it.
@@ -497,7 +554,7 @@ pub fn run_stack<U>(
     }
 
     progress.phase(candidate.name, "timing");
-    report.capacity = timed_capacity(workload, report.min_capacity);
+    report.capacity = timed_capacity(workload, report.min_capacity, settings.threads);
     let built = if settings.threads {
         candidate
             .timing
@@ -692,6 +749,7 @@ mod tests {
             replayed_with_threads: true,
             precision: 0.001,
             stacks,
+            note: None,
         }
     }
 
@@ -798,10 +856,11 @@ mod tests {
     #[test]
     fn timed_capacity_leaves_room_for_the_stack() {
         let w = tiny();
-        assert_eq!(timed_capacity(&w, None), 1 << 20);
-        assert_eq!(timed_capacity(&w, Some(300)), 1 << 20);
-        assert_eq!(timed_capacity(&w, Some(3 << 20)), 6 << 20);
-        assert_eq!(timed_capacity(&w, Some(usize::MAX)), usize::MAX);
+        assert_eq!(timed_capacity(&w, None, true), 1 << 20);
+        assert_eq!(timed_capacity(&w, Some(300), true), 1 << 20);
+        assert_eq!(timed_capacity(&w, Some(3 << 20), true), 6 << 20);
+        let max = mrstack::replay::rmm_log::MAX_SIZE;
+        assert_eq!(timed_capacity(&w, Some(usize::MAX), true), max);
     }
 
     #[test]

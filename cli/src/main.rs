@@ -4,157 +4,23 @@
 //! per op, the peak it took from its upstream and its minimum capacity. The work itself is in
 //! `mrstack_cli` (cli/src/lib.rs); this file is the command line, the choice of upstream and the progress bar.
 
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use cudarc::driver::CudaContext;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mrstack::replay::rmm_log::{self, OnError};
 use mrstack::replay::{
-    random, simulated_streams, stack, timing_capacity, Metered, RandomConfig, StackFactory,
-    Workload,
+    random, simulated_streams, stack, Metered, RandomConfig, StackFactory, Workload,
 };
 use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
-use mrstack_cli::{self as replay, probes_estimate, run_stack, Candidate, Report, Settings};
+use mrstack_cli::args::{self, Cli, Command, OnErrorArg, ReplayArgs, UpstreamArg, CUDA_ASYNC};
+use mrstack_cli::{
+    self as replay, probes_estimate, run_stack, timed_capacity, Candidate, Report, Settings,
+    NOTHING_TO_TIME,
+};
 use std::cell::{Cell, RefCell};
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::sync::{Arc, Weak};
-
-const EXIT_STATUS: &str = "\
-Exit status:
-  0  every stack replayed and measured
-  1  the trace cannot be read or has a bad line (under --on-error stop), a stack failed to
-     replay or to complete the capacity search, or --upstream cuda found no GPU
-  2  usage error: an unknown option, a bad value, an unknown stack name";
-
-/// CUDA memory resources composed at compile time: tools.
-#[derive(Debug, Parser)]
-#[command(name = "mrstack", version, after_help = EXIT_STATUS)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Replay an allocation log, or the built-in random workload, through preset resource stacks,
-    /// and print each stack's speed and memory.
-    ///
-    /// For each stack: ns per op (the median of --passes timed passes after a warm-up pass, each
-    /// stack built with twice the workload's peak live bytes as its capacity), the peak bytes it took
-    /// from its upstream, the workload's peak live bytes, and the minimum capacity with which the
-    /// workload completes (a search over Simulated, on any machine), as a ratio to peak live.
-    ///
-    /// A log is RMM's CSV, Thread,Time,Action,Pointer,Size,Stream, plain or gzip-compressed: what
-    /// RMM's logging_resource_adaptor and mrstack's Logging adaptor write. The threads of a
-    /// many-threaded log replay on threads of their own, each keeping its order.
-    Replay(ReplayArgs),
-}
-
-#[derive(Debug, Args)]
-// A later --passes (or any option) wins over an earlier one, so scripts can append to a command.
-#[command(args_override_self = true)]
-struct ReplayArgs {
-    /// The allocation log (CSV, plain or .gz); without it, the built-in random workload.
-    trace: Option<PathBuf>,
-
-    /// Stacks to replay through, by name: repeat the option or separate names with commas.
-    /// Default: all (see the list below).
-    #[arg(short, long = "stack", value_name = "NAME", value_delimiter = ',')]
-    stacks: Vec<String>,
-
-    /// The memory the stacks sit on: a GPU (device 0), or Simulated (address ranges and exact
-    /// accounting, no memory: any machine, any trace size). Default: cuda when a GPU opens,
-    /// else simulated.
-    #[arg(long, value_enum, default_value_t = UpstreamArg::Auto)]
-    upstream: UpstreamArg,
-
-    /// Timed passes per stack (after one warm-up pass); ns/op is their median.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    passes: u32,
-
-    /// Relative precision of the minimum-capacity search, between 0 and 1 (0.001 = 0.1%).
-    #[arg(long, default_value_t = 0.001, value_parser = precision)]
-    precision: f64,
-
-    /// Skip the minimum-capacity search.
-    #[arg(long)]
-    no_capacity: bool,
-
-    /// Replay a many-threaded log in log order on one thread, instead of with its threads.
-    #[arg(long)]
-    sequential: bool,
-
-    /// What to do with a bad line of the log (malformed, a free of an unknown pointer, a file cut
-    /// short): stop with an error naming it, or leave it out, count it and replay the rest.
-    #[arg(long, value_enum, default_value_t = OnErrorArg::Stop)]
-    on_error: OnErrorArg,
-
-    /// Allocations of the built-in random workload (without TRACE).
-    #[arg(long, default_value_t = 10_000, conflicts_with = "trace")]
-    allocations: usize,
-
-    /// Seed of the built-in random workload (without TRACE).
-    #[arg(long, conflicts_with = "trace")]
-    seed: Option<u64>,
-
-    /// Print the report as JSON on stdout instead of the table.
-    #[arg(long)]
-    json: bool,
-
-    /// No progress bar (there is none either where stderr is not a terminal).
-    #[arg(short, long)]
-    quiet: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum UpstreamArg {
-    /// cuda if a GPU opens, else simulated.
-    Auto,
-    /// Simulated: no memory, exact accounting.
-    Simulated,
-    /// Device memory of GPU 0 (cuMemAlloc).
-    Cuda,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum OnErrorArg {
-    /// Stop with an error naming the bad line (exit status 1).
-    Stop,
-    /// Leave bad lines out, count them, replay the rest.
-    Skip,
-}
-
-fn precision(text: &str) -> Result<f64, String> {
-    let p: f64 = text
-        .parse()
-        .map_err(|_| format!("`{text}` is not a number"))?;
-    if p > 0.0 && p < 1.0 {
-        Ok(p)
-    } else {
-        Err(format!("{p} is not between 0 and 1 (exclusive)"))
-    }
-}
-
-/// The stack that `cuda-async` names: the driver's own pool, which sits on no upstream.
-const CUDA_ASYNC: &str = "cuda-async";
-
-/// The stack names, for the help: the table's, plus `cuda-async` on a GPU.
-fn stack_list() -> String {
-    let names: Vec<String> = mrstack::replay::stacks::<Arc<Simulated>>()
-        .iter()
-        .map(|s| match s.name() {
-            "upstream" => "upstream (the upstream itself; alias `cuda` or `simulated`)".to_owned(),
-            name => name.to_owned(),
-        })
-        .collect();
-    format!(
-        "Stacks: {}, and {CUDA_ASYNC} (the driver's stream-ordered pool; --upstream cuda \
-         only).\n\n{EXIT_STATUS}",
-        names.join(", ")
-    )
-}
 
 /// Where the stacks sit.
 enum Upstream {
@@ -164,7 +30,7 @@ enum Upstream {
 
 /// Reports a usage error of `replay` the way clap does (exit status 2).
 fn usage_error(message: String) -> ! {
-    let mut cli = Cli::command();
+    let mut cli = args::command();
     // Building names the subcommand `mrstack replay` in the usage line the error shows.
     cli.build();
     let kind = clap::error::ErrorKind::InvalidValue;
@@ -175,8 +41,7 @@ fn usage_error(message: String) -> ! {
 }
 
 fn main() -> ExitCode {
-    let command = Cli::command().mut_subcommand("replay", |c| c.after_help(stack_list()));
-    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+    let cli: Cli = match args::parse(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
@@ -234,7 +99,8 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
     let (workload, summary, stream_ids) = match &args.trace {
         None => {
             let mut config = RandomConfig {
-                allocations: args.allocations,
+                // At most MAX_RANDOM_ALLOCATIONS, which fits.
+                allocations: usize::try_from(args.allocations).unwrap_or(usize::MAX),
                 ..Default::default()
             };
             if let Some(seed) = args.seed {
@@ -252,13 +118,28 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: {e}");
-                if args.on_error == OnErrorArg::Stop && e.line > 0 {
+                if args.on_error == OnErrorArg::Stop && e.skippable {
                     eprintln!("hint: --on-error skip leaves bad lines out and replays the rest");
                 }
                 return ExitCode::FAILURE;
             }
         },
     };
+    let base_capacity = timed_capacity(&workload, None, settings.threads);
+    if workload.ops().is_empty() {
+        let report = Report {
+            workload: summary,
+            upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
+            device,
+            base_capacity,
+            passes: settings.passes,
+            replayed_with_threads: settings.threads,
+            precision: settings.precision,
+            stacks: Vec::new(),
+            note: Some(NOTHING_TO_TIME.to_owned()),
+        };
+        return print_report(&report, args.json);
+    }
 
     let bar = Bar::new(args.quiet, chosen.len(), &settings);
     let stacks = match &upstream {
@@ -280,13 +161,19 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
         workload: summary,
         upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
         device,
-        base_capacity: timing_capacity(&workload),
+        base_capacity,
         passes: settings.passes,
         replayed_with_threads: settings.threads,
         precision: settings.precision,
         stacks,
+        note: None,
     };
-    let text = if args.json {
+    print_report(&report, args.json)
+}
+
+/// Prints `report` (as JSON with `json`) and says how it went: the exit status.
+fn print_report(report: &Report, json: bool) -> ExitCode {
+    let text = if json {
         report.to_json() + "\n"
     } else {
         report.table()
@@ -316,11 +203,7 @@ fn read_trace(
         OnErrorArg::Stop => OnError::Stop,
         OnErrorArg::Skip => OnError::Skip,
     };
-    let file = std::fs::File::open(path).map_err(|e| rmm_log::TraceError {
-        path: Some(path.to_owned()),
-        line: 0,
-        kind: rmm_log::TraceErrorKind::Open(e),
-    })?;
+    let file = rmm_log::open(path)?;
     let size = file.metadata().map_or(0, |m| m.len());
     let bar = ProgressBar::with_draw_target(Some(size), draw_target(args.quiet)).with_style(
         ProgressStyle::with_template(

@@ -436,6 +436,15 @@ fn bad_options_are_usage_errors() {
         &["replay", "--precision", "0"],
         &["replay", "--precision", "fine"],
         &["replay", "--passes", "0"],
+        // Numbers past what each option takes are usage errors, not panics.
+        &["replay", "--allocations", "18446744073709551615"],
+        &["replay", "--allocations", "10000001"],
+        &["replay", "--allocations", "-1"],
+        &["replay", "--passes", "18446744073709551615"],
+        &["replay", "--passes", "1000001"],
+        &["replay", "--precision", "1e400"],
+        &["replay", "--precision", "NaN"],
+        &["replay", "--seed", "18446744073709551616"],
         &["replay", "--upstream", "tpu"],
         &["replay", "--on-error", "maybe"],
         &["replay", "--bogus"],
@@ -470,4 +479,151 @@ fn help_documents_the_exit_status_and_the_stacks() {
         out.contains("replay") && out.contains("Exit status:"),
         "{out}"
     );
+}
+
+// ---------------------------------------------------------------- issue 11
+
+#[test]
+fn a_header_only_log_has_nothing_to_time() {
+    let f = TempFile::new("mrstack-cli", "header-only.csv", HEADER.as_bytes());
+    let out = expect(&replay(&[f.text()]), 0);
+    assert!(
+        out.contains("0 ops") && out.contains("nothing to time"),
+        "{out}"
+    );
+    assert!(!out.contains("ns/op"), "no table: {out}");
+    let v = json(&replay(&[f.text(), "--json"]));
+    assert_eq!(v["stacks"].as_array().map(Vec::len), Some(0));
+    assert!(v["note"].as_str().unwrap().starts_with("nothing to time"));
+    // The built-in workload with no allocations: the same.
+    let out = expect(&replay(&["--allocations", "0"]), 0);
+    assert!(out.contains("nothing to time"), "{out}");
+}
+
+#[test]
+fn a_directory_is_named_and_skip_is_suggested_only_where_it_helps() {
+    let dir = std::env::temp_dir();
+    let dir = dir.to_str().unwrap();
+    let o = replay(&[dir]);
+    expect(&o, 1);
+    let err = stderr(&o);
+    assert!(err.contains("is a directory"), "{err}");
+    assert!(
+        !err.contains("gzip") && !err.contains("--on-error"),
+        "{err}"
+    );
+    // A header that is not one: skipping lines cannot help either.
+    let headless = TempFile::new("mrstack-cli", "no-header.csv", b"a,b\n1,2\n");
+    let err = stderr(&replay(&[headless.text()]));
+    assert!(
+        err.contains("no `Action` column") && !err.contains("--on-error"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_size_no_resource_can_serve_is_reported_once_at_its_line() {
+    let big = (isize::MAX as u64) + 1;
+    let body =
+        format!("0,1,allocate,0x100,64,0\n0,2,allocate,0x200,{big},0\n0,3,free,0x200,{big},0\n");
+    let f = TempFile::new(
+        "mrstack-cli",
+        "too-big.csv",
+        format!("{HEADER}{body}").as_bytes(),
+    );
+    let o = replay(&[f.text()]);
+    expect(&o, 1);
+    let err = stderr(&o);
+    assert_eq!(
+        err.matches("more than any resource can serve").count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("line 3: allocation of"), "{err}");
+    assert!(!err.contains("op "), "{err}");
+    assert!(err.contains("--on-error skip"), "{err}");
+}
+
+#[test]
+fn overflowing_live_bytes_name_their_line() {
+    let half = 1u64 << 62;
+    let body = format!("0,1,allocate,0x100,{half},0\n").repeat(1)
+        + &format!("0,2,allocate,0x200,{half},0\n0,3,allocate,0x300,{half},0\n0,4,allocate,0x400,{half},0\n");
+    let f = TempFile::new(
+        "mrstack-cli",
+        "overflow.csv",
+        format!("{HEADER}{body}").as_bytes(),
+    );
+    let o = replay(&[f.text()]);
+    expect(&o, 1);
+    let err = stderr(&o);
+    assert!(
+        err.contains("line 5: allocation of") && err.contains("overflow usize"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_huge_allocation_takes_no_host_memory_of_its_size() {
+    // One 2^62-byte allocation, through the stacks whose host memory does not grow with their
+    // size (the arena's metadata is changed elsewhere).
+    let size = 1u64 << 62;
+    let body = format!("0,1,allocate,0x100,{size},0\n0,2,free,0x100,{size},0\n");
+    let f = TempFile::new(
+        "mrstack-cli",
+        "huge.csv",
+        format!("{HEADER}{body}").as_bytes(),
+    );
+    let v = json(&replay(&[f.text(), "--stack", "pool,binning", "--json"]));
+    for s in v["stacks"].as_array().unwrap() {
+        assert_eq!(s["min_capacity"], size, "{s}");
+    }
+}
+
+/// 64 threads one after the other in the log, each allocating 16 blocks of 64 KiB and then
+/// freeing them: 1 MiB live at once in log order, 64 MiB with the threads at once.
+fn sixty_four_threads() -> String {
+    let mut s = String::from(HEADER);
+    for t in 0..64u64 {
+        for b in 0..16u64 {
+            s += &format!("{t},0,allocate,{:#x},65536,0\n", (t * 16 + b + 1) << 20);
+        }
+        for b in 0..16u64 {
+            s += &format!("{t},0,free,{:#x},65536,0\n", (t * 16 + b + 1) << 20);
+        }
+    }
+    s
+}
+
+#[test]
+fn a_threaded_replay_is_timed_with_room_for_its_threads() {
+    let f = TempFile::new("mrstack-cli", "t64.csv", sixty_four_threads().as_bytes());
+    // The same answer every run: every stack completes, each timed with room for what 64
+    // threads at once can hold.
+    for _ in 0..3 {
+        let v = json(&replay(&[f.text(), "--json", "--no-capacity"]));
+        let w = &v["workload"];
+        assert_eq!(
+            (w["peak_live"].as_u64(), w["threaded_peak"].as_u64()),
+            (Some(1 << 20), Some(64 << 20))
+        );
+        assert_eq!(v["base_capacity"], 128u64 << 20);
+        for s in v["stacks"].as_array().unwrap() {
+            assert!(s["timing_error"].is_null(), "{s}");
+            assert!(s["capacity"].as_u64().unwrap() >= 128 << 20, "{s}");
+        }
+    }
+    let out = expect(&replay(&[f.text(), "--no-capacity"]), 0);
+    assert!(
+        out.contains("peak live 1.00 MiB in log order, up to 64.00 MiB with its threads at once"),
+        "{out}"
+    );
+    // In log order, the log-order peak is what counts.
+    let v = json(&replay(&[
+        f.text(),
+        "--json",
+        "--no-capacity",
+        "--sequential",
+    ]));
+    assert_eq!(v["base_capacity"], 2u64 << 20);
 }

@@ -15,4 +15,4 @@ pub use presets::{simulated_streams, stack, stacks, timing_capacity, StackFactor
 pub use random::{random, RandomConfig};
 pub use replayer::{Replay, ReplayError, Replayer, ALIGN};
 pub use threaded::ThreadedReplayer;
-pub use workload::{Op, Workload, WorkloadError};
+pub use workload::{Op, Workload, WorkloadError, MAX_REPLAY_THREADS};

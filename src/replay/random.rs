@@ -42,7 +42,8 @@ pub fn random(config: &RandomConfig) -> Workload {
     let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(config.seed);
     let max_size = config.max_size.min(config.max_live).max(1);
     let percent = config.alloc_percent.min(100);
-    let mut ops = Vec::with_capacity(config.allocations.saturating_mul(2));
+    // Reserved up to a point: memory grows with the ops made, not with the number asked.
+    let mut ops = Vec::with_capacity(config.allocations.min(1 << 20) * 2);
     let mut live: Vec<(usize, usize)> = Vec::new();
     let (mut live_bytes, mut made) = (0usize, 0usize);
     while made < config.allocations {

@@ -1,6 +1,6 @@
 //! RMM allocation logs: the CSV format ([`HEADER`], the column and action names), read into [`Workload`]s.
 
-use super::{Op, Workload, WorkloadError};
+use super::{Op, Workload, WorkloadError, ALIGN};
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
@@ -68,6 +68,14 @@ pub enum OnError {
 /// How many skipped lines a [`Trace`] keeps the reasons of.
 pub const MAX_SKIPPED_KEPT: usize = 100;
 
+/// The longest line read, in bytes: a longer one is a bad line ([`TraceErrorKind::LineTooLong`]),
+/// so that a file with no newlines (binary junk, a gzip bomb) cannot take memory of its size.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// The largest allocation any resource can serve: `isize::MAX` rounded down to [`ALIGN`], since
+/// a request is rounded up to its alignment and no allocation may exceed `isize::MAX` bytes.
+pub const MAX_SIZE: usize = isize::MAX as usize & !(ALIGN - 1);
+
 /// A line that [`OnError::Skip`] left out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkippedLine {
@@ -92,6 +100,9 @@ pub struct TraceError {
     pub line: usize,
     /// What is wrong.
     pub kind: TraceErrorKind,
+    /// Whether [`OnError::Skip`] would have left the line out and gone on (false for a file that
+    /// cannot be opened, a missing or bad header, a read error before the first line).
+    pub skippable: bool,
 }
 
 /// What is wrong in a log.
@@ -101,9 +112,18 @@ pub enum TraceErrorKind {
     /// The file could not be opened.
     #[error("cannot open: {0}")]
     Open(#[source] io::Error),
-    /// Reading failed: a truncated or corrupt gzip stream, a disk error.
-    #[error("cannot read (a gzip file that is truncated or corrupt?): {0}")]
+    /// The path is a directory.
+    #[error("is a directory, not a log file")]
+    IsDirectory,
+    /// Reading a plain file failed (a disk error).
+    #[error("cannot read: {0}")]
     Read(#[source] io::Error),
+    /// Decompressing a gzip file failed: it is truncated or corrupt.
+    #[error("cannot decompress (a gzip file that is truncated or corrupt?): {0}")]
+    Gzip(#[source] io::Error),
+    /// A line is longer than [`MAX_LINE`] bytes.
+    #[error("longer than {limit} bytes (a binary file, or a corrupt line?)", limit = MAX_LINE)]
+    LineTooLong,
     /// A line is not UTF-8 text.
     #[error("not UTF-8 text (a binary file, or a corrupt line?)")]
     NotUtf8,
@@ -143,6 +163,29 @@ pub enum TraceErrorKind {
     /// An allocation at a pointer that is still live.
     #[error("allocate at {0:#x}, which is still live (a free missing from the log?)")]
     PointerLive(u64),
+    /// An allocation larger than any resource can serve ([`MAX_SIZE`]).
+    #[error(
+        "allocation of {0} bytes, more than any resource can serve (at most {max} bytes: \
+         isize::MAX less its rounding to {ALIGN} bytes)",
+        max = MAX_SIZE
+    )]
+    SizeTooLarge(usize),
+    /// The bytes live at once would overflow `usize`.
+    #[error("allocation of {size} bytes with {live} bytes live: the live bytes overflow usize")]
+    LiveOverflow {
+        /// Bytes live before this line.
+        live: usize,
+        /// Bytes the line allocates.
+        size: usize,
+    },
+    /// A free of an allocation that [`OnError::Skip`] left out.
+    #[error("free of {pointer:#x}, whose allocation (line {line}) was left out")]
+    FreeOfSkipped {
+        /// The pointer.
+        pointer: u64,
+        /// The line of the allocation left out.
+        line: usize,
+    },
     /// A free whose size differs from its allocation's.
     #[error("free of {pointer:#x} with {freed} bytes, allocated with {allocated}")]
     SizeMismatch {
@@ -206,15 +249,28 @@ pub fn read(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
 /// [`read`], doing `on_error` with bad lines.
 pub fn read_with(path: impl AsRef<Path>, on_error: OnError) -> Result<Trace, TraceError> {
     let path = path.as_ref();
-    let file = File::open(path).map_err(|e| TraceError {
-        path: Some(path.to_owned()),
-        line: 0,
-        kind: TraceErrorKind::Open(e),
-    })?;
+    let file = open(path)?;
     read_from(file, workload_name(path), on_error).map_err(|e| TraceError {
         path: Some(path.to_owned()),
         ..e
     })
+}
+
+/// Opens the log at `path` for [`read_from`]: an error names the path, and says so where it is
+/// a directory.
+pub fn open(path: impl AsRef<Path>) -> Result<File, TraceError> {
+    let path = path.as_ref();
+    let fail = |kind| TraceError {
+        path: Some(path.to_owned()),
+        line: 0,
+        kind,
+        skippable: false,
+    };
+    let file = File::open(path).map_err(|e| fail(TraceErrorKind::Open(e)))?;
+    match file.metadata() {
+        Ok(m) if m.is_dir() => Err(fail(TraceErrorKind::IsDirectory)),
+        _ => Ok(file),
+    }
 }
 
 /// The name [`read`] gives the workload of the log at `path`: the file name less `.gz` and
@@ -242,17 +298,23 @@ pub fn read_from(
         .map_err(|e| TraceError {
             path: None,
             line: 1,
-            kind: TraceErrorKind::Read(e),
+            kind: if e.kind() == io::ErrorKind::IsADirectory {
+                TraceErrorKind::IsDirectory
+            } else {
+                TraceErrorKind::Read(e)
+            },
+            skippable: false,
         })?
         .starts_with(&[0x1f, 0x8b]);
     if gzip {
-        parse_with(
+        parse_inner(
             BufReader::new(flate2::bufread::MultiGzDecoder::new(reader)),
-            name,
+            name.into(),
             on_error,
+            TraceErrorKind::Gzip,
         )
     } else {
-        parse_with(reader, name, on_error)
+        parse_inner(reader, name.into(), on_error, TraceErrorKind::Read)
     }
 }
 
@@ -294,12 +356,56 @@ fn number(column: &'static str, text: &str) -> Result<u64, TraceErrorKind> {
     })
 }
 
-/// The index of `value` in `seen`, appending it when new.
-fn index_of(seen: &mut Vec<u64>, value: u64) -> usize {
-    seen.iter().position(|&v| v == value).unwrap_or_else(|| {
-        seen.push(value);
-        seen.len() - 1
-    })
+/// Values numbered in order of first appearance (thread and stream ids), in time independent of
+/// how many there are.
+#[derive(Default)]
+struct Numbering {
+    values: Vec<u64>,
+    index: HashMap<u64, usize>,
+}
+
+impl Numbering {
+    /// The number of `value`, numbering it when new.
+    fn of(&mut self, value: u64) -> usize {
+        let values = &mut self.values;
+        *self.index.entry(value).or_insert_with(|| {
+            values.push(value);
+            values.len() - 1
+        })
+    }
+}
+
+/// Reads the next line into `bytes` (cleared first), at most [`MAX_LINE`] bytes of it: `Ok(None)`
+/// at the end, `Ok(Some(false))` for a line that was longer (the rest of it is read and dropped).
+fn read_line(reader: &mut impl BufRead, bytes: &mut Vec<u8>) -> io::Result<Option<bool>> {
+    bytes.clear();
+    let limit = u64::try_from(MAX_LINE).unwrap_or(u64::MAX);
+    let read = reader.by_ref().take(limit + 1).read_until(b'\n', bytes)?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if bytes.len() <= MAX_LINE || bytes.ends_with(b"\n") {
+        return Ok(Some(true));
+    }
+    // Too long: drop the rest of the line without keeping it.
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                reader.consume(i + 1);
+                break;
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+            }
+        }
+    }
+    bytes.clear();
+    Ok(Some(false))
 }
 
 /// Parses a log from `reader` (uncompressed text; [`read`] handles gzip, and says what the format
@@ -382,14 +488,31 @@ impl Columns {
 
 /// [`parse`], doing `on_error` with bad lines.
 pub fn parse_with(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     name: impl Into<String>,
     on_error: OnError,
+) -> Result<Trace, TraceError> {
+    parse_inner(reader, name.into(), on_error, TraceErrorKind::Read)
+}
+
+/// [`parse_with`], with `read_error` saying what a failed read is (a plain read, a gzip stream).
+fn parse_inner(
+    mut reader: impl BufRead,
+    name: String,
+    on_error: OnError,
+    read_error: fn(io::Error) -> TraceErrorKind,
 ) -> Result<Trace, TraceError> {
     let at = |line, kind| TraceError {
         path: None,
         line,
         kind,
+        skippable: true,
+    };
+    let fatal = |line, kind| TraceError {
+        path: None,
+        line,
+        kind,
+        skippable: false,
     };
     let mut bytes = Vec::new();
     let mut n = 0usize;
@@ -398,13 +521,12 @@ pub fn parse_with(
     let mut next_line =
         |n: &mut usize| -> Result<Option<Result<String, TraceErrorKind>>, TraceError> {
             loop {
-                bytes.clear();
                 *n += 1;
-                let read = reader
-                    .read_until(b'\n', &mut bytes)
-                    .map_err(|e| at(*n, TraceErrorKind::Read(e)))?;
-                if read == 0 {
-                    return Ok(None);
+                let read = read_line(&mut reader, &mut bytes).map_err(|e| at(*n, read_error(e)))?;
+                match read {
+                    None => return Ok(None),
+                    Some(false) => return Ok(Some(Err(TraceErrorKind::LineTooLong))),
+                    Some(true) => {}
                 }
                 match std::str::from_utf8(&bytes) {
                     Ok(text) if text.trim().is_empty() => continue,
@@ -414,14 +536,21 @@ pub fn parse_with(
             }
         };
 
-    let header = match next_line(&mut n)? {
-        None => return Err(at(n.max(1), TraceErrorKind::Empty)),
-        Some(header) => header.map_err(|k| at(n, k))?,
+    let header = match next_line(&mut n) {
+        Ok(None) => return Err(fatal(n.max(1), TraceErrorKind::Empty)),
+        Ok(Some(header)) => header.map_err(|k| fatal(n, k))?,
+        Err(e) => {
+            return Err(TraceError {
+                skippable: false,
+                ..e
+            })
+        }
     };
-    let columns =
-        Columns::from_header(header.trim().trim_start_matches('\u{feff}')).map_err(|k| at(n, k))?;
+    let columns = Columns::from_header(header.trim().trim_start_matches('\u{feff}'))
+        .map_err(|k| fatal(n, k))?;
 
-    let (mut threads, mut thread_ids, mut stream_ids) = (Vec::new(), Vec::new(), Vec::new());
+    let mut threads = Vec::new();
+    let (mut thread_ids, mut stream_ids) = (Numbering::default(), Numbering::default());
     let (mut failures, mut skipped_empty) = (0, 0);
     let (mut skipped_lines, mut skipped) = (0, Vec::new());
     let mut skip = |error: TraceError| -> Result<(), TraceError> {
@@ -442,7 +571,10 @@ pub fn parse_with(
     let mut ops = Vec::new();
     // Live allocations by pointer: (id, size).
     let mut live: HashMap<u64, (usize, usize)> = HashMap::new();
-    let mut allocations = 0usize;
+    // Allocations left out (too large, overflowing), by pointer: the line, so that their free is
+    // left out with them.
+    let mut left_out: HashMap<u64, usize> = HashMap::new();
+    let (mut allocations, mut live_bytes) = (0usize, 0usize);
     loop {
         let text = match next_line(&mut n) {
             Ok(None) => break,
@@ -477,10 +609,27 @@ pub fn parse_with(
                     skip(at(n, TraceErrorKind::PointerLive(pointer)))?;
                     continue;
                 }
+                let bad = if size > MAX_SIZE {
+                    Some(TraceErrorKind::SizeTooLarge(size))
+                } else if live_bytes.checked_add(size).is_none() {
+                    Some(TraceErrorKind::LiveOverflow {
+                        live: live_bytes,
+                        size,
+                    })
+                } else {
+                    None
+                };
+                if let Some(kind) = bad {
+                    skip(at(n, kind))?;
+                    left_out.insert(pointer, n);
+                    continue;
+                }
+                left_out.remove(&pointer);
                 let id = allocations;
                 live.insert(pointer, (id, size));
                 allocations += 1;
-                let stream = index_of(&mut stream_ids, stream);
+                live_bytes += size;
+                let stream = stream_ids.of(stream);
                 (thread, Op::Alloc { id, size, stream })
             }
             Ok(Line::Free {
@@ -489,7 +638,11 @@ pub fn parse_with(
                 thread,
             }) => match live.get(&pointer) {
                 None => {
-                    skip(at(n, TraceErrorKind::UnknownPointer(pointer)))?;
+                    let kind = match left_out.remove(&pointer) {
+                        Some(line) => TraceErrorKind::FreeOfSkipped { pointer, line },
+                        None => TraceErrorKind::UnknownPointer(pointer),
+                    };
+                    skip(at(n, kind))?;
                     continue;
                 }
                 Some(&(_, allocated)) if allocated != size => {
@@ -501,15 +654,17 @@ pub fn parse_with(
                     skip(at(n, kind))?;
                     continue;
                 }
-                Some(&(id, _)) => {
+                Some(&(id, allocated)) => {
                     live.remove(&pointer);
+                    live_bytes -= allocated;
                     (thread, Op::Free { id })
                 }
             },
         };
         ops.push(op);
-        threads.push(index_of(&mut thread_ids, thread));
+        threads.push(thread_ids.of(thread));
     }
+    let (mut thread_ids, mut stream_ids) = (thread_ids.values, stream_ids.values);
     if thread_ids.is_empty() {
         thread_ids.push(0);
     }
@@ -518,7 +673,7 @@ pub fn parse_with(
     }
     let workload = Workload::new(name, ops)
         .and_then(|w| w.with_threads(threads))
-        .map_err(|e| at(0, TraceErrorKind::Workload(e)))?;
+        .map_err(|e| fatal(0, TraceErrorKind::Workload(e)))?;
     Ok(Trace {
         workload,
         thread_ids,

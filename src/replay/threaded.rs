@@ -1,7 +1,7 @@
-//! [`ThreadedReplayer`]: a many-threaded workload replayed with each of its threads on an OS thread of its own.
+//! [`ThreadedReplayer`]: a many-threaded workload replayed with each of its threads on an OS thread of its own (up to [`MAX_REPLAY_THREADS`]).
 
 use super::replayer::synchronize_streams;
-use super::{Op, Replay, ReplayError, Workload, ALIGN};
+use super::{Op, Replay, ReplayError, Workload, ALIGN, MAX_REPLAY_THREADS};
 use crate::resource::MemoryResource;
 use crate::stream::StreamHandle;
 use std::ptr::{null_mut, NonNull};
@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 
 /// Replays a many-threaded [`Workload`] through a shared resource, each of its threads on an OS
 /// thread of its own, each keeping its ops in log order, pass after pass.
+///
+/// At most [`MAX_REPLAY_THREADS`] OS threads run: beyond that, log thread `t` shares OS thread
+/// `t % MAX_REPLAY_THREADS` with others, which runs their ops merged in log order (each still in
+/// its order). The bytes live at once can exceed the log's
+/// [`peak_live`](Workload::peak_live), up to [`Workload::threaded_peak`].
 ///
 /// A free waits until the allocation it names is made, which matters only where another thread
 /// makes it: one atomic load when it is already there; otherwise a short spin, then yielding the
@@ -81,19 +86,21 @@ impl PassState {
 }
 
 impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
-    /// A replay of `workload` through `resource` with one OS thread per workload thread, stream
-    /// index `i` mapping to `streams[i]`.
+    /// A replay of `workload` through `resource` with one OS thread per workload thread (up to
+    /// [`MAX_REPLAY_THREADS`]), stream index `i` mapping to `streams[i]`.
     pub fn new(
         resource: R,
         workload: &'w Workload,
         streams: Vec<StreamHandle>,
     ) -> Result<Self, ReplayError> {
         ReplayError::check_streams(workload, &streams)?;
-        let mut lanes = vec![Vec::new(); workload.thread_count()];
+        let mut lanes = vec![Vec::new(); workload.thread_count().min(MAX_REPLAY_THREADS)];
         let mut blocks = Vec::with_capacity(workload.allocations());
         for (op, &o) in workload.ops().iter().enumerate() {
             let thread = workload.op_threads().map_or(0, |t| t[op]);
-            lanes[thread].push((op, o));
+            // Lanes take ops in log order: a lane of several log threads runs them merged in log
+            // order, and the op earliest in the log among those not done can still always run.
+            lanes[thread % MAX_REPLAY_THREADS].push((op, o));
             if let Op::Alloc { size, stream, .. } = o {
                 blocks.push((size, stream));
             }

@@ -2,6 +2,12 @@
 
 use crate::stream::StreamHandle;
 
+/// The most OS threads a replay with threads runs ([`ThreadedReplayer`](super::ThreadedReplayer)):
+/// a log of more threads replays thread `t` on OS thread `t % MAX_REPLAY_THREADS`, which runs the
+/// ops of its log threads in log order, so each keeps its order and no log of any number of
+/// threads starts more OS threads than this.
+pub const MAX_REPLAY_THREADS: usize = 256;
+
 /// One step of a workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -95,6 +101,8 @@ pub struct Workload {
     /// The thread index of each op; empty when every op runs on thread 0.
     threads: Vec<usize>,
     thread_count: usize,
+    /// The most bytes a replay with threads can hold at once: see [`Workload::threaded_peak`].
+    threaded_peak: usize,
 }
 
 impl Workload {
@@ -138,6 +146,7 @@ impl Workload {
             peak_live,
             threads: Vec::new(),
             thread_count: 1,
+            threaded_peak: peak_live,
         })
     }
 
@@ -165,11 +174,36 @@ impl Workload {
         if count > 1 {
             self.threads = threads;
             self.thread_count = count;
+            self.threaded_peak = self.lane_peaks();
         } else {
             self.threads = Vec::new();
             self.thread_count = 1;
+            self.threaded_peak = self.peak_live;
         }
         Ok(self)
+    }
+
+    /// The sum over the OS threads of a replay with threads of the most bytes each can hold:
+    /// the bytes it allocated less those it freed, at its worst point. However the threads
+    /// interleave, the bytes live are the sum of each one's, so this bounds them.
+    fn lane_peaks(&self) -> usize {
+        let lanes = self.thread_count.min(MAX_REPLAY_THREADS);
+        // Signed: a thread that frees what others allocated goes below zero.
+        let (mut now, mut most) = (vec![0i128; lanes], vec![0i128; lanes]);
+        let mut sizes = Vec::with_capacity(self.allocations);
+        for (&op, &thread) in self.ops.iter().zip(&self.threads) {
+            let lane = thread % MAX_REPLAY_THREADS;
+            match op {
+                Op::Alloc { size, .. } => {
+                    sizes.push(size);
+                    now[lane] += size as i128;
+                    most[lane] = most[lane].max(now[lane]);
+                }
+                Op::Free { id } => now[lane] -= sizes.get(id).copied().unwrap_or(0) as i128,
+            }
+        }
+        let sum: i128 = most.iter().sum();
+        usize::try_from(sum).unwrap_or(usize::MAX)
     }
 
     /// The workload's name (`"random"`, a trace's file name).
@@ -205,6 +239,32 @@ impl Workload {
     /// The most bytes live at once in op order, counting requested sizes.
     pub fn peak_live(&self) -> usize {
         self.peak_live
+    }
+
+    /// The most bytes a replay with threads ([`ThreadedReplayer`](super::ThreadedReplayer)) can
+    /// hold at once, in any interleaving of its threads: each of its OS threads, keeping its order,
+    /// holds at worst the most it allocated less what it freed at any point, and they may all be
+    /// at their worst at once. [`peak_live`](Self::peak_live) for a workload on one thread; for
+    /// many, at least that, and up to the sum of their peaks (a thread that frees what another
+    /// allocates lets the other run ahead).
+    ///
+    /// ```
+    /// use mrstack::replay::{Op, Workload};
+    ///
+    /// // Two threads, one after the other in the log: 100 bytes live at once in log order, but
+    /// // run at once they may hold 200.
+    /// let ops = vec![
+    ///     Op::Alloc { id: 0, size: 100, stream: 0 },
+    ///     Op::Free { id: 0 },
+    ///     Op::Alloc { id: 1, size: 100, stream: 0 },
+    ///     Op::Free { id: 1 },
+    /// ];
+    /// let w = Workload::new("two", ops)?.with_threads(vec![0, 0, 1, 1])?;
+    /// assert_eq!((w.peak_live(), w.threaded_peak()), (100, 200));
+    /// # Ok::<(), mrstack::replay::WorkloadError>(())
+    /// ```
+    pub fn threaded_peak(&self) -> usize {
+        self.threaded_peak
     }
 
     /// Allocations the ops never free.

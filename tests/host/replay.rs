@@ -207,8 +207,8 @@ fn truncated_gzip_is_an_error() {
             &packed[..keep],
         );
         let e = rmm_log::read(f.path()).unwrap_err();
-        assert!(matches!(e.kind, TraceErrorKind::Read(_)), "{e}");
-        assert!(e.line > 0);
+        assert!(matches!(e.kind, TraceErrorKind::Gzip(_)), "{e}");
+        assert!(e.line > 0 && e.skippable);
         let msg = e.to_string();
         assert!(
             msg.contains(&format!("line {}", e.line)) && msg.contains("truncated"),
@@ -223,6 +223,114 @@ fn missing_file_is_an_error() {
     let e = rmm_log::read("/nonexistent/mrstack/trace.csv").unwrap_err();
     assert!(matches!(e.kind, TraceErrorKind::Open(_)));
     assert!(e.to_string().contains("cannot open"), "{e}");
+    assert!(!e.skippable);
+}
+
+#[test]
+fn a_directory_is_named_as_one() {
+    let dir = std::env::temp_dir();
+    let e = rmm_log::read(&dir).unwrap_err();
+    assert!(matches!(e.kind, TraceErrorKind::IsDirectory), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!("{}: is a directory, not a log file", dir.display())
+    );
+    assert!(!e.skippable);
+    // Through a reader that is a directory (opened without the check): the same.
+    let e = rmm_log::read_from(std::fs::File::open(&dir).unwrap(), "d", Default::default())
+        .unwrap_err();
+    assert!(matches!(e.kind, TraceErrorKind::IsDirectory), "{e}");
+}
+
+#[test]
+fn only_line_errors_are_skippable() {
+    let e = rmm_log::parse("".as_bytes(), "empty").unwrap_err();
+    assert!(!e.skippable);
+    let e = rmm_log::parse("Thread,Size\n".as_bytes(), "h").unwrap_err();
+    assert!(!e.skippable);
+    let e = rmm_log::parse(&b"\xff\xfe\n"[..], "binary header").unwrap_err();
+    assert!(
+        matches!(e.kind, TraceErrorKind::NotUtf8) && !e.skippable,
+        "{e}"
+    );
+    let (_, _, kind) = parse_error("0,1,free,0x100,64,0\n");
+    assert!(matches!(kind, TraceErrorKind::UnknownPointer(0x100)));
+    let e = rmm_log::parse(format!("{HEADER}0,1,free,0x100,64,0\n").as_bytes(), "x").unwrap_err();
+    assert!(e.skippable);
+}
+
+#[test]
+fn a_size_no_resource_can_serve_is_named_at_its_line() {
+    let max = rmm_log::MAX_SIZE;
+    assert_eq!(max, (isize::MAX as usize) - 255);
+    // The largest servable size parses; one byte more is refused at its line, before any replay.
+    let ok = format!("0,1,allocate,0x100,{max},0\n0,2,free,0x100,{max},0\n");
+    assert!(rmm_log::parse(format!("{HEADER}{ok}").as_bytes(), "max").is_ok());
+    let big = max + 1;
+    let body =
+        format!("0,1,allocate,0x100,64,0\n0,2,allocate,0x200,{big},0\n0,3,free,0x200,{big},0\n");
+    let (line, msg, kind) = parse_error(&body);
+    assert_eq!(line, 3);
+    assert!(matches!(kind, TraceErrorKind::SizeTooLarge(s) if s == big));
+    assert!(
+        msg.starts_with("line 3: allocation of") && msg.contains("more than any resource"),
+        "{msg}"
+    );
+    // Left out with --on-error skip, its free goes with it, saying why.
+    let t = rmm_log::parse_with(
+        format!("{HEADER}{body}").as_bytes(),
+        "s",
+        rmm_log::OnError::Skip,
+    )
+    .unwrap();
+    assert_eq!(t.workload.ops(), [alloc(0, 64)]);
+    assert_eq!(t.skipped_lines, 2);
+    assert_eq!(
+        t.skipped[1].to_string(),
+        "line 4: free of 0x200, whose allocation (line 3) was left out"
+    );
+}
+
+#[test]
+fn overflowing_live_bytes_are_named_at_their_line() {
+    let half = 1usize << 62;
+    let body = format!(
+        "0,1,allocate,0x100,{half},0\n0,2,allocate,0x200,{half},0\n0,3,allocate,0x300,{half},0\n\
+         0,4,allocate,0x400,{half},0\n"
+    );
+    let (line, msg, kind) = parse_error(&body);
+    assert_eq!(line, 5);
+    assert!(matches!(kind, TraceErrorKind::LiveOverflow { size, .. } if size == half));
+    assert!(
+        msg.contains("line 5") && msg.contains("overflow usize"),
+        "{msg}"
+    );
+    // Freeing makes room again: the same sizes one after the other are fine.
+    let ok = format!("0,1,allocate,0x100,{half},0\n0,2,free,0x100,{half},0\n").repeat(5);
+    let t = rmm_log::parse(format!("{HEADER}{ok}").as_bytes(), "ok").unwrap();
+    assert_eq!(t.workload.peak_live(), half);
+}
+
+#[test]
+fn a_line_without_an_end_takes_no_memory_of_its_size() {
+    // 1 MiB of junk with no newline, then a good line: the junk is one bad line.
+    let mut bytes = HEADER.as_bytes().to_vec();
+    bytes.extend(std::iter::repeat_n(b'7', 1 << 20));
+    bytes.extend_from_slice(b"\n0,1,allocate,0x100,64,0\n");
+    let e = rmm_log::parse(&bytes[..], "long").unwrap_err();
+    assert_eq!(e.line, 2);
+    assert!(matches!(e.kind, TraceErrorKind::LineTooLong), "{e}");
+    let t = rmm_log::parse_with(&bytes[..], "long", rmm_log::OnError::Skip).unwrap();
+    assert_eq!(
+        (t.skipped_lines, t.workload.ops()),
+        (1, &[alloc(0, 64)][..])
+    );
+    assert_eq!(t.skipped[0].line, 2);
+    // A line of exactly the limit is read.
+    let mut line = format!("0,1,allocate,0x100,64,0{}", " ".repeat(rmm_log::MAX_LINE));
+    line.truncate(rmm_log::MAX_LINE - 1);
+    let t = rmm_log::parse(format!("{HEADER}{line}\n").as_bytes(), "edge").unwrap();
+    assert_eq!(t.workload.allocations(), 1);
 }
 
 #[test]
@@ -703,6 +811,76 @@ fn threaded_replay_failure_stops_every_thread_and_frees_everything() {
         other => panic!("expected op 0 to fail, got {other:?}"),
     }
     assert_eq!(tiny.in_use(), 0);
+}
+
+/// `threads` threads one after the other in the log, each allocating `blocks` blocks of 4 KiB
+/// and then freeing them: little live at once in log order, much with the threads at once.
+fn sequential_threads_log(threads: usize, blocks: usize) -> String {
+    let mut s = String::from(HEADER);
+    for t in 0..threads {
+        for b in 0..blocks {
+            s += &format!(
+                "{t},0,allocate,{:#x},4096,0\n",
+                (t * blocks + b + 1) * 0x1000
+            );
+        }
+        for b in 0..blocks {
+            s += &format!("{t},0,free,{:#x},4096,0\n", (t * blocks + b + 1) * 0x1000);
+        }
+    }
+    s
+}
+
+#[test]
+fn threaded_peak_bounds_what_threads_hold_at_once() {
+    let t = rmm_log::parse(sequential_threads_log(64, 8).as_bytes(), "seq").unwrap();
+    let w = &t.workload;
+    assert_eq!(w.thread_count(), 64);
+    assert_eq!(
+        (w.peak_live(), w.threaded_peak()),
+        (8 * 4096, 64 * 8 * 4096)
+    );
+    // However the threads interleave, they never hold more than the bound: a replay through an
+    // upstream of exactly that much never runs out, run after run.
+    let sim = Simulated::new(w.threaded_peak());
+    let mut r = replay::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
+    for _ in 0..20 {
+        r.pass().unwrap();
+        assert!(sim.peak() <= w.threaded_peak());
+    }
+    // A thread that frees what another allocates lets the other run ahead: the bound counts the
+    // allocating thread's bytes in full.
+    let handed = "0,1,allocate,0x100,100,0\n1,2,free,0x100,100,0\n0,3,allocate,0x200,100,0\n\
+                  1,4,free,0x200,100,0\n";
+    let t = rmm_log::parse(format!("{HEADER}{handed}").as_bytes(), "handed").unwrap();
+    assert_eq!(
+        (t.workload.peak_live(), t.workload.threaded_peak()),
+        (100, 200)
+    );
+    let one = Workload::new("one", vec![alloc(0, 8), free(0)]).unwrap();
+    assert_eq!(one.threaded_peak(), one.peak_live());
+}
+
+#[test]
+fn a_log_of_many_more_threads_than_the_replay_runs_completes() {
+    // 100,000 threads, each allocating one block that the next thread frees: OS threads share
+    // log threads beyond MAX_REPLAY_THREADS, and frees across them still find their blocks.
+    let threads = 100_000usize;
+    let mut s = String::from(HEADER);
+    for t in 0..threads {
+        s += &format!("{t},0,allocate,{:#x},256,0\n", (t + 1) * 0x100);
+        if t > 0 {
+            s += &format!("{t},0,free,{:#x},256,0\n", t * 0x100);
+        }
+    }
+    let t = rmm_log::parse(s.as_bytes(), "many").unwrap();
+    let w = &t.workload;
+    assert_eq!(w.thread_count(), threads);
+    assert!(replay::MAX_REPLAY_THREADS < threads);
+    let sim = Simulated::new(usize::MAX);
+    let mut r = replay::ThreadedReplayer::new(&sim, w, w.default_streams()).unwrap();
+    r.pass().unwrap();
+    assert_eq!((sim.in_use(), sim.allocation_count()), (0, threads));
 }
 
 #[test]
