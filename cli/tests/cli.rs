@@ -84,6 +84,9 @@ fn json(o: &Output) -> Value {
 
 #[path = "../../tests/support/files.rs"]
 mod files;
+/// Random logs and argument lists.
+#[path = "cli/fuzz.rs"]
+mod fuzz;
 use files::{gzip, TempFile};
 
 /// Peak live 300 bytes (blocks 0 and 1), 350 allocated in all; block 2 is never freed.

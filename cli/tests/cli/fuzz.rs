@@ -6,8 +6,6 @@
 //!
 //! `PROPTEST_CASES` sets the number of cases (64 by default here, a few seconds in a debug build).
 
-#![allow(clippy::unwrap_used)]
-
 use mrstack::replay::rmm_log::{self, OnError};
 use mrstack::replay::{self, simulated_streams};
 use mrstack::Simulated;
@@ -16,8 +14,8 @@ use proptest::prelude::*;
 use std::io::Write;
 use std::sync::Arc;
 
-#[path = "../../tests/support/fuzz.rs"]
-mod fuzz;
+#[path = "../../../tests/support/fuzz.rs"]
+mod strategies;
 
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
@@ -43,7 +41,7 @@ proptest! {
 
     #[test]
     fn random_logs_parse_and_replay_or_say_why(
-        log in fuzz::log(),
+        log in strategies::log(),
         packed in any::<bool>(),
         cut in any::<Option<prop::sample::Index>>(),
         skip in any::<bool>(),
@@ -92,7 +90,7 @@ proptest! {
     }
 
     #[test]
-    fn random_command_lines_parse_or_say_why(line in fuzz::command_line()) {
+    fn random_command_lines_parse_or_say_why(line in strategies::command_line()) {
         let mut argv = vec!["mrstack".to_owned()];
         argv.extend(line);
         match args::parse(&argv) {
