@@ -4,7 +4,7 @@ use super::global::{Global, Run};
 use super::tags::Tags;
 use super::{Arena, GRAN, MAX_CHUNKS, NAME};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 /// One allocation from the upstream.
 #[derive(Debug)]
@@ -16,24 +16,12 @@ pub(super) struct Chunk {
     /// The usable range, rounded to 256.
     start: usize,
     end: usize,
-    /// The first superblock-aligned address at or after `start`.
-    pub(super) win_base: usize,
-    /// The id of the window at `win_base`: ids are unique across chunks.
-    pub(super) first_window: u32,
-    /// Per superblock-sized window: 0, or (owning arena + 1) << 32 | slot of the superblock there.
-    pub(super) meta: Box<[AtomicU64]>,
 }
 
 impl Chunk {
     /// Bytes of the upstream allocation outside the usable range (alignment slack).
     pub(super) fn slack(&self) -> usize {
         self.len - (self.end - self.start)
-    }
-
-    /// The window-table entry of the window that holds `addr`, if the chunk has one there.
-    pub(super) fn meta_at(&self, addr: usize, shift: u32) -> Option<&AtomicU64> {
-        let off = addr.checked_sub(self.win_base)?;
-        self.meta.get(off >> shift)
     }
 }
 
@@ -88,19 +76,13 @@ impl<U: MemoryResource> Arena<U> {
     fn add_chunk(&self, g: &mut Global, index: usize, ptr: usize, len: usize, align: usize) {
         let start = (ptr + GRAN - 1) & !(GRAN - 1);
         let end = ((ptr + len) & !(GRAN - 1)).max(start);
-        let win_base = (start + self.superblock_size() - 1) & !(self.superblock_size() - 1);
-        let windows = end.saturating_sub(win_base) >> self.sb_shift;
         let chunk = Chunk {
             ptr,
             len,
             align,
             start,
             end,
-            win_base,
-            first_window: g.windows,
-            meta: (0..windows).map(|_| AtomicU64::new(0)).collect(),
         };
-        g.windows += windows as u32;
         let _ = self.chunks[index].set(chunk);
         self.nchunks.store(index + 1, Ordering::Release);
         self.taken.fetch_add(len, Ordering::Relaxed);

@@ -7,6 +7,10 @@ use crate::stream::{Held, StreamRef};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
 
+/// Free ranges too small to surely hold an aligned block that [`Global::find_block`] checks
+/// before taking one that surely does.
+const UNSURE: usize = 8;
+
 /// A free range of the global arena, keyed by its start in [`Global::runs`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Run {
@@ -24,8 +28,6 @@ pub(super) struct Global {
     /// one (a push and a pop instead of merging and carving ranges); merged into `runs` when a
     /// large request finds no room.
     pub(super) spare: Vec<Spare>,
-    /// Window ids given out so far: the next chunk's windows start here.
-    pub(super) windows: u32,
 }
 
 /// A free superblock-sized window of the global arena.
@@ -46,6 +48,13 @@ impl Global {
         )
     }
 
+    /// Host bytes of the free-range tables (an estimate: B-tree entries count twice for their
+    /// nodes).
+    pub(super) fn bytes(&self) -> usize {
+        self.runs.len() * 2 * (std::mem::size_of::<(usize, Run)>() + 16)
+            + self.spare.capacity() * std::mem::size_of::<Spare>()
+    }
+
     pub(super) fn insert(&mut self, start: usize, run: Run) {
         self.runs.insert(start, run);
         self.by_size.insert((run.len, start));
@@ -60,13 +69,24 @@ impl Global {
         run
     }
 
-    /// The smallest free range (lowest address among equals) that holds `bytes` at `align`:
-    /// (range start, block address).
-    fn find_block(&self, bytes: usize, align: usize) -> Option<(usize, usize)> {
-        self.by_size.range((bytes, 0)..).find_map(|&(len, start)| {
+    /// A free range that holds `bytes` at `align`: (range start, block address). Ranges start at
+    /// multiples of 256, so one of at least `bytes + align - 256` bytes surely holds the block;
+    /// a smaller one may. Best fit among the first [`UNSURE`] smaller ones that hold it and the
+    /// smallest sure one (lowest address among equals): O(log n) when some range is sure. Only
+    /// when none is does it scan the remaining smaller ones, before the caller grows or fails.
+    pub(super) fn find_block(&self, bytes: usize, align: usize) -> Option<(usize, usize)> {
+        let fits = |&(len, start): &(usize, usize)| {
             let at = align_up(start, align)?;
-            (at + bytes <= start + len).then_some((start, at))
-        })
+            (at.checked_add(bytes)? <= start + len).then_some((start, at))
+        };
+        let sure = bytes.checked_add(align - GRAN)?;
+        let mut unsure = self.by_size.range((bytes, 0)..(sure, 0));
+        unsure
+            .by_ref()
+            .take(UNSURE)
+            .find_map(fits)
+            .or_else(|| self.by_size.range((sure, 0)..).next().and_then(fits))
+            .or_else(|| unsure.find_map(fits))
     }
 
     /// The smallest free range that holds a whole aligned window of `sb` bytes.
@@ -105,6 +125,9 @@ impl Global {
     fn give(&mut self, start: usize, len: usize, chunk: u32, tags: Tags) -> Vec<Held> {
         let mut sync = Vec::new();
         let (mut start, mut len, mut tags) = (start, len, tags);
+        if let Some((&ns, _)) = self.runs.range(start..).next() {
+            debug_assert!(start + len <= ns, "Arena: double free of {start:#x}");
+        }
         if let Some((&ps, prev)) = self.runs.range(..start).next_back() {
             debug_assert!(ps + prev.len <= start, "Arena: double free of {start:#x}");
             if ps + prev.len == start && prev.chunk == chunk {
@@ -181,5 +204,74 @@ impl<U: MemoryResource> Arena<U> {
             self.reclaim();
             reclaimed = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `find_block` returns an aligned block inside a free range whenever some range holds
+        /// one, and never a larger range than the smallest that surely holds it.
+        #[test]
+        fn find_block_finds_a_fit_whenever_one_exists(
+            lens in prop::collection::vec(1usize..40, 1..40),
+            gaps in prop::collection::vec(1usize..8, 40),
+            units in 1usize..20,
+            align_shift in 0u32..5,
+        ) {
+            let mut g = Global::default();
+            let mut at = 1 << 20;
+            for (&len, &gap) in lens.iter().zip(&gaps) {
+                g.insert(at, Run { len: len * GRAN, chunk: 0, tags: Tags::NONE });
+                at += (len + gap) * GRAN;
+            }
+            let (bytes, align) = (units * GRAN, GRAN << align_shift);
+            let holds = |start: usize, len: usize| {
+                align_up(start, align).is_some_and(|a| a + bytes <= start + len)
+            };
+            let any = g.runs.iter().any(|(&s, r)| holds(s, r.len));
+            let smallest_sure = g.runs.values().map(|r| r.len).filter(|&l| l >= bytes + align - GRAN).min();
+            match g.find_block(bytes, align) {
+                Some((start, block)) => {
+                    let len = g.runs[&start].len;
+                    prop_assert!(block % align == 0 && block >= start && block + bytes <= start + len);
+                    if let Some(sure) = smallest_sure {
+                        prop_assert!(len <= sure);
+                    }
+                }
+                None => prop_assert!(!any),
+            }
+        }
+    }
+
+    #[test]
+    fn find_block_skips_many_misaligned_ranges_for_a_sure_one() {
+        let mut g = Global::default();
+        // 10,000 ranges of 2 units, each starting one unit past a 1 KiB boundary: none holds
+        // 2 units at 1 KiB alignment. One larger range surely does.
+        for i in 0..10_000 {
+            g.insert(
+                (1 << 20) + i * 4096 + GRAN,
+                Run {
+                    len: 2 * GRAN,
+                    chunk: 0,
+                    tags: Tags::NONE,
+                },
+            );
+        }
+        let big = 1 << 30;
+        g.insert(
+            big + GRAN,
+            Run {
+                len: 8 * GRAN,
+                chunk: 0,
+                tags: Tags::NONE,
+            },
+        );
+        assert_eq!(g.find_block(2 * GRAN, 1024), Some((big + GRAN, big + 1024)));
+        assert_eq!(g.find_block(9 * GRAN, 1024), None);
     }
 }

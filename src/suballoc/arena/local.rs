@@ -2,11 +2,13 @@
 
 use super::global::Spare;
 use super::max_tree::MaxTree;
+use super::owners::Owner;
 use super::superblock::Superblock;
 use super::tags::Tags;
-use super::{lock, to_ptr, Arena, GRAN, MAX_ARENAS};
+use super::{lock, to_ptr, Arena, GRAN, IDLE_STREAM_ARENAS, MAX_ARENAS};
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{Held, StreamRef};
+use std::collections::BTreeSet;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -25,6 +27,8 @@ pub(super) struct Local {
     /// The arena's stream, kept alive by the arena's keeper (so valid while the arena lives).
     pub(super) stream: StreamRef<'static>,
     pub(super) held: Held,
+    /// A stream's arena (not a thread's): when wholly free it joins the arena's idle list.
+    for_stream: bool,
     state: Mutex<LocalState>,
 }
 
@@ -43,25 +47,60 @@ impl Local {
             )
         })
     }
+
+    /// Superblocks this arena holds.
+    pub(super) fn superblocks(&self) -> usize {
+        self.lock().held()
+    }
+
+    /// Host bytes of this arena's metadata (an estimate of its tables).
+    pub(super) fn bytes(&self) -> usize {
+        let st = self.lock();
+        let sbs: usize = st
+            .sbs
+            .iter()
+            .flatten()
+            .map(|sb| sb.free.capacity() * std::mem::size_of::<(u32, u32)>())
+            .sum();
+        std::mem::size_of::<Local>()
+            + sbs
+            + st.sbs.capacity() * std::mem::size_of::<Option<Superblock>>()
+            + st.tree.bytes()
+            // A B-tree set of u32: about 8 bytes per entry with its nodes.
+            + st.vacant.len() * 8
+            + st.empties.capacity() * 4
+    }
 }
 
-/// The superblocks of a local arena, behind its lock.
+/// The superblocks of a local arena, behind its lock, in slots numbered from 0: every table
+/// here is proportional to the superblocks the arena holds (at most twice its peak), whatever the
+/// size of the whole arena.
 #[derive(Debug, Default)]
 struct LocalState {
-    /// Per window id: the largest free block of this arena's superblock there (0: none).
+    /// Per slot: the largest free block of the superblock there (0: none, or a vacant slot).
     tree: MaxTree,
-    /// Per window id: the slot in `sbs` of this arena's superblock there.
-    slot_of: Vec<u32>,
     sbs: Vec<Option<Superblock>>,
-    vacant: Vec<u32>,
+    /// The vacant slots below `sbs.len()`, lowest reused first so that the slots stay dense.
+    vacant: BTreeSet<u32>,
     /// The slots of the superblocks that are wholly free.
     empties: Vec<u32>,
+    /// In the arena's list of idle stream arenas.
+    idle: bool,
 }
 
 impl LocalState {
+    /// Superblocks held.
+    fn held(&self) -> usize {
+        self.sbs.len() - self.vacant.len()
+    }
+
+    /// Holds superblocks, all of them wholly free.
+    fn wholly_free(&self) -> bool {
+        self.held() > 0 && self.empties.len() == self.held()
+    }
+
     fn insert(&mut self, sb: Superblock, units: u32) -> u32 {
-        let w = sb.window as usize;
-        let slot = match self.vacant.pop() {
+        let slot = match self.vacant.pop_first() {
             Some(s) => {
                 self.sbs[s as usize] = Some(sb);
                 s
@@ -71,12 +110,8 @@ impl LocalState {
                 (self.sbs.len() - 1) as u32
             }
         };
-        self.tree.ensure(w);
-        if self.slot_of.len() <= w {
-            self.slot_of.resize(self.tree.leaves(), u32::MAX);
-        }
-        self.slot_of[w] = slot;
-        self.tree.set(w, units);
+        self.tree.ensure(slot as usize);
+        self.tree.set(slot as usize, units);
         self.empties.push(slot);
         slot
     }
@@ -85,25 +120,37 @@ impl LocalState {
         let sb = self.sbs[slot as usize]
             .take()
             .expect("Arena: removing a superblock that exists");
-        self.tree.set(sb.window as usize, 0);
-        self.vacant.push(slot);
+        self.tree.set(slot as usize, 0);
+        self.vacant.insert(slot);
+        // Vacant slots at the end go, and the tables shrink with them.
+        while self
+            .vacant
+            .last()
+            .is_some_and(|&v| v as usize + 1 == self.sbs.len())
+        {
+            self.vacant.pop_last();
+            self.sbs.pop();
+        }
+        if self.sbs.len() * 4 < self.sbs.capacity() {
+            self.sbs.shrink_to(self.sbs.len() * 2);
+        }
+        self.tree.shrink(self.sbs.len());
         sb
     }
 
-    /// Address-ordered first fit: the first superblock whose largest free block surely holds
-    /// the request, then its first free block that does.
+    /// First fit: the lowest slot whose superblock's largest free block surely holds the
+    /// request, then that superblock's first free block that does.
     fn allocate(&mut self, bytes: usize, align: usize, units: u32) -> Option<usize> {
         let n = (bytes / GRAN) as u32;
         let need = n + (align / GRAN) as u32 - 1;
         let w = self.tree.first_at_least(need)?;
-        let sb = self.sbs[self.slot_of[w] as usize].as_mut()?;
+        let sb = self.sbs.get_mut(w)?.as_mut()?;
         let was_empty = sb.free_units == units;
         let off = sb.take(n, align)?;
         let max = sb.max_free();
         let addr = sb.base + off as usize * GRAN;
         if was_empty {
-            let slot = self.slot_of[w];
-            self.empties.retain(|&s| s != slot);
+            self.empties.retain(|&s| s as usize != w);
         }
         self.tree.set(w, max);
         Some(addr)
@@ -113,10 +160,10 @@ impl LocalState {
     fn deallocate(&mut self, slot: u32, addr: usize, n: u32, units: u32) -> Vec<Superblock> {
         let sb = self.sbs[slot as usize]
             .as_mut()
-            .expect("Arena: the window table names a live superblock");
+            .expect("Arena: the owner map names a live superblock");
         sb.give(((addr - sb.base) / GRAN) as u32, n);
-        let (w, max, empty) = (sb.window as usize, sb.max_free(), sb.free_units == units);
-        self.tree.set(w, max);
+        let (max, empty) = (sb.max_free(), sb.free_units == units);
+        self.tree.set(slot as usize, max);
         if !empty {
             return Vec::new();
         }
@@ -127,12 +174,11 @@ impl LocalState {
         self.take_empty(KEEP)
     }
 
-    /// Removes the empty superblocks but the `keep` lowest: first fit packs blocks low, so the
-    /// high ones are the least likely to be wanted again.
+    /// Removes the empty superblocks but the `keep` in the lowest slots: first fit packs blocks
+    /// into low slots, so the high ones are the least likely to be wanted again (and their slots
+    /// go).
     fn take_empty(&mut self, keep: usize) -> Vec<Superblock> {
-        let sbs = &self.sbs;
-        let base = |s: &u32| sbs[*s as usize].as_ref().map_or(0, |sb| sb.base);
-        self.empties.sort_unstable_by_key(base);
+        self.empties.sort_unstable();
         let gone: Vec<u32> = self.empties.drain(keep.min(self.empties.len())..).collect();
         gone.into_iter().map(|s| self.remove(s)).collect()
     }
@@ -143,11 +189,11 @@ impl<U: MemoryResource> Arena<U> {
         (self.superblock_size() / GRAN) as u32
     }
 
-    /// Local arena `id`, as a window table or a thread's storage names it.
+    /// Local arena `id`, as the owner map or a thread's storage names it.
     pub(super) fn local(&self, id: u32) -> &Local {
         self.arenas[id as usize]
             .get()
-            .expect("Arena: an arena id in the window table names a created arena")
+            .expect("Arena: an arena id in the owner map names a created arena")
     }
 
     /// The arena of `stream`, created on first use; `None` when there are too many arenas.
@@ -164,13 +210,14 @@ impl<U: MemoryResource> Arena<U> {
         if let Some(&id) = map.get(&stream.id()) {
             return Some(id);
         }
-        let id = self.new_arena(stream)?;
+        let id = self.new_arena(stream, true)?;
         map.insert(stream.id(), id);
         Some(id)
     }
 
-    /// A new local arena on `stream`; `None` when there are [`MAX_ARENAS`] already.
-    pub(super) fn new_arena(&self, stream: StreamRef) -> Option<u32> {
+    /// A new local arena on `stream` (a stream's arena if `for_stream`, else a thread's); `None`
+    /// when there are [`MAX_ARENAS`] already.
+    pub(super) fn new_arena(&self, stream: StreamRef, for_stream: bool) -> Option<u32> {
         let _guard = lock(&self.create);
         let n = self.narenas.load(Ordering::Relaxed);
         if n == MAX_ARENAS {
@@ -181,6 +228,7 @@ impl<U: MemoryResource> Arena<U> {
         let _ = self.arenas[n].set(Box::new(Local {
             stream,
             held,
+            for_stream,
             state: Mutex::new(LocalState::default()),
         }));
         self.narenas.store(n + 1, Ordering::Release);
@@ -193,12 +241,7 @@ impl<U: MemoryResource> Arena<U> {
             return;
         }
         for sb in &sbs {
-            if let Some(m) = self.chunks[sb.chunk as usize]
-                .get()
-                .and_then(|c| c.meta_at(sb.base, self.sb_shift))
-            {
-                m.store(0, Ordering::Release);
-            }
+            self.owners.remove(sb.base >> self.sb_shift);
         }
         let mut g = lock(&self.global);
         g.spare.extend(sbs.iter().map(|sb| Spare {
@@ -232,6 +275,10 @@ impl<U: MemoryResource> Arena<U> {
             loop {
                 let from = g.spare.len().saturating_sub(TAKE);
                 taken.extend(g.spare.drain(from..));
+                if g.spare.len() * 4 < g.spare.capacity() {
+                    let len = g.spare.len();
+                    g.spare.shrink_to(len * 2);
+                }
                 if !taken.is_empty() {
                     break;
                 }
@@ -268,24 +315,17 @@ impl<U: MemoryResource> Arena<U> {
         }
         let units = self.units_per_superblock();
         for sp in taken {
-            let chunk = self.chunks[sp.chunk as usize]
-                .get()
-                .expect("Arena: a free range names a registered chunk");
-            let index = (sp.at - chunk.win_base) >> self.sb_shift;
             let slot = st.insert(
                 Superblock {
                     base: sp.at,
-                    window: chunk.first_window + index as u32,
                     chunk: sp.chunk,
                     free_units: units,
                     free: vec![(0, units)],
                 },
                 units,
             );
-            chunk.meta[index].store(
-                (u64::from(id) + 1) << 32 | u64::from(slot),
-                Ordering::Release,
-            );
+            self.owners
+                .set(sp.at >> self.sb_shift, Owner { arena: id, slot });
         }
         Ok(true)
     }
@@ -334,13 +374,49 @@ impl<U: MemoryResource> Arena<U> {
     ) {
         let local = self.local(id);
         let units = self.units_per_superblock();
-        let released = {
+        let (released, idle) = {
             let mut st = local.lock();
             // Before the block can be reused on the arena's stream, that stream must wait for
             // the work that used it on `stream`.
             self.order_or_wait(local.stream, stream);
-            st.deallocate(slot, addr, (bytes / GRAN) as u32, units)
+            let released = st.deallocate(slot, addr, (bytes / GRAN) as u32, units);
+            let idle = local.for_stream && !st.idle && st.wholly_free();
+            st.idle |= idle;
+            (released, idle)
         };
         self.release_superblocks(local.held, released);
+        if idle {
+            self.went_idle(id);
+        }
+    }
+
+    /// Stream arena `id` holds only free superblocks: it joins the idle list, and the arena that
+    /// went idle longest ago, past [`IDLE_STREAM_ARENAS`], gives back every superblock it still
+    /// holds free. So many streams that each allocate now and then hold a bounded number of
+    /// superblocks between them, at O(1) cost per operation.
+    fn went_idle(&self, id: u32) {
+        let evicted = {
+            let mut idle = lock(&self.idle);
+            idle.push_back(id);
+            if idle.len() > IDLE_STREAM_ARENAS {
+                idle.pop_front()
+            } else {
+                None
+            }
+        };
+        let Some(old) = evicted else { return };
+        let local = self.local(old);
+        let freed = {
+            let mut st = local.lock();
+            st.idle = false;
+            // An arena used again since it went idle keeps what it holds; it rejoins the list
+            // when it is wholly free again.
+            if st.wholly_free() {
+                st.take_empty(0)
+            } else {
+                Vec::new()
+            }
+        };
+        self.release_superblocks(local.held, freed);
     }
 }

@@ -1,6 +1,6 @@
 //! `MaxTree`: the 16-ary max-tree with which a local arena finds the first superblock that fits.
 
-/// A 16-ary max-tree over window ids: finds the lowest window whose value reaches a bound in
+/// A 16-ary max-tree over a local arena's slots: finds the lowest window whose value reaches a bound in
 /// a few steps, each comparing 16 children at once (no branch per level to mispredict).
 #[derive(Debug, Default)]
 pub(super) struct MaxTree {
@@ -10,6 +10,11 @@ pub(super) struct MaxTree {
 }
 
 const FAN: usize = 16;
+
+/// `n` rounded up to a whole number of groups of 16, at least one.
+fn round(n: usize) -> usize {
+    n.div_ceil(FAN).max(1) * FAN
+}
 
 /// The first of 16 values that is at least `n`.
 #[inline]
@@ -27,15 +32,36 @@ impl MaxTree {
         self.levels.first().map_or(0, Vec::len)
     }
 
+    /// Makes room for leaf `leaf` (new leaves are 0), doubling so that growing is amortized O(1).
     pub(super) fn ensure(&mut self, leaf: usize) {
         if leaf < self.leaves() {
             return;
         }
-        let round = |n: usize| n.div_ceil(FAN).max(1) * FAN;
         let mut leaves = vec![0; round((leaf + 1).max(2 * self.leaves()))];
         if let Some(old) = self.levels.first() {
             leaves[..old.len()].copy_from_slice(old);
         }
+        self.build(leaves);
+    }
+
+    /// Drops the leaves from `len` on (the caller has set them to 0) when they are most of the
+    /// tree, keeping room for twice `len`: the tree stays proportional to what it indexes now,
+    /// not to its peak.
+    pub(super) fn shrink(&mut self, len: usize) {
+        if self.leaves() <= FAN || len * 4 > self.leaves() {
+            return;
+        }
+        let keep = round(2 * len);
+        let leaves = self.levels.first().map(|l| l[..keep].to_vec());
+        self.build(leaves.unwrap_or_default());
+    }
+
+    /// Host bytes of the tree.
+    pub(super) fn bytes(&self) -> usize {
+        self.levels.iter().map(|l| l.capacity() * 4).sum()
+    }
+
+    fn build(&mut self, leaves: Vec<u32>) {
         let mut levels = vec![leaves];
         while let Some(below) = levels.last().filter(|l| l.len() > FAN) {
             let mut above: Vec<u32> = below
@@ -91,11 +117,29 @@ mod tests {
         /// The max-tree finds what a scan of its leaves finds, as it grows and changes.
         #[test]
         fn max_tree_finds_the_first_leaf_reaching_a_bound(
-            ops in prop::collection::vec((0usize..700, 0u32..50, 0u32..60), 1..200)
+            ops in prop::collection::vec((0usize..700, 0u32..50, 0u32..60, 0u8..8), 1..200)
         ) {
             let mut tree = MaxTree::default();
-            let mut model = Vec::new();
-            for (leaf, value, bound) in ops {
+            let mut model: Vec<u32> = Vec::new();
+            for (leaf, value, bound, shrink) in ops {
+                if shrink == 0 {
+                    // Leaves from `len` on are 0 (the caller's promise), then the tree shrinks.
+                    let len = leaf / 8;
+                    for (i, v) in model.iter_mut().enumerate().skip(len) {
+                        if *v != 0 {
+                            tree.set(i, 0);
+                            *v = 0;
+                        }
+                    }
+                    let before = tree.leaves();
+                    tree.shrink(len);
+                    if before > FAN && len * 4 <= before {
+                        prop_assert_eq!(tree.leaves(), round(2 * len));
+                    } else {
+                        prop_assert_eq!(tree.leaves(), before);
+                    }
+                    prop_assert_eq!(tree.first_at_least(1), model.iter().position(|&v| v >= 1));
+                }
                 tree.ensure(leaf);
                 if model.len() <= leaf {
                     model.resize(leaf + 1, 0);

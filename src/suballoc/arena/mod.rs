@@ -4,6 +4,7 @@ mod chunk;
 mod global;
 mod local;
 mod max_tree;
+mod owners;
 mod superblock;
 mod tags;
 mod threads;
@@ -17,7 +18,8 @@ use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use chunk::Chunk;
 use global::Global;
 use local::Local;
-use std::collections::HashMap;
+use owners::Owners;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +35,9 @@ const GRAN: usize = 256;
 const MAX_CHUNKS: usize = 64;
 /// The most local arenas; beyond, requests go to the global arena.
 const MAX_ARENAS: usize = 1024;
+/// Wholly free stream arenas that keep their superblocks; past this, the one idle longest gives
+/// them back.
+const IDLE_STREAM_ARENAS: usize = 4;
 const MIN_SUPERBLOCK: usize = 64 << 10;
 const MAX_SUPERBLOCK: usize = 1 << 30;
 
@@ -70,10 +75,13 @@ layer_by_new!(ArenaConfig => Arena);
 /// * one local arena per thread for work on the default stream, and one per stream for other
 ///   streams. A local arena takes *superblocks* (chunks of [`ArenaConfig::superblock`] bytes,
 ///   aligned to their size) from the global arena and serves requests up to a quarter of a
-///   superblock from them by address-ordered first fit, coalescing what is freed. Superblocks that
-///   become wholly free go back to the global arena. They move in batches (a local arena takes up
-///   to 4 at once, holds up to 8 empty ones, then gives back all but the 4 lowest), so that a
-///   thread takes the global lock once per few superblocks, not on every exchange;
+///   superblock from them by first fit (its superblocks in slot order, then each one's blocks by
+///   address), coalescing what is freed. Superblocks that become wholly free go back to the global
+///   arena. They move in batches (a local arena takes up to 4 at once, holds up to 8 empty ones,
+///   then gives back all but the 4 in its lowest slots), so that a thread takes the global lock
+///   once per few superblocks, not on every exchange. A stream's arena whose superblocks are all
+///   free joins a list of idle arenas; past 4 there, the one idle longest gives back every
+///   superblock it holds, so that idle streams hold a bounded number of superblocks between them;
 /// * the global arena serves larger requests itself, by best fit at 256-byte granularity with
 ///   coalescing, and hands out superblocks. Superblocks given back stay whole in a spare list for
 ///   the next local arena that needs one; they merge into the free ranges when a large request
@@ -93,17 +101,27 @@ layer_by_new!(ArenaConfig => Arena);
 /// In detail: a small request on the default stream finds the thread's arena in thread-local
 /// storage and takes that arena's own lock, which other threads take only to free memory this
 /// thread allocated: no global lock, no shared counter. The first superblock that fits is found by
-/// a walk down a 16-ary max-tree over superblock-sized windows (three steps for 4096 windows);
+/// a walk down a 16-ary max-tree over the arena's superblocks (three steps for 4096 of them);
 /// inside the superblock, first fit scans its free blocks. A deallocation finds the owner of its
-/// pointer in a per-window table, without any lock but the owner's. Exchanging superblocks with
-/// the global arena takes the global lock for a few pushes or pops. Up to 1024 local arenas (a
-/// thread that ends leaves its arena to the next new thread; a stream keeps its arena); past that,
-/// requests go to the global arena. Host memory: each local arena keeps 8 to 16 bytes per
-/// superblock-sized window of the arena (at most 64 KiB for 16 GiB with 4 MiB superblocks).
+/// pointer in a hash map from superblock to owner, split in 64 shards each under a read-write
+/// lock (a read lock on one shard, then the owner's lock). Exchanging superblocks with the global
+/// arena takes the global lock for a few pushes or pops, and a shard's write lock per superblock.
+/// A deallocation that leaves a stream's arena wholly free takes the idle list's lock once, and
+/// may have the arena idle longest give its superblocks back: O(1), whatever the number of
+/// streams. Up to 1024 local arenas (a thread that ends leaves its arena to the next new thread; a
+/// stream keeps its arena); past that, requests go to the global arena. A large request's best fit
+/// is O(log n) in the global arena's free ranges when one of them holds the request at any
+/// alignment; failing that, it checks each range that might (the path to growing or failing).
+///
+/// Host memory follows what is in use, not the capacity: about 100 bytes per superblock held by a
+/// local arena (its slot in that arena, its entry in the owner map) and per free range of the
+/// global arena, plus about 24 KiB of fixed tables; an arena of 2^62 bytes costs the same as one
+/// of 1 GiB doing the same work.
 ///
 /// # Streams
 ///
-/// Memory freed on a stream is reused at once by that stream's arena. Memory that changes streams
+/// Memory freed on a stream is reused at once by that stream's arena (until that arena is among
+/// the idle ones that give their superblocks back, above). Memory that changes streams
 /// is ordered with the upstream's [`order_after`](MemoryResource::order_after), without blocking
 /// the host: a block freed on another stream than its arena's orders the arena's stream after the
 /// freeing stream; memory returned to the global arena is tagged with the streams that freed it, and
@@ -145,6 +163,10 @@ pub struct Arena<U: MemoryResource> {
     nchunks: AtomicUsize,
     arenas: Box<[OnceLock<Box<Local>>]>,
     narenas: AtomicUsize,
+    /// The local arena (and slot) of each superblock that local arenas hold.
+    owners: Owners,
+    /// Stream arenas that became wholly free, oldest first (see `went_idle`).
+    idle: Mutex<VecDeque<u32>>,
     create: Mutex<()>,
     streams: RwLock<HashMap<StreamId, u32>>,
     registry: Arc<Registry>,
@@ -173,6 +195,8 @@ impl<U: MemoryResource> Arena<U> {
             nchunks: AtomicUsize::new(0),
             arenas: (0..MAX_ARENAS).map(|_| OnceLock::new()).collect(),
             narenas: AtomicUsize::new(0),
+            owners: Owners::default(),
+            idle: Mutex::new(VecDeque::new()),
             create: Mutex::new(()),
             streams: RwLock::new(HashMap::new()),
             registry: Arc::new(Registry::new()),
@@ -215,6 +239,37 @@ impl<U: MemoryResource> Arena<U> {
             free_blocks,
             chunks,
         }
+    }
+
+    /// Host bytes of the arena's bookkeeping, estimated from its tables' sizes: fixed tables,
+    /// the global arena's free ranges, the owner map and each local arena's tables. For tests
+    /// that check it follows what is in use, not the capacity.
+    #[doc(hidden)]
+    pub fn metadata_bytes(&self) -> usize {
+        let fixed = std::mem::size_of::<Self>()
+            + MAX_CHUNKS * std::mem::size_of::<OnceLock<Chunk>>()
+            + MAX_ARENAS * std::mem::size_of::<OnceLock<Box<Local>>>();
+        let streams = self.streams.read().map_or(0, |m| m.capacity()) * 16;
+        let idle = lock(&self.idle).capacity() * 4;
+        let arenas = self.narenas.load(Ordering::Acquire);
+        let locals: usize = self.arenas[..arenas]
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|l| l.bytes())
+            .sum();
+        fixed + lock(&self.global).bytes() + self.owners.bytes() + streams + idle + locals
+    }
+
+    /// Superblocks that local arenas hold now. For tests that check that idle stream arenas give
+    /// theirs back.
+    #[doc(hidden)]
+    pub fn local_superblocks(&self) -> usize {
+        let arenas = self.narenas.load(Ordering::Acquire);
+        self.arenas[..arenas]
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|l| l.superblocks())
+            .sum()
     }
 
     /// The most bytes the arena may take from the upstream: the configured size, rounded down.
@@ -334,16 +389,12 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
         }
         let bytes = (size + GRAN - 1) & !(GRAN - 1);
         let addr = ptr.as_ptr() as usize;
-        let Some((ci, chunk)) = self.chunk_of(addr) else {
+        let Some((ci, _)) = self.chunk_of(addr) else {
             panic!("Arena: {addr:#x} was not allocated by this arena");
         };
-        let meta = chunk
-            .meta_at(addr, self.sb_shift)
-            .map_or(0, |m| m.load(Ordering::Acquire));
-        if meta == 0 {
-            self.give_back(addr, bytes, ci, Tags::one(self.hold(stream)));
-        } else {
-            self.local_deallocate((meta >> 32) as u32 - 1, meta as u32, addr, bytes, stream);
+        match self.owners.get(addr >> self.sb_shift) {
+            Some(owner) => self.local_deallocate(owner.arena, owner.slot, addr, bytes, stream),
+            None => self.give_back(addr, bytes, ci, Tags::one(self.hold(stream))),
         }
     }
 

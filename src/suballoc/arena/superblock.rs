@@ -7,7 +7,6 @@ use crate::resource::align_up;
 #[derive(Debug)]
 pub(super) struct Superblock {
     pub(super) base: usize,
-    pub(super) window: u32,
     pub(super) chunk: u32,
     pub(super) free_units: u32,
     pub(super) free: Vec<(u32, u32)>,
@@ -76,7 +75,6 @@ mod tests {
     fn superblock_first_fit_aligns_and_coalesces() {
         let mut sb = Superblock {
             base: 1 << 20,
-            window: 0,
             chunk: 0,
             free_units: 64,
             free: vec![(0, 64)],

@@ -99,6 +99,6 @@ impl<U: MemoryResource> Arena<U> {
 
     fn thread_arena(&self) -> Option<u32> {
         let idle = lock(&self.registry.idle).pop();
-        idle.or_else(|| self.new_arena(StreamRef::DEFAULT))
+        idle.or_else(|| self.new_arena(StreamRef::DEFAULT, false))
     }
 }
