@@ -66,11 +66,6 @@ proptest! {
         prop_assert!(w.threaded_peak() >= w.peak_live());
         let settings = Settings { passes: 1, precision: 0.1, search_capacity: true, threads };
         for factory in &replay::stacks::<Arc<Simulated>>() {
-            // The arena's metadata grows with its size (another change fixes that): keep it to
-            // sizes its metadata stays small at.
-            if factory.name() == "arena" && w.threaded_peak() > 1 << 30 {
-                continue;
-            }
             let candidate = Candidate::simulated(factory.name(), factory.as_ref());
             let sim = Arc::new(Simulated::new(usize::MAX));
             let r = run_stack(
