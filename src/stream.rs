@@ -377,50 +377,125 @@ pub(crate) struct Held(u32);
 impl Held {
     /// The default stream, slot 0 of every keeper.
     pub(crate) const DEFAULT: Held = Held(0);
+
+    /// The slot number: below the most streams its keeper held at once, for tables indexed by
+    /// stream.
+    #[inline]
+    pub(crate) fn slot(self) -> usize {
+        self.0 as usize
+    }
 }
 
-/// The streams a suballocator keeps: every cudarc stream it has stored a [`Held`] of, with its
-/// identity. Boxed so that a stream's borrow of the `Arc` stays put when the table grows.
+/// Hashes [`StreamId`]s for the keeper's and the suballocators' tables: a multiply per word,
+/// instead of SipHash, whose flooding resistance buys nothing for ids of the process's own
+/// streams (handle values and small numbers).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IdHash;
+
+/// The hasher [`IdHash`] builds.
+#[derive(Debug, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::BuildHasher for IdHash {
+    type Hasher = IdHasher;
+    #[inline]
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(0)
+    }
+}
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        let h = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // Fold the well-mixed high half onto the low bits the table indexes by.
+        self.0 = h ^ (h >> 32);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by stream identity.
+pub(crate) type IdMap<V> = HashMap<StreamId, V, IdHash>;
+
+/// The streams a suballocator keeps: every cudarc stream it stores a [`Held`] of, with its
+/// identity, counted. Each [`hold`](StreamKeeper::hold) counts one more reference to the slot and
+/// each [`release`](StreamKeeper::release) one fewer; a slot whose count reaches zero drops its
+/// stream (the `Arc`) and is reused for the next new stream, so the keeper holds as many slots as
+/// streams were named at once, not as many as were ever named.
 ///
-/// A suballocator keeps its keeper at least as long as anything it stores (its free lists, its
-/// chunk table) and gives it up only when dropped: the streams that blocks were freed on stay
-/// alive until then, so that reusing such a block can still be ordered after that stream's work,
-/// and no new stream can be given the handle value of one that a free list is keyed by.
+/// A suballocator holds a stream for as long as anything it stores (a free list, a chunk) names
+/// it, and releases it only then: the streams that blocks were freed on stay alive while those
+/// blocks may still be handed out, so that reusing such a block can still be ordered after that
+/// stream's work, and no new stream can be given the handle value of one that a free list is
+/// keyed by. A suballocator that never releases (the arena) keeps every stream until it is dropped.
+/// The default stream (slot 0) is never released.
 pub(crate) struct StreamKeeper {
-    /// Slot `i` holds the stream and identity of `Held(i)`; its `Arc`, if any, is in `arcs`.
-    slots: Vec<(StreamRef<'static>, StreamId)>,
-    by_id: HashMap<StreamId, u32>,
-    // The Box is the point: a slot's StreamRef borrows the `Arc` itself, which must not move.
-    #[allow(clippy::redundant_allocation, clippy::vec_box)]
-    arcs: Vec<Box<Arc<CudaStream>>>,
+    /// Slot `i` is `Held(i)`.
+    slots: Vec<Slot>,
+    by_id: IdMap<u32>,
+    /// Slots whose count reached zero, for reuse.
+    free: Vec<u32>,
+}
+
+struct Slot {
+    /// The stream; it borrows `arc` where it has one. Reset to the default stream before `arc`
+    /// is dropped.
+    stream: StreamRef<'static>,
+    id: StreamId,
+    /// Holds and releases not yet matched; 0 for a free slot. Saturates (a slot that reaches
+    /// `usize::MAX` is never freed: it keeps a stream alive, which is always sound).
+    count: usize,
+    // The Box is the point: the slot's StreamRef borrows the `Arc` itself, which must not move
+    // when `slots` grows.
+    #[allow(clippy::redundant_allocation)]
+    arc: Option<Box<Arc<CudaStream>>>,
 }
 
 impl Default for StreamKeeper {
     fn default() -> Self {
         StreamKeeper {
-            slots: vec![(StreamRef::DEFAULT, StreamId::DEFAULT)],
-            by_id: HashMap::from([(StreamId::DEFAULT, 0)]),
-            arcs: Vec::new(),
+            slots: vec![Slot {
+                stream: StreamRef::DEFAULT,
+                id: StreamId::DEFAULT,
+                count: usize::MAX,
+                arc: None,
+            }],
+            by_id: IdMap::from_iter([(StreamId::DEFAULT, 0)]),
+            free: Vec::new(),
         }
     }
 }
 
 impl StreamKeeper {
-    /// A `Held` of `stream`, keeping the stream alive as long as `self`.
+    /// A `Held` of `stream`, keeping the stream alive until as many
+    /// [`release`](Self::release)s of it as `hold`s (or until `self` is dropped). Every hold of
+    /// one stream gives the same `Held` while the stream is held.
     pub(crate) fn hold(&mut self, stream: StreamRef<'_>) -> Held {
         let id = stream.id();
         if let Some(&slot) = self.by_id.get(&id) {
+            if let Some(s) = self.slots.get_mut(slot as usize) {
+                s.count = s.count.saturating_add(1);
+            }
             return Held(slot);
         }
-        let arcs = &mut self.arcs;
+        let mut arc = None;
         let mut keep = |s: &Arc<CudaStream>| -> &'static Arc<CudaStream> {
-            arcs.push(Box::new(s.clone()));
-            let arc: *const Arc<CudaStream> = &**arcs.last().expect("just pushed");
-            // SAFETY: the box is owned by `self.arcs` and never removed while `self` lives, and
-            // a Box's contents do not move when the vector grows; a slot's StreamRef is used only
-            // while its keeper lives (the suballocator's contract above), so the reference is
-            // valid at every use.
-            unsafe { &*arc }
+            let boxed: &Arc<CudaStream> = arc.insert(Box::new(s.clone()));
+            let ptr: *const Arc<CudaStream> = boxed;
+            // SAFETY: the box goes into this slot's `arc` below and is dropped only when the
+            // slot is freed (`release`, after the slot's `stream` is reset) or the keeper is
+            // dropped; a Box's contents do not move when `slots` grows. A slot's StreamRef is
+            // used only while its stream is held (the keeper's contract above), so the reference
+            // is valid at every use.
+            unsafe { &*ptr }
         };
         let kept = StreamRef(match stream.0 {
             Kind::Default => Kind::Default,
@@ -430,22 +505,76 @@ impl StreamKeeper {
             Kind::Raw(s) => Kind::Raw(s),
             Kind::Simulated(n) => Kind::Simulated(n),
         });
-        let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 streams");
-        self.slots.push((kept, id));
+        let new = Slot {
+            stream: kept,
+            id,
+            count: 1,
+            arc,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = new;
+                slot
+            }
+            None => {
+                // Each slot holds a live stream's identity, and fewer than 2^32 streams can be
+                // alive at once in one process (each one a driver object); saturating keeps this
+                // panic-free regardless.
+                let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots.push(new);
+                slot
+            }
+        };
         self.by_id.insert(id, slot);
         Held(slot)
     }
 
-    /// The stream `held` names, valid while `self` lives.
+    /// Undoes one [`hold`](Self::hold) of `held`: at the last one the slot drops its stream and
+    /// is free for reuse. After that `held` names nothing and must not be used again. Releasing
+    /// the default stream, or a slot that is not held, does nothing.
+    pub(crate) fn release(&mut self, held: Held) {
+        if held == Held::DEFAULT {
+            return;
+        }
+        let Some(slot) = self.slots.get_mut(held.0 as usize) else {
+            return;
+        };
+        match slot.count {
+            0 | usize::MAX => {}
+            1 => {
+                self.by_id.remove(&slot.id);
+                // The StreamRef borrows `arc`: forget it before the Arc goes.
+                slot.stream = StreamRef::DEFAULT;
+                slot.id = StreamId::DEFAULT;
+                slot.count = 0;
+                slot.arc = None;
+                self.free.push(held.0);
+            }
+            _ => slot.count -= 1,
+        }
+    }
+
+    /// The `Held` of `stream` if it is held, without holding it again.
+    #[inline]
+    pub(crate) fn find(&self, stream: StreamRef<'_>) -> Option<Held> {
+        self.by_id.get(&stream.id()).map(|&slot| Held(slot))
+    }
+
+    /// The stream `held` names, valid while `held` is held and `self` lives (the default stream
+    /// for a `Held` that names nothing).
     #[inline]
     pub(crate) fn get(&self, held: Held) -> StreamRef<'static> {
-        self.slots[held.0 as usize].0
+        self.slots
+            .get(held.0 as usize)
+            .map_or(StreamRef::DEFAULT, |s| s.stream)
     }
 
     /// The identity of the stream `held` names.
     #[inline]
     pub(crate) fn id(&self, held: Held) -> StreamId {
-        self.slots[held.0 as usize].1
+        self.slots
+            .get(held.0 as usize)
+            .map_or(StreamId::DEFAULT, |s| s.id)
     }
 
     /// True when `held` names `stream`.
@@ -453,11 +582,22 @@ impl StreamKeeper {
     pub(crate) fn is(&self, held: Held, stream: StreamRef<'_>) -> bool {
         self.id(held) == stream.id()
     }
+
+    /// Streams held now (the default stream included), for the bounds the tests check.
+    pub(crate) fn held(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Slots, held or free: the most streams held at once.
+    #[cfg(test)]
+    fn slots(&self) -> usize {
+        self.slots.len()
+    }
 }
 
 impl std::fmt::Debug for StreamKeeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "StreamKeeper({} streams)", self.slots.len())
+        write!(f, "StreamKeeper({} streams)", self.by_id.len())
     }
 }
 
@@ -521,5 +661,35 @@ mod tests {
         assert_eq!(keeper.hold(StreamRef::simulated(7)), held);
         assert_eq!(keeper.hold(StreamRef::DEFAULT), Held::DEFAULT);
         assert_eq!(keeper.id(Held::DEFAULT), StreamId::DEFAULT);
+    }
+
+    #[test]
+    fn a_keeper_frees_a_slot_at_its_last_release_and_reuses_it() {
+        let mut keeper = StreamKeeper::default();
+        let a = keeper.hold(StreamRef::simulated(1));
+        assert_eq!(keeper.hold(StreamRef::simulated(1)), a);
+        keeper.release(a);
+        // Still held once: still there.
+        assert!(keeper.is(a, StreamRef::simulated(1)));
+        assert_eq!(keeper.held(), 2);
+        keeper.release(a);
+        assert!(!keeper.is(a, StreamRef::simulated(1)));
+        assert_eq!(keeper.held(), 1);
+        // Extra releases and the default stream's are ignored.
+        keeper.release(a);
+        keeper.release(Held::DEFAULT);
+        assert!(keeper.is(Held::DEFAULT, StreamRef::DEFAULT));
+        // 10,000 streams held one after another take one slot between them.
+        for n in 2..10_002 {
+            let h = keeper.hold(StreamRef::simulated(n));
+            assert_eq!(keeper.get(h), StreamRef::simulated(n));
+            keeper.release(h);
+        }
+        assert_eq!((keeper.held(), keeper.slots()), (1, 2));
+        // A reused slot names its new stream only.
+        let b = keeper.hold(StreamRef::simulated(5));
+        let c = keeper.hold(StreamRef::simulated(6));
+        assert!(keeper.is(b, StreamRef::simulated(5)) && keeper.is(c, StreamRef::simulated(6)));
+        assert_eq!(keeper.slots(), 3);
     }
 }

@@ -3,7 +3,9 @@
 use super::free_list::{Bin, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::resource::{check_request, forward_upstream, AllocError, MemoryResource, Result};
+use crate::resource::{
+    check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
+};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -18,6 +20,9 @@ const NAME: &str = "Binning";
 ///
 /// Both bounds are rounded up to powers of two, and `min` to at least 256 bytes. Defaults: `min:
 /// 256` bytes and `max: 1 MiB`, so that every request of at most 1 MiB is a free-list operation.
+/// `min` above `max` is an error for [`Binning::try_new`] (and so for a text configuration);
+/// [`Binning::new`], which cannot fail, builds no bin from it, as RMM does: every request goes
+/// to the upstream.
 #[derive(Debug, Clone)]
 pub struct BinningConfig {
     /// The smallest bin's block size: smaller requests take a block of this size.
@@ -63,7 +68,8 @@ layer_by_new!(BinningConfig => Binning);
 /// immediate, and taking blocks freed on another stream `S` costs one
 /// `upstream.order_after(T, S)`, which moves all of `S`'s free blocks in that bin to `T`. A chunk
 /// grown for a request belongs to the request's stream. Each bin keeps alive the streams it keys a
-/// free list or a chunk by, until the resource is dropped; on drop each chunk goes back on its own
+/// free list or a chunk by, as long as it does (a stream with no free block and no chunk left in a
+/// bin is forgotten there, so per-stream state is bounded by the streams that hold something); on drop each chunk goes back on its own
 /// stream, ordered after every stream holding free blocks. Requests passed to the upstream keep
 /// their stream; `synchronize` and `order_after` are forwarded to the upstream.
 ///
@@ -105,7 +111,9 @@ pub struct Binning<U: MemoryResource> {
 
 impl<U: MemoryResource> Binning<U> {
     /// Bins from `config.min` to `config.max` over `upstream`. The bins start empty and take memory
-    /// when first used.
+    /// when first used. A `min` above `max` (after rounding both up to powers of two, `min` to at
+    /// least 256 bytes) gives no bin, as in RMM: every request goes to the upstream. Use
+    /// [`try_new`](Self::try_new) to refuse such a configuration instead.
     pub fn new(upstream: U, config: BinningConfig) -> Self {
         let pow2 = |n: usize| {
             n.checked_next_power_of_two()
@@ -126,10 +134,19 @@ impl<U: MemoryResource> Binning<U> {
         }
     }
 
-    /// Bins from `config.min` to `config.max` over `upstream`: `new` cannot fail (the bins take
-    /// memory when first used), so this is `Ok(new(…))`, for the same constructor on every
-    /// suballocator.
+    /// Bins from `config.min` to `config.max` over `upstream`, as [`new`](Self::new) builds
+    /// them (the bins take memory when first used), or an
+    /// [`InvalidArgument`](crate::AllocErrorKind::InvalidArgument) error when `min` is above
+    /// `max`, which would leave no bin (the error's size is `min`).
     pub fn try_new(upstream: U, config: BinningConfig) -> Result<Self, AllocError> {
+        if config.min > config.max {
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument("Binning's `min` is above its `max`"),
+                config.min,
+                GRANULE,
+                NAME,
+            ));
+        }
         Ok(Self::new(upstream, config))
     }
 
@@ -158,6 +175,17 @@ impl<U: MemoryResource> Binning<U> {
     /// What each bin holds, smallest bin first (the peaks are the whole resource's).
     pub fn bin_usage(&self) -> Vec<Usage> {
         self.bins.iter().map(|b| lock(b).usage()).collect()
+    }
+
+    /// The per-stream free lists and the streams kept alive, summed over the bins (each bin
+    /// counts the default stream): bounded by the streams that have free blocks or chunks in a
+    /// bin now. For tests of that bound.
+    #[doc(hidden)]
+    pub fn tracked_streams(&self) -> (usize, usize) {
+        self.bins
+            .iter()
+            .map(|b| lock(b).tracked())
+            .fold((0, 0), |(l, s), (bl, bs)| (l + bl, s + bs))
     }
 
     /// The resource the bins and the large requests take memory from.

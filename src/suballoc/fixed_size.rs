@@ -59,9 +59,11 @@ layer_by_new!(FixedSizeConfig => FixedSize);
 /// `S`; another stream `T` takes `S`'s blocks only after `upstream.order_after(T, S)`, and then
 /// takes all of them, since one wait orders them all. A chunk grown for a request belongs to the
 /// request's stream (the first one to the default stream). The resource keeps alive every stream
-/// it keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is dropped: a
+/// it keys a free list or a chunk by (it holds the cudarc stream's `Arc`) as long as it does: a
 /// stream whose owner dropped it is still there to order reuse after, and its handle cannot be
-/// given to a new stream meanwhile. On drop each chunk goes back on its own stream, ordered by
+/// given to a new stream meanwhile. A stream with no free block and no chunk left is forgotten,
+/// so the per-stream state is bounded by the streams that hold something, and finding a stream's
+/// list (or another stream with free blocks) is O(1), whatever the number of streams. On drop each chunk goes back on its own stream, ordered by
 /// `upstream.order_after` after every stream holding free blocks (or after
 /// `upstream.synchronize` of that stream where ordering fails). `synchronize` and `order_after`
 /// are forwarded to the upstream.
@@ -150,6 +152,13 @@ impl<U: MemoryResource> FixedSize<U> {
             peak_held: self.meter.peak(),
             ..self.lock().usage()
         }
+    }
+
+    /// The per-stream free lists and the streams kept alive (the default stream always counts):
+    /// bounded by the streams that have free blocks or chunks here now. For tests of that bound.
+    #[doc(hidden)]
+    pub fn tracked_streams(&self) -> (usize, usize) {
+        self.lock().tracked()
     }
 
     fn from(&self) -> Upstream<'_, U> {

@@ -2,7 +2,7 @@
 
 use super::usage::{Meter, Usage};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
-use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
+use crate::stream::{Held, IdMap, StreamId, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
 
 /// Block sizes are multiples of this, which is also the alignment every block meets.
@@ -37,18 +37,35 @@ pub(crate) enum Growth {
 /// The state of one block size: free lists per stream and the chunks they were carved from. It
 /// does not own its upstream, so that [`Binning`](crate::adaptor::Binning) can keep one per bin
 /// over the upstream it owns: every call that needs the upstream is given it.
+///
+/// The stream used last owns `lists[0]`, the current list; every other list holds at least one
+/// free block (a current list left empty is dropped when another stream becomes current), so the
+/// lists are at most one more than the streams with free blocks, and "another stream with free
+/// blocks" is `lists[1]`, found without a scan. `index` finds a stream's list by its identity.
+/// Each list and each chunk holds its stream in the keeper; a list that goes releases it, so a
+/// stream with no free block and no chunk here is no longer kept.
 #[derive(Debug)]
 pub(crate) struct Bin {
     block: usize,
-    /// Free block addresses per stream; the stream used last is usually first.
-    lists: Vec<(Held, Vec<usize>)>,
+    /// Free block addresses per stream; `lists[0]` is the current stream's.
+    lists: Vec<List>,
+    /// The position in `lists` of each stream's list, by the stream's identity.
+    index: IdMap<usize>,
     /// The identity of `lists[0]`'s stream, for the fast path's one comparison.
     first: StreamId,
+    /// Free blocks, over all lists.
+    free: usize,
     chunks: Vec<BinChunk>,
     /// Bytes held from the upstream.
     held: usize,
     /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
     streams: StreamKeeper,
+}
+
+#[derive(Debug)]
+struct List {
+    stream: Held,
+    blocks: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -64,9 +81,11 @@ impl Bin {
         Bin {
             block,
             lists: Vec::new(),
+            index: IdMap::default(),
+            first: StreamId::DEFAULT,
+            free: 0,
             chunks: Vec::new(),
             held: 0,
-            first: StreamId::DEFAULT,
             streams: StreamKeeper::default(),
         }
     }
@@ -78,7 +97,7 @@ impl Bin {
 
     /// Free blocks, over all streams.
     pub(crate) fn free_blocks(&self) -> usize {
-        self.lists.iter().map(|(_, l)| l.len()).sum()
+        self.free
     }
 
     /// This bin's part of a [`Usage`] (all but the peak, which the owner's [`Meter`] keeps).
@@ -93,6 +112,11 @@ impl Bin {
         }
     }
 
+    /// Per-stream lists and streams kept (the default stream included), for the bounds tests.
+    pub(crate) fn tracked(&self) -> (usize, usize) {
+        (self.lists.len(), self.streams.held())
+    }
+
     /// A free block for work on `stream`: one freed on `stream`, else one freed on another stream
     /// once `stream` is ordered after it, else one from a new chunk that `growth` sizes (fewer
     /// blocks if the upstream is short of memory). `size`/`align`/`name` only label errors.
@@ -105,9 +129,10 @@ impl Bin {
         size: usize,
         align: usize,
     ) -> Result<usize, AllocError> {
-        if let Some((_, list)) = self.lists.first_mut() {
+        if let Some(list) = self.lists.first_mut() {
             if self.first == stream.id() {
-                if let Some(addr) = list.pop() {
+                if let Some(addr) = list.blocks.pop() {
+                    self.free -= 1;
                     return Ok(addr);
                 }
             }
@@ -124,83 +149,90 @@ impl Bin {
         size: usize,
         align: usize,
     ) -> Result<usize, AllocError> {
-        // Streams whose free blocks are all in use keep empty lists; drop them here, off the hot
-        // path, so that short-lived streams do not lengthen the list scan.
-        let streams = &self.streams;
-        self.lists
-            .retain(|(s, l)| streams.is(*s, stream) || !l.is_empty());
-        self.sync_first();
-        let li = self.list_index(stream);
-        if let Some(addr) = self.lists[li].1.pop() {
-            return Ok(addr);
+        self.make_current(stream);
+        if self.lists[0].blocks.is_empty() {
+            // Every list but the current one holds free blocks.
+            if let Some(other) = self.lists.get(1) {
+                from.upstream
+                    .order_after(stream, self.streams.get(other.stream))?;
+                let blocks = self.remove_list(1);
+                self.lists[0].blocks.extend(blocks);
+            } else {
+                let count = match growth {
+                    Growth::Fixed(n) => n,
+                    Growth::Double(max) => (self.held / self.block).clamp(1, max),
+                };
+                self.grow(from, count, true, stream, size, align)?;
+            }
         }
-        if let Some(other) = self
-            .lists
-            .iter()
-            .position(|(s, l)| !self.streams.is(*s, stream) && !l.is_empty())
-        {
-            from.upstream
-                .order_after(stream, self.streams.get(self.lists[other].0))?;
-            let (_, blocks) = self.lists.swap_remove(other);
-            self.sync_first();
-            let li = self.list_index(stream);
-            self.lists[li].1.extend(blocks);
-        } else {
-            let count = match growth {
-                Growth::Fixed(n) => n,
-                Growth::Double(max) => (self.held / self.block).clamp(1, max),
-            };
-            self.grow(from, count, true, stream, size, align)?;
-        }
-        let li = self.list_index(stream);
-        self.lists[li]
-            .1
+        let addr = self.lists[0]
+            .blocks
             .pop()
-            .ok_or(AllocError::out_of_memory(size, align, from.name))
+            .ok_or(AllocError::out_of_memory(size, align, from.name))?;
+        self.free -= 1;
+        Ok(addr)
     }
 
     /// Makes `addr` free on `stream`.
     #[inline]
     pub(crate) fn push(&mut self, addr: usize, stream: StreamRef) {
-        if let Some((_, list)) = self.lists.first_mut() {
-            if self.first == stream.id() {
-                list.push(addr);
-                return;
-            }
+        if self.lists.is_empty() || self.first != stream.id() {
+            self.make_current(stream);
         }
-        let li = self.list_index(stream);
-        self.lists[li].1.push(addr);
+        if let Some(list) = self.lists.first_mut() {
+            list.blocks.push(addr);
+            self.free += 1;
+        }
     }
 
-    /// The list of `stream`, created if missing, moved to the front so that the next call on the
-    /// same stream finds it first.
-    fn list_index(&mut self, stream: StreamRef) -> usize {
+    /// Makes `stream`'s list (created if missing) `lists[0]`, so that the next calls on the same
+    /// stream find it first; the previous current list goes if it is empty. O(1) expected.
+    fn make_current(&mut self, stream: StreamRef) {
         let id = stream.id();
-        match self
-            .lists
-            .iter()
-            .position(|(s, _)| self.streams.id(*s) == id)
-        {
-            Some(i) => {
-                self.lists.swap(0, i);
-            }
+        if !self.lists.is_empty() && self.first == id {
+            return;
+        }
+        if self.lists.first().is_some_and(|l| l.blocks.is_empty()) {
+            self.remove_list(0);
+        }
+        match self.index.get(&id) {
+            Some(&i) => self.swap(0, i),
             None => {
                 let held = self.streams.hold(stream);
-                self.lists.push((held, Vec::new()));
-                let last = self.lists.len() - 1;
-                self.lists.swap(0, last);
+                self.index.insert(id, self.lists.len());
+                self.lists.push(List {
+                    stream: held,
+                    blocks: Vec::new(),
+                });
+                self.swap(0, self.lists.len() - 1);
             }
         }
         self.first = id;
-        0
     }
 
-    /// Sets `first` to `lists[0]`'s identity after the lists were reordered: the fast paths pop
-    /// from and push to `lists[0]` on that comparison alone, so it must never be stale.
-    fn sync_first(&mut self) {
-        if let Some(&(held, _)) = self.lists.first() {
-            self.first = self.streams.id(held);
+    /// Swaps two lists, keeping `index` right (not `first`: the caller sets it).
+    fn swap(&mut self, i: usize, j: usize) {
+        if i == j {
+            return;
         }
+        self.lists.swap(i, j);
+        for k in [i, j] {
+            let id = self.streams.id(self.lists[k].stream);
+            self.index.insert(id, k);
+        }
+    }
+
+    /// Removes list `i` (moving the last list into its place) and releases its stream; returns
+    /// its blocks, which the caller accounts for. Removing list 0 leaves `first` stale: the
+    /// caller makes a list current next.
+    fn remove_list(&mut self, i: usize) -> Vec<usize> {
+        let list = self.lists.swap_remove(i);
+        self.index.remove(&self.streams.id(list.stream));
+        if let Some(moved) = self.lists.get(i) {
+            self.index.insert(self.streams.id(moved.stream), i);
+        }
+        self.streams.release(list.stream);
+        list.blocks
     }
 
     /// Takes a chunk of `count` blocks from the upstream on `stream` and frees them there. With
@@ -225,17 +257,22 @@ impl Bin {
             align,
             name,
         );
-        // A chunk no allocation could hold (over isize::MAX) is asked as the largest one that fits.
-        count = count.min(((isize::MAX as usize - GRANULE) / self.block).max(1));
+        // No allocation exceeds isize::MAX bytes: a block larger than that is out of memory for
+        // the request, and a chunk no allocation could hold is asked as the largest that fits.
+        let most = (isize::MAX as usize - GRANULE) / self.block;
+        if most == 0 {
+            return Err(AllocError::out_of_memory(size, align, name));
+        }
+        count = count.min(most);
         loop {
             let bytes = count.checked_mul(self.block).ok_or(too_big)?;
             match upstream.allocate(bytes, GRANULE, stream) {
                 Ok(ptr) => {
                     let addr = ptr.as_ptr() as usize;
-                    let li = self.list_index(stream);
+                    self.make_current(stream);
                     // One address per block: a count the host cannot list is out of memory, and
                     // the chunk goes straight back (never an abort on a huge preallocation).
-                    if self.lists[li].1.try_reserve(count).is_err() {
+                    if self.lists[0].blocks.try_reserve(count).is_err() {
                         // SAFETY: the chunk was just allocated with these arguments, unused.
                         unsafe { upstream.deallocate(ptr, bytes, GRANULE, stream) };
                         if shrink && count > 1 {
@@ -252,7 +289,8 @@ impl Bin {
                     });
                     self.held += bytes;
                     meter.grew(bytes);
-                    let list = &mut self.lists[li].1;
+                    self.free += count;
+                    let list = &mut self.lists[0].blocks;
                     // Highest address first, so that pops hand out the chunk from its start.
                     list.extend((0..count).rev().map(|i| addr + i * self.block));
                     return Ok(());
@@ -276,10 +314,13 @@ impl Bin {
         let streams: Vec<Held> = self
             .lists
             .iter()
-            .filter(|(_, l)| !l.is_empty())
-            .map(|&(s, _)| s)
+            .filter(|l| !l.blocks.is_empty())
+            .map(|l| l.stream)
             .collect();
+        // The streams stay held (the keeper is dropped with the bin) for the ordering below.
         self.lists.clear();
+        self.index.clear();
+        self.free = 0;
         for chunk in std::mem::take(&mut self.chunks) {
             for &s in &streams {
                 if s != chunk.stream

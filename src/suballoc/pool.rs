@@ -17,6 +17,8 @@ const GRANULE: usize = 256;
 /// The smallest chunk a pool without a maximum takes from its upstream: the page size the CUDA
 /// driver maps device memory in, so that smaller chunks would waste address space.
 const MIN_GROWTH: usize = 2 << 20;
+/// The largest chunk the pool asks for: no allocation exceeds `isize::MAX` bytes.
+const MAX_CHUNK: usize = isize::MAX as usize & !(GRANULE - 1);
 const NAME: &str = "Pool";
 
 /// The configuration of a [`Pool`]; `resource_stack!` builds one from `Pool { initial: 1 GiB, max: 8 GiB }`.
@@ -61,7 +63,9 @@ layer_by_new!(PoolConfig => Pool);
 /// # Cost
 ///
 /// Allocation and deallocation are a handful of B-tree (and hash-map) operations under one mutex:
-/// O(log n) in the number of free blocks, no scan. Sizes are rounded up to 256 bytes. Upstream
+/// O(log n) in the number of free blocks, no scan, whatever the number of streams (a request
+/// that takes another stream's blocks finds that stream in an index of each stream's largest free
+/// block: O(log n) amortized). Sizes are rounded up to 256 bytes. Upstream
 /// calls happen only when the pool grows, releases, or is dropped, and `order_after` when a
 /// request takes blocks freed on another stream.
 ///
@@ -74,9 +78,11 @@ layer_by_new!(PoolConfig => Pool);
 /// reservation belongs to the default stream, as in RMM; a chunk grown for a request belongs to
 /// the request's stream, and is given back on it (by `release` or on drop) after `order_after`
 /// that stream behind the streams that freed blocks inside it. The pool keeps alive every stream it
-/// keys a free list or a chunk by (it holds the cudarc stream's `Arc`) until it is dropped: a
+/// keys a free list or a chunk by (it holds the cudarc stream's `Arc`) as long as it does: a
 /// stream whose owner dropped it is still there to order reuse after, and its handle cannot be
-/// given to a new stream meanwhile. `synchronize` and `order_after` are forwarded to the upstream.
+/// given to a new stream meanwhile. A stream with no free block and no chunk left in the pool is
+/// forgotten (its `Arc` dropped), so the per-stream state is bounded by the streams that hold
+/// something, not by the streams ever seen. `synchronize` and `order_after` are forwarded to the upstream.
 ///
 /// # Upstream
 ///
@@ -124,11 +130,14 @@ struct Chunk {
 }
 
 /// The free blocks last freed on one stream, by `(size, address)`: the best fit for `n` bytes is
-/// the first entry at or after `(n, 0)`.
+/// the first entry at or after `(n, 0)`. Never empty: a list whose last block goes is removed and
+/// releases its stream.
 #[derive(Debug)]
 struct StreamFree {
     stream: Held,
     by_size: BTreeSet<(usize, usize)>,
+    /// This list's entry in [`State::fits`]: at least its largest block's size (0: no entry).
+    recorded: usize,
 }
 
 /// Hashes addresses (multiples of 256) for the neighbour maps: one multiply and a fold, instead
@@ -172,8 +181,14 @@ struct State {
     /// Every free block by end address, with its start: with `starts`, a freed block finds both
     /// its neighbours in two lookups.
     ends: AddrMap<usize>,
-    /// One best-fit index per stream that has free blocks; few streams, so a short vector.
-    lists: Vec<StreamFree>,
+    /// One best-fit index per stream that has free blocks, at its stream's keeper slot
+    /// ([`Held::slot`]), so as long as the most streams held at once.
+    lists: Vec<Option<StreamFree>>,
+    /// `(recorded, stream)` for every list: an upper bound on the list's largest block, raised
+    /// when a larger block is inserted and lowered to the truth only when a search finds it
+    /// stale, so that the hot paths touch it only when a list's largest block grows. The streams
+    /// with a fit for `need` are among the entries at or above `need`.
+    fits: BTreeSet<(usize, Held)>,
     /// Upstream allocations by address: coalescing stops at their starts.
     chunks: BTreeMap<usize, Chunk>,
     pool_size: usize,
@@ -185,31 +200,77 @@ struct State {
 }
 
 impl State {
-    fn list_index(&mut self, stream: StreamRef) -> usize {
-        let id = stream.id();
-        match self
-            .lists
-            .iter()
-            .position(|l| self.streams.id(l.stream) == id)
-        {
-            Some(i) => i,
-            None => {
-                let stream = self.streams.hold(stream);
-                self.lists.push(StreamFree {
-                    stream,
-                    by_size: BTreeSet::new(),
-                });
-                self.lists.len() - 1
-            }
+    /// The list of the stream `held`, if it has one.
+    #[inline]
+    fn list_mut(&mut self, held: Held) -> Option<&mut StreamFree> {
+        self.lists.get_mut(held.slot()).and_then(Option::as_mut)
+    }
+
+    /// Records a free block on the stream `held`, whose list exists, in the indexes.
+    fn insert(&mut self, held: Held, addr: usize, size: usize) {
+        self.starts.insert(addr, Free { size, stream: held });
+        self.ends.insert(addr + size, addr);
+        let Some(list) = self.lists.get_mut(held.slot()).and_then(Option::as_mut) else {
+            return;
+        };
+        list.by_size.insert((size, addr));
+        if size > list.recorded {
+            self.fits.remove(&(list.recorded, held));
+            self.fits.insert((size, held));
+            list.recorded = size;
         }
     }
 
-    /// Records a free block in the three indexes (`li` is its stream's list).
-    fn insert(&mut self, li: usize, addr: usize, size: usize) {
-        let stream = self.lists[li].stream;
-        self.starts.insert(addr, Free { size, stream });
-        self.ends.insert(addr + size, addr);
-        self.lists[li].by_size.insert((size, addr));
+    /// Forgets the free block `(size, addr)` of the stream `held` in the indexes; its list goes
+    /// (releasing the stream) when that was its last block.
+    fn remove(&mut self, held: Held, addr: usize, size: usize) {
+        self.remove_keeping(held, addr, size);
+        if self.list_mut(held).is_some_and(|l| l.by_size.is_empty()) {
+            self.drop_list(held);
+        }
+    }
+
+    /// [`remove`](Self::remove) for a block whose list will get another block at once: the list
+    /// stays even when emptied.
+    fn remove_keeping(&mut self, held: Held, addr: usize, size: usize) {
+        self.starts.remove(&addr);
+        self.ends.remove(&(addr + size));
+        if let Some(list) = self.list_mut(held) {
+            list.by_size.remove(&(size, addr));
+        }
+    }
+
+    /// Removes the list of `held` from the indexes (not its blocks from `starts`/`ends`: the
+    /// caller's) and releases the stream; returns the list.
+    fn drop_list(&mut self, held: Held) -> Option<StreamFree> {
+        let list = self.lists.get_mut(held.slot()).and_then(Option::take)?;
+        self.fits.remove(&(list.recorded, held));
+        self.streams.release(held);
+        Some(list)
+    }
+
+    /// The `Held` of `stream` if it has a list.
+    #[inline]
+    fn list_of(&self, stream: StreamRef) -> Option<Held> {
+        let held = self.streams.find(stream)?;
+        self.lists.get(held.slot())?.as_ref().map(|l| l.stream)
+    }
+
+    /// The list of `stream`, created (holding the stream) if missing; returns its `Held`.
+    fn list_for(&mut self, stream: StreamRef) -> Held {
+        if let Some(held) = self.list_of(stream) {
+            return held;
+        }
+        let held = self.streams.hold(stream);
+        if self.lists.len() <= held.slot() {
+            self.lists.resize_with(held.slot() + 1, || None);
+        }
+        self.lists[held.slot()] = Some(StreamFree {
+            stream: held,
+            by_size: BTreeSet::new(),
+            recorded: 0,
+        });
+        held
     }
 
     /// Adds a chunk taken from the upstream as one free block on `stream`.
@@ -218,83 +279,94 @@ impl State {
         self.chunks.insert(addr, Chunk { size, stream: held });
         self.pool_size += size;
         self.peak = self.peak.max(self.pool_size);
-        let li = self.list_index(stream);
-        self.insert(li, addr, size);
+        let held = self.list_for(stream);
+        self.insert(held, addr, size);
     }
 
     /// Makes `[addr, addr + size)` free on `stream`, merged with same-stream free neighbours in its chunk.
     fn free(&mut self, addr: usize, size: usize, stream: StreamRef) {
-        let li = self.list_index(stream);
-        let stream = self.lists[li].stream;
+        // Held first, so that merging the neighbours away cannot drop the list.
+        let held = self.list_for(stream);
         let (mut start, mut end) = (addr, addr + size);
         if let Some(&next) = self.starts.get(&end) {
-            if next.stream == stream && !self.chunks.contains_key(&end) {
-                self.starts.remove(&end);
-                self.ends.remove(&(end + next.size));
-                self.lists[li].by_size.remove(&(next.size, end));
+            if next.stream == held && !self.chunks.contains_key(&end) {
+                self.remove_keeping(held, end, next.size);
                 end += next.size;
             }
         }
         if let Some(&prev) = self.ends.get(&addr) {
-            let p = self.starts[&prev];
-            if p.stream == stream && !self.chunks.contains_key(&addr) {
-                self.starts.remove(&prev);
-                self.ends.remove(&addr);
-                self.lists[li].by_size.remove(&(p.size, prev));
-                start = prev;
+            if let Some(&p) = self.starts.get(&prev) {
+                if p.stream == held && !self.chunks.contains_key(&addr) {
+                    self.remove_keeping(held, prev, p.size);
+                    start = prev;
+                }
             }
         }
-        self.insert(li, start, end - start);
+        self.insert(held, start, end - start);
     }
 
-    /// Takes the best-fitting free block of list `li` for `size` bytes (a granule multiple) at
-    /// `align` (at least a granule), carving the block from its end.
-    fn take(&mut self, li: usize, size: usize, align: usize) -> Option<usize> {
+    /// Takes the best-fitting free block of `stream`'s list for `size` bytes (a granule
+    /// multiple) at `align` (at least a granule), carving the block from its end.
+    fn take(&mut self, stream: StreamRef, size: usize, align: usize) -> Option<usize> {
         // Free blocks start at granule multiples, so `align - GRANULE` bytes of slack always
         // suffice to place an aligned block.
         let need = size + (align - GRANULE);
-        let by_size = &mut self.lists[li].by_size;
-        let &(free_size, addr) = by_size.range((need, 0)..).next()?;
-        by_size.remove(&(free_size, addr));
+        let held = self.list_of(stream)?;
+        let list = self.lists.get(held.slot())?.as_ref()?;
+        let &(free_size, addr) = list.by_size.range((need, 0)..).next()?;
         let end = addr + free_size;
         let start = (end - size) & !(align - 1);
         let (before, after) = (start - addr, end - (start + size));
-        self.ends.remove(&end);
-        if before == 0 {
-            self.starts.remove(&addr);
-        } else {
-            // The piece in front keeps its start: one size update instead of a removal and an
-            // insertion in `starts`.
-            if let Some(f) = self.starts.get_mut(&addr) {
-                f.size = before;
-            }
-            self.ends.insert(start, addr);
-            by_size.insert((before, addr));
+        if before == 0 && after == 0 {
+            // The whole block: the list may go.
+            self.remove(held, addr, free_size);
+            return Some(start);
+        }
+        self.remove_keeping(held, addr, free_size);
+        if before > 0 {
+            self.insert(held, addr, before);
         }
         if after > 0 {
             // The carved block's successor is not a same-stream free block of this chunk (it
             // would have been merged), so the slack behind it needs no coalescing.
-            self.insert(li, start + size, after);
+            self.insert(held, start + size, after);
         }
         Some(start)
     }
 
-    /// Another stream's list holding a block of at least `need` bytes.
-    fn other_with_fit(&self, stream: StreamRef, need: usize) -> Option<usize> {
-        self.lists.iter().position(|l| {
-            !self.streams.is(l.stream, stream) && l.by_size.last().is_some_and(|&(s, _)| s >= need)
-        })
+    /// A stream other than `stream` with a free block of at least `need` bytes, when `stream`
+    /// has none. Each stale entry of `fits` met on the way is lowered to its list's largest block
+    /// (below `need`, or it would be returned), at most once per shrinking of that list since its
+    /// last correction: O(log n) amortized, whatever the number of streams.
+    fn other_with_fit(&mut self, stream: StreamRef, need: usize) -> Option<Held> {
+        loop {
+            let &(recorded, held) = self.fits.range((need, Held::DEFAULT)..).next()?;
+            self.fits.remove(&(recorded, held));
+            let list = self.lists.get_mut(held.slot()).and_then(Option::as_mut)?;
+            let largest = list.by_size.last().map_or(0, |&(size, _)| size);
+            list.recorded = largest;
+            self.fits.insert((largest, held));
+            if largest >= need {
+                // `stream` has no fit (the caller's `take` failed), so this is another stream;
+                // checked all the same.
+                return (!self.streams.is(held, stream)).then_some(held);
+            }
+        }
     }
 
-    /// Moves every free block of list `from` to `to`, coalescing them with `to`'s.
-    fn merge(&mut self, from: usize, to: Held) {
-        let to = self.streams.get(to);
-        let list = self.lists.swap_remove(from);
-        for (size, addr) in list.by_size {
+    /// Moves every free block of `from`'s list to `to`, coalescing them with `to`'s.
+    fn merge(&mut self, from: Held, to: StreamRef) {
+        // `from` stays held until its blocks are moved, so `to` cannot be given its slot.
+        let Some(list) = self.lists.get_mut(from.slot()).and_then(Option::take) else {
+            return;
+        };
+        self.fits.remove(&(list.recorded, from));
+        for &(size, addr) in &list.by_size {
             self.starts.remove(&addr);
             self.ends.remove(&(addr + size));
             self.free(addr, size, to);
         }
+        self.streams.release(from);
     }
 
     /// For each chunk, the free bytes inside it and the streams they were freed on (blocks never
@@ -330,13 +402,8 @@ impl State {
             .map(|(&a, &f)| (a, f))
             .collect();
         for (addr, f) in gone {
-            self.starts.remove(&addr);
-            self.ends.remove(&(addr + f.size));
-            if let Some(l) = self.lists.iter_mut().find(|l| l.stream == f.stream) {
-                l.by_size.remove(&(f.size, addr));
-            }
+            self.remove(f.stream, addr, f.size);
         }
-        self.lists.retain(|l| !l.by_size.is_empty());
         let mut out = Vec::with_capacity(removed.len());
         for &start in removed {
             if let Some(c) = self.chunks.remove(&start) {
@@ -351,7 +418,8 @@ impl State {
 impl<U: MemoryResource> Pool<U> {
     /// A pool over `upstream`. It takes `config.initial` bytes at once if the upstream has them,
     /// and starts empty otherwise, growing on demand (a [`Layer`](crate::Layer) cannot fail; use
-    /// [`try_new`](Self::try_new) to learn whether the reservation succeeded).
+    /// [`try_new`](Self::try_new) to learn whether the reservation succeeded). A configuration
+    /// that contradicts itself is clamped: an `initial` above `max` takes `max` bytes.
     pub fn new(upstream: U, config: PoolConfig) -> Self {
         let pool = Self::empty(upstream, config.max);
         let _ = pool.reserve(config.initial);
@@ -359,11 +427,12 @@ impl<U: MemoryResource> Pool<U> {
     }
 
     /// A pool over `upstream` that takes `config.initial` bytes at once, or the upstream's error
-    /// when it cannot; `initial > max` is an invalid argument.
+    /// when it cannot; `initial > max` is an invalid argument, and an `initial` above
+    /// `isize::MAX` is out of memory.
     pub fn try_new(upstream: U, config: PoolConfig) -> Result<Self, AllocError> {
         if config.initial > config.max {
             return Err(AllocError::new(
-                AllocErrorKind::InvalidArgument("Pool's initial size is above its maximum"),
+                AllocErrorKind::InvalidArgument("Pool's `initial` is above its `max`"),
                 config.initial,
                 GRANULE,
                 NAME,
@@ -388,6 +457,10 @@ impl<U: MemoryResource> Pool<U> {
         if size == 0 {
             return Ok(());
         }
+        if size > MAX_CHUNK {
+            // No allocation is that large: out of memory for what was asked.
+            return Err(AllocError::out_of_memory(bytes, GRANULE, NAME));
+        }
         let ptr = self.upstream.allocate(size, GRANULE, StreamRef::DEFAULT)?;
         self.lock()
             .add_chunk(ptr.as_ptr() as usize, size, StreamRef::DEFAULT);
@@ -410,6 +483,15 @@ impl<U: MemoryResource> Pool<U> {
             free_blocks: st.starts.len(),
             chunks: st.chunks.len(),
         }
+    }
+
+    /// The per-stream free lists and the streams kept alive (the default stream always counts),
+    /// read at one instant: both are bounded by the streams that have free blocks or chunks in
+    /// the pool now, not by the streams ever seen. For tests of that bound.
+    #[doc(hidden)]
+    pub fn tracked_streams(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.lists.iter().flatten().count(), st.streams.held())
     }
 
     /// The resource the pool takes its chunks from.
@@ -452,6 +534,7 @@ impl<U: MemoryResource> Pool<U> {
             // is wholly free (no live block inside it), and was just forgotten, so it is given
             // back once; its stream is ordered after every stream that freed a block inside it.
             unsafe { self.give_back(start, chunk, &st.streams) };
+            st.streams.release(chunk.stream);
         }
         bytes
     }
@@ -479,12 +562,16 @@ impl<U: MemoryResource> Pool<U> {
         align: usize,
     ) -> Result<(), AllocError> {
         let mut released = false;
+        let oom = AllocError::out_of_memory(size, align, NAME);
+        if need > MAX_CHUNK {
+            return Err(oom);
+        }
         if need > self.max - st.pool_size {
             // Wholly free chunks too small for this request still count against the maximum:
             // give them back to make room for one that fits.
             released = true;
             if self.release_locked(st) == 0 || need > self.max - st.pool_size {
-                return Err(AllocError::out_of_memory(size, align, NAME));
+                return Err(oom);
             }
         }
         let mut want = Self::growth(st.pool_size, need, self.max - st.pool_size);
@@ -502,23 +589,28 @@ impl<U: MemoryResource> Pool<U> {
                     released = true;
                     want = need;
                 }
+                // Out of memory for the caller's request, not for the chunk it asked for.
+                Err(e) if e.is_out_of_memory() => return Err(oom),
                 Err(e) => return Err(e),
             }
         }
     }
 
     /// How much to take from the upstream for a block of `need` bytes, when the pool holds
-    /// `pool_size` and may take `remaining` more (`need <= remaining`).
+    /// `pool_size` and may take `remaining` more (`need <= remaining`, `need <= MAX_CHUNK`):
+    /// never more than `MAX_CHUNK`.
     fn growth(pool_size: usize, need: usize, remaining: usize) -> usize {
         // Doubling keeps the number of chunks (and upstream calls) logarithmic in the peak.
         let want = need.max(pool_size).max(MIN_GROWTH).min(remaining);
         // Near the cap, a chunk that left less than itself behind would strand the rest in a
         // piece too small for the next growth: take everything that is still allowed instead.
-        if remaining - want < want {
+        let want = if remaining - want < want {
             remaining
         } else {
             want
-        }
+        };
+        // No allocation exceeds isize::MAX bytes (`need` does not, so this still holds it).
+        want.min(MAX_CHUNK)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -545,28 +637,16 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
         let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
         let need = block + (align - GRANULE);
         let mut st = self.lock();
-        let li = st.list_index(stream);
-        let addr = match st.take(li, block, align) {
+        let addr = match st.take(stream, block, align) {
             Some(addr) => addr,
             None => {
-                // Streams whose free blocks are all in use keep empty lists; drop them here, off
-                // the hot path, so that short-lived streams do not lengthen the list scan.
-                {
-                    let st = &mut *st;
-                    let streams = &st.streams;
-                    st.lists
-                        .retain(|l| streams.is(l.stream, stream) || !l.by_size.is_empty());
-                }
                 if let Some(other) = st.other_with_fit(stream, need) {
-                    self.upstream
-                        .order_after(stream, st.streams.get(st.lists[other].stream))?;
-                    let to = st.streams.hold(stream);
-                    st.merge(other, to);
+                    self.upstream.order_after(stream, st.streams.get(other))?;
+                    st.merge(other, stream);
                 } else {
                     self.grow(&mut st, need, stream, size, align)?;
                 }
-                let li = st.list_index(stream);
-                st.take(li, block, align)
+                st.take(stream, block, align)
                     .ok_or(AllocError::out_of_memory(size, align, NAME))?
             }
         };

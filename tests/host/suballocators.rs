@@ -1083,3 +1083,227 @@ fn every_suballocator_reports_usage_with_its_peak() {
         .to_string()
         .starts_with("512 B held (peak 512 B) in 1 chunk: 0 B allocated"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Per-stream state is bounded by the streams that hold something (issue 11)
+
+/// Runs the two idle-stream phases over `mr`, whose `tracked` gives (per-stream lists, streams
+/// kept), and checks after each that both are bounded by `bound`, not by the streams seen.
+fn idle_streams_are_forgotten<R: MemoryResource>(
+    mr: &R,
+    size: usize,
+    blocks: usize,
+    tracked: impl Fn(&R) -> (usize, usize),
+    bound: impl Fn(&R) -> (usize, usize),
+) {
+    // Phase 1: 3000 streams, one after another, each takes a block and frees it.
+    for i in 1..=3000 {
+        let p = mr.allocate(size, 256, stream(i)).unwrap();
+        // SAFETY: p came from mr with this size and align.
+        unsafe { mr.deallocate(p, size, 256, stream(i)) };
+    }
+    let (lists, kept) = tracked(mr);
+    let (max_lists, max_kept) = bound(mr);
+    assert!(
+        lists <= max_lists && kept <= max_kept,
+        "after phase 1: {lists} lists, {kept} streams kept"
+    );
+    // Phase 2: `blocks` streams each free a block on their own stream (each then holds a list),
+    // then one stream takes every block back: the others go idle and must be forgotten.
+    let ptrs: Vec<_> = (0..blocks)
+        .map(|i| (mr.allocate(size, 256, stream(5000 + i)).unwrap(), 5000 + i))
+        .collect();
+    for &(p, s) in &ptrs {
+        // SAFETY: p came from mr with this size and align.
+        unsafe { mr.deallocate(p, size, 256, stream(s)) };
+    }
+    assert!(
+        tracked(mr).0 >= blocks / 2,
+        "the freeing streams hold lists"
+    );
+    let ptrs: Vec<_> = (0..blocks)
+        .map(|_| mr.allocate(size, 256, stream(9999)).unwrap())
+        .collect();
+    for p in ptrs {
+        // SAFETY: p came from mr with this size and align.
+        unsafe { mr.deallocate(p, size, 256, stream(9999)) };
+    }
+    let (lists, kept) = tracked(mr);
+    let (max_lists, max_kept) = bound(mr);
+    assert!(
+        lists <= max_lists && kept <= max_kept,
+        "after phase 2: {lists} lists, {kept} streams kept"
+    );
+}
+
+#[test]
+fn pool_forgets_idle_streams() {
+    // Exactly 500 blocks of 4 KiB: no remainder, so every free block is one of them.
+    let sim = Simulated::new(1 << 30);
+    let config = PoolConfig {
+        initial: 500 << 12,
+        max: 500 << 12,
+    };
+    let pool = Pool::try_new(&sim, config).unwrap();
+    // One list (the last stream's) and the default stream, which holds the one chunk.
+    idle_streams_are_forgotten(&pool, 4096, 500, Pool::tracked_streams, |p| {
+        (1, 1 + p.usage().chunks)
+    });
+    assert_eq!(pool.usage().free_blocks, 1);
+}
+
+#[test]
+fn fixed_size_forgets_idle_streams() {
+    let sim = Simulated::new(1 << 30);
+    let config = FixedSizeConfig {
+        block_size: 4096,
+        blocks_to_preallocate: 500,
+    };
+    let mr = FixedSize::try_new(&sim, config).unwrap();
+    // The current list and one more, plus the streams of the chunks.
+    idle_streams_are_forgotten(&mr, 4096, 500, FixedSize::tracked_streams, |m| {
+        (2, 2 + m.usage().chunks)
+    });
+    assert_eq!(mr.usage().chunks, 1);
+}
+
+#[test]
+fn binning_forgets_idle_streams() {
+    let sim = Simulated::new(1 << 30);
+    let mr = Binning::try_new(&sim, BinningConfig::default()).unwrap();
+    // Per bin: the current list and one more, the default stream, and the chunks' streams.
+    idle_streams_are_forgotten(&mr, 4096, 500, Binning::tracked_streams, |m| {
+        let bins = m.bin_sizes().len();
+        (2 * bins, 2 * bins + m.usage().chunks)
+    });
+}
+
+/// Builds a pool over `sim` holding 3 * 2^61 bytes in two live blocks, then asks for 2^61 more:
+/// doubling would take all that is left below `usize::MAX`, over `isize::MAX`.
+fn grow_past_isize_max(sim: &Simulated) -> Result<(), AllocError> {
+    let pool = Pool::new(sim, PoolConfig::default());
+    let a = pool.allocate(1 << 61, 256, StreamRef::DEFAULT).unwrap();
+    let b = pool.allocate(1 << 62, 256, StreamRef::DEFAULT).unwrap();
+    assert_eq!(pool.usage().held, 3 << 61);
+    let c = pool.allocate(1 << 61, 512, StreamRef::DEFAULT);
+    // SAFETY: each block came from pool with this size and align.
+    unsafe {
+        if let Ok(c) = c {
+            pool.deallocate(c, 1 << 61, 512, StreamRef::DEFAULT);
+        }
+        pool.deallocate(a, 1 << 61, 256, StreamRef::DEFAULT);
+        pool.deallocate(b, 1 << 62, 256, StreamRef::DEFAULT);
+    }
+    assert!(sim.peak() <= (3 << 61) + (isize::MAX as usize));
+    c.map(|_| ())
+}
+
+#[test]
+fn pool_growth_beyond_isize_max_is_out_of_memory_for_the_request() {
+    // Room for it: the pool asks for at most isize::MAX bytes, and gets them.
+    let sim = Simulated::new(usize::MAX);
+    grow_past_isize_max(&sim).unwrap();
+    assert_eq!(sim.in_use(), 0);
+    // No room: out of memory for the caller's request (its size and alignment), not the
+    // upstream's "invalid argument" for a chunk the caller never asked for.
+    let sim = Simulated::new(7 << 60);
+    let e = grow_past_isize_max(&sim).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!((e.size, e.align, e.resource), (1 << 61, 512, "Pool"));
+    assert_eq!(sim.in_use(), 0);
+    // An upstream short of memory for a plain growth: the caller's request again.
+    let tight = Simulated::new(4 << 20);
+    let pool = Pool::new(&tight, PoolConfig::default());
+    let e = pool.allocate(8 << 20, 256, StreamRef::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!((e.size, e.align, e.resource), (8 << 20, 256, "Pool"));
+    // A reservation above isize::MAX is out of memory too.
+    let sim = Simulated::new(usize::MAX);
+    let config = PoolConfig {
+        initial: usize::MAX,
+        ..Default::default()
+    };
+    let e = Pool::try_new(&sim, config).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(e.size, usize::MAX);
+}
+
+#[test]
+fn contradictory_configurations_are_refused_or_clamped() {
+    let sim = Simulated::new(1 << 30);
+    // Pool: initial above max.
+    let config = PoolConfig {
+        initial: 2 << 20,
+        max: 1 << 20,
+    };
+    let e = Pool::try_new(&sim, config.clone()).unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+    assert!(
+        e.to_string().contains("`initial`") && e.to_string().contains("`max`"),
+        "{e}"
+    );
+    // `new` (the Layer) clamps initial to max.
+    let pool = Pool::new(&sim, config);
+    assert_eq!(pool.usage().held, 1 << 20);
+    drop(pool);
+    // Binning: min above max.
+    let config = BinningConfig {
+        min: 4 << 20,
+        max: 256 << 10,
+    };
+    let e = Binning::try_new(&sim, config.clone()).unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+    assert!(
+        e.to_string().contains("`min`") && e.to_string().contains("`max`"),
+        "{e}"
+    );
+    assert_eq!(e.size, 4 << 20);
+    // `new` builds no bin, as RMM does: every request goes to the upstream.
+    let mr = resource_stack![&sim, Binning { min: 4 MiB, max: 256 KiB }];
+    assert!(mr.bin_sizes().is_empty());
+    let p = mr.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+    assert_eq!((mr.usage().held, sim.in_use()), (0, 1000));
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+    // Equal bounds are one bin, not an error.
+    let one = Binning::try_new(
+        &sim,
+        BinningConfig {
+            min: 1 << 20,
+            max: 1 << 20,
+        },
+    )
+    .unwrap();
+    assert_eq!(one.bin_sizes(), vec![1 << 20]);
+}
+
+#[test]
+fn blocks_no_allocation_can_hold_are_out_of_memory() {
+    let sim = Simulated::new(usize::MAX);
+    // FixedSize: a block above isize::MAX is an error from try_new, never an abort.
+    let config = FixedSizeConfig {
+        block_size: usize::MAX,
+        blocks_to_preallocate: 4,
+    };
+    let e = FixedSize::try_new(&sim, config.clone()).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let mr = FixedSize::new(&sim, config);
+    let e = mr.allocate(1 << 20, 256, StreamRef::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!((e.size, e.resource), (1 << 20, "FixedSize"));
+    // Binning: the largest bin's growth for a request just over 2^62 bytes.
+    let mr = Binning::new(
+        &sim,
+        BinningConfig {
+            min: 256,
+            max: usize::MAX,
+        },
+    );
+    let size = (1 << 62) + 1;
+    let e = mr.allocate(size, 256, StreamRef::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!((e.size, e.align, e.resource), (size, 256, "Binning"));
+    // Binning's geometric growth of a bin whose blocks a host cannot list is bounded by 128
+    // blocks, so it never needs an address list the host cannot hold.
+    assert_eq!(sim.in_use(), 0);
+}
