@@ -14,8 +14,9 @@ use typenum::{B0, U256};
 /// exact accounting — bytes in use ([`in_use`](Self::in_use)), [`peak`](Self::peak), live
 /// allocations ([`live`](Self::live)) — so that every suballocator can be tested, fuzzed and
 /// replayed at any size on a machine with no GPU, and a test can check that a stack gave back
-/// everything it took. Each allocation gets a fresh range from a bump pointer (addresses are never
-/// reused), so a use-after-free in a test shows up as an unknown pointer; `deallocate` panics on
+/// everything it took. Each allocation gets a fresh range from a bump pointer (addresses are not
+/// reused until the address space runs out with nothing live), so a use-after-free in a test
+/// shows up as an unknown pointer; `deallocate` panics on
 /// a pointer that is not live or a size that differs from the allocation's.
 ///
 /// # Cost
@@ -112,7 +113,8 @@ impl Simulated {
     }
 }
 
-// SAFETY: ranges are carved from a bump pointer and never reused, so no two live ranges overlap;
+// SAFETY: ranges are carved from a bump pointer, which goes back to the base only when no range is
+// live, so no two live ranges overlap;
 // each is aligned to max(align, 256). The type claims no access property, so nothing dereferences it.
 unsafe impl MemoryResource for Simulated {
     properties!(Host = B0, Device = B0, Managed = B0, Alignment = U256);
@@ -126,8 +128,17 @@ unsafe impl MemoryResource for Simulated {
         if size > self.capacity - s.in_use {
             return Err(oom);
         }
-        let addr = align_up(s.next, align.max(256)).ok_or(oom)?;
-        s.next = addr.checked_add(size).ok_or(oom)?;
+        let fits = |next: usize| {
+            let addr = align_up(next, align.max(256))?;
+            Some((addr, addr.checked_add(size)?))
+        };
+        // The address space runs out long before the capacity when huge blocks come and go (a
+        // log replayed pass after pass): once nothing is live, start over at the base.
+        let (addr, end) = match fits(s.next) {
+            None if s.live.is_empty() => fits(Self::BASE).ok_or(oom)?,
+            found => found.ok_or(oom)?,
+        };
+        s.next = end;
         s.in_use += size;
         s.peak = s.peak.max(s.in_use);
         s.allocations += 1;

@@ -222,3 +222,27 @@ fn macro_size_literals_in_every_spelling() {
         64_000
     );
 }
+
+#[test]
+fn simulated_starts_over_once_its_address_space_is_spent_and_nothing_is_live() {
+    let sim = Simulated::new(usize::MAX);
+    let d = StreamRef::DEFAULT;
+    let huge = 1usize << 62;
+    for pass in 0..8 {
+        let p = sim.allocate(huge, 256, d).unwrap_or_else(|e| panic!("pass {pass}: {e}"));
+        // SAFETY: p came from sim with this size.
+        unsafe { sim.deallocate(p, huge, 256, d) };
+    }
+    // With a block live, the address space is not reused: a second huge block that does not fit
+    // after it is out of memory, not an overlap.
+    let a = sim.allocate(huge, 256, d).unwrap();
+    let b = sim.allocate(huge, 256, d);
+    if let Ok(b) = b {
+        assert!(b.as_ptr() as usize >= a.as_ptr() as usize + huge, "ranges overlap");
+        // SAFETY: b came from sim with this size.
+        unsafe { sim.deallocate(b, huge, 256, d) };
+    }
+    // SAFETY: a came from sim with this size.
+    unsafe { sim.deallocate(a, huge, 256, d) };
+    assert_eq!(sim.in_use(), 0);
+}
