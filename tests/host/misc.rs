@@ -229,7 +229,9 @@ fn simulated_starts_over_once_its_address_space_is_spent_and_nothing_is_live() {
     let d = StreamRef::DEFAULT;
     let huge = 1usize << 62;
     for pass in 0..8 {
-        let p = sim.allocate(huge, 256, d).unwrap_or_else(|e| panic!("pass {pass}: {e}"));
+        let p = sim
+            .allocate(huge, 256, d)
+            .unwrap_or_else(|e| panic!("pass {pass}: {e}"));
         // SAFETY: p came from sim with this size.
         unsafe { sim.deallocate(p, huge, 256, d) };
     }
@@ -238,7 +240,10 @@ fn simulated_starts_over_once_its_address_space_is_spent_and_nothing_is_live() {
     let a = sim.allocate(huge, 256, d).unwrap();
     let b = sim.allocate(huge, 256, d);
     if let Ok(b) = b {
-        assert!(b.as_ptr() as usize >= a.as_ptr() as usize + huge, "ranges overlap");
+        assert!(
+            b.as_ptr() as usize >= a.as_ptr() as usize + huge,
+            "ranges overlap"
+        );
         // SAFETY: b came from sim with this size.
         unsafe { sim.deallocate(b, huge, 256, d) };
     }
