@@ -169,8 +169,10 @@ pub use allocator_api2;
 /// `mrstack::layer::Name`, other fields defaulted), or any other expression implementing `Layer`:
 /// write a configuration of your own as an expression (`(MyLayer)`, `my_layer`,
 /// `MyLayer::new()`), since a bare capitalized name is looked up in `mrstack::layer`. Sizes may be written
-/// `512 MiB`, `1 GiB`, `64 KB` or as strings `"512MB"`; units are B, KB/MB/GB/TB (powers of 1000)
-/// and KiB/MiB/GiB/TiB (powers of 1024), checked at compile time.
+/// `512 MiB`, `1.5 GiB`, `64KB` or as strings `"512MB"`, `"1.5GB"`, by the convention of the
+/// [`mrstack_units`] crate docs (`KB` and `KiB` both 1024 bytes, decimals truncated to whole
+/// bytes), and are checked at compile time, as is `Pool { initial: 2 GiB, max: 1 GiB }` (and
+/// `Binning`'s `min` above its `max`) when both sizes are literals.
 pub use mrstack_macros::resource_stack;
 
 /// The type-level numbers properties are made of (`typenum::U4096` for `Aligned<U4096>`).

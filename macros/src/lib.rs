@@ -6,9 +6,16 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
-use syn::{braced, AngleBracketedGenericArguments, Expr, Ident, LitInt, LitStr, Token};
+use syn::{
+    braced, AngleBracketedGenericArguments, Expr, Ident, Lit, LitFloat, LitInt, LitStr, Token,
+};
 
 /// Builds a resource stack: the first item is the leaf, each following item wraps the one above.
+///
+/// A field's value may be a size: `512 MiB`, `1.5 GiB`, `64KB`, `"512MB"`, `"1.5GB"`, read at
+/// compile time by the convention of the `mrstack-units` crate docs (`KB` = `KiB` = 1024 bytes,
+/// decimals truncated to whole bytes). `Pool`'s `initial` above its `max`, or `Binning`'s `min`
+/// above its `max`, is a compile error when both are literal sizes.
 ///
 /// ```ignore
 /// let mr = resource_stack![
@@ -87,7 +94,11 @@ impl Parse for Item {
                 let fields = if input.peek(syn::token::Brace) {
                     let content;
                     braced!(content in input);
-                    let fields = Punctuated::<Field, Token![,]>::parse_terminated(&content)?;
+                    let fields: Vec<Field> =
+                        Punctuated::<Field, Token![,]>::parse_terminated(&content)?
+                            .into_iter()
+                            .collect();
+                    check_order(&name, &fields)?;
                     Some(fields.into_iter().map(|f| (f.name, f.value)).collect())
                 } else {
                     None
@@ -111,75 +122,144 @@ impl Parse for Item {
 struct Field {
     name: Ident,
     value: TokenStream2,
+    /// The bytes, when the value is a literal size (`2 GiB`, `"512MB"`, `4096`), and where.
+    literal: Option<(u64, Span)>,
 }
 
 impl Parse for Field {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let name: Ident = input.parse()?;
         input.parse::<Token![:]>()?;
-        let value = if input.peek(LitInt) && input.peek2(Ident) {
-            let n: LitInt = input.parse()?;
+        // A literal alone before the `,` (`4096`, `512MiB`, `1.5GiB`); one followed by an operator
+        // (`1 << 40`) is an expression.
+        let lone = || {
+            let fork = input.fork();
+            fork.parse::<Lit>().is_ok() && (fork.is_empty() || fork.peek(Token![,]))
+        };
+        let (value, literal) = if (input.peek(LitInt) || input.peek(LitFloat)) && input.peek2(Ident)
+        {
+            // `512 MiB`, `1.5 GiB`.
+            let (number, suffix, span) = number(input.parse()?)?;
             let unit: Ident = input.parse()?;
-            let span = n.span().join(unit.span()).unwrap_or_else(|| n.span());
-            if !n.suffix().is_empty() {
+            let span = span.join(unit.span()).unwrap_or(span);
+            if !suffix.is_empty() {
                 return Err(syn::Error::new(
                     span,
-                    format!(
-                        "a size is a number and a unit, as `{} {unit}`: drop the `{}` suffix",
-                        n.base10_digits(),
-                        n.suffix()
-                    ),
+                    format!("a size is a number and a unit, as `{number} {unit}`: drop the `{suffix}` suffix"),
                 ));
             }
-            size_tokens(n.base10_digits(), &unit.to_string(), span)?
-        } else if input.peek(LitInt) && {
-            // A lone literal (`4096`, `512MiB`); one followed by an operator (`1 << 40`) is an
-            // expression.
-            let fork = input.fork();
-            fork.parse::<LitInt>().is_ok() && (fork.is_empty() || fork.peek(Token![,]))
-        } {
-            let n: LitInt = input.parse()?;
-            match n.suffix() {
+            size_tokens(&number, &unit.to_string(), span)?
+        } else if (input.peek(LitInt) || input.peek(LitFloat)) && lone() {
+            let lit: Lit = input.parse()?;
+            let (number, suffix, span) = number(lit.clone())?;
+            match suffix.as_str() {
                 // An integer type suffix is the user's choice of type: keep it.
                 "" | "usize" | "isize" | "u8" | "u16" | "u32" | "u64" | "u128" | "i8" | "i16"
-                | "i32" | "i64" | "i128" => n.into_token_stream(),
-                unit => size_tokens(n.base10_digits(), unit, n.span())?,
+                | "i32" | "i64" | "i128"
+                    if matches!(lit, Lit::Int(_)) =>
+                {
+                    let bytes = number.parse().ok().map(|n| (n, span));
+                    (lit.into_token_stream(), bytes)
+                }
+                // `1.5` or `1.5f64`: a float, not a size; the field's type decides.
+                "" | "f32" | "f64" => (lit.into_token_stream(), None),
+                unit => size_tokens(&number, unit, span)?,
             }
         } else if input.peek(LitStr) {
             let s: LitStr = input.parse()?;
             let text = s.value();
-            if text.trim_start().starts_with(|c: char| c.is_ascii_digit()) {
-                let (digits, unit) = split_size(&text);
-                size_tokens(digits, unit, s.span())?
+            if text
+                .trim_start()
+                .starts_with(|c: char| c.is_ascii_digit() || c == '.')
+            {
+                let bytes = mrstack_units::parse_size(&text)
+                    .map_err(|e| syn::Error::new(s.span(), format!("bad size `{text}`: {e}")))?;
+                (usize_tokens(bytes, s.span()), Some((bytes, s.span())))
             } else {
-                s.into_token_stream()
+                (s.into_token_stream(), None)
             }
         } else {
-            input.parse::<Expr>()?.into_token_stream()
+            (input.parse::<Expr>()?.into_token_stream(), None)
         };
-        Ok(Field { name, value })
+        Ok(Field {
+            name,
+            value,
+            literal,
+        })
     }
 }
 
-fn split_size(text: &str) -> (&str, &str) {
-    let text = text.trim();
-    let end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '_'))
-        .unwrap_or(text.len());
-    (&text[..end], text[end..].trim())
+/// A number literal's digits (base 10, `_` kept out), its suffix and its span.
+fn number(lit: Lit) -> syn::Result<(String, String, Span)> {
+    match lit {
+        Lit::Int(n) => Ok((
+            n.base10_digits().to_owned(),
+            n.suffix().to_owned(),
+            n.span(),
+        )),
+        Lit::Float(n) => Ok((
+            n.base10_digits().to_owned(),
+            n.suffix().to_owned(),
+            n.span(),
+        )),
+        other => Err(syn::Error::new(other.span(), "expected a number")),
+    }
 }
 
-/// The number of bytes in `digits unit`, as a `usize` literal, or an error at `span`.
-fn size_tokens(digits: &str, unit: &str, span: Span) -> syn::Result<TokenStream2> {
-    let bytes = parse_size(digits, unit).map_err(|msg| syn::Error::new(span, msg))?;
-    let lit = LitInt::new(&format!("{bytes}usize"), span);
-    Ok(lit.into_token_stream())
+/// The number of bytes in `number unit`, as a `usize` literal with the bytes, or an error at `span`.
+fn size_tokens(
+    number: &str,
+    unit: &str,
+    span: Span,
+) -> syn::Result<(TokenStream2, Option<(u64, Span)>)> {
+    let bytes = parse_size(number, unit).map_err(|msg| syn::Error::new(span, msg))?;
+    Ok((usize_tokens(bytes, span), Some((bytes, span))))
 }
 
-/// The bytes in `digits unit`, or the message for the user: the rules are mrstack-units', shared
+/// `bytes` as a `usize` literal placed at `span`, the size as written, but marked as made by the
+/// macro: lints about literals (`0.5 GiB` becoming `524288usize` looks zero-prefixed) skip it.
+fn usize_tokens(bytes: u64, span: Span) -> TokenStream2 {
+    let span = Span::call_site().located_at(span);
+    LitInt::new(&format!("{bytes}usize"), span).into_token_stream()
+}
+
+/// The bytes in `number unit`, or the message for the user: the rules are mrstack-units', shared
 /// with text configs.
-fn parse_size(digits: &str, unit: &str) -> Result<u64, String> {
-    mrstack_units::size_of(digits, unit).map_err(|e| format!("bad size `{digits} {unit}`: {e}"))
+fn parse_size(number: &str, unit: &str) -> Result<u64, String> {
+    mrstack_units::size_of(number, unit).map_err(|e| format!("bad size `{number} {unit}`: {e}"))
+}
+
+/// Fields of a configuration whose first may not exceed its second: `(configuration, low, high)`.
+const ORDERED: [(&str, &str, &str); 2] = [("Pool", "initial", "max"), ("Binning", "min", "max")];
+
+/// `Err` at the later of the two fields when both of a pair in [`ORDERED`] are literal sizes and
+/// contradict each other, as `Pool { initial: 2 GiB, max: 1 GiB }`.
+fn check_order(name: &Ident, fields: &[Field]) -> syn::Result<()> {
+    let literal = |wanted: &str| {
+        fields
+            .iter()
+            .position(|f| f.name == wanted)
+            .and_then(|i| fields[i].literal.map(|(bytes, span)| (i, bytes, span)))
+    };
+    for (config, low, high) in ORDERED {
+        if name != config {
+            continue;
+        }
+        if let (Some((i, lo, lo_span)), Some((j, hi, hi_span))) = (literal(low), literal(high)) {
+            if lo > hi {
+                let span = if i > j { lo_span } else { hi_span };
+                return Err(syn::Error::new(
+                    span,
+                    format!(
+                        "`{config}`'s `{low}` ({}) is above its `{high}` ({})",
+                        mrstack_units::Bytes(lo),
+                        mrstack_units::Bytes(hi)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The path of the mrstack crate as the calling crate names it: `::mrstack`, or `::mrs` for a
@@ -255,7 +335,8 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(parse_size("512", "MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("1", "GB"), Ok(1_000_000_000));
+        assert_eq!(parse_size("1", "GB"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5", "GiB"), Ok(3 << 29));
         assert_eq!(parse_size("4_096", ""), Ok(4096));
         assert!(parse_size("1", "GiBs")
             .unwrap_err()

@@ -2,6 +2,7 @@
 
 use crate::erased::Properties;
 use crate::resource::AllocError;
+use crate::units::Bytes;
 
 /// What is wrong with a configuration; [`ConfigError`] adds where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,6 +103,27 @@ pub enum ConfigErrorKind {
         gives: Properties,
         /// What the stack's `P` asks for.
         wants: Properties,
+    },
+    /// Two fields of an item that contradict each other, as `pool(initial=2MiB, max=1MiB)`.
+    #[error("`{item}.{low}` ({}) is above `{item}.{high}` ({})", Bytes(*low_value as u64), Bytes(*high_value as u64))]
+    Contradiction {
+        /// The item.
+        item: String,
+        /// The field that may not be above the other.
+        low: String,
+        /// Its value in bytes, given or defaulted.
+        low_value: usize,
+        /// The other field.
+        high: String,
+        /// Its value in bytes, given or defaulted.
+        high_value: usize,
+    },
+    /// More items than [`MAX_ITEMS`](super::MAX_ITEMS): each layer adds a virtual call to every
+    /// operation, and a very deep stack would overflow the thread's stack.
+    #[error("a stack has at most {limit} items (the leaf and {} adaptors); this is item {}", limit - 1, limit + 1)]
+    TooDeep {
+        /// The most items a stack may have.
+        limit: usize,
     },
     /// Building the item failed (no driver, no such device, out of memory).
     #[error("`{item}` could not be built: {error}")]

@@ -4,8 +4,9 @@
 //!
 //! The text is a list of items separated by `>`, read bottom-up like the macro's lines: the first
 //! is a leaf resource, each next one an adaptor wrapping the one before. An item is a name,
-//! optionally followed by `(field=value, …)`. Values are sizes (`4096`, `64 KiB`, `1GiB`: units B,
-//! KB/MB/GB/TB in powers of 1000, KiB/MiB/GiB/TiB in powers of 1024, as the macro takes them),
+//! optionally followed by `(field=value, …)`. Values are sizes (`4096`, `64 KiB`, `512MB`,
+//! `1.5GiB`, read as the macro reads them: the convention, with `MB` = `MiB` = 2^20 bytes and
+//! decimals truncated to whole bytes, is written once in the [`mrstack_units`] crate docs),
 //! whole numbers, or text; text with `,` `(` `)` `>` `=` or `"` in it goes in double quotes
 //! (`logging(path="a,b.csv")`, with `\"` and `\\` as escapes).
 //!
@@ -14,10 +15,16 @@
 //! registered on the [`StackBuilder`] (the crate's own, and any the caller adds with
 //! [`StackBuilder::with_adaptor`]).
 //!
+//! A stack has at most [`MAX_ITEMS`] items (the leaf included). The suballocators are built with
+//! their fallible constructors (`Pool::try_new`, …), so an initial reservation the upstream
+//! refuses is an error, not a pool that starts empty.
+//!
 //! Every malformed input is an `Err` naming the column and the item: an unknown name, a bad size,
-//! a missing or unknown field, a leaf whose memory lacks a property of `P`. Cost: parsing is
-//! linear in the text; the built stack costs one virtual call per operation at its top (each
-//! adaptor layer over an `AnyResource` adds one more).
+//! a missing or unknown field, fields that contradict each other (`pool(initial=2MiB, max=1MiB)`,
+//! `binning(min=4MiB, max=256KiB)`), too many items, a leaf whose memory lacks a property of `P`,
+//! a resource that cannot be built. Nothing panics on any text. Cost: parsing is linear in the
+//! text; the built stack costs one virtual call per operation at its top (each adaptor layer over
+//! an `AnyResource` adds one more).
 //!
 //! ```
 //! use mrstack::prelude::*;
@@ -44,9 +51,15 @@ pub use error::{ConfigError, ConfigErrorKind};
 pub use spec::{FieldSpec, ItemSpec, StackSpec};
 
 use crate::erased::{AnyResource, PropertySet};
-use crate::resource::Layer;
+use crate::resource::{AllocError, Layer, MemoryResource};
 use leaves::{leaf, LEAVES};
 use std::fmt;
+
+/// The most items a text stack may have, the leaf included: far more than a real stack uses
+/// (a leaf, a suballocator or two and a few adaptors), and few enough that the nested calls of
+/// one allocation through every layer stay far from the bottom of a thread's stack. Item
+/// `MAX_ITEMS + 1` is a [`ConfigErrorKind::TooDeep`] error at its column.
+pub const MAX_ITEMS: usize = 64;
 
 /// A [`Layer`] configuration that text can describe: it reads its own fields from an item such as
 /// `pool(initial=1GiB, max=8GiB)` with [`ItemSpec`]'s readers, and refuses fields it does not
@@ -123,13 +136,16 @@ impl<P: PropertySet> StackBuilder<P> {
     /// `with_adaptor(name, |item, below| …)` that checks the item's fields, builds the adaptor's
     /// `Layer` configuration from them and ends with [`ItemSpec::layer`]; an adaptor that needs a
     /// property of its upstream (`prefetch`: `Migratable`) first takes it with
-    /// [`AnyResource::try_cast`]. A name not registered here is an unknown adaptor.
+    /// [`AnyResource::try_cast`]. The suballocators are built with their `try_new`, so that an
+    /// initial reservation the upstream refuses is an error. A name not registered here is an
+    /// unknown adaptor.
     fn with_crate_adaptors(self) -> Self {
         use crate::layer;
-        self.with_layer::<layer::Pool>("pool")
-            .with_layer::<layer::Binning>("binning")
-            .with_layer::<layer::FixedSize>("fixed_size")
-            .with_layer::<layer::Arena>("arena")
+        use crate::suballoc::{Arena, Binning, FixedSize, Pool};
+        self.with_suballocator("pool", Pool::try_new)
+            .with_suballocator("binning", Binning::try_new)
+            .with_suballocator("fixed_size", FixedSize::try_new)
+            .with_suballocator("arena", Arena::try_new)
             .with_layer::<layer::Statistics>("statistics")
             .with_layer::<layer::Tracking>("tracking")
             .with_layer::<layer::Limiting>("limiting")
@@ -148,6 +164,23 @@ impl<P: PropertySet> StackBuilder<P> {
         C::Resource: Send + Sync + 'static,
     {
         self.with_adaptor(name, |item, below| item.layer(C::from_item(item)?, below))
+    }
+
+    /// Registers the suballocator `try_new` builds from configuration `C` under `name`: its `Err`
+    /// (an initial reservation refused) is a [`ConfigErrorKind::Resource`] error at the item.
+    fn with_suballocator<C, R>(
+        self,
+        name: &str,
+        try_new: fn(AnyResource<P>, C) -> Result<R, AllocError>,
+    ) -> Self
+    where
+        C: FromItem + 'static,
+        R: MemoryResource + Send + Sync + 'static,
+    {
+        self.with_adaptor(name, move |item, below| {
+            let config = C::from_item(item)?;
+            item.erase(try_new(below, config).map_err(|e| item.resource_error(e))?)
+        })
     }
 
     /// Registers an adaptor under `name` (replacing one of that name): `build(item, below)` checks
@@ -193,8 +226,11 @@ impl<P: PropertySet> StackBuilder<P> {
         self.build_spec(&text.parse()?)
     }
 
-    /// Builds the stack `spec` describes.
+    /// Builds the stack `spec` describes; at most [`MAX_ITEMS`] items.
     pub fn build_spec(&self, spec: &StackSpec) -> Result<AnyResource<P>, ConfigError> {
+        if let Some(item) = spec.items.get(MAX_ITEMS) {
+            return Err(item.error(ConfigErrorKind::TooDeep { limit: MAX_ITEMS }));
+        }
         let (first, rest) = spec
             .items
             .split_first()

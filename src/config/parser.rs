@@ -1,6 +1,7 @@
 //! The grammar of text configurations: `leaf(field=value, …) > adaptor > …`, parsed by recursive descent.
 
 use super::{ConfigError, ConfigErrorKind, FieldSpec, ItemSpec, StackSpec};
+use std::collections::HashSet;
 
 impl std::str::FromStr for StackSpec {
     type Err = ConfigError;
@@ -97,6 +98,9 @@ impl Parser {
             return Ok(item);
         }
         self.pos += 1;
+        // The names seen so far, so that a repeated one is found in constant time: a linear
+        // search per field would make parsing quadratic in the number of fields.
+        let mut seen = HashSet::new();
         loop {
             self.skip_space();
             if self.peek() == Some(')') {
@@ -104,7 +108,7 @@ impl Parser {
                 return Ok(item);
             }
             let field = self.field(&item.name)?;
-            if item.field(&field.name).is_some() {
+            if !seen.insert(field.name.clone()) {
                 return Err(ConfigError::new(
                     ConfigErrorKind::DuplicateField {
                         item: item.name.clone(),

@@ -99,6 +99,34 @@ impl ItemSpec {
         self.size(name)?.ok_or_else(|| self.missing(name))
     }
 
+    /// `Err` if `low_value` (field `low`, given or defaulted) is above `high_value` (field `high`),
+    /// at the later-written of the two fields: the column where the item stops making sense.
+    pub fn check_order(
+        &self,
+        (low, low_value): (&str, usize),
+        (high, high_value): (&str, usize),
+    ) -> Result<(), ConfigError> {
+        if low_value <= high_value {
+            return Ok(());
+        }
+        let position = [self.field(low), self.field(high)]
+            .into_iter()
+            .flatten()
+            .map(|f| f.position)
+            .max()
+            .unwrap_or(self.position);
+        Err(ConfigError::new(
+            ConfigErrorKind::Contradiction {
+                item: self.name.clone(),
+                low: low.to_string(),
+                low_value,
+                high: high.to_string(),
+                high_value,
+            },
+            position,
+        ))
+    }
+
     /// The field `name` as a whole number, if given.
     pub fn number(&self, name: &str) -> Result<Option<usize>, ConfigError> {
         let Some(f) = self.field(name) else {
@@ -192,7 +220,8 @@ impl ItemSpec {
         self.erase(config.layer(below))
     }
 
-    pub(super) fn resource_error(&self, error: AllocError) -> ConfigError {
+    /// The error for an item whose resource could not be built (its constructor's `Err`).
+    pub fn resource_error(&self, error: AllocError) -> ConfigError {
         self.error(ConfigErrorKind::Resource {
             item: self.name.clone(),
             error,

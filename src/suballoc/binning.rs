@@ -272,14 +272,16 @@ impl<U: MemoryResource> Drop for Binning<U> {
 }
 
 impl FromItem for BinningConfig {
-    /// `binning(min=…, max=…)`.
+    /// `binning(min=…, max=…)`, with `min` at most `max`.
     fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
         item.check_fields(&["min", "max"])?;
         let default = Self::default();
-        Ok(BinningConfig {
+        let config = BinningConfig {
             min: item.size_or("min", default.min)?,
             max: item.size_or("max", default.max)?,
-        })
+        };
+        item.check_order(("min", config.min), ("max", config.max))?;
+        Ok(config)
     }
 }
 

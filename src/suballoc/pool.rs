@@ -701,14 +701,16 @@ impl<U: MemoryResource> Drop for Pool<U> {
 }
 
 impl FromItem for PoolConfig {
-    /// `pool(initial=…, max=…)`.
+    /// `pool(initial=…, max=…)`, with `initial` at most `max`.
     fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
         item.check_fields(&["initial", "max"])?;
         let default = Self::default();
-        Ok(PoolConfig {
+        let config = PoolConfig {
             initial: item.size_or("initial", default.initial)?,
             max: item.size_or("max", default.max)?,
-        })
+        };
+        item.check_order(("initial", config.initial), ("max", config.max))?;
+        Ok(config)
     }
 }
 

@@ -260,10 +260,11 @@ fn bad_sizes_and_values_are_errors_at_the_value() {
         "bad size `1XB` for `simulated.capacity`: unknown size unit `XB`",
     );
     fails(
-        "simulated(capacity=1.5GiB)",
+        "simulated(capacity=1.5.0GiB)",
         20,
-        "whole number of bytes or units",
+        "bad size `1.5.0GiB` for `simulated.capacity`: a size is a number and an optional unit",
     );
+    fails("simulated(capacity=.5GiB)", 20, "bad size `.5GiB`");
     fails("simulated(capacity = lots)", 22, "bad size `lots`");
     fails(
         "simulated(capacity=99999999999TiB)",
@@ -514,4 +515,247 @@ fn behaviour_adaptors_from_text() {
     // Prefetch needs managed memory below it: a clear error, not a panic, over anything else.
     let e = config::build::<()>("simulated(capacity=1GiB) > prefetch").unwrap_err();
     assert!(matches!(e.kind, ConfigErrorKind::Properties { .. }), "{e}");
+}
+
+/// The capacity of the `Simulated` leaf `text` builds.
+fn capacity(text: &str) -> usize {
+    let mr = config::build::<()>(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    mr.downcast_ref::<Simulated>().unwrap().capacity()
+}
+
+#[test]
+fn sizes_follow_holoscans_convention() {
+    // KB/MB/GB/TB are powers of 1024, as Holoscan and PyTorch read them.
+    assert_eq!(capacity("simulated(capacity=512MB)"), 512 << 20);
+    assert_eq!(capacity("simulated(capacity=512MiB)"), 512 << 20);
+    assert_eq!(capacity("simulated(capacity=64 KB)"), 64 << 10);
+    assert_eq!(capacity("simulated(capacity=2TB)"), 2 << 40);
+    // Decimals are truncated to whole bytes, quoted or not.
+    assert_eq!(capacity("simulated(capacity=1.5GB)"), 3 << 29);
+    assert_eq!(capacity("simulated(capacity=\"0.3 KiB\")"), 307);
+    assert_eq!(capacity("simulated(capacity=1_000.75)"), 1000);
+}
+
+/// `simulated(capacity=1GiB)` and `adaptors` statistics adaptors over it.
+fn statistics_stack(adaptors: usize) -> String {
+    let mut text = String::from("simulated(capacity=1GiB)");
+    for _ in 0..adaptors {
+        text.push_str(" > statistics");
+    }
+    text
+}
+
+#[test]
+fn a_stack_has_at_most_max_items() {
+    assert_eq!(config::MAX_ITEMS, 64);
+    // The leaf and 63 adaptors: built, and it allocates through every layer.
+    let mr = config::build::<()>(&statistics_stack(63)).unwrap();
+    let p = mr.allocate(1 << 20, 256, S).unwrap();
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
+    // One more is refused at the column of the 65th item: 24 characters of leaf, then 63 times
+    // " > statistics" (13), then " > ".
+    let column = 24 + 63 * 13 + 3 + 1;
+    for adaptors in [64, 80_000] {
+        let e = fails(
+            &statistics_stack(adaptors),
+            column,
+            "a stack has at most 64 items (the leaf and 63 adaptors); this is item 65",
+        );
+        assert_eq!(e.kind, ConfigErrorKind::TooDeep { limit: 64 });
+    }
+    // The bound holds for a spec built without text too.
+    let spec: StackSpec = statistics_stack(100).parse().unwrap();
+    let e = StackBuilder::<()>::new().build_spec(&spec).unwrap_err();
+    assert_eq!(e.position, column - 1);
+}
+
+#[test]
+fn many_fields_in_one_item_are_parsed_in_one_pass() {
+    // 200,000 distinct fields: a linear search for duplicates per field would take 2·10^10
+    // comparisons; a set of the names seen takes one look-up per field.
+    const FIELDS: usize = 200_000;
+    let mut text = String::from("simulated(");
+    for i in 0..FIELDS {
+        text.push_str(&format!("f{i}={i}, "));
+    }
+    text.push_str("capacity=1MiB)");
+    let spec: StackSpec = text.parse().unwrap();
+    assert_eq!(spec.items[0].fields.len(), FIELDS + 1);
+    assert_eq!(
+        spec.items[0].fields[FIELDS - 1].name,
+        format!("f{}", FIELDS - 1)
+    );
+    assert_eq!(spec.items[0].size("capacity").unwrap(), Some(1 << 20));
+    // Refused for its first unknown field, at its column.
+    fails(
+        &text,
+        11,
+        "`simulated` has no field `f0`; it takes capacity",
+    );
+    // A repeated name at the very end is still found, at its column.
+    let repeated = text.replace("capacity=1MiB)", "f0=1)");
+    let e = repeated.parse::<StackSpec>().unwrap_err();
+    assert_eq!(
+        e.kind,
+        ConfigErrorKind::DuplicateField {
+            item: "simulated".into(),
+            field: "f0".into()
+        }
+    );
+    assert_eq!(e.position, repeated.len() - "f0=1)".len());
+}
+
+#[test]
+fn contradictory_fields_are_errors_at_the_later_field() {
+    use ConfigErrorKind as K;
+    let e = fails(
+        "simulated(capacity=1GiB) > pool(initial=2MiB, max=1MiB)",
+        47,
+        "`pool.initial` (2.00 MiB) is above `pool.max` (1.00 MiB)",
+    );
+    assert!(matches!(e.kind, K::Contradiction { .. }), "{e}");
+    // Written the other way round: at `initial`, the later one.
+    fails(
+        "simulated(capacity=1GiB) > pool(max=1MiB, initial=2MiB)",
+        43,
+        "`pool.initial` (2.00 MiB) is above `pool.max` (1.00 MiB)",
+    );
+    fails(
+        "simulated(capacity=1GiB) > binning(min=4MiB, max=256KiB)",
+        46,
+        "`binning.min` (4.00 MiB) is above `binning.max` (256.00 KiB)",
+    );
+    // Against a default (`min` is 256 bytes): at the field written.
+    fails(
+        "simulated(capacity=1GiB) > binning(max=128)",
+        36,
+        "`binning.min` (256 B) is above `binning.max` (128 B)",
+    );
+    // Equal bounds are fine.
+    assert!(config::build::<()>("simulated(capacity=1GiB) > pool(initial=1MiB, max=1MiB)").is_ok());
+    assert!(config::build::<()>("simulated(capacity=1GiB) > binning(min=1MiB, max=1MiB)").is_ok());
+}
+
+#[test]
+fn suballocators_from_text_reserve_now_or_fail() {
+    type Below = AnyResource<()>;
+    // The initial reservation is taken when the stack is built.
+    let mr = config::build::<()>("simulated(capacity=1GiB) > pool(initial=2MiB)").unwrap();
+    let pool = mr.downcast_ref::<Pool<Below>>().unwrap();
+    assert_eq!(pool.usage().held, 2 << 20);
+    // One the upstream refuses is an error at the item, not a pool that starts empty.
+    for (text, column) in [
+        ("simulated(capacity=1MiB) > pool(initial=2MiB)", 28),
+        ("simulated(capacity=1MiB) > arena(size=2MiB)", 28),
+        (
+            "simulated(capacity=1MiB) > statistics > fixed_size(block_size=1MiB, blocks_to_preallocate=4)",
+            41,
+        ),
+    ] {
+        let e = fails(text, column, "could not be built: ");
+        assert!(matches!(e.kind, ConfigErrorKind::Resource { .. }), "{e}");
+    }
+}
+
+/// An item name: mostly ones the builder knows, some it does not, some junk. Not `logging`, which
+/// writes its header to stderr (or, given a `path`, creates a file).
+fn fuzz_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => prop::sample::select(vec![
+            "simulated", "system", "cuda", "cuda_async", "managed", "pinned", "pool", "binning",
+            "fixed_size", "arena", "statistics", "tracking", "limiting", "aligned",
+            "prefetch",
+        ])
+        .prop_map(String::from),
+        1 => "[a-zA-Z_][a-zA-Z0-9_]{0,6}",
+        1 => "\\PC{0,3}",
+    ]
+}
+
+/// A field name: mostly ones some item takes, never `path` (`logging`'s file).
+fn fuzz_field() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => prop::sample::select(vec![
+            "capacity", "device", "initial", "max", "min", "release_threshold", "block_size",
+            "blocks_to_preallocate", "size", "superblock", "limit", "backtraces", "alignment",
+        ])
+        .prop_map(String::from),
+        1 => "[a-z_][a-z0-9_]{0,6}".prop_filter("no files", |n| n != "path"),
+        1 => "\\PC{0,3}",
+    ]
+}
+
+/// A value: sizes in every form (small ones, so that a leaf that really allocates stays cheap,
+/// and absurd ones), numbers, flags, quoted text with escapes, junk.
+fn fuzz_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => ("[0-9]{1,4}(\\.[0-9]{0,3})?", prop::sample::select(vec!["", "B", " KiB", "KB", "MiB", " MB", "GiB", "GB", "TiB", "TB", "XB", "gib"]))
+            .prop_map(|(n, u)| format!("{n}{u}")),
+        1 => prop::sample::select(vec![
+            "99999999999TiB", "18446744073709551615", "18446744073709551616", "0", "1_", "_1",
+            "1..5MiB", "-1", "1e3", "4096", "256", "true", "false", "maybe",
+        ])
+        .prop_map(String::from),
+        1 => "\"([^\"\\\\]|\\\\[\"\\\\]){0,8}\"?",
+        1 => "\\PC{0,6}",
+        1 => "[\\x00-\\x7f]{0,6}",
+    ]
+}
+
+/// An item as text: a name and maybe fields, with now and then a junk string cut in.
+fn fuzz_item() -> impl Strategy<Value = String> {
+    (
+        fuzz_name(),
+        proptest::option::of(proptest::collection::vec(
+            (fuzz_field(), fuzz_value()),
+            0..5,
+        )),
+        proptest::option::weighted(0.1, "[()=,>\" \\\\]{1,4}|\\PC{1,4}"),
+    )
+        .prop_map(|(name, fields, junk)| {
+            let mut text = name;
+            if let Some(fields) = fields {
+                let fields: Vec<String> = fields.iter().map(|(f, v)| format!("{f}={v}")).collect();
+                text.push('(');
+                text.push_str(&fields.join(", "));
+                text.push(')');
+            }
+            if let Some(junk) = junk {
+                text.push_str(&junk);
+            }
+            text
+        })
+}
+
+/// A stack as text: a few items, or now and then many (beyond `MAX_ITEMS`), or deep in `(`.
+fn fuzz_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => proptest::collection::vec(fuzz_item(), 1..6).prop_map(|items| items.join(" > ")),
+        1 => (fuzz_item(), 55..80usize).prop_map(|(item, n)| {
+            let mut text = String::from("simulated(capacity=1GiB)");
+            for _ in 0..n {
+                text.push_str(" > ");
+                text.push_str(&item);
+            }
+            text
+        }),
+        1 => (1..200usize, fuzz_item()).prop_map(|(n, item)| format!("{}{item}{}", "(".repeat(n), ")".repeat(n))),
+        1 => "\\PC{0,40}",
+    ]
+}
+
+proptest! {
+    // 512 cases by default take about a second; `PROPTEST_CASES=…` runs more.
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Random config texts through `config::build`: every outcome is a stack or an error whose
+    /// column lies within the text (or at its end), never a panic.
+    #[test]
+    fn random_configs_build_or_fail_inside_the_text(text in fuzz_text()) {
+        if let Err(e) = config::build::<()>(&text) {
+            prop_assert!(e.position <= text.chars().count(), "{e} in {text:?}");
+            prop_assert!(!e.to_string().is_empty());
+        }
+    }
 }

@@ -213,14 +213,35 @@ fn macro_size_literals_in_every_spelling() {
         limit(&resource_stack![&sim, Limiting { limit: 1_024 }]),
         1024
     );
+    // KB/MB/GB/TB are powers of 1024, as Holoscan reads them.
     assert_eq!(
         limit(&resource_stack![&sim, Limiting { limit: 3 GB }]),
-        3_000_000_000
+        3 << 30
     );
     assert_eq!(
         limit(&resource_stack![&sim, Limiting { limit: "64 KB" }]),
-        64_000
+        64 << 10
     );
+    // Decimals, truncated to whole bytes: as a literal and its unit, or as a string.
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 1.5 GiB }]),
+        3 << 29
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 1.5GiB }]),
+        3 << 29
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: "1.5GB" }]),
+        3 << 29
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 0.3 KiB }]),
+        307
+    );
+    // Both literal and in order: accepted.
+    let pool = resource_stack![&sim, Pool { initial: 1 MiB, max: "2MB" }];
+    assert_eq!(pool.usage().held, 1 << 20);
 }
 
 #[test]

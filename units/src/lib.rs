@@ -1,28 +1,46 @@
 //! Byte sizes as mrstack reads and writes them, in one place for the library, its text configs,
-//! its `resource_stack!` macro and its command.
+//! its `resource_stack!` macro and its command: the macro's docs, the config docs and the
+//! README's "Size literals" section point here.
 //!
-//! A size is a whole number with an optional unit: `B`, `KB`/`MB`/`GB`/`TB` (powers of 1000) or
-//! `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024), with `_` allowed between digits and spaces allowed
-//! before the unit. Sizes are shown in powers of 1024 with [`Bytes`].
+//! # The size convention
+//!
+//! A size is a number with an optional unit, with spaces allowed before the unit:
+//!
+//! * **Units.** `B`; `KB`, `MB`, `GB`, `TB`; `KiB`, `MiB`, `GiB`, `TiB`. Both spellings are
+//!   powers of 1024: `KB` = `KiB` = 2^10 bytes, `MB` = `MiB` = 2^20, `GB` = `GiB` = 2^30,
+//!   `TB` = `TiB` = 2^40. This is how Holoscan reads its `"512MB"` sizes and how PyTorch reads its
+//!   `_mb` settings, so a size copied from either means the same here. No unit means bytes. Units
+//!   are case-sensitive (`gib` is refused, so that `mb` is never taken for millibits or for
+//!   a typo of `MB`).
+//! * **Numbers.** Digits with `_` allowed between them (`1_024`), and an optional decimal part
+//!   (`1.5`). A decimal size is truncated to whole bytes, as Holoscan does: `1.5GB` is
+//!   1.5 · 2^30 bytes, `0.3 KiB` is 307 bytes (307.2 truncated). The result is exact (no floating
+//!   point). A number starts with a digit: `.5 GiB`, `1.` and `-1 GiB` are refused.
+//! * **Range.** At most `u64::MAX` bytes; more is an error, never a wrap.
+//!
+//! Sizes are shown in powers of 1024 with [`Bytes`] (`1.50 GiB`).
 //!
 //! ```
 //! use mrstack_units::{parse_size, Bytes};
 //!
 //! assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
-//! assert_eq!(parse_size("1_000 MB"), Ok(1_000_000_000));
-//! assert!(parse_size("1.5 GiB").unwrap_err().to_string().contains("whole number"));
+//! assert_eq!(parse_size("512MB"), Ok(512 << 20));
+//! assert_eq!(parse_size("1.5GB"), Ok(3 << 29));
+//! assert_eq!(parse_size("1_000 KB"), Ok(1_024_000));
+//! assert!(parse_size("1,5 GiB").unwrap_err().to_string().contains("`1.5 GiB`"));
 //! assert_eq!(Bytes(3 << 30).to_string(), "3.00 GiB");
 //! ```
 
 use std::fmt;
 
-/// The units a size may be written in, with the bytes each stands for.
+/// The units a size may be written in, with the bytes each stands for (see the crate docs: `KB`
+/// and `KiB` both mean 1024 bytes).
 pub const UNITS: [(&str, u64); 9] = [
     ("B", 1),
-    ("KB", 1000),
-    ("MB", 1000 * 1000),
-    ("GB", 1000 * 1000 * 1000),
-    ("TB", 1000 * 1000 * 1000 * 1000),
+    ("KB", 1 << 10),
+    ("MB", 1 << 20),
+    ("GB", 1 << 30),
+    ("TB", 1 << 40),
     ("KiB", 1 << 10),
     ("MiB", 1 << 20),
     ("GiB", 1 << 30),
@@ -32,8 +50,8 @@ pub const UNITS: [(&str, u64); 9] = [
 /// Why a size could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SizeError {
-    /// No digits, or a fraction: `GiB`, `1.5 GiB`.
-    NotWhole,
+    /// No number, or not one of the forms `12`, `1_024`, `1.5`: `GiB`, `.5 GiB`, `1,5 GiB`.
+    NotANumber,
     /// A unit that is not one of [`UNITS`].
     UnknownUnit(String),
     /// More bytes than 64 bits hold.
@@ -43,12 +61,12 @@ pub enum SizeError {
 impl fmt::Display for SizeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SizeError::NotWhole => {
-                f.write_str("a size is a whole number of bytes or units, e.g. `512 MiB`")
-            }
+            SizeError::NotANumber => f.write_str(
+                "a size is a number and an optional unit, e.g. `512 MiB`, `1.5 GiB` or `4096`",
+            ),
             SizeError::UnknownUnit(unit) => write!(
                 f,
-                "unknown size unit `{unit}`: use B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
+                "unknown size unit `{unit}`: use B, KB/KiB, MB/MiB, GB/GiB or TB/TiB (all powers of 1024)"
             ),
             SizeError::TooLarge => f.write_str("the size does not fit in 64 bits"),
         }
@@ -68,33 +86,69 @@ pub fn unit_scale(unit: &str) -> Option<u64> {
         .map(|&(_, n)| n)
 }
 
-/// The bytes in `digits` `unit`s, where `digits` may hold `_` separators (the macro gets the two
-/// apart from a literal's suffix).
-pub fn size_of(digits: &str, unit: &str) -> Result<u64, SizeError> {
-    if !digits.starts_with(|c: char| c.is_ascii_digit())
-        || !digits.chars().all(|c| c.is_ascii_digit() || c == '_')
-    {
-        return Err(SizeError::NotWhole);
-    }
-    let scale = match unit_scale(unit) {
-        Some(scale) => scale,
-        None if unit.starts_with('.') => return Err(SizeError::NotWhole),
-        None => return Err(SizeError::UnknownUnit(unit.to_string())),
-    };
-    let n: u128 = digits
-        .replace('_', "")
-        .parse()
-        .map_err(|_| SizeError::TooLarge)?;
-    n.checked_mul(u128::from(scale))
-        .and_then(|b| u64::try_from(b).ok())
-        .ok_or(SizeError::TooLarge)
+/// `digits` with its `_` separators, if it is one or more ASCII digits and `_`s starting with a
+/// digit.
+fn digits_of(digits: &str) -> Option<impl Iterator<Item = u8> + '_> {
+    let ok = digits.starts_with(|c: char| c.is_ascii_digit())
+        && digits.bytes().all(|c| c.is_ascii_digit() || c == b'_');
+    ok.then(|| digits.bytes().filter(u8::is_ascii_digit).map(|c| c - b'0'))
 }
 
-/// Reads a size written as text: `4096`, `64 KiB`, `1GiB`, `1_000 MB`.
+/// `floor(0.fraction × 2^shift)`, exactly. `n / 2^shift` has at most `shift` decimals, so the
+/// first `shift` digits of the fraction decide the floor; the rest are dropped. Long division by
+/// `5^shift` (`2^shift / 10^shift = 1 / 5^shift`), so nothing overflows: `shift` ≤ 63 and the
+/// remainder stays below `10 · 5^63` < 2^128.
+fn fraction_bytes(fraction: impl Iterator<Item = u8>, shift: u32) -> u128 {
+    let divisor = 5u128.pow(shift);
+    let (mut quotient, mut remainder) = (0u128, 0u128);
+    for digit in fraction.chain(std::iter::repeat(0)).take(shift as usize) {
+        remainder = remainder * 10 + u128::from(digit);
+        quotient = quotient * 10 + remainder / divisor;
+        remainder %= divisor;
+    }
+    quotient
+}
+
+/// The bytes in `number` `unit`s (the macro gets the two apart from a literal and its suffix):
+/// `number` is digits with `_` separators and an optional decimal part, `unit` one of [`UNITS`]
+/// or `""`. See the crate docs for the convention.
+pub fn size_of(number: &str, unit: &str) -> Result<u64, SizeError> {
+    let (whole, fraction) = match number.split_once('.') {
+        Some((whole, fraction)) => (whole, Some(fraction)),
+        None => (number, None),
+    };
+    let whole = digits_of(whole).ok_or(SizeError::NotANumber)?;
+    let fraction = match fraction {
+        Some(f) => Some(digits_of(f).ok_or(SizeError::NotANumber)?),
+        None => None,
+    };
+    let scale = match unit_scale(unit) {
+        Some(scale) => scale,
+        // `1,5 GiB`, `1e3`: no unit starts so; the number is what is wrong.
+        None if !unit.starts_with(|c: char| c.is_ascii_alphabetic()) => {
+            return Err(SizeError::NotANumber)
+        }
+        None => return Err(SizeError::UnknownUnit(unit.to_string())),
+    };
+    let mut bytes = 0u128;
+    for digit in whole {
+        bytes = bytes * 10 + u128::from(digit);
+        if bytes > u128::from(u64::MAX) {
+            return Err(SizeError::TooLarge);
+        }
+    }
+    bytes *= u128::from(scale);
+    if let Some(fraction) = fraction {
+        bytes += fraction_bytes(fraction, scale.trailing_zeros());
+    }
+    u64::try_from(bytes).map_err(|_| SizeError::TooLarge)
+}
+
+/// Reads a size written as text: `4096`, `64 KiB`, `1GiB`, `512MB`, `1.5 GB`, `1_000 MiB`.
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
     let end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '_'))
+        .find(|c: char| !(c.is_ascii_digit() || c == '_' || c == '.'))
         .unwrap_or(text.len());
     size_of(&text[..end], text[end..].trim_start())
 }
@@ -142,13 +196,61 @@ mod tests {
     }
 
     #[test]
+    fn both_spellings_are_powers_of_1024() {
+        for (si, iec) in [("KB", "KiB"), ("MB", "MiB"), ("GB", "GiB"), ("TB", "TiB")] {
+            assert_eq!(unit_scale(si), unit_scale(iec));
+        }
+        assert_eq!(parse_size("512MB"), Ok(512 << 20));
+        assert_eq!(parse_size("1 KB"), Ok(1024));
+        assert_eq!(parse_size("2TB"), Ok(2 << 40));
+    }
+
+    #[test]
+    fn decimals_are_truncated_to_whole_bytes() {
+        assert_eq!(parse_size("1.5GB"), Ok(3 << 29));
+        assert_eq!(parse_size("0.5 KiB"), Ok(512));
+        // 0.3 KiB = 307.2 bytes.
+        assert_eq!(parse_size("0.3 KiB"), Ok(307));
+        assert_eq!(parse_size("2.75 MB"), Ok(2_883_584));
+        assert_eq!(parse_size("1.9"), Ok(1));
+        assert_eq!(parse_size("1.0 B"), Ok(1));
+        assert_eq!(parse_size("1_024.25 KiB"), Ok(1_048_832));
+        // One byte short of 1 TiB: 1 - 2^-40, written out (40 decimals), and then some.
+        assert_eq!(
+            parse_size("0.9999999999990905052982270717620849609375 TiB"),
+            Ok((1 << 40) - 1)
+        );
+        assert_eq!(
+            parse_size("0.99999999999909050529822707176208496093749999 TiB"),
+            Ok((1 << 40) - 2)
+        );
+        // A fraction of any length is read exactly and dropped beyond what decides the floor.
+        let long = format!("1.{} GiB", "9".repeat(10_000));
+        assert_eq!(parse_size(&long), Ok((2 << 30) - 1));
+        // The largest sizes, with a fraction that does not reach the next byte (0.99999999 · 2^40
+        // = 1_099_511_616_780.88…).
+        assert_eq!(parse_size("18446744073709551615.99"), Ok(u64::MAX));
+        assert_eq!(
+            parse_size("16777215.99999999 TiB"),
+            Ok((16_777_215 << 40) + 1_099_511_616_780)
+        );
+        assert_eq!(parse_size("16777216 TiB"), Err(SizeError::TooLarge));
+    }
+
+    #[test]
     fn refuses_what_is_not_a_size() {
-        assert_eq!(parse_size("1.5GiB"), Err(SizeError::NotWhole));
-        assert_eq!(parse_size("GiB"), Err(SizeError::NotWhole));
-        assert_eq!(parse_size(""), Err(SizeError::NotWhole));
+        for text in [
+            "GiB", "", ".5 GiB", "1.", "1. GiB", "1.5.3 MB", "-1 GiB", "1,5 GiB", "1._5",
+        ] {
+            assert_eq!(parse_size(text), Err(SizeError::NotANumber), "{text:?}");
+        }
         assert_eq!(
             parse_size("1 gib"),
             Err(SizeError::UnknownUnit("gib".into()))
+        );
+        assert_eq!(
+            parse_size("1.5 GiBs"),
+            Err(SizeError::UnknownUnit("GiBs".into()))
         );
         assert_eq!(parse_size("99999999999 TiB"), Err(SizeError::TooLarge));
         assert_eq!(
@@ -157,7 +259,7 @@ mod tests {
         );
         assert!(SizeError::UnknownUnit("x".into())
             .to_string()
-            .contains("KiB, MiB"));
+            .contains("MB/MiB"));
     }
 
     #[test]
