@@ -505,16 +505,21 @@ pub fn timed_capacity(workload: &Workload, min_capacity: Option<usize>, threads:
         .min(mrstack::replay::rmm_log::MAX_SIZE)
 }
 
+/// How many times a threaded replay that ran out of memory is timed again, with twice the room
+/// each time (so up to 16 times the first capacity).
+pub const MAX_CAPACITY_RETRIES: usize = 4;
+
 /// Replays `workload` through one stack and reports it.
 ///
 /// Capacity first: the search runs over `Simulated`, in log order, so its answer is the same on
 /// every machine and every run. Timing next: the stack is built over `upstream` with
-/// [`timed_capacity`] and replayed (with the workload's threads if `settings.threads`): a
+/// [`timed_capacity`] (with threads, doubled up to [`MAX_CAPACITY_RETRIES`] times while the
+/// replay runs out of memory) and replayed (with the workload's threads if `settings.threads`): a
 /// warm-up pass, then `settings.passes` timed ones; `upstream_peak` is read after them, before
 /// the stack is dropped. `upstream` should not bound the stack more than its capacity does (an
 /// unlimited `Simulated`, a GPU). A failure in either step is kept in the report, and the other
 /// step still runs.
-pub fn run_stack<U>(
+pub fn run_stack<U: Clone>(
     candidate: &Candidate<'_, U>,
     upstream: U,
     upstream_peak: &dyn Fn() -> Option<usize>,
@@ -555,21 +560,42 @@ pub fn run_stack<U>(
 
     progress.phase(candidate.name, "timing");
     report.capacity = timed_capacity(workload, report.min_capacity, settings.threads);
-    let built = if settings.threads {
-        candidate
-            .timing
-            .threaded_replayer(upstream, report.capacity, workload, streams)
-    } else {
-        candidate
-            .timing
-            .replayer(upstream, report.capacity, workload, streams)
+    let time_at = |capacity: usize| {
+        let (upstream, streams) = (upstream.clone(), streams.clone());
+        let built = if settings.threads {
+            candidate
+                .timing
+                .threaded_replayer(upstream, capacity, workload, streams)
+        } else {
+            candidate
+                .timing
+                .replayer(upstream, capacity, workload, streams)
+        };
+        built.and_then(|inner| {
+            let mut replay = Ticking { inner, progress };
+            let timing = measure(&mut replay, settings.passes)?;
+            // Read while the stack is alive: a driver pool's reservation goes with it.
+            Ok((timing, upstream_peak()))
+        })
     };
-    let timed = built.and_then(|inner| {
-        let mut replay = Ticking { inner, progress };
-        let timing = measure(&mut replay, settings.passes)?;
-        // Read while the stack is alive: a driver pool's reservation goes with it.
-        Ok((timing, upstream_peak()))
-    });
+    let mut timed = time_at(report.capacity);
+    // Threads at once may hold more than the log-order overhead says (an arena's per-thread
+    // arenas take superblocks ahead, as many as the machine runs threads): out of memory with
+    // threads is timed again with twice the room, up to MAX_CAPACITY_RETRIES times, so that the
+    // same log completes on every run and machine; the capacity it completed at is reported.
+    let mut retries = 0;
+    while settings.threads
+        && retries < MAX_CAPACITY_RETRIES
+        && report.capacity < mrstack::replay::rmm_log::MAX_SIZE
+        && matches!(&timed, Err(e) if e.is_out_of_memory())
+    {
+        retries += 1;
+        report.capacity = report
+            .capacity
+            .saturating_mul(2)
+            .min(mrstack::replay::rmm_log::MAX_SIZE);
+        timed = time_at(report.capacity);
+    }
     match timed {
         Ok((timing, peak)) => {
             report.ns_per_op = Some(timing.ns_per_op);
@@ -682,6 +708,70 @@ mod tests {
         );
         assert!(!r.failed());
         assert_eq!((r.min_capacity, r.upstream_peak), (None, None));
+    }
+
+    #[test]
+    fn a_threaded_replay_out_of_memory_is_timed_again_with_more_room() {
+        use mrstack::replay::Op;
+        // Three 1 MiB blocks live at once: above the 1 MiB floor of timing capacities.
+        let alloc = |id| Op::Alloc {
+            id,
+            size: 1 << 20,
+            stream: 0,
+        };
+        let ops = vec![alloc(0), alloc(1), alloc(2)];
+        let frees = (0..3).map(|id| Op::Free { id });
+        let w = Workload::new("three", ops.into_iter().chain(frees).collect()).unwrap();
+        // A stack that needs twice what the first timing capacity gives: a quarter of the
+        // capacity it is built with is all it has.
+        let greedy = replay::stack("greedy", |_: Arc<Simulated>, capacity: usize| {
+            Ok(Simulated::new(capacity / 4))
+        });
+        let candidate = Candidate::simulated("greedy", greedy.as_ref());
+        let settings = Settings {
+            passes: 1,
+            search_capacity: false,
+            threads: true,
+            ..Settings::default()
+        };
+        let first = timed_capacity(&w, None, true);
+        let sim = Arc::new(Simulated::new(usize::MAX));
+        let r = run_stack(
+            &candidate,
+            sim,
+            &|| None,
+            &w,
+            w.default_streams(),
+            &settings,
+            &(),
+        );
+        assert!(r.timing_error.is_none(), "{r:?}");
+        assert!(
+            r.capacity > first && r.capacity <= first << MAX_CAPACITY_RETRIES,
+            "{r:?}"
+        );
+        // In log order the answer does not depend on the machine: no second try.
+        let sequential = Settings {
+            threads: false,
+            ..settings
+        };
+        let sim = Arc::new(Simulated::new(usize::MAX));
+        let r = run_stack(
+            &candidate,
+            sim,
+            &|| None,
+            &w,
+            w.default_streams(),
+            &sequential,
+            &(),
+        );
+        assert!(
+            r.timing_error
+                .as_deref()
+                .is_some_and(|e| e.contains("out of memory")),
+            "{r:?}"
+        );
+        assert_eq!(r.capacity, timed_capacity(&w, None, false));
     }
 
     #[test]
