@@ -185,9 +185,10 @@ pub(super) fn synchronize_streams<R: MemoryResource>(
     workload: &Workload,
     streams: &[StreamHandle],
 ) -> Result<(), ReplayError> {
-    let used = &streams[..workload.stream_count()];
-    for (i, s) in used.iter().enumerate() {
-        if !used[..i].iter().any(|u| u.id() == s.id()) {
+    // Each distinct stream once: a set, since a log may name 100,000 streams.
+    let mut seen = std::collections::HashSet::new();
+    for s in &streams[..workload.stream_count()] {
+        if seen.insert(s.id()) {
             resource
                 .synchronize(s.as_ref())
                 .map_err(ReplayError::Synchronize)?;

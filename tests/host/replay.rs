@@ -1008,3 +1008,27 @@ fn former_paths_name_the_same_items() {
     assert_eq!(t.workload.allocations(), 1);
     assert_eq!(mrstack::adaptor::LOG_HEADER, rmm_log::HEADER);
 }
+
+#[test]
+fn a_log_of_many_streams_replays_in_time_linear_in_its_ops() {
+    // 50,000 streams, each allocating and freeing one block: the replay's per-stream work (its
+    // synchronization of every stream after a pass) must not compare every stream with every
+    // other one (2.5·10⁹ comparisons would make this test hang, not fail).
+    let n = 50_000;
+    let mut ops = Vec::with_capacity(2 * n);
+    for id in 0..n {
+        ops.push(Op::Alloc {
+            id,
+            size: 256,
+            stream: id,
+        });
+        ops.push(Op::Free { id });
+    }
+    let w = Workload::new("streams", ops).unwrap();
+    assert_eq!(w.stream_count(), n);
+    let sim = Simulated::new(1 << 30);
+    let mut r = Replayer::new(&sim, &w, mrstack::replay::simulated_streams(n)).unwrap();
+    r.pass().unwrap();
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    assert_eq!(sim.peak(), 256);
+}
