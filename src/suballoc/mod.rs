@@ -27,6 +27,7 @@ mod binning;
 mod fixed_size;
 mod free_list;
 mod pool;
+mod pool_state;
 mod usage;
 
 pub use arena::{Arena, ArenaConfig};
