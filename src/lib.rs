@@ -121,6 +121,7 @@ pub mod adaptor;
 pub mod config;
 pub mod container;
 pub mod erased;
+mod hash;
 pub mod layer;
 pub mod leaf;
 pub mod property;

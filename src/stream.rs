@@ -386,44 +386,8 @@ impl Held {
     }
 }
 
-/// Hashes [`StreamId`]s for the keeper's and the suballocators' tables: a multiply per word,
-/// instead of SipHash, whose flooding resistance buys nothing for ids of the process's own
-/// streams (handle values and small numbers).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct IdHash;
-
-/// The hasher [`IdHash`] builds.
-#[derive(Debug, Default)]
-pub(crate) struct IdHasher(u64);
-
-impl std::hash::BuildHasher for IdHash {
-    type Hasher = IdHasher;
-    #[inline]
-    fn build_hasher(&self) -> IdHasher {
-        IdHasher(0)
-    }
-}
-
-impl std::hash::Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        let h = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        // Fold the well-mixed high half onto the low bits the table indexes by.
-        self.0 = h ^ (h >> 32);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 /// A map keyed by stream identity.
-pub(crate) type IdMap<V> = HashMap<StreamId, V, IdHash>;
+pub(crate) type IdMap<V> = HashMap<StreamId, V, crate::hash::FastHash>;
 
 /// The streams a suballocator keeps: every cudarc stream it stores a [`Held`] of, with its
 /// identity, counted. Each [`hold`](StreamKeeper::hold) counts one more reference to the slot and

@@ -1,6 +1,6 @@
 //! `CudaAsync`: stream-ordered device memory from a driver memory pool of its own.
 
-use super::{context_leaf, driver_allocate, driver_free, driver_synchronize};
+use super::{context_leaf, driver_allocate_checked, driver_free, driver_synchronize};
 use crate::resource::{check_request, properties, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
@@ -194,7 +194,7 @@ unsafe impl MemoryResource for CudaAsync {
             return Ok(empty);
         }
         let handle = super::stream_in(&self.ctx, stream, size, align, Self::NAME)?;
-        driver_allocate::<Self>(
+        driver_allocate_checked(
             &self.ctx,
             size,
             align,

@@ -49,9 +49,22 @@ pub(crate) fn driver_allocate<R: MemoryResource>(
     alloc: impl FnOnce(usize) -> Result<usize, DriverError>,
     free: impl FnOnce(usize) -> Result<(), DriverError>,
 ) -> Result<NonNull<u8>, AllocError> {
-    if let Some(empty) = check_request::<R>(size, align, name)? {
-        return Ok(empty);
+    match check_request::<R>(size, align, name)? {
+        Some(empty) => Ok(empty),
+        None => driver_allocate_checked(ctx, size, align, name, alloc, free),
     }
+}
+
+/// [`driver_allocate`] for a request its resource has checked already (`CudaAsync` checks before
+/// it looks up the stream).
+pub(crate) fn driver_allocate_checked(
+    ctx: &CudaContext,
+    size: usize,
+    align: usize,
+    name: &'static str,
+    alloc: impl FnOnce(usize) -> Result<usize, DriverError>,
+    free: impl FnOnce(usize) -> Result<(), DriverError>,
+) -> Result<NonNull<u8>, AllocError> {
     if align > CUDA_ALIGNMENT {
         return Err(AllocError::new(
             AllocErrorKind::Unsupported(

@@ -24,7 +24,7 @@ pub use simulated::Simulated;
 pub use system::System;
 
 pub(crate) use driver::{
-    context_leaf, driver_allocate, driver_free, driver_order_after, driver_synchronize, record,
-    stream_in,
+    context_leaf, driver_allocate, driver_allocate_checked, driver_free, driver_order_after,
+    driver_synchronize, record, stream_in,
 };
 pub use driver::{cuda_context, device_count, driver_available};

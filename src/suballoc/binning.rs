@@ -161,18 +161,22 @@ impl<U: MemoryResource> Binning<U> {
     /// Each bin is read under its own lock, so under concurrent use the sum is of moments a few
     /// nanoseconds apart.
     pub fn usage(&self) -> Usage {
-        let bins = self
-            .bins
-            .iter()
-            .map(|b| lock(b).usage())
-            .fold(Usage::default(), |a, b| a + b);
-        Usage {
+        let mut total = Usage {
             peak_held: self.meter.peak(),
-            ..bins
+            ..Usage::default()
+        };
+        for bin in self.bins.iter() {
+            let u = lock(bin).usage();
+            total.held += u.held;
+            total.allocated += u.allocated;
+            total.free_blocks += u.free_blocks;
+            total.chunks += u.chunks;
         }
+        total
     }
 
-    /// What each bin holds, smallest bin first (the peaks are the whole resource's).
+    /// What each bin holds, smallest bin first (`peak_held` is 0 there: the peak is the whole
+    /// resource's, in [`usage`](Self::usage)).
     pub fn bin_usage(&self) -> Vec<Usage> {
         self.bins.iter().map(|b| lock(b).usage()).collect()
     }

@@ -53,8 +53,6 @@ pub(crate) struct Bin {
     index: IdMap<usize>,
     /// The identity of `lists[0]`'s stream, for the fast path's one comparison.
     first: StreamId,
-    /// Free blocks, over all lists.
-    free: usize,
     chunks: Vec<BinChunk>,
     /// Bytes held from the upstream.
     held: usize,
@@ -83,7 +81,6 @@ impl Bin {
             lists: Vec::new(),
             index: IdMap::default(),
             first: StreamId::DEFAULT,
-            free: 0,
             chunks: Vec::new(),
             held: 0,
             streams: StreamKeeper::default(),
@@ -97,7 +94,8 @@ impl Bin {
 
     /// Free blocks, over all streams.
     pub(crate) fn free_blocks(&self) -> usize {
-        self.free
+        // Summed when asked (a report), not counted on every pop and push.
+        self.lists.iter().map(|l| l.blocks.len()).sum()
     }
 
     /// This bin's part of a [`Usage`] (all but the peak, which the owner's [`Meter`] keeps).
@@ -132,7 +130,6 @@ impl Bin {
         if let Some(list) = self.lists.first_mut() {
             if self.first == stream.id() {
                 if let Some(addr) = list.blocks.pop() {
-                    self.free -= 1;
                     return Ok(addr);
                 }
             }
@@ -169,7 +166,6 @@ impl Bin {
             .blocks
             .pop()
             .ok_or(AllocError::out_of_memory(size, align, from.name))?;
-        self.free -= 1;
         Ok(addr)
     }
 
@@ -181,7 +177,6 @@ impl Bin {
         }
         if let Some(list) = self.lists.first_mut() {
             list.blocks.push(addr);
-            self.free += 1;
         }
     }
 
@@ -289,7 +284,6 @@ impl Bin {
                     });
                     self.held += bytes;
                     meter.grew(bytes);
-                    self.free += count;
                     let list = &mut self.lists[0].blocks;
                     // Highest address first, so that pops hand out the chunk from its start.
                     list.extend((0..count).rev().map(|i| addr + i * self.block));
@@ -320,7 +314,6 @@ impl Bin {
         // The streams stay held (the keeper is dropped with the bin) for the ordering below.
         self.lists.clear();
         self.index.clear();
-        self.free = 0;
         for chunk in std::mem::take(&mut self.chunks) {
             for &s in &streams {
                 if s != chunk.stream

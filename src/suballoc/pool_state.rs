@@ -3,7 +3,6 @@
 use super::pool::GRANULE;
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasher, Hasher};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Free {
@@ -29,39 +28,7 @@ pub(super) struct StreamFree {
     pub(super) recorded: usize,
 }
 
-/// Hashes addresses (multiples of 256) for the neighbour maps: one multiply and a fold, instead
-/// of SipHash, whose flooding resistance buys nothing for keys the pool makes itself.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct AddrHash;
-
-#[derive(Debug, Default)]
-pub(super) struct AddrHasher(u64);
-
-impl BuildHasher for AddrHash {
-    type Hasher = AddrHasher;
-    fn build_hasher(&self) -> AddrHasher {
-        AddrHasher(0)
-    }
-}
-
-impl Hasher for AddrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        // The table indexes by the low bits and tags by the top ones: fold the well-mixed high
-        // half of the product onto the low half so both are good.
-        let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 32);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type AddrMap<V> = HashMap<usize, V, AddrHash>;
+type AddrMap<V> = HashMap<usize, V, crate::hash::FastHash>;
 
 #[derive(Debug, Default)]
 pub(super) struct State {

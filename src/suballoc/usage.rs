@@ -42,20 +42,6 @@ impl Usage {
     }
 }
 
-impl std::ops::Add for Usage {
-    type Output = Usage;
-    /// The usage of two parts of one resource (the peak is the owner's to set).
-    fn add(self, other: Usage) -> Usage {
-        Usage {
-            held: self.held + other.held,
-            peak_held: self.peak_held.max(other.peak_held),
-            allocated: self.allocated + other.allocated,
-            free_blocks: self.free_blocks + other.free_blocks,
-            chunks: self.chunks + other.chunks,
-        }
-    }
-}
-
 impl fmt::Display for Usage {
     /// `1.00 GiB held (peak 1.50 GiB) in 3 chunks: 512.00 MiB allocated, 512.00 MiB free in 12 blocks`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -273,8 +273,9 @@ impl<R: MemoryResource + Sync> Battery<'_, '_, R> {
         sizes.dedup();
         let mut served = Vec::new();
         let mut refused = Vec::new();
-        let mut align = 1;
-        while align <= o.max_align {
+        // `checked_mul`: a `max_align` of 2^63 ends the walk instead of overflowing.
+        let aligns = std::iter::successors(Some(1usize), |a| a.checked_mul(2));
+        for align in aligns.take_while(|&a| a <= o.max_align) {
             for &size in &sizes {
                 match self.r.allocate(size, align, stream) {
                     Ok(p) => {
@@ -292,7 +293,6 @@ impl<R: MemoryResource + Sync> Battery<'_, '_, R> {
                     Err(e) => panic!("{name}: allocate({size}, {align}) failed: {e}"),
                 }
             }
-            align *= 2;
         }
         for &(p, size, align) in &served {
             // SAFETY: `p` came from `allocate` with this size and alignment and is freed once.

@@ -759,3 +759,39 @@ proptest! {
         }
     }
 }
+
+/// A caller's `FromItem` configuration cannot launder properties: its layer, over a stack that
+/// gives host memory, serves from a resource that gives none, and is refused at its column when
+/// the stack must give host memory.
+#[test]
+fn a_callers_layer_cannot_claim_what_its_resource_lacks() {
+    use mrstack::config::{FromItem, ItemSpec};
+
+    /// Ignores the stack below and serves address ranges with no memory behind them.
+    struct NothingInstead;
+    impl FromItem for NothingInstead {
+        fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+            item.check_fields(&[])?;
+            Ok(NothingInstead)
+        }
+    }
+    impl<U: MemoryResource> Layer<U> for NothingInstead {
+        type Resource = Simulated;
+        fn layer(self, _: U) -> Simulated {
+            Simulated::new(1 << 20)
+        }
+    }
+    let text = "system > nothing_instead";
+    let untyped = StackBuilder::<()>::new().with_layer::<NothingInstead>("nothing_instead");
+    assert!(untyped.build(text).is_ok());
+    let host =
+        StackBuilder::<HostAccessible>::new().with_layer::<NothingInstead>("nothing_instead");
+    let err = host
+        .build(text)
+        .expect_err("no memory never passes as host memory");
+    assert!(
+        matches!(err.kind, ConfigErrorKind::Properties { .. }),
+        "{err}"
+    );
+    assert_eq!(err.position, 9, "{err}");
+}

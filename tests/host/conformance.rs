@@ -426,3 +426,16 @@ fn the_battery_catches_overlapping_blocks() {
 fn the_battery_catches_an_accepted_overflow() {
     run_broken(Bug::AcceptsOverflow);
 }
+
+/// The largest alignment a `usize` holds ends the battery's walk over alignments with the
+/// resource's own answer, not with an overflow of the walk.
+#[test]
+#[should_panic(expected = "Simulated: allocate(")]
+fn an_alignment_of_two_to_the_63_is_asked_not_overflowed() {
+    let sim = Simulated::new(usize::MAX);
+    let options = Options {
+        max_align: 1 << 63,
+        ..Options::default()
+    };
+    conformance(&sim, &options);
+}

@@ -1,7 +1,6 @@
 //! `Owners`: which local arena holds the superblock at an address, for deallocation.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Shards of the map: neighbouring superblocks fall in different shards, so that threads freeing
@@ -23,7 +22,7 @@ pub(super) struct Owners {
     shards: Box<[Shard]>,
 }
 
-type Map = HashMap<usize, Owner, BuildHasherDefault<WindowHasher>>;
+type Map = HashMap<usize, Owner, crate::hash::FastHash>;
 
 #[repr(align(64))] // each shard's lock on its own cache line
 #[derive(Debug, Default)]
@@ -83,30 +82,6 @@ impl Owners {
                 .iter()
                 .map(|s| s.0.read().map_or(0, |m| m.capacity()) * entry)
                 .sum::<usize>()
-    }
-}
-
-/// A hasher for window numbers: a SplitMix64 finalizer, cheap and mixing every bit (std's
-/// default SipHash would cost more than the rest of a deallocation).
-#[derive(Debug, Default)]
-pub(super) struct WindowHasher(u64);
-
-impl Hasher for WindowHasher {
-    fn finish(&self) -> u64 {
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 ^= n as u64;
     }
 }
 
