@@ -371,7 +371,7 @@ impl std::fmt::Debug for StreamHandle {
 /// A stream kept alive by a [`StreamKeeper`]: a slot number (`Copy`, four bytes), so that
 /// suballocators store it in their free lists and chunk tables at no cost; its keeper turns it
 /// back into the stream ([`StreamKeeper::get`]). Slot 0 is the default stream in every keeper.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Held(u32);
 
 impl Held {
@@ -491,6 +491,17 @@ impl StreamKeeper {
         };
         self.by_id.insert(id, slot);
         Held(slot)
+    }
+
+    /// Holds `held` once more (as [`hold`](Self::hold) of its stream would): for a copy of a
+    /// `Held` that will be released on its own. Retaining the default stream, or a slot that is
+    /// not held, does nothing.
+    pub(crate) fn retain(&mut self, held: Held) {
+        if let Some(slot) = self.slots.get_mut(held.0 as usize) {
+            if slot.count > 0 {
+                slot.count = slot.count.saturating_add(1);
+            }
+        }
     }
 
     /// Undoes one [`hold`](Self::hold) of `held`: at the last one the slot drops its stream and
@@ -639,6 +650,13 @@ mod tests {
         keeper.release(a);
         assert!(!keeper.is(a, StreamRef::simulated(1)));
         assert_eq!(keeper.held(), 1);
+        // A retained copy is one more hold, released on its own.
+        let r = keeper.hold(StreamRef::simulated(9));
+        keeper.retain(r);
+        keeper.release(r);
+        assert!(keeper.is(r, StreamRef::simulated(9)));
+        keeper.release(r);
+        assert!(!keeper.is(r, StreamRef::simulated(9)));
         // Extra releases and the default stream's are ignored.
         keeper.release(a);
         keeper.release(Held::DEFAULT);

@@ -790,6 +790,67 @@ fn a_stack_of_two_to_the_62_bytes_serves_one_huge_allocation() {
 }
 
 #[test]
+fn new_streams_take_evicted_arenas_and_old_streams_are_let_go() {
+    let sim = Simulated::new(1 << 40);
+    let arena = Arena::new(&sim, config(1 << 30, 64 << 10));
+    // 5,000 streams, more than the 1,024 local arenas, each allocate a small block (its own
+    // arena) and a large one (the global arena), then free both.
+    for n in 1..=5_000 {
+        let small = arena.allocate(1000, 256, stream(n)).unwrap();
+        let large = arena.allocate(100 << 10, 256, stream(n)).unwrap();
+        // A stream past the first thousand still gets a local arena.
+        assert!(arena.in_local_arena(small), "stream {n}");
+        assert!(!arena.in_local_arena(large), "stream {n}");
+        // SAFETY: each came from arena with this size and alignment, on stream(n).
+        unsafe {
+            arena.deallocate(large, 100 << 10, 256, stream(n));
+            arena.deallocate(small, 1000, 256, stream(n));
+        }
+    }
+    // One stream per local arena and a few tags per free range: not 5,000.
+    let held = arena.held_streams();
+    assert!(held <= 1024 + 16, "{held} streams held");
+    // A stream whose arena passed to another still allocates, and its block is ordered.
+    let p = arena.allocate(1000, 256, stream(1)).unwrap();
+    // SAFETY: p came from arena with this size and alignment.
+    unsafe { arena.deallocate(p, 1000, 256, stream(1)) };
+    assert_eq!(arena.usage().allocated, 0);
+    drop(arena);
+    assert_eq!((sim.in_use(), sim.live()), (0, 0));
+}
+
+#[test]
+fn a_block_of_an_arena_that_passed_to_another_stream_is_ordered() {
+    // This thread caches stream 1's arena; on another thread, the arena is evicted and passes to
+    // another stream; this thread's next block from it must be ordered after that stream.
+    let rec = Recorder::new(1 << 40);
+    let arena = Arena::new(&rec, config(1 << 30, 64 << 10));
+    let p = arena.allocate(1000, 256, stream(1)).unwrap();
+    // SAFETY: p came from arena with this size and alignment.
+    unsafe { arena.deallocate(p, 1000, 256, stream(1)) };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for n in 2..=3_000 {
+                let q = arena.allocate(1000, 256, stream(n)).unwrap();
+                // SAFETY: q came from arena with this size and alignment.
+                unsafe { arena.deallocate(q, 1000, 256, stream(n)) };
+            }
+        });
+    });
+    rec.orders();
+    let p = arena.allocate(1000, 256, stream(1)).unwrap();
+    assert!(arena.in_local_arena(p));
+    let orders = rec.orders();
+    assert!(
+        orders.iter().any(|&(s, after)| s == 1 && after > 1),
+        "stream 1 is ordered after its arena's new stream: {orders:?}"
+    );
+    // SAFETY: p came from arena with this size and alignment.
+    unsafe { arena.deallocate(p, 1000, 256, stream(1)) };
+    assert_eq!(arena.usage().allocated, 0);
+}
+
+#[test]
 fn idle_stream_arenas_give_their_superblocks_back() {
     let sim = Simulated::new(1 << 40);
     let arena = Arena::new(&sim, config(1 << 30, 64 << 10));

@@ -94,10 +94,14 @@ impl Global {
         self.find_block(sb, sb)
     }
 
-    /// Takes `[at, at + len)` out of the free range at `start`; returns that range's chunk and tags.
-    pub(super) fn carve(&mut self, start: usize, at: usize, len: usize) -> Run {
+    /// Takes `[at, at + len)` out of the free range at `start`; returns that range's chunk and
+    /// tags, and how many pieces of the range stay free with copies of those tags (each copy
+    /// needs its own holds: the caller retains them).
+    pub(super) fn carve(&mut self, start: usize, at: usize, len: usize) -> (Run, usize) {
         let run = self.remove(start);
+        let mut pieces = 0;
         if at > start {
+            pieces += 1;
             self.insert(
                 start,
                 Run {
@@ -108,6 +112,7 @@ impl Global {
         }
         let (end, run_end) = (at + len, start + run.len);
         if run_end > end {
+            pieces += 1;
             self.insert(
                 end,
                 Run {
@@ -116,14 +121,14 @@ impl Global {
                 },
             );
         }
-        run
+        (run, pieces)
     }
 
     /// Frees `[start, start + len)`, coalescing with its neighbours in the same chunk. Returns
-    /// the streams to synchronize (before unlocking) when the merged range's tags overflowed.
+    /// the holds the merged range forgot (see [`Tags::absorb`]).
     #[must_use]
-    fn give(&mut self, start: usize, len: usize, chunk: u32, tags: Tags) -> Vec<Held> {
-        let mut sync = Vec::new();
+    fn give(&mut self, start: usize, len: usize, chunk: u32, tags: Tags) -> Forgotten {
+        let mut f = Forgotten::default();
         let (mut start, mut len, mut tags) = (start, len, tags);
         if let Some((&ns, _)) = self.runs.range(start..).next() {
             debug_assert!(start + len <= ns, "Arena: double free of {start:#x}");
@@ -132,7 +137,7 @@ impl Global {
             debug_assert!(ps + prev.len <= start, "Arena: double free of {start:#x}");
             if ps + prev.len == start && prev.chunk == chunk {
                 let prev = self.remove(ps);
-                tags.absorb(&prev.tags, &mut sync);
+                tags.absorb(&prev.tags, &mut f.sync, &mut f.dup);
                 start = ps;
                 len += prev.len;
             }
@@ -140,31 +145,48 @@ impl Global {
         if let Some(next) = self.runs.get(&(start + len)) {
             if next.chunk == chunk {
                 let next = self.remove(start + len);
-                tags.absorb(&next.tags, &mut sync);
+                tags.absorb(&next.tags, &mut f.sync, &mut f.dup);
                 len += next.len;
             }
         }
         self.insert(start, Run { len, chunk, tags });
-        sync
+        f
     }
+}
+
+/// Holds that free ranges dropped when they merged: `sync` to synchronize before anyone can
+/// take the merged range, then release; `dup` to release.
+#[derive(Debug, Default)]
+pub(super) struct Forgotten {
+    pub(super) sync: Vec<Held>,
+    pub(super) dup: Vec<Held>,
 }
 
 impl<U: MemoryResource> Arena<U> {
     /// Returns a range to the global arena.
     pub(super) fn give_back(&self, start: usize, len: usize, chunk: u32, tags: Tags) {
         let mut g = lock(&self.global);
-        for s in g.give(start, len, chunk, tags) {
-            // The merged range forgot these streams; wait for them before anyone can take it.
+        let forgotten = g.give(start, len, chunk, tags);
+        self.forget(forgotten);
+    }
+
+    /// Synchronizes the streams a merged range forgot (before the caller unlocks the global
+    /// arena, so that no one takes the range first), then releases every forgotten hold.
+    pub(super) fn forget(&self, f: Forgotten) {
+        let mut sync = f.sync.clone();
+        sync.sort_unstable();
+        sync.dedup();
+        for &s in &sync {
             let _ = self.upstream.synchronize(self.stream_of(s));
         }
+        self.release(f.sync.into_iter().chain(f.dup));
     }
 
     /// Merges the spare superblocks into the free ranges, for a request they may make room for.
     fn flush_spare(&self, g: &mut Global) {
         for sp in std::mem::take(&mut g.spare) {
-            for s in g.give(sp.at, self.superblock_size(), sp.chunk, sp.tags) {
-                let _ = self.upstream.synchronize(self.stream_of(s));
-            }
+            let forgotten = g.give(sp.at, self.superblock_size(), sp.chunk, sp.tags);
+            self.forget(forgotten);
         }
     }
 
@@ -180,12 +202,15 @@ impl<U: MemoryResource> Arena<U> {
         loop {
             let mut g = lock(&self.global);
             if let Some((start, at)) = g.find_block(bytes, align) {
-                let run = g.carve(start, at, bytes);
+                let (run, pieces) = g.carve(start, at, bytes);
+                self.retain(&run.tags, pieces);
                 drop(g);
                 if let Err(e) = self.order(stream, &run.tags) {
                     self.give_back(at, bytes, run.chunk, run.tags);
                     return Err(e);
                 }
+                // The block is in use: its range no longer names these streams.
+                self.release(run.tags.iter());
                 return Ok(to_ptr(at));
             }
             if !g.spare.is_empty() {

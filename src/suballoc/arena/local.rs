@@ -7,8 +7,8 @@ use super::superblock::Superblock;
 use super::tags::Tags;
 use super::{lock, to_ptr, Arena, GRAN, IDLE_STREAM_ARENAS, MAX_ARENAS};
 use crate::resource::{AllocError, MemoryResource};
-use crate::stream::{Held, StreamRef};
-use std::collections::BTreeSet;
+use crate::stream::{Held, StreamId, StreamRef};
+use std::collections::{BTreeSet, HashMap};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -24,9 +24,6 @@ const KEEP: usize = TAKE;
 #[repr(align(64))] // its lock is the hot one: keep it off other arenas' cache lines
 #[derive(Debug)]
 pub(super) struct Local {
-    /// The arena's stream, kept alive by the arena's keeper (so valid while the arena lives).
-    pub(super) stream: StreamRef<'static>,
-    pub(super) held: Held,
     /// A stream's arena (not a thread's): when wholly free it joins the arena's idle list.
     for_stream: bool,
     state: Mutex<LocalState>,
@@ -53,6 +50,11 @@ impl Local {
         self.lock().held()
     }
 
+    /// The arena's stream, in the arena's keeper.
+    pub(super) fn stream(&self) -> Held {
+        self.lock().held
+    }
+
     /// Host bytes of this arena's metadata (an estimate of its tables).
     pub(super) fn bytes(&self) -> usize {
         let st = self.lock();
@@ -77,6 +79,13 @@ impl Local {
 /// size of the whole arena.
 #[derive(Debug, Default)]
 struct LocalState {
+    /// The arena's stream, held in the arena's keeper while it is this arena's: valid while this
+    /// lock is held. A stream arena evicted from the idle list may pass to a new stream
+    /// ([`Arena::reuse_arena`]), so the stream is read and used under the lock only.
+    stream: StreamRef<'static>,
+    held: Held,
+    /// In the arena's list of evicted stream arenas that a new stream may take.
+    evicted: bool,
     /// Per slot: the largest free block of the superblock there (0: none, or a vacant slot).
     tree: MaxTree,
     sbs: Vec<Option<Superblock>>,
@@ -139,8 +148,8 @@ impl LocalState {
     }
 
     /// First fit: the lowest slot whose superblock's largest free block surely holds the
-    /// request, then that superblock's first free block that does.
-    fn allocate(&mut self, bytes: usize, align: usize, units: u32) -> Option<usize> {
+    /// request, then that superblock's first free block that does: (address, slot).
+    fn allocate(&mut self, bytes: usize, align: usize, units: u32) -> Option<(usize, u32)> {
         let n = (bytes / GRAN) as u32;
         let need = n + (align / GRAN) as u32 - 1;
         let w = self.tree.first_at_least(need)?;
@@ -153,7 +162,7 @@ impl LocalState {
             self.empties.retain(|&s| s as usize != w);
         }
         self.tree.set(w, max);
-        Some(addr)
+        Some((addr, w as u32))
     }
 
     /// Frees a block; returns the empty superblocks to give back when there are too many.
@@ -210,9 +219,35 @@ impl<U: MemoryResource> Arena<U> {
         if let Some(&id) = map.get(&stream.id()) {
             return Some(id);
         }
-        let id = self.new_arena(stream, true)?;
+        let id = match self.new_arena(stream, true) {
+            Some(id) => id,
+            None => self.reuse_arena(stream, &mut map)?,
+        };
         map.insert(stream.id(), id);
         Some(id)
+    }
+
+    /// Gives a stream arena that was evicted from the idle list (so holds no superblock) to
+    /// `stream`, when all [`MAX_ARENAS`] exist: so a process that goes through many streams keeps
+    /// serving each from its own arena. An evicted arena used again by its stream since stays
+    /// its stream's. A thread that still has the arena's old stream cached may keep using the
+    /// arena; it is then a foreign stream to it, and is ordered like one.
+    fn reuse_arena(&self, stream: StreamRef, map: &mut HashMap<StreamId, u32>) -> Option<u32> {
+        loop {
+            let id = lock(&self.evicted).pop()?;
+            let mut st = self.local(id).lock();
+            st.evicted = false;
+            if st.held() > 0 || st.idle {
+                continue;
+            }
+            let old = st.held;
+            map.remove(&lock(&self.keeper).id(old));
+            st.held = self.hold(stream);
+            st.stream = self.stream_of(st.held);
+            // Nothing of the arena names the old stream any more (it holds no superblock).
+            self.release([old]);
+            return Some(id);
+        }
     }
 
     /// A new local arena on `stream` (a stream's arena if `for_stream`, else a thread's); `None`
@@ -226,28 +261,34 @@ impl<U: MemoryResource> Arena<U> {
         let held = self.hold(stream);
         let stream = self.stream_of(held);
         let _ = self.arenas[n].set(Box::new(Local {
-            stream,
-            held,
             for_stream,
-            state: Mutex::new(LocalState::default()),
+            state: Mutex::new(LocalState {
+                stream,
+                held,
+                ..LocalState::default()
+            }),
         }));
         self.narenas.store(n + 1, Ordering::Release);
         Some(n as u32)
     }
 
-    /// Gives empty superblocks of a local arena on `stream` back to the global arena.
-    fn release_superblocks(&self, stream: Held, sbs: Vec<Superblock>) {
+    /// Gives empty superblocks of the local arena `st` back to the global arena, each tagged
+    /// with the arena's stream (held once per superblock). Called under the arena's lock, which
+    /// keeps its stream its own.
+    fn release_superblocks(&self, st: &LocalState, sbs: Vec<Superblock>) {
         if sbs.is_empty() {
             return;
         }
         for sb in &sbs {
             self.owners.remove(sb.base >> self.sb_shift);
         }
+        let tags = Tags::one(st.held);
+        self.retain(&tags, sbs.len());
         let mut g = lock(&self.global);
         g.spare.extend(sbs.iter().map(|sb| Spare {
             at: sb.base,
             chunk: sb.chunk,
-            tags: Tags::one(stream),
+            tags,
         }));
     }
 
@@ -255,19 +296,15 @@ impl<U: MemoryResource> Arena<U> {
     pub(super) fn reclaim(&self) {
         let n = self.narenas.load(Ordering::Acquire);
         for local in self.arenas[..n].iter().filter_map(OnceLock::get) {
-            let freed = local.lock().take_empty(0);
-            self.release_superblocks(local.held, freed);
+            let mut st = local.lock();
+            let freed = st.take_empty(0);
+            self.release_superblocks(&st, freed);
         }
     }
 
     /// Moves superblocks (up to [`TAKE`] when the global arena has them whole) from the global
     /// arena into local arena `id`; `Ok(false)` when there is none to be had.
-    fn acquire_superblock(
-        &self,
-        id: u32,
-        local: &Local,
-        st: &mut LocalState,
-    ) -> Result<bool, AllocError> {
+    fn acquire_superblock(&self, id: u32, st: &mut LocalState) -> Result<bool, AllocError> {
         let sb = self.superblock_size();
         let mut taken: Vec<Spare> = Vec::with_capacity(TAKE);
         {
@@ -285,7 +322,9 @@ impl<U: MemoryResource> Arena<U> {
                 if let Some((start, at)) = g.find_window(sb) {
                     let room = (start + g.runs[&start].len - at) / sb;
                     let n = room.min(TAKE);
-                    let run = g.carve(start, at, n * sb);
+                    let (run, pieces) = g.carve(start, at, n * sb);
+                    // One copy of the range's tags per superblock and per piece left free.
+                    self.retain(&run.tags, n - 1 + pieces);
                     taken.extend((0..n).map(|i| Spare {
                         at: at + i * sb,
                         chunk: run.chunk,
@@ -301,18 +340,21 @@ impl<U: MemoryResource> Arena<U> {
             }
         }
         let mut tags = Tags::NONE;
-        let mut sync = Vec::new();
+        let (mut sync, mut dup) = (Vec::new(), Vec::new());
         for sp in &taken {
-            tags.absorb(&sp.tags, &mut sync);
+            tags.absorb(&sp.tags, &mut sync, &mut dup);
         }
+        // Every hold stays with `taken` until the superblocks are ordered: on failure they go
+        // back to the spare list as they were.
         let ordered = sync
             .into_iter()
             .try_for_each(|s| self.upstream.synchronize(self.stream_of(s)))
-            .and_then(|()| self.order(local.stream, &tags));
+            .and_then(|()| self.order(st.stream, &tags));
         if let Err(e) = ordered {
             lock(&self.global).spare.extend(taken);
             return Err(e);
         }
+        self.release(taken.iter().flat_map(|sp| sp.tags.iter()));
         let units = self.units_per_superblock();
         for sp in taken {
             let slot = st.insert(
@@ -330,13 +372,14 @@ impl<U: MemoryResource> Arena<U> {
         Ok(true)
     }
 
-    /// Serves a small request from local arena `id`; `Ok(None)` when it finds no room even after
-    /// reclaiming, and the caller falls back on the global arena.
+    /// Serves a small request on `stream` from local arena `id`; `Ok(None)` when it finds no
+    /// room even after reclaiming, and the caller falls back on the global arena.
     pub(super) fn local_allocate(
         &self,
         id: u32,
         bytes: usize,
         align: usize,
+        stream: StreamRef,
     ) -> Result<Option<NonNull<u8>>, AllocError> {
         let local = self.local(id);
         let units = self.units_per_superblock();
@@ -344,13 +387,13 @@ impl<U: MemoryResource> Arena<U> {
         loop {
             {
                 let mut st = local.lock();
-                if let Some(addr) = st.allocate(bytes, align, units) {
-                    return Ok(Some(to_ptr(addr)));
+                let mut found = st.allocate(bytes, align, units);
+                if found.is_none() && self.acquire_superblock(id, &mut st)? {
+                    found = st.allocate(bytes, align, units);
                 }
-                if self.acquire_superblock(id, local, &mut st)? {
-                    if let Some(addr) = st.allocate(bytes, align, units) {
-                        return Ok(Some(to_ptr(addr)));
-                    }
+                if let Some((addr, slot)) = found {
+                    self.order_block(&mut st, addr, slot, bytes, stream)?;
+                    return Ok(Some(to_ptr(addr)));
                 }
             }
             // Our own lock is released: reclaiming takes every arena's lock in turn.
@@ -360,6 +403,31 @@ impl<U: MemoryResource> Arena<U> {
             self.reclaim();
             reclaimed = true;
         }
+    }
+
+    /// A local arena's blocks are ordered on its stream. Thread arenas serve every default stream
+    /// (`DEFAULT`, and each context's), which may be distinct streams, and a stream arena may
+    /// serve a thread that cached it for its stream before it passed to another: order the
+    /// caller's stream after the arena's (nothing to do where they are one stream). Under the
+    /// arena's lock, which keeps its stream valid. On failure the block goes back.
+    fn order_block(
+        &self,
+        st: &mut LocalState,
+        addr: usize,
+        slot: u32,
+        bytes: usize,
+        stream: StreamRef,
+    ) -> Result<(), AllocError> {
+        if st.stream.id() == stream.id() {
+            return Ok(());
+        }
+        let Err(e) = self.upstream.order_after(stream, st.stream) else {
+            return Ok(());
+        };
+        let units = self.units_per_superblock();
+        let freed = st.deallocate(slot, addr, (bytes / GRAN) as u32, units);
+        self.release_superblocks(st, freed);
+        Err(e)
     }
 
     /// Frees a block of local arena `id`'s superblock `slot`, and gives back superblocks when the
@@ -374,17 +442,17 @@ impl<U: MemoryResource> Arena<U> {
     ) {
         let local = self.local(id);
         let units = self.units_per_superblock();
-        let (released, idle) = {
+        let idle = {
             let mut st = local.lock();
             // Before the block can be reused on the arena's stream, that stream must wait for
             // the work that used it on `stream`.
-            self.order_or_wait(local.stream, stream);
+            self.order_or_wait(st.stream, stream);
             let released = st.deallocate(slot, addr, (bytes / GRAN) as u32, units);
+            self.release_superblocks(&st, released);
             let idle = local.for_stream && !st.idle && st.wholly_free();
             st.idle |= idle;
-            (released, idle)
+            idle
         };
-        self.release_superblocks(local.held, released);
         if idle {
             self.went_idle(id);
         }
@@ -405,18 +473,17 @@ impl<U: MemoryResource> Arena<U> {
             }
         };
         let Some(old) = evicted else { return };
-        let local = self.local(old);
-        let freed = {
-            let mut st = local.lock();
-            st.idle = false;
-            // An arena used again since it went idle keeps what it holds; it rejoins the list
-            // when it is wholly free again.
-            if st.wholly_free() {
-                st.take_empty(0)
-            } else {
-                Vec::new()
+        let mut st = self.local(old).lock();
+        st.idle = false;
+        // An arena used again since it went idle keeps what it holds; it rejoins the list
+        // when it is wholly free again.
+        if st.wholly_free() {
+            let freed = st.take_empty(0);
+            self.release_superblocks(&st, freed);
+            if !st.evicted {
+                st.evicted = true;
+                lock(&self.evicted).push(old);
             }
-        };
-        self.release_superblocks(local.held, freed);
+        }
     }
 }

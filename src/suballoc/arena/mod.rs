@@ -109,7 +109,8 @@ layer_by_new!(ArenaConfig => Arena);
 /// A deallocation that leaves a stream's arena wholly free takes the idle list's lock once, and
 /// may have the arena idle longest give its superblocks back: O(1), whatever the number of
 /// streams. Up to 1024 local arenas (a thread that ends leaves its arena to the next new thread; a
-/// stream keeps its arena); past that, requests go to the global arena. A large request's best fit
+/// stream keeps its arena until it is evicted from the idle list, after which a new stream may
+/// take it); past that, with no evicted arena to take, requests go to the global arena. A large request's best fit
 /// is O(log n) in the global arena's free ranges when one of them holds the request at any
 /// alignment; failing that, it checks each range that might (the path to growing or failing).
 ///
@@ -127,8 +128,10 @@ layer_by_new!(ArenaConfig => Arena);
 /// freeing stream; memory returned to the global arena is tagged with the streams that freed it, and
 /// whoever takes it next is ordered after them. (A free range that merges memory of more than four
 /// streams synchronizes them instead.) Memory fresh from the upstream is synchronized once taken.
-/// The arena keeps alive the streams of its stream arenas and of the tags on its free ranges until
-/// it is dropped, so that reuse is ordered after a stream even once its owner dropped it.
+/// The arena keeps alive the streams of its stream arenas and of the tags on its free ranges for
+/// as long as they name them, so that reuse is ordered after a stream even once its owner dropped
+/// it; a stream that nothing names any more is let go, so the arena holds at most one stream per
+/// local arena and four per free range, not every stream it ever saw.
 ///
 /// # Upstream
 ///
@@ -167,6 +170,9 @@ pub struct Arena<U: MemoryResource> {
     owners: Owners,
     /// Stream arenas that became wholly free, oldest first (see `went_idle`).
     idle: Mutex<VecDeque<u32>>,
+    /// Stream arenas evicted from `idle` (holding no superblock), for new streams once all
+    /// [`MAX_ARENAS`] exist.
+    evicted: Mutex<Vec<u32>>,
     create: Mutex<()>,
     streams: RwLock<HashMap<StreamId, u32>>,
     registry: Arc<Registry>,
@@ -197,6 +203,7 @@ impl<U: MemoryResource> Arena<U> {
             narenas: AtomicUsize::new(0),
             owners: Owners::default(),
             idle: Mutex::new(VecDeque::new()),
+            evicted: Mutex::new(Vec::new()),
             create: Mutex::new(()),
             streams: RwLock::new(HashMap::new()),
             registry: Arc::new(Registry::new()),
@@ -292,7 +299,49 @@ impl<U: MemoryResource> Arena<U> {
         lock(&self.keeper).hold(stream)
     }
 
-    /// The stream `held` names, valid while the arena (its keeper) lives.
+    /// Holds each stream of `tags` `times` more, for as many new copies of them.
+    fn retain(&self, tags: &Tags, times: usize) {
+        if times == 0 || tags.iter().next().is_none() {
+            return;
+        }
+        let mut keeper = lock(&self.keeper);
+        for h in tags.iter() {
+            for _ in 0..times {
+                keeper.retain(h);
+            }
+        }
+    }
+
+    /// Undoes one hold of each of `held`: a stream that nothing of the arena names any more is
+    /// dropped, so the keeper holds the streams named now, not every stream ever seen.
+    fn release(&self, held: impl IntoIterator<Item = Held>) {
+        let mut held = held.into_iter().peekable();
+        if held.peek().is_none() {
+            return;
+        }
+        let mut keeper = lock(&self.keeper);
+        for h in held {
+            keeper.release(h);
+        }
+    }
+
+    /// True when `ptr` lies in a superblock that a local arena holds. For tests that check which
+    /// arena serves a stream.
+    #[doc(hidden)]
+    pub fn in_local_arena(&self, ptr: NonNull<u8>) -> bool {
+        self.owners
+            .get(ptr.as_ptr() as usize >> self.sb_shift)
+            .is_some()
+    }
+
+    /// Streams the arena holds now (the default stream included). For tests that check they
+    /// follow the streams named now, not every stream ever seen.
+    #[doc(hidden)]
+    pub fn held_streams(&self) -> usize {
+        lock(&self.keeper).held()
+    }
+
+    /// The stream `held` names, valid while it is held.
     fn stream_of(&self, held: Held) -> StreamRef<'static> {
         lock(&self.keeper).get(held)
     }
@@ -358,20 +407,10 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
             && bytes + (align_g - GRAN) <= self.superblock_size();
         if small {
             if let Some(id) = self.arena_for(stream) {
-                if let Some(p) = self.local_allocate(id, bytes, align_g).map_err(fix)? {
-                    // A local arena's blocks are ordered on its stream. The thread arenas serve
-                    // every default stream (`DEFAULT`, and each context's), which may be
-                    // distinct streams: order the caller's after the arena's (a no-op where
-                    // they are one stream).
-                    let local = self.local(id).stream;
-                    if local.id() != stream.id() {
-                        if let Err(e) = self.upstream.order_after(stream, local) {
-                            // SAFETY: just allocated from this arena with these arguments and
-                            // handed to no one.
-                            unsafe { self.deallocate(p, size, align, local) };
-                            return Err(e);
-                        }
-                    }
+                if let Some(p) = self
+                    .local_allocate(id, bytes, align_g, stream)
+                    .map_err(fix)?
+                {
                     return Ok(p);
                 }
             }
@@ -410,7 +449,11 @@ impl<U: MemoryResource> Drop for Arena<U> {
         let mut streams: Vec<Held> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
         streams.extend(g.spare.iter().flat_map(|sp| sp.tags.iter()));
         let n = *self.narenas.get_mut();
-        streams.extend(self.arenas[..n].iter().filter_map(|a| Some(a.get()?.held)));
+        streams.extend(
+            self.arenas[..n]
+                .iter()
+                .filter_map(|a| Some(a.get()?.stream())),
+        );
         streams.sort();
         streams.dedup();
         // The chunks go back on the default stream: it must first wait for work on the others.
