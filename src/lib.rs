@@ -152,6 +152,11 @@ pub use property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migra
 pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
 pub use stream::{StreamHandle, StreamId, StreamRef};
 
+/// The cudarc crate mrstack is built on, re-exported so that a program names the same version
+/// (`mrstack::cudarc::driver::CudaStream`). Which CUDA version cudarc binds is the program's
+/// choice: see the README's "CUDA versions" section.
+pub use cudarc;
+
 /// The `allocator-api2` crate [`HostAllocator`] implements, re-exported so that its `Vec` and
 /// `Box` match the version mrstack uses.
 pub use allocator_api2;

@@ -44,13 +44,34 @@ pub struct Migratable;
 /// needs_device::<Cuda>();
 /// needs_device::<std::sync::Arc<Managed>>(); // references and Arcs forward their resource's
 /// ```
+///
+/// # In generic code
+///
+/// A bound on a type parameter carries to every pointer and adaptor over it: with `R:
+/// MemoryResource + Accessible<DeviceAccessible>`, the compiler knows that `&R`, `Arc<R>`,
+/// `Statistics<&R>` or `Pool<Arc<R>>` give device memory too, so a library function can hand
+/// `&R` to a [`DeviceVec`](crate::DeviceVec). Write one bound per property (`Accessible<HostAccessible> +
+/// Accessible<DeviceAccessible>`, as [`PinnedVec`](crate::PinnedVec) asks): a tuple bound
+/// (`Accessible<(HostAccessible, DeviceAccessible)>`) holds for the same concrete resources but
+/// does not carry to `&R` in generic code.
+///
+/// ```
+/// use mrstack::prelude::*;
+/// fn needs_device<R: Accessible<DeviceAccessible>>() {}
+/// fn library<R: MemoryResource + Accessible<DeviceAccessible>>() {
+///     needs_device::<&R>();
+///     needs_device::<Statistics<std::sync::Arc<R>>>();
+/// }
+/// library::<Cuda>();
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not give {P} memory",
     label = "this resource's memory is not {P}",
     note = "kernels dereference only DeviceAccessible memory: DeviceBox and DeviceVec need it; PinnedVec and host access (as_host_slice, Deref) need HostAccessible too; Prefetch needs Migratable (managed) memory",
-    note = "pick a resource that has the property (Cuda, CudaAsync, Pinned, Managed for DeviceAccessible; System, Pinned, Managed for HostAccessible; Managed for Migratable), or an adaptor stack over one"
+    note = "pick a resource that has the property (Cuda, CudaAsync, Pinned, Managed for DeviceAccessible; System, Pinned, Managed for HostAccessible; Managed for Migratable), or an adaptor stack over one",
+    note = "in generic code, bound the type parameter: `R: MemoryResource + Accessible<{P}>`; `&R`, `Arc<R>` and adaptors over `R` then give {P} memory too"
 )]
-pub trait Accessible<P>: sealed::Claimed<P> {}
+pub trait Accessible<P>: sealed::Claimed<P> + sealed::Selects<P, Bit: IsSet> {}
 
 /// The seal. Its traits are public (the blanket impls name them) in a private module: no code
 /// outside this crate can name, hence implement, them.
@@ -58,6 +79,23 @@ pub(crate) mod sealed {
     /// The typenum bit `B1`: what a property bit must be for the property to hold.
     pub trait IsSet {}
     impl IsSet for typenum::B1 {}
+
+    /// The bit of property set `P` in a resource: `R::Device` for [`DeviceAccessible`], and so
+    /// on. `Accessible<P>` has `Selects<P, Bit: IsSet>` as a supertrait, so a bound `R:
+    /// Accessible<P>` tells the compiler that bit is set, and a pointer or adaptor whose bits are
+    /// written as `<R as Selects<P>>::Bit` (as `&R`, `Arc<R>` and every adaptor's are) has the
+    /// property too, in generic code where `R` is a type parameter.
+    ///
+    /// [`DeviceAccessible`]: super::DeviceAccessible
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` has no {P} property: properties come only from the bits of a resource's `unsafe impl MemoryResource`",
+        label = "not a memory resource, or {P} is not one of mrstack's properties",
+        note = "properties are HostAccessible, DeviceAccessible, Migratable, Pageable and tuples of them, claimed by setting `type Host`/`Device`/`Managed = B1` in an `unsafe impl MemoryResource` (whose # Safety section is the promise); Accessible cannot be implemented by hand"
+    )]
+    pub trait Selects<P> {
+        /// `B1` where the resource gives the property.
+        type Bit: typenum::Bit;
+    }
 
     /// `R: Claimed<P>` holds exactly where this crate implements `Accessible<P>` for `R`: the
     /// supertrait that stops an `impl Accessible<P> for MyType` outside the crate.
@@ -77,41 +115,54 @@ pub(crate) mod sealed {
     pub trait Set {}
 }
 
-use sealed::{Claimed, IsSet};
+use sealed::{Claimed, IsSet, Selects};
+
+impl<R: MemoryResource + ?Sized> Selects<HostAccessible> for R {
+    type Bit = R::Host;
+}
+impl<R: MemoryResource + ?Sized> Selects<DeviceAccessible> for R {
+    type Bit = R::Device;
+}
+impl<R: MemoryResource + ?Sized> Selects<Migratable> for R {
+    type Bit = R::Managed;
+}
+// The empty set asks for nothing, so every resource gives it: `AnyResource<()>` can hold a
+// `Simulated` stack.
+impl<R: ?Sized> Selects<()> for R {
+    type Bit = B1;
+}
+
+/// `Selects` for pairs and triples of markers: set where each marker is. Written in terms of
+/// `Accessible` of each marker, so that in generic code `R: Accessible<HostAccessible> +
+/// Accessible<DeviceAccessible>` gives `&R: Accessible<(HostAccessible, DeviceAccessible)>`. Each
+/// written out: one generic tuple impl would send the inference of an unknown set
+/// (`AnyResource::new(…)` before its type is known) into unbounded recursion.
+macro_rules! tuple_selects {
+    (@pair $a:ty; $($b:ty),*) => {$(
+        impl<R: ?Sized + Accessible<$a> + Accessible<$b>> Selects<($a, $b)> for R {
+            type Bit = B1;
+        }
+        tuple_selects!(@triple $a, $b; HostAccessible, DeviceAccessible, Migratable, Pageable);
+    )*};
+    (@triple $a:ty, $b:ty; $($c:ty),*) => {$(
+        impl<R: ?Sized + Accessible<$a> + Accessible<$b> + Accessible<$c>> Selects<($a, $b, $c)>
+            for R
+        {
+            type Bit = B1;
+        }
+    )*};
+    ($($a:ty),*) => {$(
+        tuple_selects!(@pair $a; HostAccessible, DeviceAccessible, Migratable, Pageable);
+    )*};
+}
+tuple_selects!(HostAccessible, DeviceAccessible, Migratable, Pageable);
 
 // `do_not_recommend` makes a failure read as "`System` does not give DeviceAccessible memory"
 // rather than as a trait-solver trail through typenum bits.
 #[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Accessible<HostAccessible> for R where R::Host: IsSet {}
+impl<R: ?Sized + Selects<P>, P> Accessible<P> for R where <R as Selects<P>>::Bit: IsSet {}
 #[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Claimed<HostAccessible> for R where R::Host: IsSet {}
-
-#[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Accessible<DeviceAccessible> for R where R::Device: IsSet {}
-#[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Claimed<DeviceAccessible> for R where R::Device: IsSet {}
-
-#[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Accessible<Migratable> for R where R::Managed: IsSet {}
-#[diagnostic::do_not_recommend]
-impl<R: MemoryResource + ?Sized> Claimed<Migratable> for R where R::Managed: IsSet {}
-
-// The empty set asks for nothing, so every resource gives it: `AnyResource<()>` can hold a
-// `Simulated` stack.
-impl<R: ?Sized> Accessible<()> for R {}
-impl<R: ?Sized> Claimed<()> for R {}
-
-impl<R: ?Sized, A, B> Accessible<(A, B)> for R where R: Accessible<A> + Accessible<B> {}
-impl<R: ?Sized, A, B> Claimed<(A, B)> for R where R: Accessible<A> + Accessible<B> {}
-
-impl<R: ?Sized, A, B, C> Accessible<(A, B, C)> for R where
-    R: Accessible<A> + Accessible<B> + Accessible<C>
-{
-}
-impl<R: ?Sized, A, B, C> Claimed<(A, B, C)> for R where
-    R: Accessible<A> + Accessible<B> + Accessible<C>
-{
-}
+impl<R: ?Sized + Selects<P>, P> Claimed<P> for R where <R as Selects<P>>::Bit: IsSet {}
 
 /// `R: HostOnly`: `R` gives pageable host memory, which the CUDA driver knows neither as pinned
 /// (page-locked, registered) nor as managed memory, such as `System`'s.
@@ -186,10 +237,9 @@ unsafe impl<Ctx, A> HostOnly for crate::Callback<Ctx, Pageable, A> where
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Pageable;
 
-#[diagnostic::do_not_recommend]
-impl<R: HostOnly + ?Sized> Accessible<Pageable> for R {}
-#[diagnostic::do_not_recommend]
-impl<R: HostOnly + ?Sized> Claimed<Pageable> for R {}
+impl<R: HostOnly + ?Sized> Selects<Pageable> for R {
+    type Bit = B1;
+}
 
 // SAFETY: built only from `Accessible<Pageable>`, i.e. `HostOnly`, resources (`new`, `from_arc`;
 // the run-time constructors never grant `Pageable`), every call forwarded to them.
@@ -361,5 +411,34 @@ mod tests {
         host::<System>();
         assert_eq!(alignment_of::<Cuda>(), 256);
         assert_eq!(alignment_of::<System>(), 16);
+    }
+
+    /// What a bound on a type parameter gives to the pointers and adaptors over it: checked by
+    /// compiling, in code where `R` is generic (what a library function over any resource
+    /// writes).
+    fn carried<R>()
+    where
+        R: MemoryResource + Accessible<DeviceAccessible> + Accessible<HostAccessible>,
+    {
+        device::<&R>();
+        device::<std::sync::Arc<R>>();
+        device::<Statistics<&R>>();
+        device::<Pool<std::sync::Arc<R>>>();
+        device::<Limiting<Binning<&&R>>>();
+        host::<Tracking<&R>>();
+        both::<&R>();
+        both::<Statistics<&R>>();
+    }
+
+    fn carried_migratable<R: MemoryResource + Accessible<Migratable>>() {
+        managed::<&R>();
+        managed::<Statistics<std::sync::Arc<R>>>();
+    }
+
+    #[test]
+    fn generic_bounds_carry_to_pointers_and_adaptors() {
+        carried::<Managed>();
+        carried::<Pinned>();
+        carried_migratable::<Managed>();
     }
 }

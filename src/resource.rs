@@ -181,10 +181,11 @@ pub unsafe trait MemoryResource {
 /// handed out is the one below's. `U, field` writes both and `U`'s alignment;
 /// `U, field, Alignment = A` both and alignment `A`.
 macro_rules! forward_upstream {
+    // Through `Selects`, so that in generic code a bound `U: Accessible<P>` carries over.
     (properties of $U:ty) => {
-        type Host = <$U as $crate::resource::MemoryResource>::Host;
-        type Device = <$U as $crate::resource::MemoryResource>::Device;
-        type Managed = <$U as $crate::resource::MemoryResource>::Managed;
+        type Host = <$U as $crate::property::sealed::Selects<$crate::HostAccessible>>::Bit;
+        type Device = <$U as $crate::property::sealed::Selects<$crate::DeviceAccessible>>::Bit;
+        type Managed = <$U as $crate::property::sealed::Selects<$crate::Migratable>>::Bit;
     };
     // A pointer to a resource `R` is that resource: every item goes through.
     (everything to *self as $R:ty) => {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 /// One value of `T` in memory from `R`, ordered on one stream, freed on it when dropped.
 #[derive(Debug)]
-pub struct DeviceBox<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> {
+pub struct DeviceBox<T: DeviceRepr, R: MemoryResource> {
     inner: DeviceVec<T, R>,
 }
 

@@ -2,13 +2,25 @@
 //! `rmm::device_uvector`. Requires `R: Accessible<DeviceAccessible>`; host access to the elements
 //! (`as_host_slice`) exists only when `R` is host-accessible too (managed, pinned).
 
-use super::{copy_error, cudarc_interop, length_mismatch, AlignmentFits, RawBuf};
+use super::{copy_error, cudarc_interop, length_mismatch, AlignmentFits, PinnedVec, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
-use crate::resource::{AllocError, MemoryResource};
-use cudarc::driver::{result, sys, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
+use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
+use cudarc::driver::{
+    result, sys, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
+    DriverError, ValidAsZeroBits,
+};
+use std::ops::RangeBounds;
 use std::sync::Arc;
 
 /// `len` values of `T` in memory from `R`, ordered on one stream, freed on it when dropped.
+///
+/// A use on another stream is ordered as cudarc orders its own `CudaSlice`: the vector carries a
+/// cudarc slice with read and write events, and every cudarc copy, view ([`slice`](Self::slice),
+/// [`slice_mut`](Self::slice_mut)) and kernel argument goes through it, so the other stream
+/// first waits for the writes queued before (and a write for the reads too), and the vector's
+/// drop waits for the uses queued on other streams before the memory goes back to `R`. (As for
+/// cudarc's slices, this holds while the context tracks events, its default; a context whose
+/// tracking was turned off with the `unsafe` `disable_event_tracking` leaves it to the caller.)
 ///
 /// ```no_run
 /// # fn main() -> Result<(), mrstack::AllocError> {
@@ -21,7 +33,9 @@ use std::sync::Arc;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct DeviceVec<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> {
+// The struct asks only `R: MemoryResource`: the constructors ask for `DeviceAccessible`, so that a
+// resource without it is one error at the call, not one more per mention of the type.
+pub struct DeviceVec<T: DeviceRepr, R: MemoryResource> {
     pub(super) buf: RawBuf<T, R>,
 }
 
@@ -55,7 +69,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
             let err = copy_error(v.buf.resource().name(), bytes);
             stream.context().bind_to_thread().map_err(err)?;
             // SAFETY: the destination is `bytes` bytes of device-accessible memory of this buffer.
-            unsafe { result::memset_d8_async(*v.buf.address(), 0, bytes, stream.cu_stream()) }
+            unsafe { result::memset_d8_async(v.buf.address(), 0, bytes, stream.cu_stream()) }
                 .map_err(copy_error(v.buf.resource().name(), bytes))?;
         }
         Ok(v)
@@ -77,44 +91,119 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     /// Copies `host` in (same length) on the vector's stream and waits for the copy, so `host`
     /// may be changed or freed as soon as this returns, pinned or managed memory included (the
     /// driver stages only pageable memory; from pinned memory the copy is fully asynchronous).
+    /// The copy waits for the reads and writes of the vector queued on other streams.
     pub fn copy_from(&mut self, host: &[T]) -> Result<(), AllocError> {
-        let address = *self.buf.address();
-        self.blocking_copy(host.len(), |stream| {
-            // SAFETY: the destination holds `host.len()` values (checked by blocking_copy); the
-            // source is a live host slice, borrowed until blocking_copy has waited for the copy.
-            unsafe { result::memcpy_htod_async(address, host, stream) }
-        })
-    }
-
-    /// Copies the values out into `host` (same length), waiting for the vector's stream.
-    pub fn copy_to(&self, host: &mut [T]) -> Result<(), AllocError> {
-        let address = *self.buf.address();
-        self.blocking_copy(host.len(), |stream| {
-            // SAFETY: the source holds `host.len()` values (checked by blocking_copy); the
-            // destination is a live host slice, borrowed until blocking_copy has waited for it.
-            unsafe { result::memcpy_dtoh_async(host, address, stream) }
-        })
-    }
-
-    /// Runs `copy` of `host_len` values on the vector's stream with its context current, and
-    /// waits for it; `Err` if the lengths differ, nothing for an empty vector.
-    fn blocking_copy(
-        &self,
-        host_len: usize,
-        copy: impl FnOnce(sys::CUstream) -> Result<(), DriverError>,
-    ) -> Result<(), AllocError> {
-        let name = self.buf.resource().name();
-        if host_len != self.len() {
-            return Err(length_mismatch(host_len, name));
+        self.check_len(host.len())?;
+        if self.buf.bytes() == 0 {
+            return Ok(());
         }
-        if host_len == 0 || self.buf.bytes() == 0 {
+        let stream = self.buf.stream().clone();
+        let name = self.buf.resource().name();
+        let (address, written) = self.buf.slice_mut().device_ptr_mut(&stream);
+        copy_and_wait(&stream, name, std::mem::size_of_val(host), |s| {
+            // SAFETY: the destination holds `host.len()` values (checked above); the source is a
+            // live host slice, borrowed until copy_and_wait has waited for the copy.
+            unsafe { result::memcpy_htod_async(address, host, s) }
+        })?;
+        drop(written);
+        Ok(())
+    }
+
+    /// Copies the values out into `host` (same length), waiting for the copy (after the writes of
+    /// the vector queued on any stream).
+    pub fn copy_to(&self, host: &mut [T]) -> Result<(), AllocError> {
+        self.check_len(host.len())?;
+        if self.buf.bytes() == 0 {
             return Ok(());
         }
         let stream = self.buf.stream();
-        let err = || copy_error(name, self.buf.bytes());
-        stream.context().bind_to_thread().map_err(err())?;
-        copy(stream.cu_stream()).map_err(err())?;
-        stream.synchronize().map_err(err())
+        let (address, read) = self.buf.slice().device_ptr(stream);
+        let bytes = std::mem::size_of_val(host);
+        copy_and_wait(stream, self.buf.resource().name(), bytes, |s| {
+            // SAFETY: the source holds `host.len()` values (checked above); the destination is a
+            // live host slice, borrowed until copy_and_wait has waited for it.
+            unsafe { result::memcpy_dtoh_async(host, address, s) }
+        })?;
+        drop(read);
+        Ok(())
+    }
+
+    /// Copies `src` in, queued on the vector's stream, without waiting: the copy is ordered
+    /// after the device writes of `src` and the uses of the vector queued before it (on any
+    /// stream), and `src` records it, so a host write into `src` (which needs `&mut`) first waits
+    /// for it. Host-to-device staging that overlaps with the host's work.
+    pub fn copy_from_async<S>(&mut self, src: &PinnedVec<T, S>) -> Result<(), AllocError>
+    where
+        S: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>,
+    {
+        self.check_len(src.buf.len())?;
+        if self.buf.bytes() == 0 {
+            return Ok(());
+        }
+        let stream = self.buf.stream().clone();
+        let name = self.buf.resource().name();
+        let bytes = self.buf.bytes();
+        src.touched();
+        let (from, read) = src.buf.slice().device_ptr(&stream);
+        let (to, written) = self.buf.slice_mut().device_ptr_mut(&stream);
+        queue_copy(&stream, name, bytes, to, from)?;
+        // The guards record the copy on the two slices' events, after it was queued.
+        drop((written, read));
+        Ok(())
+    }
+
+    /// Copies the values out into `dst`, queued on the vector's stream, without waiting: `dst`
+    /// records the copy, so its next host access (`Deref`, `as_cells`) first waits for it.
+    /// Device-to-host staging that overlaps with the host's work.
+    pub fn copy_to_async<S>(&self, dst: &mut PinnedVec<T, S>) -> Result<(), AllocError>
+    where
+        S: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>,
+    {
+        self.check_len(dst.buf.len())?;
+        if self.buf.bytes() == 0 {
+            return Ok(());
+        }
+        let stream = self.buf.stream();
+        let bytes = self.buf.bytes();
+        dst.touched_mut();
+        let (from, read) = self.buf.slice().device_ptr(stream);
+        let (to, written) = dst.buf.slice_mut().device_ptr_mut(stream);
+        queue_copy(stream, self.buf.resource().name(), bytes, to, from)?;
+        drop((written, read));
+        Ok(())
+    }
+
+    /// `Err` unless `len` is the vector's length.
+    fn check_len(&self, len: usize) -> Result<(), AllocError> {
+        if len == self.len() {
+            Ok(())
+        } else {
+            Err(length_mismatch(len, self.buf.resource().name()))
+        }
+    }
+
+    /// A view of `range` of the values, as cudarc's `CudaView`: every cudarc copy and kernel
+    /// launch takes it, ordered on any stream like the vector itself. `Err` for a range outside
+    /// the vector (cudarc's own `slice` panics there).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<CudaView<'_, T>, AllocError> {
+        let len = self.len();
+        self.buf
+            .slice()
+            .try_slice(range)
+            .ok_or_else(|| out_of_range(len, self.buf.resource().name()))
+    }
+
+    /// A mutable view of `range` of the values, as cudarc's `CudaViewMut`. `Err` for a range
+    /// outside the vector.
+    pub fn slice_mut(
+        &mut self,
+        range: impl RangeBounds<usize>,
+    ) -> Result<CudaViewMut<'_, T>, AllocError> {
+        let (len, name) = (self.len(), self.buf.resource().name());
+        self.buf
+            .slice_mut()
+            .try_slice_mut(range)
+            .ok_or_else(|| out_of_range(len, name))
     }
 
     /// The values, copied to a new host `Vec`.
@@ -133,7 +222,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     where
         R: Accessible<HostAccessible>,
     {
-        self.buf.synchronize()?;
+        self.buf.wait_for_writes()?;
         // SAFETY: the memory is host-accessible (bound above), holds `len` initialized values, and
         // no queued work on the vector's stream is left to change it.
         Ok(unsafe { std::slice::from_raw_parts(self.buf.ptr().as_ptr(), self.len()) })
@@ -149,7 +238,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     where
         R: Accessible<HostAccessible>,
     {
-        self.buf.synchronize()?;
+        self.buf.wait_for_uses()?;
         // SAFETY: as for `as_host_slice`; `&mut self` makes this the only access while the cells
         // are borrowed, and Cell<T> has T's layout.
         let slice = unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.len()) };
@@ -176,14 +265,15 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         self.buf.resource()
     }
 
-    /// Waits for the work queued on the vector's stream.
+    /// Waits for the work queued on the vector's stream, and for the writes of the values
+    /// queued on other streams.
     pub fn synchronize(&self) -> Result<(), AllocError> {
-        self.buf.synchronize()
+        self.buf.wait_for_writes()
     }
 
     /// The device address of the first value.
     pub fn device_address(&self) -> u64 {
-        *self.buf.address()
+        self.buf.address()
     }
 
     fn touched(&self) {}
@@ -192,5 +282,48 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
 }
 
 cudarc_interop!(DeviceVec, buf where R: MemoryResource + Accessible<DeviceAccessible>);
+
+/// Runs `copy` of `bytes` on `stream` with its context current, and waits for it.
+fn copy_and_wait(
+    stream: &Arc<CudaStream>,
+    name: &'static str,
+    bytes: usize,
+    copy: impl FnOnce(sys::CUstream) -> Result<(), DriverError>,
+) -> Result<(), AllocError> {
+    let err = || copy_error(name, bytes);
+    stream.context().bind_to_thread().map_err(err())?;
+    copy(stream.cu_stream()).map_err(err())?;
+    stream.synchronize().map_err(err())
+}
+
+/// Queues a copy of `bytes` from `from` to `to` (device or host-and-device memory, one unified
+/// address space) on `stream`.
+fn queue_copy(
+    stream: &Arc<CudaStream>,
+    name: &'static str,
+    bytes: usize,
+    to: sys::CUdeviceptr,
+    from: sys::CUdeviceptr,
+) -> Result<(), AllocError> {
+    let err = || copy_error(name, bytes);
+    stream.context().bind_to_thread().map_err(err())?;
+    // SAFETY: both ranges are `bytes` bytes of live allocations that the caller's containers
+    // own and borrow for the call (the destination mutably); the copy is ordered on `stream`
+    // after their earlier uses and recorded on their events by the caller, and neither is freed
+    // before the events it records have passed (the containers' drops wait for them).
+    unsafe { sys::cuMemcpyAsync(to, from, bytes, stream.cu_stream()) }
+        .result()
+        .map_err(err())
+}
+
+/// The error for a view range outside a container of `len` values.
+fn out_of_range(len: usize, resource: &'static str) -> AllocError {
+    AllocError::new(
+        AllocErrorKind::InvalidArgument("view range is outside the container's values"),
+        len,
+        0,
+        resource,
+    )
+}
 
 static_assertions::assert_impl_all!(DeviceVec<f32, crate::Cuda>: Send, Sync);

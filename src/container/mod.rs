@@ -6,11 +6,13 @@
 //!
 //! They implement cudarc's `DeviceSlice`, `DevicePtr`, `DevicePtrMut` and `PushKernelArg`, so
 //! `stream.memcpy_htod(&host, &mut v)`, `stream.memcpy_dtov(&v)` and
-//! `stream.launch_builder(&f).arg(&mut v)` take them unchanged. A copy on another stream than the
-//! container's first makes that stream wait for the container's, then synchronizes it, so a later
-//! free on the container's stream cannot overtake it. Kernel launches cannot be ordered that way
-//! (cudarc does not expose the launch stream): launch on the container's stream, or order the
-//! streams yourself.
+//! `stream.launch_builder(&f).arg(&mut v)` take them unchanged, on any stream: each container
+//! carries a cudarc `CudaSlice` of its memory, whose read and write events order a use on another
+//! stream after the writes before it (a write after the reads too), exactly as for cudarc's own
+//! slices, kernel arguments included; the container's drop makes its stream wait for those uses
+//! before the memory goes back to its resource. `DeviceVec::slice`/`slice_mut` hand out cudarc's
+//! views of it, and `copy_from_async`/`copy_to_async` stage through a `PinnedVec` without
+//! blocking, the `PinnedVec` recording the copy for its next host access.
 
 mod device_box;
 mod device_vec;
@@ -24,8 +26,9 @@ pub use pinned_vec::PinnedVec;
 
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::StreamRef;
-use cudarc::driver::{sys, CudaStream, SyncOnDrop};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -47,12 +50,18 @@ impl<T, R: MemoryResource> AlignmentFits<T, R> {
 
 /// `len` values of `T` allocated from `R`, ordered on `stream`: the part the three containers share.
 /// It does not initialize or drop the values (containers hold `Copy`-like `DeviceRepr` data).
+///
+/// The memory is also held as cudarc's own `CudaSlice`, made with `upgrade_device_ptr`: its read
+/// and write events are what cudarc's copies, views and kernel launches use to order a use on any
+/// stream after the writes before it (and writes after the reads and writes before them). It is
+/// never dropped as a `CudaSlice`, which would free the memory through the driver: `Drop` leaks
+/// it, which makes the container's stream wait for those events, and then frees the memory
+/// through `R` on that stream.
 pub(crate) struct RawBuf<T, R: MemoryResource> {
+    slice: ManuallyDrop<CudaSlice<T>>,
     ptr: NonNull<T>,
     len: usize,
     resource: R,
-    stream: Arc<CudaStream>,
-    _owns: PhantomData<T>,
 }
 
 impl<T, R: MemoryResource> RawBuf<T, R> {
@@ -84,12 +93,32 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
             ));
         }
         let ptr = resource.allocate(bytes, align, StreamRef::from(stream))?;
+        // cudarc unwraps the creation of the slice's two events: a failure there (the driver
+        // out of resources) becomes this error, and the block goes back.
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: `ptr` is a live allocation of `bytes` = `len * size_of::<T>()` bytes that
+            // this buffer owns until `Drop`, which takes the slice back with `leak` (so cudarc
+            // never frees it); the values are not read through the slice before a container has
+            // written them (every constructor initializes them, or is `unsafe`).
+            unsafe { stream.upgrade_device_ptr::<T>(ptr.as_ptr() as sys::CUdeviceptr, len) }
+        }));
+        let Ok(slice) = made else {
+            // SAFETY: just allocated from `resource` with these arguments, handed to no one.
+            unsafe { resource.deallocate(ptr, bytes, align, StreamRef::from(stream)) };
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "the CUDA driver could not create the container's read/write events",
+                ),
+                bytes,
+                align,
+                resource.name(),
+            ));
+        };
         Ok(RawBuf {
+            slice: ManuallyDrop::new(slice),
             ptr: ptr.cast(),
             len,
             resource,
-            stream: stream.clone(),
-            _owns: PhantomData,
         })
     }
 
@@ -106,49 +135,63 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     }
 
     /// The pointer as a `CUdeviceptr` (under unified addressing, the same number for host memory).
-    pub(crate) fn address(&self) -> &sys::CUdeviceptr {
-        // SAFETY: NonNull<T> is one pointer-sized value, as is CUdeviceptr (u64) on the 64-bit
-        // targets CUDA supports; asserted below. The reference lives as long as `self`, which is
-        // what cudarc's launch builder needs (it stores the argument's address until launch).
-        unsafe { &*(&self.ptr as *const NonNull<T>).cast::<sys::CUdeviceptr>() }
+    pub(crate) fn address(&self) -> sys::CUdeviceptr {
+        self.ptr.as_ptr() as sys::CUdeviceptr
+    }
+
+    /// The memory as cudarc's slice, for its views and its ordered uses.
+    pub(crate) fn slice(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+
+    /// The memory as cudarc's slice, for its mutable views and its ordered uses.
+    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        self.slice.stream()
     }
 
     pub(crate) fn resource(&self) -> &R {
         &self.resource
     }
 
-    /// Orders a use on `stream` after the work queued on the container's stream, and returns what
-    /// orders the container's later free after that use (see the module docs).
-    pub(crate) fn order_use<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        // Identities, not raw handles: two contexts' null streams, or two threads' per-thread
-        // streams, share a handle value but are distinct streams.
-        if crate::stream::id_of(stream) == crate::stream::id_of(&self.stream) {
-            return SyncOnDrop::Sync(None);
+    /// Waits until no device work writes the memory, on any stream: the container's stream
+    /// first waits for the last write (the slice's write event; writes on other streams were
+    /// ordered after each other), then the host waits for the container's stream. What host
+    /// reads of host-accessible memory need.
+    pub(crate) fn wait_for_writes(&self) -> Result<(), AllocError> {
+        {
+            let (_, _read) = self.slice.device_ptr(self.stream());
         }
-        let ctx = stream.context();
-        ctx.record_err(stream.join(&self.stream));
-        SyncOnDrop::sync_stream(stream)
+        self.resource.synchronize(StreamRef::from(self.stream()))
     }
 
-    /// Waits for the container's stream: what host reads of host-accessible memory need.
-    pub(crate) fn synchronize(&self) -> Result<(), AllocError> {
-        self.resource.synchronize(StreamRef::from(&self.stream))
+    /// Waits until no device work uses the memory at all (the last read and the last write):
+    /// what host writes into host-accessible memory need.
+    pub(crate) fn wait_for_uses(&mut self) -> Result<(), AllocError> {
+        let stream = self.stream().clone();
+        {
+            let (_, _write) = self.slice.device_ptr_mut(&stream);
+        }
+        self.resource.synchronize(StreamRef::from(&stream))
     }
 }
 
-static_assertions::assert_eq_size!(sys::CUdeviceptr, NonNull<u8>);
-
 impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
     fn drop(&mut self) {
+        // SAFETY: the slice is taken once, here, and not used again.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        let stream = slice.stream().clone();
+        // The container's stream waits for every use that cudarc recorded on the slice's events
+        // (on any stream); the memory is not freed by cudarc.
+        let _ = slice.leak();
         // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on
         // the stream: wait for the kernels and copies that may still touch it.
         if <R::Host as typenum::Bit>::BOOL && self.bytes() > 0 {
-            if let Err(e) = self.resource.synchronize(StreamRef::from(&self.stream)) {
-                record_in_context(&self.stream, e);
+            if let Err(e) = self.resource.synchronize(StreamRef::from(&stream)) {
+                record_in_context(&stream, e);
             }
         }
         // SAFETY: ptr came from `allocate` on this resource with these bytes and T's alignment,
@@ -158,7 +201,7 @@ impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
                 self.ptr.cast(),
                 self.bytes(),
                 std::mem::align_of::<T>(),
-                StreamRef::from(&self.stream),
+                StreamRef::from(&stream),
             )
         }
     }
@@ -174,7 +217,8 @@ impl<T, R: MemoryResource + std::fmt::Debug> std::fmt::Debug for RawBuf<T, R> {
     }
 }
 
-// SAFETY: the buffer owns its allocation like a Box<[T]>; sending it sends the Ts and the resource.
+// SAFETY: the buffer owns its allocation like a Box<[T]>; sending it sends the Ts and the resource
+// (cudarc's slice is Send and Sync).
 unsafe impl<T: Send, R: MemoryResource + Send> Send for RawBuf<T, R> {}
 // SAFETY: shared access gives only shared access to the Ts and the resource.
 unsafe impl<T: Sync, R: MemoryResource + Sync> Sync for RawBuf<T, R> {}
@@ -182,8 +226,10 @@ unsafe impl<T: Sync, R: MemoryResource + Sync> Sync for RawBuf<T, R> {}
 /// Implements cudarc's `DeviceSlice`, `DevicePtr`, `DevicePtrMut` and `PushKernelArg` (for `&` and
 /// `&mut`) for a container whose `RawBuf<T, R>` is at the given field path, with `touched(&self)`
 /// (device work that reads the memory is queued) and `touched_mut(&mut self)` (work that may
-/// write it). A `&` kernel argument is read-only to the kernel, as for cudarc's own `&CudaSlice`. A macro
-/// because these are foreign traits on three distinct types: no single generic impl covers them.
+/// write it). Every one goes through the buffer's `CudaSlice`, so a use on any stream is ordered
+/// by its events exactly as for cudarc's own slices, kernel arguments included. A `&` kernel
+/// argument is read-only to the kernel, as for cudarc's own `&CudaSlice`. A macro because these
+/// are foreign traits on three distinct types: no single generic impl covers them.
 macro_rules! cudarc_interop {
     ($container:ident, $($buf:ident).+ where R: $($bound:tt)+) => {
         impl<T: cudarc::driver::DeviceRepr, R: $($bound)+> cudarc::driver::DeviceSlice<T>
@@ -205,7 +251,7 @@ macro_rules! cudarc_interop {
                 stream: &'a cudarc::driver::CudaStream,
             ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
                 self.touched();
-                (*self.$($buf).+.address(), self.$($buf).+.order_use(stream))
+                cudarc::driver::DevicePtr::device_ptr(self.$($buf).+.slice(), stream)
             }
         }
 
@@ -217,18 +263,18 @@ macro_rules! cudarc_interop {
                 stream: &'a cudarc::driver::CudaStream,
             ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
                 self.touched_mut();
-                (*self.$($buf).+.address(), self.$($buf).+.order_use(stream))
+                cudarc::driver::DevicePtrMut::device_ptr_mut(self.$($buf).+.slice_mut(), stream)
             }
         }
 
-        // SAFETY: pushes the address of the container's device pointer, which lives as long as
-        // the borrow 'b of the container, itself outliving the launch builder 'a.
+        // SAFETY: cudarc's own implementation for `&CudaSlice`, on the container's slice, which
+        // lives as long as the borrow 'b of the container, itself outliving the builder 'a.
         unsafe impl<'a, 'b: 'a, T: cudarc::driver::DeviceRepr, R: $($bound)+>
             cudarc::driver::PushKernelArg<&'b $container<T, R>> for cudarc::driver::LaunchArgs<'a>
         {
             fn arg(&mut self, arg: &'b $container<T, R>) -> &mut Self {
                 arg.touched();
-                self.arg(arg.$($buf).+.address())
+                self.arg(arg.$($buf).+.slice())
             }
         }
 
@@ -239,7 +285,7 @@ macro_rules! cudarc_interop {
         {
             fn arg(&mut self, arg: &'b mut $container<T, R>) -> &mut Self {
                 arg.touched_mut();
-                self.arg(arg.$($buf).+.address())
+                self.arg(arg.$($buf).+.slice_mut())
             }
         }
     };

@@ -1,5 +1,5 @@
 //! `PinnedVec<T, R>`: values in memory that both the host and kernels may dereference (pinned or
-//! managed). Requires `R: Accessible<(HostAccessible, DeviceAccessible)>`.
+//! managed). Requires `R: Accessible<HostAccessible> + Accessible<DeviceAccessible>`.
 //!
 //! It derefs to `[T]` on the host for reading; host writes go through [`PinnedVec::as_cells`]
 //! (a `&[Cell<T>]`), [`PinnedVec::copy_from_slice`] and [`PinnedVec::fill`]. Once the memory has
@@ -26,7 +26,9 @@
 use super::{cudarc_interop, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, MemoryResource};
-use cudarc::driver::{CudaStream, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits,
+};
 use std::cell::Cell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,12 +49,13 @@ use std::sync::Arc;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
+// Only `R: MemoryResource` here; the constructors ask for the properties (one error per misuse).
 pub struct PinnedVec<T, R>
 where
     T: DeviceRepr,
-    R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
+    R: MemoryResource,
 {
-    buf: RawBuf<T, R>,
+    pub(super) buf: RawBuf<T, R>,
     /// Set when device work that may write the memory was queued (only through `&mut self`, so
     /// never while a host read is under way); cleared once the stream was waited for.
     device_may_write: AtomicBool,
@@ -64,15 +67,15 @@ where
 impl<T, R> PinnedVec<T, R>
 where
     T: DeviceRepr,
-    R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
+    R: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>,
 {
     fn with_len(len: usize, resource: R, stream: &Arc<CudaStream>) -> Result<Self, AllocError> {
         let () = AlignmentFits::<T, R>::CHECK;
-        let buf = RawBuf::allocate(len, resource, stream)?;
+        let mut buf = RawBuf::allocate(len, resource, stream)?;
         // A suballocator may hand out a block that work queued on the stream still uses (freed on
         // this stream, or ordered after another one): the host writes next, so wait first.
         if buf.bytes() > 0 {
-            buf.synchronize()?;
+            buf.wait_for_uses()?;
         }
         Ok(PinnedVec {
             buf,
@@ -123,17 +126,28 @@ where
 
     /// The device address of the first value (the host address, under unified addressing).
     pub fn device_address(&self) -> u64 {
-        *self.buf.address()
+        self.buf.address()
     }
 
-    /// Waits for the vector's stream if the device may be writing the memory: what a host read
-    /// needs (`Deref` does it).
+    /// The number of values, without waiting for the device (as `Deref`'s `len()` would).
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// True when the vector holds no values (without waiting for the device).
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() == 0
+    }
+
+    /// Waits, if the device may be writing the memory, for every device write of it queued on
+    /// any stream (the vector's stream waits for the last one, then the host for the vector's
+    /// stream): what a host read needs (`Deref` does it).
     pub fn synchronize(&self) -> Result<(), AllocError> {
         // The flag is set only through `&mut self`, so no thread sets it while this one holds
         // `&self`: clearing it after the wait forgets nothing, and a reader that sees it clear
         // finds the device work finished, not merely waited for by someone else.
         if self.device_may_write.load(Ordering::Acquire) {
-            self.buf.synchronize()?;
+            self.buf.wait_for_writes()?;
             self.device_may_write.store(false, Ordering::Release);
         }
         Ok(())
@@ -142,7 +156,7 @@ where
     /// Waits for every device use of the memory, reads included: what a host write needs.
     fn wait_for_all(&mut self) -> Result<(), AllocError> {
         if *self.device_may_write.get_mut() || *self.device_may_read.get_mut() {
-            self.buf.synchronize()?;
+            self.buf.wait_for_uses()?;
             *self.device_may_write.get_mut() = false;
             *self.device_may_read.get_mut() = false;
         }
@@ -199,13 +213,13 @@ where
 
     /// Device work that reads the memory may be queued (a `&` kernel argument, a copy from it, a
     /// slice handed out by `Deref`).
-    fn touched(&self) {
+    pub(super) fn touched(&self) {
         self.device_may_read.store(true, Ordering::Release);
     }
 
     /// Device work that may write the memory is being queued (a `&mut` kernel argument, a copy
     /// into it).
-    fn touched_mut(&mut self) {
+    pub(super) fn touched_mut(&mut self) {
         *self.device_may_write.get_mut() = true;
     }
 }
@@ -213,7 +227,7 @@ where
 impl<T, R> Deref for PinnedVec<T, R>
 where
     T: DeviceRepr,
-    R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
+    R: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>,
 {
     type Target = [T];
     fn deref(&self) -> &[T] {
@@ -230,7 +244,7 @@ where
 impl<T, R> HostSlice<T> for PinnedVec<T, R>
 where
     T: DeviceRepr,
-    R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>,
+    R: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>,
 {
     fn len(&self) -> usize {
         self.buf.len()
@@ -242,7 +256,10 @@ where
     ) -> (&'a [T], SyncOnDrop<'a>) {
         let slice = &**self;
         self.touched();
-        (slice, self.buf.order_use(stream))
+        // `stream` waits for the device writes of the memory; the guard records the copy that
+        // cudarc queues next as a read, which the next host write and the drop wait for.
+        let (_, read) = self.buf.slice().device_ptr(stream);
+        (slice, read)
     }
 
     unsafe fn stream_synced_mut_slice<'a>(
@@ -255,16 +272,17 @@ where
             super::record_in_context(self.buf.stream(), e);
         }
         self.touched_mut();
-        // SAFETY: host-accessible memory holding `len` values; `&mut self` makes this the only
-        // access; cudarc hands the slice only to the copy it queues on `stream`, which
-        // `order_use` orders against the vector's stream, and the flag makes the next host
-        // access wait for it.
+        // SAFETY: host-accessible memory holding `len` values, which no device work uses any
+        // more (waited for above); `&mut self` makes this the only access; cudarc hands the slice
+        // only to the copy it queues on `stream`, which the guard below records as a write, and
+        // the flag makes the next host access wait for that write.
         let slice =
             unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) };
-        (slice, self.buf.order_use(stream))
+        let (_, written) = self.buf.slice_mut().device_ptr_mut(stream);
+        (slice, written)
     }
 }
 
-cudarc_interop!(PinnedVec, buf where R: MemoryResource + Accessible<(HostAccessible, DeviceAccessible)>);
+cudarc_interop!(PinnedVec, buf where R: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>);
 
 static_assertions::assert_impl_all!(PinnedVec<u8, crate::Pinned>: Send, Sync);

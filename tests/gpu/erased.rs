@@ -225,3 +225,35 @@ fn erased_and_text_built_stacks_carry_kernels() {
         "{e}"
     );
 }
+
+/// Text configs build suballocators with their fallible constructors: on a GPU, an initial
+/// reservation the device can hold is made at build time and serves kernels; one it cannot hold
+/// is an error naming the item, not a panic or an abort.
+#[test]
+fn text_built_suballocators_reserve_at_build_time_or_fail_cleanly() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.default_stream();
+    for text in [
+        "cuda_async > pool(initial=64MiB)",
+        "cuda > pool(initial=32MiB, max=256MiB) > binning",
+        "cuda > arena(size=64MiB)",
+        "cuda > fixed_size(block_size=1MiB, blocks_to_preallocate=16)",
+    ] {
+        let mr = mrstack::config::build::<DeviceAccessible>(text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        let mut v = DeviceVec::<u32, _>::zeroed(65_536, &mr, &stream).unwrap();
+        fill_and_check(&ctx, &mut v, 17);
+    }
+    for text in [
+        "cuda_async > pool(initial=1000TiB)",
+        "cuda > pool(initial=1000TiB)",
+        "cuda > arena(size=1000TiB)",
+        "cuda > fixed_size(block_size=1GiB, blocks_to_preallocate=1000000)",
+    ] {
+        let e = mrstack::config::build::<DeviceAccessible>(text).unwrap_err();
+        assert!(
+            matches!(e.kind, mrstack::config::ConfigErrorKind::Resource { .. }),
+            "{text}: {e}"
+        );
+    }
+}

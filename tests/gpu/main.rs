@@ -15,3 +15,4 @@ mod conformance;
 mod containers;
 mod erased;
 mod soundness;
+mod streams;
