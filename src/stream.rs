@@ -168,6 +168,17 @@ impl<'a> StreamRef<'a> {
     }
 }
 
+/// The identity of a cudarc stream used on this thread, as `StreamRef::from(&arc).id()` gives it:
+/// for where cudarc lends a `&CudaStream` without its `Arc`.
+pub(crate) fn id_of(stream: &CudaStream) -> StreamId {
+    let ctx = stream.context().cu_ctx() as usize as u64;
+    match stream.cu_stream() as usize {
+        0 | LEGACY_HANDLE => StreamId::new(0, ctx, 0),
+        PER_THREAD_HANDLE => StreamId::new(PER_THREAD_HANDLE as u64, ctx, thread_number()),
+        handle => StreamId::new(handle as u64, 0, 0),
+    }
+}
+
 /// True for cudarc's per-thread stream, whose one handle names a different stream on each thread.
 pub(crate) fn is_per_thread(stream: &CudaStream) -> bool {
     stream.cu_stream() as usize == PER_THREAD_HANDLE

@@ -6,8 +6,7 @@ use super::{copy_error, cudarc_interop, length_mismatch, AlignmentFits, PinnedVe
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use cudarc::driver::{
-    result, sys, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr,
-    DriverError, ValidAsZeroBits,
+    result, sys, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, ValidAsZeroBits,
 };
 use std::ops::RangeBounds;
 use std::sync::Arc;
@@ -99,7 +98,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         }
         let stream = self.buf.stream().clone();
         let name = self.buf.resource().name();
-        let (address, written) = self.buf.slice_mut().device_ptr_mut(&stream);
+        let (address, written) = self.buf.order_use(&stream, true);
         copy_and_wait(&stream, name, std::mem::size_of_val(host), |s| {
             // SAFETY: the destination holds `host.len()` values (checked above); the source is a
             // live host slice, borrowed until copy_and_wait has waited for the copy.
@@ -117,7 +116,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
             return Ok(());
         }
         let stream = self.buf.stream();
-        let (address, read) = self.buf.slice().device_ptr(stream);
+        let (address, read) = self.buf.order_read(stream);
         let bytes = std::mem::size_of_val(host);
         copy_and_wait(stream, self.buf.resource().name(), bytes, |s| {
             // SAFETY: the source holds `host.len()` values (checked above); the destination is a
@@ -144,8 +143,8 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let name = self.buf.resource().name();
         let bytes = self.buf.bytes();
         src.touched();
-        let (from, read) = src.buf.slice().device_ptr(&stream);
-        let (to, written) = self.buf.slice_mut().device_ptr_mut(&stream);
+        let (from, read) = src.buf.order_read(&stream);
+        let (to, written) = self.buf.order_use(&stream, true);
         queue_copy(&stream, name, bytes, to, from)?;
         // The guards record the copy on the two slices' events, after it was queued.
         drop((written, read));
@@ -166,8 +165,8 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let stream = self.buf.stream();
         let bytes = self.buf.bytes();
         dst.touched_mut();
-        let (from, read) = self.buf.slice().device_ptr(stream);
-        let (to, written) = dst.buf.slice_mut().device_ptr_mut(stream);
+        let (from, read) = self.buf.order_read(stream);
+        let (to, written) = dst.buf.order_use(stream, true);
         queue_copy(stream, self.buf.resource().name(), bytes, to, from)?;
         drop((written, read));
         Ok(())

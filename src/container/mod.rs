@@ -26,7 +26,7 @@ pub use pinned_vec::PinnedVec;
 
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::StreamRef;
-use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
@@ -157,6 +157,47 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         &self.resource
     }
 
+    /// Orders a use on `stream` of the memory (a write if `write`) and returns the guard that
+    /// records it, for cudarc's `DevicePtr`/`DevicePtrMut` and `HostSlice`. Through the slice's
+    /// events where its context tracks them for several streams (cudarc's rule). Where it does
+    /// not (the container's context has made no stream of its own, but `stream` belongs to
+    /// another `CudaContext` object that did), the events are not used, so: `stream` waits for
+    /// the work queued on the container's stream, and the guard synchronizes `stream` once the
+    /// use is queued, so that a later free cannot overtake it.
+    pub(crate) fn order_use<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+        write: bool,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let own = self.slice.stream();
+        if !own.context().is_managing_stream_synchronization()
+            && crate::stream::id_of(stream) != crate::stream::id_of(own)
+        {
+            stream.context().record_err(stream.join(own));
+            return (self.address(), SyncOnDrop::sync_stream(stream));
+        }
+        if write {
+            self.slice.device_ptr_mut(stream)
+        } else {
+            self.slice.device_ptr(stream)
+        }
+    }
+
+    /// As [`order_use`](Self::order_use) for a read, through `&self`.
+    pub(crate) fn order_read<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let own = self.slice.stream();
+        if !own.context().is_managing_stream_synchronization()
+            && crate::stream::id_of(stream) != crate::stream::id_of(own)
+        {
+            stream.context().record_err(stream.join(own));
+            return (self.address(), SyncOnDrop::sync_stream(stream));
+        }
+        self.slice.device_ptr(stream)
+    }
+
     /// Waits until no device work writes the memory, on any stream: the container's stream
     /// first waits for the last write (the slice's write event; writes on other streams were
     /// ordered after each other), then the host waits for the container's stream. What host
@@ -251,7 +292,7 @@ macro_rules! cudarc_interop {
                 stream: &'a cudarc::driver::CudaStream,
             ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
                 self.touched();
-                cudarc::driver::DevicePtr::device_ptr(self.$($buf).+.slice(), stream)
+                self.$($buf).+.order_read(stream)
             }
         }
 
@@ -263,7 +304,7 @@ macro_rules! cudarc_interop {
                 stream: &'a cudarc::driver::CudaStream,
             ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
                 self.touched_mut();
-                cudarc::driver::DevicePtrMut::device_ptr_mut(self.$($buf).+.slice_mut(), stream)
+                self.$($buf).+.order_use(stream, true)
             }
         }
 

@@ -26,9 +26,7 @@
 use super::{cudarc_interop, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, MemoryResource};
-use cudarc::driver::{
-    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaStream, DeviceRepr, HostSlice, SyncOnDrop, ValidAsZeroBits};
 use std::cell::Cell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -258,7 +256,7 @@ where
         self.touched();
         // `stream` waits for the device writes of the memory; the guard records the copy that
         // cudarc queues next as a read, which the next host write and the drop wait for.
-        let (_, read) = self.buf.slice().device_ptr(stream);
+        let (_, read) = self.buf.order_read(stream);
         (slice, read)
     }
 
@@ -278,7 +276,7 @@ where
         // the flag makes the next host access wait for that write.
         let slice =
             unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) };
-        let (_, written) = self.buf.slice_mut().device_ptr_mut(stream);
+        let (_, written) = self.buf.order_use(stream, true);
         (slice, written)
     }
 }

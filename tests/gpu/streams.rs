@@ -161,3 +161,24 @@ fn a_pinned_vec_written_on_another_stream_is_waited_for() {
     slow_fill!(&ctx, &t, &mut pinned, n, 41);
     assert_eq!(&pinned[..], &expected_fill(n, 41)[..]);
 }
+
+/// Two `CudaContext` objects of one device: the vector's context has made no stream (so cudarc
+/// keeps no events for it), the other has. A copy into the vector on the other's stream, queued
+/// behind slow work, is still seen by the vector's own read: where events are off, a use on a
+/// foreign stream is joined and waited for.
+#[test]
+fn a_copy_on_another_context_objects_stream_is_waited_for() {
+    let Some(_) = gpu() else { return };
+    let (ctx1, ctx2) = (CudaContext::new(0).unwrap(), CudaContext::new(0).unwrap());
+    assert!(!Arc::ptr_eq(&ctx1, &ctx2));
+    let s1 = ctx1.default_stream();
+    let t2 = ctx2.new_stream().unwrap();
+    assert!(!ctx1.is_managing_stream_synchronization());
+    let n = 1 << 20;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx1).unwrap(), &s1).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx2).unwrap(), &t2).unwrap();
+    slow_fill!(&ctx2, &t2, &mut scratch, 1, 1);
+    let host = expected_fill(n, 43);
+    t2.memcpy_htod(&host, &mut v).unwrap();
+    assert_eq!(v.to_vec().unwrap(), host);
+}
