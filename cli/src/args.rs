@@ -32,12 +32,18 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Replay an allocation log, or the built-in random workload, through preset resource stacks,
-    /// and print each stack's speed and memory.
+    /// print each stack's speed and memory, and end with the stack to use.
     ///
     /// For each stack: ns per op (the median of --passes timed passes after a warm-up pass, each
-    /// stack built with twice the workload's peak live bytes as its capacity), the peak bytes it took
-    /// from its upstream, the workload's peak live bytes, and the minimum capacity with which the
-    /// workload completes (a search over Simulated, on any machine), as a ratio to peak live.
+    /// stack built with twice the workload's peak live bytes as its capacity; over Simulated, host
+    /// bookkeeping only), the peak bytes it took from its upstream, the workload's peak live bytes,
+    /// and the minimum capacity with which the workload completes (a search over Simulated, on any
+    /// machine), as a ratio to peak live.
+    ///
+    /// The stack to use is printed as a resource_stack! block and as a text config, ready to paste:
+    /// the least minimum capacity first, a fixed order of speed among stacks within 5% of it, and
+    /// its minimum capacity plus 10% headroom. It never rests on timings, so every run of the same
+    /// log recommends the same.
     ///
     /// A log is RMM's CSV, Thread,Time,Action,Pointer,Size,Stream, plain or gzip-compressed: what
     /// RMM's logging_resource_adaptor and mrstack's Logging adaptor write. The threads of a

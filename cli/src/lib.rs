@@ -8,17 +8,24 @@
 //! * **ns/op**: a warm-up pass, then the median of timed passes on the same resource
 //!   ([`measure`]); a many-threaded workload replays each thread on an OS thread of its
 //!   own (up to [`MAX_REPLAY_THREADS`](mrstack::replay::MAX_REPLAY_THREADS)), and ns/op is then
-//!   wall time over all ops;
+//!   wall time over all ops
+//!   (over `Simulated`, host bookkeeping only: the table marks the column);
 //! * **upstream peak**: the most bytes the stack took from its upstream during those passes, with
 //!   the stack built with a capacity (pool maximum, arena size) of [`timed_capacity`]: twice the
 //!   most bytes the replay can hold at once (the peak live bytes in log order; with threads, the
 //!   most they can hold in any interleaving, [`Workload::threaded_peak`]), more for a stack whose
 //!   minimum capacity exceeds the peak live bytes, so that the timing measures speed rather than a
-//!   squeeze and every run of the same log gives the same answer;
+//!   squeeze and every run of the same log gives the same answer. The presets with a capacity
+//!   reserve it up front, so theirs is that capacity; with threads, it is what that run's
+//!   interleaving made the stack take, which can be below the log-order peak live;
 //! * **peak live**: the most bytes the workload holds at once, in log order;
 //! * **min capacity**: the smallest capacity with which the workload completes, found by
 //!   [`min_capacity`] over `Simulated` (host-side, on any machine, in log order on one thread:
 //!   the same answer every run), and its ratio to peak live.
+//!
+//! The report ends with the stack to use ([`Report::recommend`], [`recommend`](mod@recommend)):
+//! the least footprint first, a fixed order of speed among near ties, min capacity plus
+//! headroom, printed as a `resource_stack!` block and a text config.
 //!
 //! The library of the `mrstack-cli` package; the mrstack library itself has no CLI dependencies.
 //!
@@ -43,6 +50,11 @@
 //! ```
 
 pub mod args;
+pub mod recommend;
+mod table;
+
+pub use recommend::Recommendation;
+pub use table::{SIMULATED_NS_NOTE, UPSTREAM_PEAK_NOTE};
 
 use mrstack::leaf::Simulated;
 use mrstack::replay::rmm_log::Trace;
@@ -50,7 +62,6 @@ use mrstack::replay::{
     measure, min_capacity, timing_capacity, Replay, ReplayError, StackFactory, Workload,
 };
 use mrstack::stream::StreamHandle;
-use mrstack::units::Bytes;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -240,6 +251,11 @@ pub struct Report {
     pub stacks: Vec<StackReport>,
     /// Why there are no rows, where nothing was replayed: [`NOTHING_TO_TIME`].
     pub note: Option<String>,
+    /// The stack to use for this workload, as `resource_stack!` and as a text config, once
+    /// [`Report::recommend`] has run and found one.
+    pub recommendation: Option<Recommendation>,
+    /// Why [`Report::recommend`] found no stack to recommend.
+    pub no_recommendation: Option<String>,
 }
 
 /// The [`Report::note`] of a workload of no ops (a log of only a header, only failed or
@@ -257,130 +273,6 @@ impl Report {
     pub fn to_json(&self) -> String {
         // Plain data with string keys: serializing it cannot fail.
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
-    }
-
-    /// The report as a table for people, ending with a line per failure.
-    pub fn table(&self) -> String {
-        let w = &self.workload;
-        let plural = |n: usize, what: &str| {
-            let s = if what.ends_with('s') { "es" } else { "s" };
-            if n == 1 {
-                format!("{n} {what}")
-            } else {
-                format!("{n} {what}{s}")
-            }
-        };
-        let mut out = String::new();
-        let with_threads = w.threads > 1 && self.replayed_with_threads;
-        let threaded = if with_threads {
-            format!(
-                " in log order, up to {} with its threads at once",
-                Bytes::from(w.threaded_peak)
-            )
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            out,
-            "workload: {} ({}): {}, {}, {}, {}; peak live {}{threaded}",
-            w.name,
-            w.source,
-            plural(w.ops, "op"),
-            plural(w.allocations, "allocation"),
-            plural(w.threads, "thread"),
-            plural(w.streams, "stream"),
-            Bytes::from(w.peak_live)
-        );
-        if let Some(note) = &self.note {
-            let _ = writeln!(out, "{note}");
-            return out;
-        }
-        let held = if with_threads {
-            "what its threads can hold at once"
-        } else {
-            "peak live"
-        };
-        let _ = writeln!(
-            out,
-            "upstream: {} ({}); stacks timed with capacity {} (2 × {held}), more for a stack whose min capacity exceeds peak live",
-            self.upstream,
-            self.device,
-            Bytes::from(self.base_capacity)
-        );
-        let threads = if w.threads > 1 {
-            if self.replayed_with_threads {
-                let os = w.threads.min(mrstack::replay::MAX_REPLAY_THREADS);
-                format!(", {os} OS threads (wall time / ops)")
-            } else {
-                ", in log order on one thread".to_owned()
-            }
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            out,
-            "ns/op: median of {} after a warm-up pass{threads}; min capacity: smallest that completes in log order, to {}%, over Simulated",
-            plural(self.passes, "pass"),
-            self.precision * 100.0
-        );
-        let notes: Vec<String> = [
-            (
-                w.unfreed,
-                "allocation",
-                "never freed (freed after each pass, untimed)",
-            ),
-            (w.log_failures, "`allocate failure` line", "not replayed"),
-            (w.skipped_lines, "bad line", "left out"),
-        ]
-        .iter()
-        .filter(|(n, ..)| *n > 0)
-        .map(|&(n, what, done)| format!("{} {done}", plural(n, what)))
-        .collect();
-        if !notes.is_empty() {
-            let _ = writeln!(out, "log: {}", notes.join("; "));
-        }
-        let _ = writeln!(out);
-        let header = format!(
-            "{:<16} {:>10} {:>14} {:>12} {:>13} {:>10}",
-            "stack", "ns/op", "upstream peak", "peak live", "min capacity", "min/live"
-        );
-        let _ = writeln!(out, "{header}");
-        let _ = writeln!(out, "{}", "-".repeat(header.len()));
-        for s in &self.stacks {
-            let or_dash = |v: Option<String>, failed: bool| {
-                v.unwrap_or_else(|| if failed { "error" } else { "-" }.to_owned())
-            };
-            let timing_failed = s.timing_error.is_some();
-            let capacity_failed = s.capacity_error.is_some();
-            let _ = writeln!(
-                out,
-                "{:<16} {:>10} {:>14} {:>12} {:>13} {:>10}",
-                s.name,
-                or_dash(s.ns_per_op.map(|n| format!("{n:.1}")), timing_failed),
-                or_dash(
-                    s.upstream_peak.map(|n| Bytes::from(n).to_string()),
-                    timing_failed
-                ),
-                Bytes::from(s.peak_live),
-                or_dash(
-                    s.min_capacity.map(|n| Bytes::from(n).to_string()),
-                    capacity_failed
-                ),
-                or_dash(
-                    s.min_capacity_ratio.map(|r| format!("{r:.3}")),
-                    capacity_failed
-                ),
-            );
-        }
-        for s in &self.stacks {
-            if let Some(e) = &s.timing_error {
-                let _ = writeln!(out, "{}: timing failed: {e}", s.name);
-            }
-            if let Some(e) = &s.capacity_error {
-                let _ = writeln!(out, "{}: capacity search failed: {e}", s.name);
-            }
-        }
-        out
     }
 }
 
@@ -619,7 +511,7 @@ mod tests {
     use super::*;
     use mrstack::replay;
 
-    fn tiny() -> Workload {
+    pub(crate) fn tiny() -> Workload {
         use mrstack::replay::Op;
         Workload::new(
             "tiny",
@@ -829,7 +721,7 @@ mod tests {
             .contains("unsupported: test"));
     }
 
-    fn report(stacks: Vec<StackReport>) -> Report {
+    pub(crate) fn report(stacks: Vec<StackReport>) -> Report {
         Report {
             workload: WorkloadSummary::of(&tiny(), "test"),
             upstream: "simulated".into(),
@@ -840,10 +732,12 @@ mod tests {
             precision: 0.001,
             stacks,
             note: None,
+            recommendation: None,
+            no_recommendation: None,
         }
     }
 
-    fn row(name: &str) -> StackReport {
+    pub(crate) fn row(name: &str) -> StackReport {
         StackReport {
             name: name.into(),
             ns_per_op: Some(12.25),
@@ -857,53 +751,6 @@ mod tests {
             timing_error: None,
             capacity_error: None,
         }
-    }
-
-    #[test]
-    fn table_has_a_row_per_stack_and_a_line_per_failure() {
-        let mut bad = row("bad");
-        bad.ns_per_op = None;
-        bad.upstream_peak = None;
-        bad.timing_error = Some("op 1 (allocate 200 bytes): out of memory".into());
-        let mut na = row("cuda-async");
-        (na.min_capacity, na.min_capacity_ratio) = (None, None);
-        let r = report(vec![row("upstream"), bad, na]);
-        assert!(r.failed());
-        let t = r.table();
-        assert!(
-            t.contains("tiny (test): 4 ops, 2 allocations, 1 thread, 1 stream; peak live 300 B"),
-            "{t}"
-        );
-        assert!(t.contains("median of 5 passes"), "{t}");
-        let line = |name: &str| {
-            t.lines()
-                .find(|l| l.starts_with(&format!("{name} ")))
-                .unwrap()
-                .to_owned()
-        };
-        let cells = |name: &str| {
-            line(name)
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            cells("upstream"),
-            ["upstream", "12.2", "3.00", "MiB", "300", "B", "450", "B", "1.500"]
-        );
-        assert_eq!(
-            cells("bad"),
-            ["bad", "error", "error", "300", "B", "450", "B", "1.500"]
-        );
-        assert_eq!(
-            cells("cuda-async"),
-            ["cuda-async", "12.2", "3.00", "MiB", "300", "B", "-", "-"]
-        );
-        assert!(
-            t.ends_with("bad: timing failed: op 1 (allocate 200 bytes): out of memory\n"),
-            "{t}"
-        );
-        assert!(!report(vec![row("ok")]).failed());
     }
 
     #[test]

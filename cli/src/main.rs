@@ -1,7 +1,8 @@
 //! `mrstack`: the command-line tool. `mrstack replay [TRACE]` replays an allocation log (RMM's CSV,
 //! as the `Logging` adaptor writes it) or the built-in random workload through the preset stacks of
 //! `mrstack::replay::stacks()`, over a GPU or over `Simulated`, and prints for each stack its ns
-//! per op, the peak it took from its upstream and its minimum capacity. The work itself is in
+//! per op, the peak it took from its upstream and its minimum capacity, and ends with the stack to
+//! use, as a `resource_stack!` block and a text config. The work itself is in
 //! `mrstack_cli` (cli/src/lib.rs); this file is the command line, the choice of upstream and the progress bar.
 
 use cudarc::driver::CudaContext;
@@ -137,6 +138,8 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
             precision: settings.precision,
             stacks: Vec::new(),
             note: Some(NOTHING_TO_TIME.to_owned()),
+            recommendation: None,
+            no_recommendation: None,
         };
         return print_report(&report, args.json);
     }
@@ -157,7 +160,7 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
     };
     bar.bar.finish_and_clear();
 
-    let report = Report {
+    let mut report = Report {
         workload: summary,
         upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
         device,
@@ -167,7 +170,10 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
         precision: settings.precision,
         stacks,
         note: None,
+        recommendation: None,
+        no_recommendation: None,
     };
+    report.recommend(&workload);
     print_report(&report, args.json)
 }
 

@@ -135,7 +135,19 @@ fn replay_without_a_trace_prints_the_table() {
     assert!(!row.contains("error"), "{out}");
     if mrstack::cuda_context(0).is_err() {
         assert!(out.contains("upstream: simulated (no GPU found"), "{out}");
+        // Over Simulated, ns/op are bookkeeping, and the column says so.
+        assert!(header.contains("ns/op*"), "{header}");
+        assert!(out.contains(mrstack_cli::SIMULATED_NS_NOTE), "{out}");
     }
+    assert!(out.contains(mrstack_cli::UPSTREAM_PEAK_NOTE), "{out}");
+    // It ends with the stack to use, in both forms to paste.
+    assert!(out.contains("\nrecommended: "), "{out}");
+    assert!(
+        out.contains("\nresource_stack![\n    Cuda::new(&ctx)?,\n"),
+        "{out}"
+    );
+    let config = out.lines().last().unwrap();
+    assert!(config.starts_with("cuda > "), "{out}");
 }
 
 #[test]
@@ -216,6 +228,24 @@ fn a_many_threaded_log_replays_with_its_threads() {
     let out = expect(&replay(&[f.text()]), 0);
     assert!(out.contains("3 threads"), "{out}");
     assert!(out.contains("3 OS threads"), "{out}");
+    // With threads, upstream peak depends on how they interleaved: marked and explained.
+    let header = out.lines().find(|l| l.starts_with("stack ")).unwrap();
+    assert!(header.contains("upstream peak†"), "{header}");
+    assert!(
+        out.contains("\n† with threads, upstream peak is what this run's interleaving"),
+        "{out}"
+    );
+    // Arena first for threads; the threads of this log can hold 800 B at once (700 in log
+    // order), so the capacity leaves room for that.
+    assert!(
+        out.contains("fixed order for several threads: arena"),
+        "{out}"
+    );
+    let v = json(&replay(&[f.text(), "--json"]));
+    let r = &v["recommendation"];
+    assert_eq!(r["stack"], "arena", "{v}");
+    assert_eq!(v["workload"]["threaded_peak"], 800);
+    assert!(r["log_order_capacity"].is_string(), "{r}");
 
     let v = json(&replay(&[f.text(), "--json", "--sequential"]));
     assert_eq!(v["replayed_with_threads"], false);

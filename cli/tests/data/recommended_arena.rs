@@ -1,0 +1,4 @@
+resource_stack![
+    Cuda::new(&ctx)?,
+    Arena { size: 2.8 GiB },
+]
