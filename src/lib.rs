@@ -117,6 +117,9 @@
 
 extern crate self as mrstack;
 
+#[doc(hidden)]
+#[path = "macro_support.rs"]
+pub mod __private;
 pub mod adaptor;
 pub mod config;
 pub mod container;
@@ -161,24 +164,50 @@ pub use cudarc;
 /// `Box` match the version mrstack uses.
 pub use allocator_api2;
 
-/// Builds a resource stack from a list: the first item is a leaf resource (any expression), each
-/// following line wraps the one above through its [`Layer`] configuration.
+/// Builds a resource stack from a list: the first item is a leaf resource (any expression of a
+/// resource type), each following line wraps the one above through its [`Layer`] configuration.
 ///
 /// ```
 /// use mrstack::prelude::*;
 /// let sim = Simulated::new(1 << 30);
-/// let mr = resource_stack![&sim];
+/// let bytes: usize = 64 << 20;
+/// let mr = resource_stack![
+///     &sim,
+///     Pool { initial: 1.5 GiB, max: "2GB" }, // sizes: a number and its unit, or a string
+///     Binning { min: 256 B, max: bytes },    // or any usize expression, taken as bytes
+///     Statistics,
+/// ];
 /// # let _ = mr;
 /// ```
 ///
 /// A line is `Name`, `Name<Args>` or `Name { field: value, … }` (the configuration
 /// `mrstack::layer::Name`, other fields defaulted), or any other expression implementing `Layer`:
 /// write a configuration of your own as an expression (`(MyLayer)`, `my_layer`,
-/// `MyLayer::new()`), since a bare capitalized name is looked up in `mrstack::layer`. Sizes may be written
-/// `512 MiB`, `1.5 GiB`, `64KB` or as strings `"512MB"`, `"1.5GB"`, by the convention of the
-/// [`mrstack_units`] crate docs (`KB` and `KiB` both 1024 bytes, decimals truncated to whole
-/// bytes), and are checked at compile time, as is `Pool { initial: 2 GiB, max: 1 GiB }` (and
-/// `Binning`'s `min` above its `max`) when both sizes are literals.
+/// `MyLayer::new()`), since a bare capitalized name is looked up in `mrstack::layer`.
+///
+/// Sizes follow the convention of [`mrstack::units`](crate::units) (`KB` and `KiB` both 1024
+/// bytes, decimals truncated to whole bytes) and are checked at compile time, as is
+/// `Pool { initial: 2 GiB, max: 1 GiB }` (and `Binning`'s `min` above its `max`) when both sizes
+/// are literals. A number literal in a size field needs its unit, so that `64` is never 64 bytes
+/// by accident:
+///
+/// ```compile_fail
+/// # use mrstack::prelude::*;
+/// let mr = resource_stack![System::new(), Pool { initial: 64 }]; // error: write `64 B` or `64 MiB`
+/// ```
+///
+/// A leaf constructor that returns a `Result` needs its `?`; without it, the one error is at the
+/// leaf and says so:
+///
+/// ```compile_fail,E0277
+/// # use mrstack::prelude::*;
+/// # fn f() -> Result<(), AllocError> {
+/// let ctx = mrstack::cuda_context(0)?;
+/// let mr = resource_stack![Cuda::new(&ctx), Pool]; // error: add `?`
+/// # Ok(()) }
+/// ```
+///
+/// The grammar in full, and every rule for sizes:
 pub use mrstack_macros::resource_stack;
 
 /// The type-level numbers properties are made of (`typenum::U4096` for `Aligned<U4096>`).

@@ -111,6 +111,14 @@ pub type Result<T, E = AllocError> = std::result::Result<T, E>;
 /// assert_eq!(p.as_ptr() as usize % 16, 0);
 /// unsafe { r.deallocate_sync(p, 100, 8) };
 /// ```
+// Most often met as a leaf constructor's `Result` given to `resource_stack!` or a container
+// without `?`: the note names that case, since the trait's name alone does not.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a memory resource",
+    label = "not a `MemoryResource`",
+    note = "a leaf constructor that returns a `Result` (`Cuda::new(&ctx)`) needs `?`: `Cuda::new(&ctx)?`",
+    note = "memory resources are mrstack's leaves (Cuda, Pinned, System, Simulated, …), the adaptors over them, `&R` and `Arc<R>` of one, and your types with an `unsafe impl MemoryResource`"
+)]
 pub unsafe trait MemoryResource {
     /// `B1` when the CPU may dereference the memory.
     type Host: Bit;
@@ -386,7 +394,26 @@ impl std::fmt::Display for AllocErrorKind {
 }
 
 /// A failed allocation or resource construction: what failed, for which request, in which resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+///
+/// `{:?}` (what `main` prints for an error returned through `?`) reads as `Display` does, then
+/// names the kind to match on; `{:#?}` shows every field.
+///
+/// ```
+/// use mrstack::{AllocError, AllocErrorKind};
+///
+/// let e = AllocError::new(AllocErrorKind::NoDriver, 0, 0, "Cuda");
+/// assert_eq!(
+///     format!("{e:?}"),
+///     "Cuda: no CUDA driver: libcuda could not be loaded on this machine [AllocErrorKind::NoDriver]"
+/// );
+/// let oom = AllocError::out_of_memory(1 << 20, 256, "Pool");
+/// assert_eq!(
+///     format!("{oom:?}"),
+///     "Pool: out of memory (requested 1048576 bytes, alignment 256) [AllocErrorKind::OutOfMemory]"
+/// );
+/// assert!(format!("{oom:#?}").contains("size: 1048576"));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub struct AllocError {
     /// What went wrong.
     pub kind: AllocErrorKind,
@@ -410,6 +437,24 @@ impl std::fmt::Display for AllocError {
             )?;
         }
         Ok(())
+    }
+}
+
+impl std::fmt::Debug for AllocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The derived form (`AllocError { kind: NoDriver, size: 0, align: 0, … }`) read as a
+        // failed 0-byte request when `main` printed a constructor's error. The message already
+        // carries the resource, size and alignment; the kind is what code matches on.
+        if f.alternate() {
+            return f
+                .debug_struct("AllocError")
+                .field("kind", &self.kind)
+                .field("size", &self.size)
+                .field("align", &self.align)
+                .field("resource", &self.resource)
+                .finish();
+        }
+        write!(f, "{self} [AllocErrorKind::{:?}]", self.kind)
     }
 }
 

@@ -3,6 +3,8 @@
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::stream::StreamRef;
+use crate::units::Bytes;
+use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -45,12 +47,60 @@ impl Counter {
 }
 
 /// The byte and allocation counters of a [`Statistics`] adaptor or of one of its scopes.
+///
+/// Its `Display` is one line for logs:
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let mr = resource_stack![Simulated::new(1 << 30), Statistics];
+/// let a = mr.allocate(1 << 20, 256, StreamRef::DEFAULT).unwrap();
+/// let b = mr.allocate(512, 256, StreamRef::DEFAULT).unwrap();
+/// // SAFETY: a came from mr with this size and alignment.
+/// unsafe { mr.deallocate(a, 1 << 20, 256, StreamRef::DEFAULT) };
+/// assert_eq!(
+///     mr.stats().to_string(),
+///     "bytes 512 B (peak 1.00 MiB, total 1.00 MiB), allocations 1 (peak 2, total 2)"
+/// );
+/// # unsafe { mr.deallocate(b, 512, 256, StreamRef::DEFAULT) };
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Stats {
     /// Bytes requested.
     pub bytes: Counter,
     /// Allocations (zero-size requests are not counted: they take no memory).
     pub allocations: Counter,
+}
+
+/// A byte count as [`Bytes`] shows it, with a sign: a scope's `current` goes below zero when it
+/// frees memory allocated before it opened.
+struct SignedBytes(i128);
+
+impl fmt::Display for SignedBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.0 < 0 { "-" } else { "" };
+        let bytes = Bytes(u64::try_from(self.0.unsigned_abs()).unwrap_or(u64::MAX));
+        f.pad(&format!("{sign}{bytes}"))
+    }
+}
+
+impl fmt::Display for Stats {
+    /// `bytes 1.46 KiB (peak 2.93 KiB, total 4.39 KiB), allocations 2 (peak 4, total 6)`: bytes in
+    /// powers of 1024, as [`Bytes`] shows them. The two peaks are each counter's own, perhaps
+    /// reached at different times.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (b, a) = (&self.bytes, &self.allocations);
+        write!(
+            f,
+            "bytes {} (peak {}, total {}), allocations {} (peak {}, total {})",
+            SignedBytes(b.current),
+            SignedBytes(b.peak),
+            SignedBytes(b.total),
+            a.current,
+            a.peak,
+            a.total
+        )
+    }
 }
 
 impl Stats {

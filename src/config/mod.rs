@@ -5,8 +5,9 @@
 //! The text is a list of items separated by `>`, read bottom-up like the macro's lines: the first
 //! is a leaf resource, each next one an adaptor wrapping the one before. An item is a name,
 //! optionally followed by `(field=value, …)`. Values are sizes (`4096`, `64 KiB`, `512MB`,
-//! `1.5GiB`, read as the macro reads them: the convention, with `MB` = `MiB` = 2^20 bytes and
-//! decimals truncated to whole bytes, is written once in the [`mrstack_units`] crate docs),
+//! `1.5GiB`, read by the macro's convention: `MB` = `MiB` = 2^20 bytes and decimals truncated to
+//! whole bytes, as the [`mrstack_units`] crate docs write once; a bare number is bytes here, where
+//! the macro asks a number literal for its unit),
 //! whole numbers, or text; text with `,` `(` `)` `>` `=` or `"` in it goes in double quotes
 //! (`logging(path="a,b.csv")`, with `\"` and `\\` as escapes).
 //!

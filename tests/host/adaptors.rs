@@ -159,10 +159,29 @@ fn statistics_scopes_nest_as_rmm() {
     let outer = mr.pop_scope().unwrap();
     assert_eq!(outer.bytes, counter(-600, 100, 600));
     assert_eq!(outer.allocations, counter(1, 2, 3));
+    // A scope that freed more than it allocated shows its bytes below zero.
+    assert_eq!(
+        outer.to_string(),
+        "bytes -600 B (peak 100 B, total 600 B), allocations 1 (peak 2, total 3)"
+    );
     assert_eq!(mr.scope_depth(), 0);
 
     // The lifetime counters saw everything.
     assert_eq!(mr.bytes(), counter(400, 1100, 1600));
+    assert_eq!(
+        mr.stats().to_string(),
+        "bytes 400 B (peak 1.07 KiB, total 1.56 KiB), allocations 2 (peak 3, total 4)"
+    );
+    let negative_kib = Stats {
+        bytes: counter(-3 << 29, 0, 0),
+        ..Stats::default()
+    };
+    assert!(
+        negative_kib
+            .to_string()
+            .starts_with("bytes -1.50 GiB (peak 0 B"),
+        "{negative_kib}"
+    );
     // SAFETY: each came from mr with this size and alignment.
     unsafe {
         mr.deallocate(a, 100, 8, S);
@@ -310,7 +329,7 @@ fn limiting_refuses_over_the_cap() {
 
 #[test]
 fn limiting_gives_back_the_reservation_when_the_upstream_fails() {
-    let mr = resource_stack![Simulated::new(1000), Limiting { limit: 5000 }];
+    let mr = resource_stack![Simulated::new(1000), Limiting { limit: 5000 B }];
     let err = mr.allocate(2000, 1, S).unwrap_err();
     assert_eq!(err.kind, AllocErrorKind::OutOfMemory);
     assert_eq!(mr.in_use(), 0);

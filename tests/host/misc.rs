@@ -109,6 +109,12 @@ fn stack_of_a_leaf() {
     unsafe { mr.deallocate(p, 1 << 20, 256, S) };
     let owned: System = resource_stack![System::new(),];
     zero_size_is_dangling(&owned);
+    // A borrowed temporary lives as long as `mr`, as `let mr = &Simulated::new(…);` would.
+    let mr = resource_stack![&Simulated::new(1 << 20)];
+    let p = mr.allocate(64, 8, S).unwrap();
+    assert_eq!(mr.in_use(), 64);
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 64, 8, S) };
 }
 
 #[test]
@@ -126,6 +132,12 @@ fn cuda_constructors_fail_cleanly_without_a_driver() {
     assert_eq!(mrstack::device_count(), 0);
     let msg = Cuda::on_device(0).unwrap_err().to_string();
     assert!(msg.contains("no CUDA driver"), "{msg}");
+    // What `main` prints for `?`: what happened, not a 0-byte request, then the kind to match.
+    let debug = format!("{:?}", Cuda::on_device(0).unwrap_err());
+    assert_eq!(
+        debug,
+        "CudaContext: no CUDA driver: libcuda could not be loaded on this machine [AllocErrorKind::NoDriver]"
+    );
 }
 
 #[test]
@@ -142,6 +154,23 @@ fn errors_say_what_failed() {
     assert_eq!(
         e.to_string(),
         "Limiting: limit of 100 bytes exceeded (90 bytes already allocated) (requested 20 bytes, alignment 8)"
+    );
+    assert_eq!(
+        format!("{e:?}"),
+        format!("{e} [AllocErrorKind::LimitExceeded {{ limit: 100, in_use: 90 }}]")
+    );
+    // `{:#?}` is every field, for a developer.
+    assert_eq!(
+        format!("{e:#?}"),
+        "AllocError {\n    kind: LimitExceeded {\n        limit: 100,\n        in_use: 90,\n    },\n    size: 20,\n    align: 8,\n    resource: \"Limiting\",\n}"
+    );
+    // Inside another value's `{:?}`, as `unwrap` on an `Err` prints it.
+    assert_eq!(
+        format!(
+            "{:?}",
+            Err::<(), _>(AllocError::out_of_memory(64, 8, "Pool"))
+        ),
+        "Err(Pool: out of memory (requested 64 bytes, alignment 8) [AllocErrorKind::OutOfMemory])"
     );
     assert!(e.is_out_of_memory());
     let oom = AllocError::cuda(
@@ -210,8 +239,14 @@ fn macro_size_literals_in_every_spelling() {
         2048
     );
     assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 1_024 }]),
+        limit(&resource_stack![&sim, Limiting { limit: 1_024 B }]),
         1024
+    );
+    // An expression is bytes; a number literal alone needs its unit (tests/ui/size_without_unit.rs).
+    let kib = 1024;
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 3 * kib }]),
+        3072
     );
     // KB/MB/GB/TB are powers of 1024, as Holoscan reads them.
     assert_eq!(

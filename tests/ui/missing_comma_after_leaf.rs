@@ -1,0 +1,9 @@
+// Items are separated by commas: one missing after the leaf is named.
+use mrstack::prelude::*;
+
+fn main() {
+    let _mr = resource_stack![
+        System::new()
+        Pool { initial: 1 GiB },
+    ];
+}
