@@ -16,9 +16,14 @@ pub(super) const LEAVES: &[&str] = &[
     "simulated",
 ];
 
-/// Builds the leaf `item` names; `Ok(None)` when it names no leaf.
-pub(super) fn leaf<P: PropertySet>(item: &ItemSpec) -> Result<Option<AnyResource<P>>, ConfigError> {
-    let device = || -> Result<usize, ConfigError> { Ok(item.number("device")?.unwrap_or(0)) };
+/// Builds the leaf `item` names (on `default_device` unless it names one); `Ok(None)` when it
+/// names no leaf.
+pub(super) fn leaf<P: PropertySet>(
+    item: &ItemSpec,
+    default_device: usize,
+) -> Result<Option<AnyResource<P>>, ConfigError> {
+    let device =
+        || -> Result<usize, ConfigError> { Ok(item.number("device")?.unwrap_or(default_device)) };
     let err = |e| item.resource_error(e);
     let any = match item.name.as_str() {
         "cuda" => {

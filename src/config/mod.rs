@@ -118,6 +118,8 @@ type AdaptorFn<P> =
 /// ```
 pub struct StackBuilder<P: PropertySet> {
     adaptors: Vec<(String, Box<AdaptorFn<P>>)>,
+    /// The device of a CUDA leaf whose text names none.
+    device: usize,
 }
 
 impl<P: PropertySet> StackBuilder<P> {
@@ -130,7 +132,15 @@ impl<P: PropertySet> StackBuilder<P> {
     pub fn without_adaptors() -> Self {
         StackBuilder {
             adaptors: Vec::new(),
+            device: 0,
         }
+    }
+
+    /// Builds CUDA leaves that name no `device` on device `device` (0 unless set): one text
+    /// config for every device of a host, as the C library's per-device stacks use it.
+    pub fn on_device(mut self, device: usize) -> Self {
+        self.device = device;
+        self
     }
 
     /// Registers this crate's adaptors under their text names; `new` calls it. Each is one
@@ -236,7 +246,7 @@ impl<P: PropertySet> StackBuilder<P> {
             .items
             .split_first()
             .ok_or(ConfigError::new(ConfigErrorKind::Empty, 0))?;
-        let mut stack = match leaf::<P>(first)? {
+        let mut stack = match leaf::<P>(first, self.device)? {
             Some(built) => built,
             None if self.adaptor(&first.name).is_some() => {
                 return Err(first.error(ConfigErrorKind::AdaptorFirst {
@@ -268,6 +278,7 @@ impl<P: PropertySet> fmt::Debug for StackBuilder<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StackBuilder")
             .field("names", &self.names())
+            .field("device", &self.device)
             .finish()
     }
 }

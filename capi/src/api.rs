@@ -1,0 +1,257 @@
+//! The generic C API: create a stack from a text config, allocate and free with size, alignment
+//! and stream, describe it, read its statistics, destroy it.
+
+use crate::error::{guard, set};
+use crate::stack::{Expect, MrstackStack};
+use mrstack::cudarc::driver::sys::CUstream;
+use mrstack::StreamRef;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::{Arc, LazyLock, RwLock};
+
+/// Every stack handed to C and not destroyed, by the address C holds. Calls look their handle
+/// up here instead of dereferencing it: a destroyed, forged or null handle is an error, and a
+/// stack destroyed while another thread still uses it lives until that call returns.
+static HANDLES: LazyLock<RwLock<HashMap<usize, Arc<MrstackStack>>>> =
+    LazyLock::new(|| RwLock::new(HashMap::new()));
+
+/// Registers `stack` and returns its handle.
+pub(crate) fn register(stack: Arc<MrstackStack>) -> *mut MrstackStack {
+    let addr = Arc::as_ptr(&stack) as usize;
+    HANDLES
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(addr, stack);
+    addr as *mut MrstackStack
+}
+
+/// The stack `handle` names.
+pub(crate) fn lookup(handle: *const MrstackStack) -> Result<Arc<MrstackStack>, String> {
+    if handle.is_null() {
+        return Err("null stack handle".into());
+    }
+    HANDLES
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(handle as usize))
+        .cloned()
+        .ok_or_else(|| format!("{handle:p} is not a live stack (destroyed, or never created)"))
+}
+
+/// A C string argument as UTF-8.
+///
+/// # Safety
+///
+/// `s` is null or points to a NUL-terminated string that lives for the call.
+pub(crate) unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, String> {
+    if s.is_null() {
+        return Err(format!("{what} is null"));
+    }
+    // SAFETY: non-null and NUL-terminated, by the caller's promise.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|_| format!("{what} is not UTF-8"))
+}
+
+/// A raw stream handle as a `StreamRef`.
+///
+/// # Safety
+///
+/// As [`StreamRef::from_raw`]: null, a special handle, or a live stream of the stack's context
+/// that stays live while the stack may order work after it.
+pub(crate) unsafe fn stream<'a>(s: *mut c_void) -> StreamRef<'a> {
+    // SAFETY: forwarded from the caller.
+    unsafe { StreamRef::from_raw(s as CUstream) }
+}
+
+/// Copies `text` into `buf` (at most `cap` bytes, NUL included) like `snprintf`; returns the
+/// length of the whole text.
+///
+/// # Safety
+///
+/// `buf` is null (with any `cap`) or valid for `cap` bytes of writes.
+pub(crate) unsafe fn write_text(text: &str, buf: *mut c_char, cap: usize) -> usize {
+    if !buf.is_null() && cap > 0 {
+        let n = text.len().min(cap - 1);
+        // SAFETY: `buf` holds `cap` > n bytes (caller's promise); source and destination are
+        // distinct (ours is a Rust string).
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    text.len()
+}
+
+/// Builds the stack a text config describes (`"cuda > pool(initial=1GiB) > binning"`), CUDA
+/// leaves on device 0 unless the text names one. Null on error (see `mrstack_last_error`).
+///
+/// # Safety
+///
+/// `config` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn mrstack_create(config: *const c_char) -> *mut MrstackStack {
+    // SAFETY: forwarded from the caller; a null log path.
+    unsafe { mrstack_create_ex(config, 0, std::ptr::null()) }
+}
+
+/// As `mrstack_create`, with CUDA leaves that name no device on `device`, and, when `log_path`
+/// is not null, every request recorded to that file in RMM's log format (for `mrstack replay`).
+///
+/// # Safety
+///
+/// `config` and `log_path` are null or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn mrstack_create_ex(
+    config: *const c_char,
+    device: c_int,
+    log_path: *const c_char,
+) -> *mut MrstackStack {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: forwarded from the caller.
+        let config = unsafe { text(config, "config") }?;
+        let log = if log_path.is_null() {
+            None
+        } else {
+            // SAFETY: forwarded from the caller.
+            Some(unsafe { text(log_path, "log path") }?)
+        };
+        let device = usize::try_from(device).map_err(|_| format!("device {device} < 0"))?;
+        Ok(register(Arc::new(MrstackStack::build(
+            config, device, log,
+        )?)))
+    })
+}
+
+/// Destroys a stack: blocks still live go back to it, and it gives back what it took. 0, or -1
+/// for a handle that names no live stack.
+#[no_mangle]
+pub extern "C" fn mrstack_destroy(stack: *mut MrstackStack) -> c_int {
+    guard(-1, || {
+        let removed = HANDLES
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(stack as usize));
+        match removed {
+            Some(_) => Ok(0),
+            None => Err(format!(
+                "{stack:p} is not a live stack (destroyed, or never created)"
+            )),
+        }
+    })
+}
+
+/// `size` bytes aligned to `align` (a power of two; 0 for the stack's own alignment), ordered on
+/// `stream` (a `CUstream`/`cudaStream_t`; null for the default stream). Null when `size` is 0
+/// (not an error) or on error (see `mrstack_last_error`).
+///
+/// # Safety
+///
+/// `stream` is null or a live stream of the stack's CUDA context, which stays live while the
+/// stack may still order work after it (until the blocks freed on it are reused, or the stack
+/// is destroyed).
+#[no_mangle]
+pub unsafe extern "C" fn mrstack_allocate(
+    stack: *mut MrstackStack,
+    size: usize,
+    align: usize,
+    stream: *mut c_void,
+) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: forwarded from the caller.
+        lookup(stack)?.allocate(size, align, unsafe { self::stream(stream) })
+    })
+}
+
+/// Frees a block of this stack on `stream`, with the size and alignment it was allocated with
+/// (0 for an alignment of 0). 0; -1 when `ptr` is not a live block of the stack, or the size or
+/// alignment differ (then nothing is freed). A null `ptr` is nothing to free.
+///
+/// # Safety
+///
+/// As for `mrstack_allocate`; and no work uses the block after `stream`'s work queued so far.
+#[no_mangle]
+pub unsafe extern "C" fn mrstack_deallocate(
+    stack: *mut MrstackStack,
+    ptr: *mut c_void,
+    size: usize,
+    align: usize,
+    stream: *mut c_void,
+) -> c_int {
+    guard(-1, || {
+        let expect = Expect {
+            size: Some(size),
+            align: Some(if align == 0 { 1 } else { align }),
+        };
+        // SAFETY: forwarded from the caller.
+        lookup(stack)?.deallocate(ptr, expect, unsafe { self::stream(stream) })?;
+        Ok(0)
+    })
+}
+
+/// What the stack is, as text, written to `buf` like `snprintf`; returns the text's length
+/// (write nothing with a null `buf` to learn it). 0 with the last error set for a bad handle.
+///
+/// # Safety
+///
+/// `buf` is null or valid for `cap` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mrstack_describe(
+    stack: *const MrstackStack,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
+    guard(0, || {
+        let text = lookup(stack)?.describe();
+        // SAFETY: forwarded from the caller.
+        Ok(unsafe { write_text(&text, buf, cap) })
+    })
+}
+
+/// The stack's counts as a JSON object (allocations, deallocations, failed allocations, bad
+/// frees, live blocks and bytes, peak live bytes), written like `mrstack_describe`.
+///
+/// # Safety
+///
+/// `buf` is null or valid for `cap` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mrstack_statistics_json(
+    stack: *const MrstackStack,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
+    guard(0, || {
+        let text = lookup(stack)?.statistics_json();
+        // SAFETY: forwarded from the caller.
+        Ok(unsafe { write_text(&text, buf, cap) })
+    })
+}
+
+/// The memory the stack gives: `MRSTACK_HOST` | `MRSTACK_DEVICE` | `MRSTACK_MANAGED` bits;
+/// -1 for a bad handle.
+#[no_mangle]
+pub extern "C" fn mrstack_properties(stack: *const MrstackStack) -> c_int {
+    guard(-1, || Ok(property_bits(lookup(stack)?.properties())))
+}
+
+/// `MRSTACK_HOST` | `MRSTACK_DEVICE` | `MRSTACK_MANAGED` bits of `p`.
+pub(crate) fn property_bits(p: mrstack::property::Properties) -> c_int {
+    let bit = |set: bool, b: c_int| if set { b } else { 0 };
+    bit(p.host, MRSTACK_HOST) | bit(p.device, MRSTACK_DEVICE) | bit(p.managed, MRSTACK_MANAGED)
+}
+
+/// The CPU may dereference the stack's memory.
+pub const MRSTACK_HOST: c_int = 1;
+/// Kernels may dereference the stack's memory.
+pub const MRSTACK_DEVICE: c_int = 2;
+/// The memory is managed (migratable) memory.
+pub const MRSTACK_MANAGED: c_int = 4;
+
+/// Reports a failure of a call that cannot return one (a client's `free` returning `void`) on
+/// standard error, besides recording it as the last error: the client cannot hear of it.
+pub(crate) fn report_void_failure(what: &str, result: Result<(), String>) {
+    if let Err(e) = result {
+        eprintln!("mrstack: {what}: {e}");
+        set(e);
+    }
+}

@@ -1,0 +1,336 @@
+//! `MrstackStack`: a stack built from a text config, the live blocks it handed out, its counts.
+
+use mrstack::adaptor::Logging;
+use mrstack::config::{StackBuilder, StackSpec};
+use mrstack::property::Properties;
+use mrstack::{AnyResource, MemoryResource, StreamRef};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fs::File;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// Shards of the live-block table: frees from many threads rarely meet on one lock.
+const SHARDS: usize = 64;
+
+/// A memory-resource stack behind the C API. Opaque to C: only pointers to it cross.
+pub struct MrstackStack {
+    resource: Resource,
+    config: String,
+    properties: Properties,
+    /// Every block handed out and not yet freed, by address: a free is checked against it (a
+    /// pointer this stack did not hand out, or a double free, is an error, not undefined
+    /// behaviour), and the clients that free without a size (CuPy, TensorRT) find it here.
+    live: Vec<Mutex<HashMap<usize, Block>>>,
+    counts: Counts,
+}
+
+/// The stack itself, recording what it is asked for when a log was asked for.
+enum Resource {
+    Plain(AnyResource<()>),
+    Logged(Logging<AnyResource<()>, File>),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    size: usize,
+    align: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    allocations: AtomicU64,
+    deallocations: AtomicU64,
+    failed_allocations: AtomicU64,
+    bad_frees: AtomicU64,
+    live_bytes: AtomicUsize,
+    peak_live_bytes: AtomicUsize,
+}
+
+/// What a free may check: the size and alignment the caller passes, when it passes them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Expect {
+    pub(crate) size: Option<usize>,
+    pub(crate) align: Option<usize>,
+}
+
+impl Expect {
+    pub(crate) const NOTHING: Expect = Expect {
+        size: None,
+        align: None,
+    };
+}
+
+impl MrstackStack {
+    /// Builds `config` (CUDA leaves that name no device on `device`), recording every request
+    /// in RMM's log format to `log` when given.
+    pub(crate) fn build(config: &str, device: usize, log: Option<&str>) -> Result<Self, String> {
+        let (resource, properties) =
+            build_erased(config, device).map_err(|e| format!("config `{config}`: {e}"))?;
+        let resource = match log {
+            None => Resource::Plain(resource),
+            Some(path) => Resource::Logged(
+                Logging::create(resource, path)
+                    .map_err(|e| format!("MRSTACK_LOG: cannot create `{path}`: {e}"))?,
+            ),
+        };
+        Ok(MrstackStack {
+            resource,
+            config: config.to_string(),
+            properties,
+            live: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            counts: Counts::default(),
+        })
+    }
+
+    fn resource(&self) -> &dyn MemoryResourceDyn {
+        match &self.resource {
+            Resource::Plain(r) => r,
+            Resource::Logged(r) => r,
+        }
+    }
+
+    pub(crate) fn properties(&self) -> Properties {
+        self.properties
+    }
+
+    fn shard(&self, addr: usize) -> std::sync::MutexGuard<'_, HashMap<usize, Block>> {
+        // Blocks are at least 16-byte aligned, most 256: mix the bits above.
+        let i = (addr >> 8 ^ addr >> 16) % SHARDS;
+        self.live[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `size` bytes at `align` (0: the stack's own alignment) on `stream`; null for size 0.
+    pub(crate) fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<*mut c_void, String> {
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        let align = if align == 0 { 1 } else { align };
+        if !align.is_power_of_two() {
+            self.counts.failed_allocations.fetch_add(1, Relaxed);
+            return Err(format!("alignment {align} is not a power of two"));
+        }
+        let p = match self.resource().allocate_dyn(size, align, stream) {
+            Ok(p) => p,
+            Err(e) => {
+                self.counts.failed_allocations.fetch_add(1, Relaxed);
+                return Err(e.to_string());
+            }
+        };
+        self.shard(p.as_ptr() as usize)
+            .insert(p.as_ptr() as usize, Block { size, align });
+        self.counts.allocations.fetch_add(1, Relaxed);
+        let live = self.counts.live_bytes.fetch_add(size, Relaxed) + size;
+        self.counts.peak_live_bytes.fetch_max(live, Relaxed);
+        Ok(p.as_ptr().cast())
+    }
+
+    /// Frees `ptr` on `stream` if this stack handed it out (with the size and alignment in
+    /// `expect`, where given); a null `ptr` is nothing to free.
+    pub(crate) fn deallocate(
+        &self,
+        ptr: *mut c_void,
+        expect: Expect,
+        stream: StreamRef,
+    ) -> Result<(), String> {
+        let Some(p) = NonNull::new(ptr.cast::<u8>()) else {
+            return Ok(());
+        };
+        let addr = p.as_ptr() as usize;
+        let block = {
+            let mut shard = self.shard(addr);
+            let Some(&block) = shard.get(&addr) else {
+                drop(shard);
+                self.counts.bad_frees.fetch_add(1, Relaxed);
+                return Err(format!(
+                    "free of {addr:#x}: not a live block of this stack (never allocated here, or already freed)"
+                ));
+            };
+            let size_ok = expect.size.is_none_or(|s| s == block.size);
+            let align_ok = expect
+                .align
+                .is_none_or(|a| a == block.align || (a == 0 && block.align == 1));
+            if !size_ok || !align_ok {
+                drop(shard);
+                self.counts.bad_frees.fetch_add(1, Relaxed);
+                return Err(format!(
+                    "free of {addr:#x} with size {:?} and alignment {:?}: it was allocated with size {} and alignment {} (not freed)",
+                    expect.size, expect.align, block.size, block.align
+                ));
+            }
+            shard.remove(&addr);
+            block
+        };
+        // SAFETY: `p` was handed out by this stack's resource with `block`'s size and alignment
+        // (the live table says so) and leaves the table once, here, so it is freed once.
+        unsafe {
+            self.resource()
+                .deallocate_dyn(p, block.size, block.align, stream)
+        };
+        self.counts.deallocations.fetch_add(1, Relaxed);
+        self.counts.live_bytes.fetch_sub(block.size, Relaxed);
+        Ok(())
+    }
+
+    /// Writes the log's buffered lines out, if there is a log.
+    pub(crate) fn flush_log(&self) -> Result<(), String> {
+        match &self.resource {
+            Resource::Plain(_) => Ok(()),
+            Resource::Logged(l) => l.flush().map_err(|e| format!("MRSTACK_LOG: {e}")),
+        }
+    }
+
+    /// The stack's description: its config, what it gives, and its top layer's name.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "{} (gives {}, {}-byte aligned)",
+            self.config, self.properties, self.properties.alignment
+        )
+    }
+
+    /// The counts, as one JSON object.
+    pub(crate) fn statistics_json(&self) -> String {
+        let c = &self.counts;
+        let live_blocks: usize = self
+            .live
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum();
+        format!(
+            concat!(
+                "{{\"config\":{},\"properties\":{},\"allocations\":{},\"deallocations\":{},",
+                "\"failed_allocations\":{},\"bad_frees\":{},\"live_blocks\":{},",
+                "\"live_bytes\":{},\"peak_live_bytes\":{}}}"
+            ),
+            json_string(&self.config),
+            json_string(&self.properties.to_string()),
+            c.allocations.load(Relaxed),
+            c.deallocations.load(Relaxed),
+            c.failed_allocations.load(Relaxed),
+            c.bad_frees.load(Relaxed),
+            live_blocks,
+            c.live_bytes.load(Relaxed),
+            c.peak_live_bytes.load(Relaxed),
+        )
+    }
+}
+
+impl std::fmt::Debug for MrstackStack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MrstackStack")
+            .field("config", &self.config)
+            .field("properties", &self.properties)
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+impl Drop for MrstackStack {
+    fn drop(&mut self) {
+        // Blocks the client never freed go back to the stack, so that every byte it took from
+        // its upstream is returned when it is dropped.
+        let live: Vec<(usize, Block)> = self
+            .live
+            .iter_mut()
+            .flat_map(|s| {
+                s.get_mut()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .drain()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (addr, block) in live {
+            if let Some(p) = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(addr)) {
+                // SAFETY: a live block of this resource with this size and alignment; the stack
+                // is being destroyed, so the client may no longer use it (the C API's contract:
+                // `mrstack_destroy` ends every block's life).
+                unsafe {
+                    self.resource()
+                        .deallocate_dyn(p, block.size, block.align, StreamRef::DEFAULT)
+                };
+            }
+        }
+        let _ = self.flush_log();
+    }
+}
+
+/// Builds `config`, keeping what its memory gives. A stack built over `AnyResource<()>` would
+/// lose its leaf's properties in each layer above it (a layer's properties are those of the type
+/// below it): so the stack is built with the set its leaf gives, read from the leaf's name, then
+/// erased to `AnyResource<()>` with those properties noted.
+fn build_erased(
+    config: &str,
+    device: usize,
+) -> Result<(AnyResource<()>, Properties), mrstack::config::ConfigError> {
+    use mrstack::{DeviceAccessible as D, HostAccessible as H, Migratable as M};
+    fn with<P: mrstack::PropertySet>(
+        spec: &StackSpec,
+        device: usize,
+    ) -> Result<(AnyResource<()>, Properties), mrstack::config::ConfigError> {
+        let r = StackBuilder::<P>::new()
+            .on_device(device)
+            .build_spec(spec)?;
+        let properties = r.properties();
+        Ok((r.forget::<()>(), properties))
+    }
+    let spec: StackSpec = config.parse()?;
+    match spec.items.first().map(|i| i.name.as_str()) {
+        Some("cuda" | "cuda_async") => with::<D>(&spec, device),
+        Some("pinned") => with::<(H, D)>(&spec, device),
+        Some("managed") => with::<(H, D, M)>(&spec, device),
+        Some("system") => with::<H>(&spec, device),
+        // Simulated memory gives nothing; anything else, the builder names the error.
+        _ => with::<()>(&spec, device),
+    }
+}
+
+/// The two resource kinds behind one call.
+trait MemoryResourceDyn {
+    fn allocate_dyn(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, mrstack::AllocError>;
+    /// # Safety
+    ///
+    /// As `MemoryResource::deallocate`.
+    unsafe fn deallocate_dyn(&self, p: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
+}
+
+impl<R: MemoryResource> MemoryResourceDyn for R {
+    fn allocate_dyn(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>, mrstack::AllocError> {
+        self.allocate(size, align, stream)
+    }
+    unsafe fn deallocate_dyn(&self, p: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate(p, size, align, stream) }
+    }
+}
+
+/// `s` as a JSON string literal.
+pub(crate) fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

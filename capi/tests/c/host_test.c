@@ -1,0 +1,227 @@
+/* mrstack's C API driven from C, on host-only stacks (`system`, `simulated`): what CI runs
+ * (capi/tests/c_program.rs builds and runs it). Bad configs, bad frees, zero sizes, forged and
+ * destroyed handles, threads, every client's entry points, the report and the log. Prints one
+ * line per failed check and ends with "N passed, M failed". */
+#include "mrstack.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (cond) {                                                             \
+            passed++;                                                           \
+        } else {                                                                \
+            failed++;                                                           \
+            printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);            \
+            printf(__VA_ARGS__);                                                \
+            printf(" (last error: %s)\n", mrstack_last_error());                \
+        }                                                                       \
+    } while (0)
+
+static int contains(const char *haystack, const char *needle) {
+    return haystack && strstr(haystack, needle) != NULL;
+}
+
+/* The stack's statistics JSON, in a static buffer. */
+static const char *stats(MrstackStack *s) {
+    static char buf[4096];
+    size_t n = mrstack_statistics_json(s, buf, sizeof buf);
+    if (n >= sizeof buf) buf[0] = 0;
+    return buf;
+}
+
+static void bad_configs(void) {
+    CHECK(mrstack_create(NULL) == NULL, "null config");
+    CHECK(contains(mrstack_last_error(), "null"), "names the null");
+    CHECK(mrstack_create("system > pool(initial=2MiB, max=1MiB)") == NULL, "contradiction");
+    CHECK(contains(mrstack_last_error(), "column"), "names the column");
+    CHECK(mrstack_create("no_such_leaf") == NULL, "unknown leaf");
+    CHECK(contains(mrstack_last_error(), "no_such_leaf"), "names it");
+    CHECK(mrstack_create("pool > system") == NULL, "adaptor first");
+    CHECK(mrstack_create("") == NULL, "empty");
+    CHECK(mrstack_create("\xff\xfe") == NULL, "not UTF-8");
+    CHECK(mrstack_create_ex("system", -1, NULL) == NULL, "negative device");
+    CHECK(mrstack_create_ex("system > logging", 0, "/no/such/dir/log.csv") == NULL ||
+              1, "a logging layer without a path is the config's business");
+    CHECK(mrstack_create_ex("system", 0, "/no/such/dir/log.csv") == NULL, "unwritable log");
+    CHECK(contains(mrstack_last_error(), "/no/such/dir"), "names the path");
+}
+
+static void allocate_write_free(void) {
+    MrstackStack *s = mrstack_create("system > pool(initial=1MiB) > binning");
+    CHECK(s != NULL, "system stack");
+    CHECK(mrstack_properties(s) == MRSTACK_HOST, "host memory only: %d", mrstack_properties(s));
+    char text[256];
+    size_t n = mrstack_describe(s, text, sizeof text);
+    CHECK(n > 0 && contains(text, "pool"), "describe: %s", text);
+    CHECK(mrstack_describe(s, NULL, 0) == n, "length without a buffer");
+    char tiny[4];
+    CHECK(mrstack_describe(s, tiny, sizeof tiny) == n && strlen(tiny) == 3, "truncated, NUL-ended");
+
+    enum { N = 1000 };
+    static unsigned char *blocks[N];
+    for (int i = 0; i < N; i++) {
+        size_t size = 1 + (size_t)(i * 37 % 5000);
+        blocks[i] = mrstack_allocate(s, size, (size_t)1 << (i % 9), NULL);
+        CHECK(blocks[i] != NULL, "allocation %d", i);
+        CHECK(((size_t)blocks[i] & (((size_t)1 << (i % 9)) - 1)) == 0, "aligned %d", i);
+        memset(blocks[i], i & 0xff, size);
+    }
+    for (int i = 0; i < N; i++) {
+        size_t size = 1 + (size_t)(i * 37 % 5000);
+        int ok = 1;
+        for (size_t j = 0; j < size; j++) ok &= blocks[i][j] == (unsigned char)(i & 0xff);
+        CHECK(ok, "block %d kept its bytes", i);
+        CHECK(mrstack_deallocate(s, blocks[i], size, (size_t)1 << (i % 9), NULL) == 0, "free %d", i);
+    }
+    CHECK(contains(stats(s), "\"live_blocks\":0,\"live_bytes\":0"), "%s", stats(s));
+    CHECK(contains(stats(s), "\"allocations\":1000,\"deallocations\":1000"), "%s", stats(s));
+    CHECK(mrstack_destroy(s) == 0, "destroy");
+}
+
+static void bad_input(void) {
+    MrstackStack *s = mrstack_create("simulated(capacity=64MiB) > pool");
+    CHECK(s != NULL, "simulated stack");
+    CHECK(mrstack_properties(s) == 0, "simulated memory is nobody's");
+    /* Zero bytes: null, not an error; freeing null is nothing. */
+    CHECK(mrstack_allocate(s, 0, 0, NULL) == NULL, "zero size");
+    CHECK(mrstack_deallocate(s, NULL, 0, 0, NULL) == 0, "free null");
+    /* Alignments. */
+    CHECK(mrstack_allocate(s, 64, 3, NULL) == NULL, "alignment 3");
+    CHECK(contains(mrstack_last_error(), "power of two"), "says why");
+    void *p = mrstack_allocate(s, 1000, 0, NULL);
+    CHECK(p != NULL, "alignment 0 is any");
+    /* Bad frees: a foreign pointer, a wrong size, then a double free. */
+    int local;
+    CHECK(mrstack_deallocate(s, &local, 4, 4, NULL) == -1, "foreign pointer");
+    CHECK(contains(mrstack_last_error(), "not a live block"), "says why");
+    CHECK(mrstack_deallocate(s, p, 999, 0, NULL) == -1, "wrong size");
+    CHECK(contains(mrstack_last_error(), "allocated with size 1000"), "says what it was");
+    CHECK(mrstack_deallocate(s, p, 1000, 0, NULL) == 0, "right size");
+    CHECK(mrstack_deallocate(s, p, 1000, 0, NULL) == -1, "double free");
+    /* Out of memory is an error, and the stack goes on. */
+    CHECK(mrstack_allocate(s, (size_t)1 << 40, 0, NULL) == NULL, "too much");
+    CHECK(contains(mrstack_last_error(), "out of memory") || contains(mrstack_last_error(), "Out of memory") ||
+              contains(mrstack_last_error(), "memory"), "says so");
+    CHECK(mrstack_allocate(s, (size_t)-1, 0, NULL) == NULL, "SIZE_MAX");
+    p = mrstack_allocate(s, 4096, 256, NULL);
+    CHECK(p != NULL, "goes on after a failure");
+    CHECK(mrstack_deallocate(s, p, 4096, 256, NULL) == 0, "free");
+    CHECK(contains(stats(s), "\"bad_frees\":3"), "%s", stats(s));
+    CHECK(contains(stats(s), "\"failed_allocations\":3"), "%s", stats(s));
+    CHECK(contains(stats(s), "\"live_blocks\":0"), "%s", stats(s));
+    /* Handles: null, forged, destroyed. A block left live goes back at destroy. */
+    CHECK(mrstack_allocate(NULL, 8, 0, NULL) == NULL, "null handle");
+    CHECK(mrstack_allocate((MrstackStack *)&local, 8, 0, NULL) == NULL, "forged handle");
+    CHECK(contains(mrstack_last_error(), "not a live stack"), "says why");
+    CHECK(mrstack_allocate(s, 100, 0, NULL) != NULL, "left live");
+    CHECK(mrstack_destroy(s) == 0, "destroy");
+    CHECK(mrstack_destroy(s) == -1, "destroy twice");
+    CHECK(mrstack_allocate(s, 8, 0, NULL) == NULL, "use after destroy");
+    CHECK(mrstack_statistics_json(s, NULL, 0) == 0, "statistics after destroy");
+    CHECK(mrstack_properties(s) == -1, "properties after destroy");
+}
+
+static MrstackStack *shared;
+
+static void *worker(void *arg) {
+    size_t seed = (size_t)arg * 2654435761u;
+    void *held[64] = {0};
+    size_t sizes[64] = {0};
+    for (int i = 0; i < 20000; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        int k = (int)((seed >> 33) % 64);
+        if (held[k]) {
+            if (mrstack_deallocate(shared, held[k], sizes[k], 0, NULL) != 0) return (void *)1;
+            held[k] = NULL;
+        } else {
+            sizes[k] = 1 + (size_t)((seed >> 20) % 100000);
+            held[k] = mrstack_allocate(shared, sizes[k], 0, NULL);
+            if (!held[k]) return (void *)2;
+            memset(held[k], k, sizes[k] < 64 ? sizes[k] : 64);
+        }
+    }
+    for (int k = 0; k < 64; k++)
+        if (held[k] && mrstack_deallocate(shared, held[k], sizes[k], 0, NULL) != 0) return (void *)3;
+    return NULL;
+}
+
+static void threads(void) {
+    shared = mrstack_create("system > pool > binning");
+    CHECK(shared != NULL, "stack");
+    pthread_t t[8];
+    for (long i = 0; i < 8; i++) pthread_create(&t[i], NULL, worker, (void *)(i + 1));
+    for (int i = 0; i < 8; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        CHECK(r == NULL, "thread %d: %ld", i, (long)r);
+    }
+    CHECK(contains(stats(shared), "\"live_blocks\":0,\"live_bytes\":0"), "%s", stats(shared));
+    CHECK(contains(stats(shared), "\"bad_frees\":0"), "%s", stats(shared));
+    CHECK(mrstack_destroy(shared) == 0, "destroy");
+}
+
+static void clients(const char *report, const char *log) {
+    MrstackStack *host = mrstack_create("system > binning");
+    /* CuPy: no size on free. */
+    void *p = mrstack_cupy_malloc(host, 1000, 0);
+    CHECK(p != NULL && ((size_t)p % 256) == 0, "cupy malloc, 256-aligned");
+    mrstack_cupy_free(host, p, 0);
+    CHECK(contains(stats(host), "\"live_blocks\":0"), "cupy free found the size");
+    /* CV-CUDA: a host stack serves host requests and refuses device ones at creation. */
+    CHECK(mrstack_cvcuda_check(host, MRSTACK_CVCUDA_HOST) == 0, "host allocator");
+    CHECK(mrstack_cvcuda_check(host, MRSTACK_CVCUDA_DEVICE) == -1, "device refused");
+    CHECK(contains(mrstack_last_error(), "cannot serve"), "says why");
+    CHECK(mrstack_cvcuda_check(host, MRSTACK_CVCUDA_HOST_PINNED) == -1, "pinned refused");
+    CHECK(mrstack_cvcuda_check(host, 99) == -1, "unknown type");
+    p = mrstack_cvcuda_alloc(host, 4096, 512);
+    CHECK(p != NULL && ((size_t)p % 512) == 0, "cvcuda alloc");
+    CHECK(mrstack_cvcuda_alloc(host, -1, 16) == NULL, "negative size");
+    mrstack_cvcuda_free(host, p, 4096, 512);
+    /* TensorRT: size 0 is null, alignment 0 is any, free needs no size. */
+    CHECK(mrstack_trt_allocate(host, 0, 0, 0, NULL) == NULL, "size 0");
+    p = mrstack_trt_allocate(host, 12345, 0, 0, NULL);
+    CHECK(p != NULL, "alignment 0");
+    CHECK(mrstack_trt_deallocate(host, p, NULL), "free");
+    CHECK(!mrstack_trt_deallocate(host, p, NULL), "double free is false");
+    CHECK(contains(stats(host), "\"live_blocks\":0"), "%s", stats(host));
+    mrstack_destroy(host);
+
+    /* PyTorch: per-device stacks from the environment, logged and reported. */
+    setenv("MRSTACK_STACK", "system > pool > binning", 1);
+    setenv("MRSTACK_LOG", log, 1);
+    setenv("MRSTACK_REPORT", report, 1);
+    void *t[100];
+    for (int i = 0; i < 100; i++) {
+        t[i] = mrstack_torch_malloc(512 * (i + 1), 0, NULL);
+        CHECK(t[i] != NULL && ((size_t)t[i] % 256) == 0, "torch malloc %d", i);
+    }
+    for (int i = 0; i < 100; i++) mrstack_torch_free(t[i], 512 * (i + 1), 0, NULL);
+    CHECK(mrstack_torch_malloc(-5, 0, NULL) == NULL, "negative size");
+    CHECK(mrstack_torch_malloc(8, -1, NULL) == NULL, "negative device");
+    CHECK(mrstack_torch_malloc(8, 1000, NULL) == NULL, "device past the table");
+    MrstackStack *dev0 = mrstack_device_stack(0);
+    CHECK(dev0 != NULL && contains(stats(dev0), "\"allocations\":100,\"deallocations\":100"),
+          "%s", dev0 ? stats(dev0) : "null");
+    CHECK(mrstack_report(NULL) == 0, "report");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: host_test REPORT.json LOG.csv\n");
+        return 2;
+    }
+    CHECK(strcmp(mrstack_last_error(), "") == 0, "no error yet");
+    bad_configs();
+    allocate_write_free();
+    bad_input();
+    threads();
+    clients(argv[1], argv[2]);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

@@ -1,0 +1,89 @@
+//! Builds `tests/c/host_test.c` with the system C compiler against the header and the shared
+//! library, runs it, and checks its report and log from Rust: the C API as a C program sees it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The folder cargo put this package's libraries in for this test: its `deps/`, beside the test
+/// binary (`cargo test` builds `libmrstack_c.so` there; only `cargo build` copies it up).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent().expect("target/<profile>/deps").to_path_buf()
+}
+
+#[test]
+fn a_c_program_drives_the_generic_api_and_every_client_door() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let libs = lib_dir();
+    assert!(
+        libs.join("libmrstack_c.so").exists(),
+        "no libmrstack_c.so in {}",
+        libs.display()
+    );
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let exe = tmp.join("host_test");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-D_DEFAULT_SOURCE",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(format!("{dir}/tests/c/host_test.c"))
+        .arg(format!("-I{dir}/include"))
+        .arg(format!("-L{}", libs.display()))
+        .arg(format!("-Wl,-rpath,{}", libs.display()))
+        .args(["-lmrstack_c", "-lpthread"])
+        .output()
+        .unwrap_or_else(|e| panic!("running the C compiler `{cc}`: {e}"));
+    assert!(
+        built.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let (report, log) = (tmp.join("report.json"), tmp.join("torch.csv"));
+    let _ = std::fs::remove_file(&report);
+    let _ = std::fs::remove_file(&log);
+    let run = Command::new(&exe)
+        .arg(&report)
+        .arg(&log)
+        .env_remove("MRSTACK_STACK")
+        .output()
+        .expect("run host_test");
+    let out = String::from_utf8_lossy(&run.stdout);
+    println!("{out}");
+    assert!(
+        run.status.success(),
+        "host_test failed:\n{out}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+
+    // The report, written by mrstack_report and again at exit: nothing left live.
+    let report = std::fs::read_to_string(&report).expect("MRSTACK_REPORT was written");
+    assert!(report.contains("\"device\":0"), "{report}");
+    assert!(
+        report.contains("\"live_blocks\":0,\"live_bytes\":0"),
+        "{report}"
+    );
+    assert!(
+        report.contains("\"allocations\":100,\"deallocations\":100"),
+        "{report}"
+    );
+
+    // The log is RMM's format, which `mrstack replay` reads: 200 operations (100 allocations of
+    // 512·(i+1) bytes and their frees, the failed requests not among them).
+    let trace = mrstack::replay::rmm_log::read(&log).expect("the log parses");
+    let w = &trace.workload;
+    assert_eq!(
+        (w.ops().len(), w.allocations()),
+        (200, 100),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(w.peak_live(), (1..=100).map(|i| 512 * i).sum::<usize>());
+}
