@@ -1,5 +1,7 @@
-//! CV-CUDA's door: an `NVCVCustomAllocator` per resource type, with `mrstack_cvcuda_alloc` /
-//! `mrstack_cvcuda_free` as its functions and a stack handle as its `ctx`. Check the stack first
+//! CV-CUDA's door: an `NVCVResourceAllocator` per resource type (CV-CUDA 0.3 and later; before,
+//! `NVCVCustomAllocator`), with `mrstack_cvcuda_alloc` / `mrstack_cvcuda_free` as its
+//! `res.mem.fnAlloc` / `fnFree` and a stack handle as its `ctx`. CV-CUDA passes no stream: blocks
+//! are ordered on the legacy default stream. Check the stack first
 //! with `mrstack_cvcuda_check`: a host or host-pinned allocator needs a stack whose memory the
 //! CPU may touch, a device one a stack kernels may touch, and a stack that does not fit is
 //! refused there, at creation, not at the first allocation.

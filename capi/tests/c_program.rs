@@ -11,8 +11,9 @@ fn lib_dir() -> PathBuf {
     exe.parent().expect("target/<profile>/deps").to_path_buf()
 }
 
-#[test]
-fn a_c_program_drives_the_generic_api_and_every_client_door() {
+/// Compiles `source` with `compiler` (and `flags`) against the header and the shared library
+/// into `exe`; panics with the compiler's output on failure.
+fn compile(compiler: &str, flags: &[&str], source: &str, exe: &std::path::Path) {
     let dir = env!("CARGO_MANIFEST_DIR");
     let libs = lib_dir();
     assert!(
@@ -20,31 +21,43 @@ fn a_c_program_drives_the_generic_api_and_every_client_door() {
         "no libmrstack_c.so in {}",
         libs.display()
     );
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let exe = tmp.join("host_test");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = Command::new(&cc)
-        .args([
-            "-std=c11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-D_DEFAULT_SOURCE",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(format!("{dir}/tests/c/host_test.c"))
+    let built = Command::new(compiler)
+        .args(flags)
+        .args(["-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(exe)
+        .arg(format!("{dir}/tests/c/{source}"))
         .arg(format!("-I{dir}/include"))
+        .arg(format!("-I{dir}/tests/c/trt_standin"))
         .arg(format!("-L{}", libs.display()))
         .arg(format!("-Wl,-rpath,{}", libs.display()))
         .args(["-lmrstack_c", "-lpthread"])
         .output()
-        .unwrap_or_else(|e| panic!("running the C compiler `{cc}`: {e}"));
+        .unwrap_or_else(|e| panic!("running the compiler `{compiler}`: {e}"));
     assert!(
         built.status.success(),
-        "cc failed:\n{}",
+        "{compiler} {source} failed:\n{}",
         String::from_utf8_lossy(&built.stderr)
     );
+}
+
+/// The TensorRT adapter, compiled with the system C++ compiler against a stand-in of TensorRT's
+/// interface, allocates and frees through `IGpuAllocator` as TensorRT would.
+#[test]
+fn the_tensorrt_adapter_compiles_and_serves_through_the_interface() {
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trt_test");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    compile(&cxx, &["-std=c++17"], "trt_test.cpp", &exe);
+    let run = Command::new(&exe).output().expect("run trt_test");
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success() && out.contains(" passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn a_c_program_drives_the_generic_api_and_every_client_door() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let exe = tmp.join("host_test");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    compile(&cc, &["-std=c11", "-D_DEFAULT_SOURCE"], "host_test.c", &exe);
     let (report, log) = (tmp.join("report.json"), tmp.join("torch.csv"));
     let _ = std::fs::remove_file(&report);
     let _ = std::fs::remove_file(&log);
