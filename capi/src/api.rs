@@ -201,11 +201,8 @@ pub unsafe extern "C" fn mrstack_describe(
     buf: *mut c_char,
     cap: usize,
 ) -> usize {
-    guard(0, || {
-        let text = lookup(stack)?.describe();
-        // SAFETY: forwarded from the caller.
-        Ok(unsafe { write_text(&text, buf, cap) })
-    })
+    // SAFETY: forwarded from the caller.
+    unsafe { write_of(stack, buf, cap, MrstackStack::describe) }
 }
 
 /// The stack's counts as a JSON object (allocations, deallocations, failed allocations, bad
@@ -220,8 +217,23 @@ pub unsafe extern "C" fn mrstack_statistics_json(
     buf: *mut c_char,
     cap: usize,
 ) -> usize {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_of(stack, buf, cap, MrstackStack::statistics_json) }
+}
+
+/// Writes `text(stack)` to `buf` like `snprintf`; 0 with the last error set for a bad handle.
+///
+/// # Safety
+///
+/// `buf` is null or valid for `cap` bytes.
+unsafe fn write_of(
+    stack: *const MrstackStack,
+    buf: *mut c_char,
+    cap: usize,
+    text: fn(&MrstackStack) -> String,
+) -> usize {
     guard(0, || {
-        let text = lookup(stack)?.statistics_json();
+        let text = text(&*lookup(stack)?);
         // SAFETY: forwarded from the caller.
         Ok(unsafe { write_text(&text, buf, cap) })
     })

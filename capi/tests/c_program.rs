@@ -49,7 +49,10 @@ fn the_tensorrt_adapter_compiles_and_serves_through_the_interface() {
     compile(&cxx, &["-std=c++17"], "trt_test.cpp", &exe);
     let run = Command::new(&exe).output().expect("run trt_test");
     let out = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success() && out.contains(" passed, 0 failed"), "{out}");
+    assert!(
+        run.status.success() && out.contains(" passed, 0 failed"),
+        "{out}"
+    );
 }
 
 #[test]

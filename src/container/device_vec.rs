@@ -98,7 +98,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         }
         let stream = self.buf.stream().clone();
         let name = self.buf.resource().name();
-        let (address, written) = self.buf.order_use(&stream, true);
+        let (address, written) = self.buf.order_write(&stream);
         copy_and_wait(&stream, name, std::mem::size_of_val(host), |s| {
             // SAFETY: the destination holds `host.len()` values (checked above); the source is a
             // live host slice, borrowed until copy_and_wait has waited for the copy.
@@ -144,7 +144,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let bytes = self.buf.bytes();
         src.touched();
         let (from, read) = src.buf.order_read(&stream);
-        let (to, written) = self.buf.order_use(&stream, true);
+        let (to, written) = self.buf.order_write(&stream);
         queue_copy(&stream, name, bytes, to, from)?;
         // The guards record the copy on the two slices' events, after it was queued.
         drop((written, read));
@@ -166,7 +166,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let bytes = self.buf.bytes();
         dst.touched_mut();
         let (from, read) = self.buf.order_read(stream);
-        let (to, written) = dst.buf.order_use(stream, true);
+        let (to, written) = dst.buf.order_write(stream);
         queue_copy(stream, self.buf.resource().name(), bytes, to, from)?;
         drop((written, read));
         Ok(())

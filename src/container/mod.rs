@@ -157,45 +157,44 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         &self.resource
     }
 
-    /// Orders a use on `stream` of the memory (a write if `write`) and returns the guard that
-    /// records it, for cudarc's `DevicePtr`/`DevicePtrMut` and `HostSlice`. Through the slice's
-    /// events where its context tracks them for several streams (cudarc's rule). Where it does
-    /// not (the container's context has made no stream of its own, but `stream` belongs to
-    /// another `CudaContext` object that did), the events are not used, so: `stream` waits for
-    /// the work queued on the container's stream, and the guard synchronizes `stream` once the
-    /// use is queued, so that a later free cannot overtake it.
-    pub(crate) fn order_use<'a>(
-        &'a mut self,
-        stream: &'a CudaStream,
-        write: bool,
-    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        let own = self.slice.stream();
-        if !own.context().is_managing_stream_synchronization()
-            && crate::stream::id_of(stream) != crate::stream::id_of(own)
-        {
-            stream.context().record_err(stream.join(own));
-            return (self.address(), SyncOnDrop::sync_stream(stream));
-        }
-        if write {
-            self.slice.device_ptr_mut(stream)
-        } else {
-            self.slice.device_ptr(stream)
-        }
-    }
-
-    /// As [`order_use`](Self::order_use) for a read, through `&self`.
+    /// Orders a read on `stream` of the memory and returns the guard that records it, for
+    /// cudarc's `DevicePtr` and `HostSlice`: through the slice's events, as cudarc does, or by
+    /// [`join_untracked`](Self::join_untracked) where they are off.
     pub(crate) fn order_read<'a>(
         &'a self,
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        let own = self.slice.stream();
-        if !own.context().is_managing_stream_synchronization()
-            && crate::stream::id_of(stream) != crate::stream::id_of(own)
-        {
-            stream.context().record_err(stream.join(own));
-            return (self.address(), SyncOnDrop::sync_stream(stream));
+        match self.join_untracked(stream) {
+            Some(guard) => (self.address(), guard),
+            None => self.slice.device_ptr(stream),
         }
-        self.slice.device_ptr(stream)
+    }
+
+    /// As [`order_read`](Self::order_read), for a write (`DevicePtrMut`, a copy into the memory).
+    pub(crate) fn order_write<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        match self.join_untracked(stream) {
+            Some(guard) => (self.address(), guard),
+            None => self.slice.device_ptr_mut(stream),
+        }
+    }
+
+    /// Where the slice's context keeps no events for several streams (it has made no stream of
+    /// its own) and `stream` is another stream (of another `CudaContext` object, which did):
+    /// `stream` waits for the work queued on the container's stream, and the returned guard
+    /// synchronizes `stream` once the use is queued, so that a later free cannot overtake it.
+    /// `None` where the events order the use.
+    fn join_untracked<'a>(&self, stream: &'a CudaStream) -> Option<SyncOnDrop<'a>> {
+        let own = self.slice.stream();
+        if own.context().is_managing_stream_synchronization()
+            || crate::stream::id_of(stream) == crate::stream::id_of(own)
+        {
+            return None;
+        }
+        stream.context().record_err(stream.join(own));
+        Some(SyncOnDrop::sync_stream(stream))
     }
 
     /// Waits until no device work writes the memory, on any stream: the container's stream
@@ -304,7 +303,7 @@ macro_rules! cudarc_interop {
                 stream: &'a cudarc::driver::CudaStream,
             ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
                 self.touched_mut();
-                self.$($buf).+.order_use(stream, true)
+                self.$($buf).+.order_write(stream)
             }
         }
 

@@ -276,7 +276,7 @@ where
         // the flag makes the next host access wait for that write.
         let slice =
             unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) };
-        let (_, written) = self.buf.order_use(stream, true);
+        let (_, written) = self.buf.order_write(stream);
         (slice, written)
     }
 }
