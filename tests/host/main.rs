@@ -19,4 +19,5 @@ mod host_allocator;
 mod misc;
 mod registry;
 mod replay;
+mod stack;
 mod suballocators;
