@@ -20,4 +20,5 @@ mod misc;
 mod registry;
 mod replay;
 mod stack;
+mod stand_in;
 mod suballocators;
