@@ -1,8 +1,10 @@
 //! Erased resources that keep the checks: [`AnyResource`] (owned) and [`ResourceRef`] (borrowed).
 
+use crate::adaptor::{Statistics, Tracking};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
 pub use crate::property::{Properties, PropertySet};
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
+use crate::stack::AnyLayer;
 use crate::stream::StreamRef;
 use std::any::Any;
 use std::marker::PhantomData;
@@ -59,6 +61,7 @@ trait DynResource {
     fn synchronize(&self, stream: StreamRef) -> Result<()>;
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
     fn name(&self) -> &'static str;
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
     fn properties(&self) -> Properties;
 }
 
@@ -81,20 +84,28 @@ impl<R: MemoryResource> DynResource for R {
     fn name(&self) -> &'static str {
         MemoryResource::name(self)
     }
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        MemoryResource::describe_to(self, f)
+    }
     fn properties(&self) -> Properties {
         Properties::of::<R>()
     }
 }
 
-/// What an [`AnyResource`] holds: a resource that is also `Any`, for downcasts, and that can lend
-/// itself as a plain `DynResource` for a [`ResourceRef`] (trait upcasting needs Rust 1.86).
+/// What an [`AnyResource`] holds: a resource that is also `Any`, for downcasts, a layer of a stack
+/// for [`AnyLayer::find`] to walk into, and that can lend itself as a plain `DynResource` for a
+/// [`ResourceRef`] (trait upcasting needs Rust 1.86).
 trait DynOwned: DynResource + Send + Sync {
     fn as_any(&self) -> &dyn Any;
+    fn as_layer(&self) -> &dyn AnyLayer;
     fn as_dyn(&self) -> &(dyn DynResource + Sync);
 }
 
 impl<R: MemoryResource + Send + Sync + 'static> DynOwned for R {
     fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_layer(&self) -> &dyn AnyLayer {
         self
     }
     fn as_dyn(&self) -> &(dyn DynResource + Sync) {
@@ -242,10 +253,49 @@ impl<P: PropertySet> AnyResource<P> {
         self.inner.properties()
     }
 
-    /// The erased resource, if it is an `R`: how to read a `Statistics` at the top of a stack built
-    /// from text.
+    /// The erased resource, if it is an `R` (the top layer only; [`find`](Self::find) looks
+    /// through the whole stack).
     pub fn downcast_ref<R: 'static>(&self) -> Option<&R> {
         self.inner.as_any().downcast_ref()
+    }
+
+    /// The first layer of type `T` from the top of the stack down, through every erased layer:
+    /// [`AnyLayer::find`]. The layers of a stack built from text have the types
+    /// [`config`](crate::config#the-types-of-a-text-stacks-layers) lists.
+    ///
+    /// ```
+    /// use mrstack::prelude::*;
+    /// use mrstack::adaptor::Binning;
+    ///
+    /// let mr = mrstack::config::build::<()>("simulated(capacity=1GiB) > binning(max=64KiB) > tracking").unwrap();
+    /// let binning = mr.find::<Binning<AnyResource<()>>>().unwrap();
+    /// assert_eq!(binning.bin_sizes().last(), Some(&(64 << 10)));
+    /// assert!(mr.find::<System>().is_none());
+    /// ```
+    pub fn find<T: Any>(&self) -> Option<&T> {
+        AnyLayer::find(self)
+    }
+
+    /// The topmost [`Statistics`] layer of the stack, as a stack built from text has it (a
+    /// `statistics` item): its counters without naming erased types.
+    ///
+    /// ```
+    /// use mrstack::prelude::*;
+    ///
+    /// let mr = mrstack::config::build::<()>("simulated(capacity=1GiB) > pool > statistics").unwrap();
+    /// let p = mr.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
+    /// let stats = mr.statistics().unwrap().stats();
+    /// assert_eq!((stats.bytes.current, stats.allocations.current), (1000, 1));
+    /// # unsafe { mr.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+    /// ```
+    pub fn statistics(&self) -> Option<&Statistics<AnyResource<P>>> {
+        self.find()
+    }
+
+    /// The topmost [`Tracking`] layer of the stack, as a stack built from text has it (a
+    /// `tracking` item): its live allocations and leak report.
+    pub fn tracking(&self) -> Option<&Tracking<AnyResource<P>>> {
+        self.find()
     }
 
     /// A borrowed handle on the same resource.
@@ -306,6 +356,18 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
 
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+
+    // Erasure does not show: the stack is the resource it holds.
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.describe_to(f)
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(self.inner.as_layer())
     }
 }
 
@@ -431,6 +493,12 @@ unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
 
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+
+    // The borrowed resource's stack. Its layers are not walked (`upstream_layer` stays `None`):
+    // the borrow need not be `'static`, which `Any` needs.
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.describe_to(f)
     }
 }
 

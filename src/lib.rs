@@ -97,7 +97,8 @@
 //! ## Modules
 //!
 //! * [`property`]: the property markers and [`Accessible`].
-//! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`].
+//! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`]. [`stack`]: a stack described
+//!   as text (`mr.describe()`) and a layer reached by type (`mr.reach()`, `mr.find::<T>()`).
 //! * [`leaf`]: leaf resources (also at their former path, `upstream`). [`suballoc`]: the
 //!   suballocators and their [`Usage`](suballoc::Usage) report. [`adaptor`]: behaviour adaptors.
 //!   All are configured through [`layer`]; [`units`] reads and shows byte sizes.
@@ -131,6 +132,7 @@ pub mod property;
 pub mod registry;
 pub mod replay;
 pub mod resource;
+pub mod stack;
 pub mod stream;
 pub mod suballoc;
 #[cfg(feature = "testing")]
@@ -226,6 +228,7 @@ pub mod prelude {
     };
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
     pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
+    pub use crate::stack::{AnyLayer, Reach};
     pub use crate::stream::StreamRef;
     pub use mrstack_macros::resource_stack;
     /// Alignments for `Aligned<A>` lines (`resource_stack![Cuda::new(&ctx)?, Aligned<U4096>]`).

@@ -158,6 +158,34 @@ pub unsafe trait MemoryResource {
         "MemoryResource"
     }
 
+    /// Writes this resource and the stack below it as text, leaf first, in the syntax of text
+    /// configurations (`simulated(capacity=1 GiB) > pool(max=8 GiB) > statistics`); see
+    /// [`stack`](crate::stack). The default writes [`name`](Self::name) alone: an adaptor
+    /// overrides it to write its upstream's description first
+    /// ([`ItemWriter::over`](crate::stack::ItemWriter::over)). Never on an allocation's path.
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+
+    /// The stack as text, for `{}` and `to_string()`: what [`describe_to`](Self::describe_to)
+    /// writes.
+    fn describe(&self) -> crate::stack::Description<'_, Self>
+    where
+        Self: Sized,
+    {
+        crate::stack::Description(self)
+    }
+
+    /// The layer below this one, for [`AnyLayer::find`](crate::stack::AnyLayer::find) to walk a
+    /// stack at run time. The default, `None`, suits a leaf; an adaptor returns its upstream
+    /// (`Some(&self.upstream)`).
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        None
+    }
+
     /// Allocates on the default stream and waits for it, so the memory may be used by any stream.
     fn allocate_sync(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
         let ptr = self.allocate(size, align, StreamRef::DEFAULT)?;
@@ -284,6 +312,9 @@ pub(crate) use properties;
 // SAFETY: forwards every call to `R`, whose promises hold for the same memory.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
     forward_upstream!(everything to *self as R);
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).describe_to(f)
+    }
 }
 
 /// A shared resource is the same resource: every call, `synchronize` and `order_after` included,
@@ -292,6 +323,9 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for &R {
 // SAFETY: forwards every call to `R`, whose promises hold for the same memory.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
     forward_upstream!(everything to *self as R);
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).describe_to(f)
+    }
 }
 
 /// A configuration that wraps an upstream resource into an adaptor: what `resource_stack!`

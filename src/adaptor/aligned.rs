@@ -6,6 +6,7 @@ use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
     Result,
 };
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -214,7 +215,22 @@ where
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &self.upstream, "aligned")
+            .number("alignment", A::USIZE)
+            .finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<A, U> for Aligned<A, U>);
 
 /// `resource_stack!` configuration of [`Aligned`]: `Aligned<U4096>` (the alignment is a type).
 pub struct AlignedConfig<A> {

@@ -4,6 +4,7 @@ use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource, Result,
 };
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -137,7 +138,22 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &self.upstream, "limiting")
+            .size("limit", self.limit)
+            .finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for Limiting<U>);
 
 /// `resource_stack!` configuration of [`Limiting`]: `Limiting { limit: 8 GiB }`.
 #[derive(Debug, Clone, Copy)]

@@ -3,6 +3,7 @@
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::replay::rmm_log;
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::io::{self, BufWriter, Write};
 use std::ptr::NonNull;
@@ -42,7 +43,9 @@ struct Sink<W: Write> {
 /// An allocation is logged after the upstream returns it and a free before the upstream gets it
 /// back, so that when an address is reused its `free` line always precedes the next `allocate`.
 /// Zero-size requests take no memory and are not logged. The header line is written by
-/// [`new`](Self::new).
+/// [`new`](Self::new). The stack's [description](MemoryResource::describe) names the file when
+/// the adaptor opened it ([`create`](Logging::create), text `logging(path=…)`): `logging(path=…)`;
+/// another writer is not named (`logging`).
 ///
 /// # Cost
 ///
@@ -80,6 +83,8 @@ struct Sink<W: Write> {
 pub struct Logging<U, W: Write = LogWriter> {
     upstream: U,
     sink: Mutex<Sink<W>>,
+    /// The file the adaptor opened, for its description.
+    path: Option<Box<str>>,
 }
 
 impl<U: MemoryResource, W: Write> Logging<U, W> {
@@ -98,6 +103,15 @@ impl<U: MemoryResource, W: Write> Logging<U, W> {
         Logging {
             upstream,
             sink: Mutex::new(sink),
+            path: None,
+        }
+    }
+
+    /// As [`new`](Self::new), for a writer to the file at `path` (shown in the description).
+    fn with_path(upstream: U, writer: W, path: &str) -> Self {
+        Logging {
+            path: Some(path.into()),
+            ..Self::new(upstream, writer)
         }
     }
 
@@ -122,7 +136,12 @@ impl<U: MemoryResource, W: Write> Logging<U, W> {
 impl<U: MemoryResource> Logging<U, std::fs::File> {
     /// Logs what goes to `upstream` to a new file at `path` (truncated if it exists).
     pub fn create(upstream: U, path: impl AsRef<std::path::Path>) -> io::Result<Self> {
-        Ok(Self::new(upstream, std::fs::File::create(path)?))
+        let file = std::fs::File::create(path.as_ref())?;
+        Ok(Self::with_path(
+            upstream,
+            file,
+            &path.as_ref().to_string_lossy(),
+        ))
     }
 }
 
@@ -208,7 +227,25 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let item = ItemWriter::over(f, &self.upstream, "logging");
+        let item = match &self.path {
+            Some(path) => item.text("path", path),
+            None => item,
+        };
+        item.finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U, W> for Logging<U, W> where W: Write);
 
 /// `resource_stack!` configuration of [`Logging`]:
 /// `Logging { to: Box::new(std::fs::File::create("alloc.csv")?) }`; bare `Logging` logs to stderr.
@@ -254,6 +291,20 @@ impl FromItem for LoggingConfig {
         };
         Ok(LoggingConfig { to })
     }
+}
+
+/// Builds `logging(path=…)` over `below` as [`LoggingConfig`] reads it, keeping the path for the
+/// stack's description (a configuration has no room for it: its one field is the writer).
+pub(crate) fn logging_from_item<P: crate::erased::PropertySet>(
+    item: &ItemSpec,
+    below: crate::erased::AnyResource<P>,
+) -> Result<crate::erased::AnyResource<P>, ConfigError> {
+    let LoggingConfig { to } = LoggingConfig::from_item(item)?;
+    let logging = match item.text("path") {
+        Some(path) => Logging::with_path(below, to, path),
+        None => Logging::new(below, to),
+    };
+    item.erase(logging)
 }
 
 static_assertions::assert_impl_all!(Logging<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);

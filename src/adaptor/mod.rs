@@ -16,6 +16,7 @@ pub use crate::replay::rmm_log::HEADER as LOG_HEADER;
 pub(crate) use aligned::aligned_from_item;
 pub use aligned::{Aligned, AlignedConfig};
 pub use limiting::{Limiting, LimitingConfig};
+pub(crate) use logging::logging_from_item;
 pub use logging::{LogWriter, Logging, LoggingConfig};
 pub(crate) use prefetch::prefetch_from_item;
 pub use prefetch::{Prefetch, PrefetchConfig};

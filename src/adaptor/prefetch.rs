@@ -4,6 +4,7 @@ use crate::config::{ConfigError, ConfigErrorKind, ItemSpec};
 use crate::erased::{AnyResource, Properties, PropertySet};
 use crate::property::{Accessible, Migratable};
 use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -159,7 +160,22 @@ unsafe impl<U: MemoryResource + Accessible<Migratable>> MemoryResource for Prefe
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &self.upstream, "prefetch")
+            .number("device", self.device)
+            .finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for Prefetch<U>);
 
 /// `resource_stack!` configuration of [`Prefetch`]: `Prefetch { device: 1 }` (default device 0).
 #[derive(Debug, Clone, Copy, Default)]

@@ -1,6 +1,7 @@
 //! `Retry<U, F>`: allocations that fail for want of memory retried while a callback says so.
 
 use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 
@@ -115,7 +116,21 @@ where
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    // `retry` has no text form: its callback is code.
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &self.upstream, "retry").finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U, F> for Retry<U, F>);
 
 /// The callback type [`RetryConfig`] holds: boxed, so that a capturing closure fits the
 /// `..Default::default()` that `resource_stack!` adds.

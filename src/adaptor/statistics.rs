@@ -2,6 +2,7 @@
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use crate::units::Bytes;
 use std::fmt;
@@ -367,7 +368,20 @@ unsafe impl<U: MemoryResource> MemoryResource for Statistics<U> {
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &self.upstream, "statistics").finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for Statistics<U>);
 
 /// `resource_stack!` configuration of [`Statistics`]: `Statistics` (no fields).
 #[derive(Debug, Clone, Copy, Default)]

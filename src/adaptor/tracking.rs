@@ -2,6 +2,7 @@
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamId, StreamRef};
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
@@ -309,7 +310,27 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let item = ItemWriter::over(f, &self.upstream, "tracking");
+        // The default (no backtraces) is left out, as text usually leaves it.
+        let item = if self.backtraces {
+            item.flag("backtraces", true)
+        } else {
+            item
+        };
+        item.finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for Tracking<U>);
 
 impl<U> Drop for Tracking<U> {
     fn drop(&mut self) {

@@ -27,6 +27,39 @@
 //! text; the built stack costs one virtual call per operation at its top (each adaptor layer over
 //! an `AnyResource` adds one more).
 //!
+//! A built stack describes itself in this syntax ([`describe`](crate::MemoryResource::describe)),
+//! with every size exact, so that the description builds the same stack again.
+//!
+//! # The types of a text stack's layers
+//!
+//! Each item is erased on its own: a stack `P` built from text is an [`AnyResource<P>`] holding
+//! the top item's resource, whose upstream is an `AnyResource<P>` holding the item below, and so
+//! on down to the leaf. So the layers have these types, which [`AnyResource::find`] takes (and
+//! [`AnyResource::statistics`] and [`AnyResource::tracking`] name for you):
+//!
+//! | item | layer |
+//! |---|---|
+//! | `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated` | [`Cuda`](crate::Cuda), [`CudaAsync`](crate::CudaAsync), [`Managed`](crate::Managed), [`Pinned`](crate::Pinned), [`System`](crate::System), [`Simulated`](crate::Simulated) |
+//! | `pool`, `binning`, `fixed_size`, `arena` | `Pool<AnyResource<P>>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>` ([`suballoc`](crate::suballoc)) |
+//! | `statistics`, `tracking`, `limiting` | `Statistics<AnyResource<P>>`, `Tracking<…>`, `Limiting<…>` ([`adaptor`](crate::adaptor)) |
+//! | `logging` | `Logging<AnyResource<P>>` (its writer is the boxed [`LogWriter`](crate::adaptor::LogWriter)) |
+//! | `aligned(alignment=4096)` | `Aligned<U4096, AnyResource<P>>` (`U256`, `U512`, `U1024`, `U4096`) |
+//! | `prefetch` | `Prefetch<AnyResource<(HostAccessible, DeviceAccessible, Migratable)>>` (what is below, cast to managed memory) |
+//!
+//! An adaptor registered by [`StackBuilder::with_layer::<C>`](StackBuilder::with_layer) is
+//! `C::Resource` over `AnyResource<P>`.
+//!
+//! ```
+//! use mrstack::prelude::*;
+//! use mrstack::adaptor::Pool;
+//!
+//! let text = "simulated(capacity=1GiB) > pool(initial=1MiB) > tracking";
+//! let mr = mrstack::config::build::<()>(text).unwrap();
+//! assert_eq!(mr.describe().to_string(), "simulated(capacity=1 GiB) > pool(initial=1 MiB) > tracking");
+//! assert_eq!(mr.find::<Pool<AnyResource<()>>>().unwrap().usage().held, 1 << 20);
+//! assert_eq!(mr.tracking().unwrap().outstanding_count(), 0);
+//! ```
+//!
 //! ```
 //! use mrstack::prelude::*;
 //! use mrstack::config;
@@ -49,6 +82,7 @@ mod parser;
 mod spec;
 
 pub use error::{ConfigError, ConfigErrorKind};
+pub(crate) use spec::write_value;
 pub use spec::{FieldSpec, ItemSpec, StackSpec};
 
 use crate::erased::{AnyResource, PropertySet};
@@ -160,7 +194,8 @@ impl<P: PropertySet> StackBuilder<P> {
             .with_layer::<layer::Statistics>("statistics")
             .with_layer::<layer::Tracking>("tracking")
             .with_layer::<layer::Limiting>("limiting")
-            .with_layer::<layer::Logging>("logging")
+            // Logging keeps its file's path, which its configuration has no room for.
+            .with_adaptor("logging", crate::adaptor::logging_from_item)
             // The alignment is a type parameter and prefetch needs a property of what is below:
             // each picks its resource type from the text at run time.
             .with_adaptor("aligned", crate::adaptor::aligned_from_item)

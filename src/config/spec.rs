@@ -229,20 +229,32 @@ impl ItemSpec {
     }
 }
 
+/// Writes `value` as the parser reads it back: plain, or quoted with `\"` and `\\` escaped when
+/// it is empty, holds a character that ends a plain value, or starts or ends with white space.
+/// Allocates nothing: descriptions of stacks write their paths through it too.
+pub(crate) fn write_value(f: &mut fmt::Formatter<'_>, value: &str) -> fmt::Result {
+    let plain = !value.is_empty()
+        && !value.contains(super::parser::ends_raw_value)
+        && !value.starts_with(char::is_whitespace)
+        && !value.ends_with(char::is_whitespace);
+    if plain {
+        return f.write_str(value);
+    }
+    f.write_str("\"")?;
+    for c in value.chars() {
+        if matches!(c, '"' | '\\') {
+            f.write_str("\\")?;
+        }
+        fmt::Write::write_char(f, c)?;
+    }
+    f.write_str("\"")
+}
+
 impl fmt::Display for FieldSpec {
     /// `name=value`, quoting the value when it would not read back unquoted.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v = &self.value;
-        let plain = !v.is_empty()
-            && !v.contains(super::parser::ends_raw_value)
-            && !v.starts_with(char::is_whitespace)
-            && !v.ends_with(char::is_whitespace);
-        if plain {
-            write!(f, "{}={v}", self.name)
-        } else {
-            let escaped = v.replace('\\', "\\\\").replace('"', "\\\"");
-            write!(f, "{}=\"{escaped}\"", self.name)
-        }
+        write!(f, "{}=", self.name)?;
+        write_value(f, &self.value)
     }
 }
 

@@ -85,6 +85,7 @@ unsafe impl MemoryResource for Cuda {
     }
 
     context_leaf!(streams);
+    context_leaf!(describe "cuda");
 }
 
 static_assertions::assert_impl_all!(Cuda: Send, Sync, crate::Accessible<crate::DeviceAccessible>);

@@ -2,6 +2,7 @@
 
 use super::{context_leaf, driver_allocate_checked, driver_free, driver_synchronize};
 use crate::resource::{check_request, properties, AllocError, MemoryResource, Result};
+use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
@@ -77,6 +78,8 @@ pub struct CudaAsyncOptions {
 pub struct CudaAsync {
     ctx: Arc<CudaContext>,
     pool: sys::CUmemoryPool,
+    /// What it was built with, for its description.
+    options: CudaAsyncOptions,
 }
 
 // SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronizes it.
@@ -115,6 +118,7 @@ impl CudaAsync {
         let this = CudaAsync {
             ctx: ctx.clone(),
             pool,
+            options,
         };
         let threshold = match options.release_threshold {
             Some(t) => t,
@@ -232,6 +236,17 @@ unsafe impl MemoryResource for CudaAsync {
     }
 
     context_leaf!(streams);
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut item = ItemWriter::leaf(f, "cuda_async").number("device", self.ctx.ordinal());
+        if let Some(initial) = self.options.initial_pool_size {
+            item = item.size("initial", initial);
+        }
+        if let Some(threshold) = self.options.release_threshold {
+            item = item.size("release_threshold", threshold);
+        }
+        item.finish()
+    }
 }
 
 impl Drop for CudaAsync {

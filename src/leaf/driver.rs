@@ -236,7 +236,9 @@ pub(crate) const CUDA_ALIGNMENT: usize = 256;
 
 /// Writes what the leaves over one context (a field `ctx: Arc<CudaContext>`) share:
 /// `context_leaf!(Type, "what it allocates")` the constructors, `context_leaf!(streams)` the
-/// stream calls of its `MemoryResource` impl, which go to the driver in that context.
+/// stream calls of its `MemoryResource` impl, which go to the driver in that context, and
+/// `context_leaf!(describe "name")` its description, `name(device=N)` as text configurations
+/// write it.
 macro_rules! context_leaf {
     ($T:ident, $memory:literal) => {
         impl $T {
@@ -281,6 +283,13 @@ macro_rules! context_leaf {
 
         fn name(&self) -> &'static str {
             Self::NAME
+        }
+    };
+    (describe $text:literal) => {
+        fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            $crate::stack::ItemWriter::leaf(f, $text)
+                .number("device", self.ctx.ordinal())
+                .finish()
         }
     };
 }

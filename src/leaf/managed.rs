@@ -91,6 +91,7 @@ unsafe impl MemoryResource for Managed {
     }
 
     context_leaf!(streams);
+    context_leaf!(describe "managed");
 }
 
 static_assertions::assert_impl_all!(

@@ -90,6 +90,7 @@ unsafe impl MemoryResource for Pinned {
     }
 
     context_leaf!(streams);
+    context_leaf!(describe "pinned");
 }
 
 static_assertions::assert_impl_all!(

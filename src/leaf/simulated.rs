@@ -177,6 +177,12 @@ unsafe impl MemoryResource for Simulated {
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::stack::ItemWriter::leaf(f, "simulated")
+            .size("capacity", self.capacity)
+            .finish()
+    }
 }
 
 static_assertions::assert_impl_all!(Simulated: Send, Sync);

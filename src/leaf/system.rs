@@ -106,6 +106,10 @@ unsafe impl MemoryResource for System {
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("system")
+    }
 }
 
 static_assertions::assert_impl_all!(System: Send, Sync, Copy, crate::Accessible<crate::HostAccessible>);

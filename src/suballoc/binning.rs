@@ -6,6 +6,7 @@ use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -105,6 +106,9 @@ pub struct Binning<U: MemoryResource> {
     min_shift: u32,
     /// The largest bin's block size: requests above it go to the upstream.
     max_block: usize,
+    /// The configured `max`, rounded up to a power of two (above `min` when there is no bin):
+    /// for the description.
+    max: usize,
     bins: Box<[Mutex<Bin>]>,
     meter: Meter,
 }
@@ -129,6 +133,7 @@ impl<U: MemoryResource> Binning<U> {
             upstream,
             min_shift: min.trailing_zeros(),
             max_block: if bins.is_empty() { 0 } else { max },
+            max,
             bins,
             meter: Meter::default(),
         }
@@ -258,7 +263,23 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
     fn name(&self) -> &'static str {
         NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &self.upstream, "binning")
+            .size("min", 1 << self.min_shift)
+            .size("max", self.max)
+            .finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for Binning<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Binning<U> {
     fn drop(&mut self) {

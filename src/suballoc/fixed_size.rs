@@ -6,6 +6,7 @@ use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -91,6 +92,9 @@ layer_by_new!(FixedSizeConfig => FixedSize);
 pub struct FixedSize<U: MemoryResource> {
     upstream: U,
     grow_by: usize,
+    /// The configured `blocks_to_preallocate` (0 included, which `grow_by` counts as 1): for the
+    /// description.
+    preallocate: usize,
     bin: Mutex<Bin>,
     meter: Meter,
 }
@@ -119,6 +123,7 @@ impl<U: MemoryResource> FixedSize<U> {
         let mr = FixedSize {
             upstream,
             grow_by: config.blocks_to_preallocate.max(1),
+            preallocate: config.blocks_to_preallocate,
             bin: Mutex::new(Bin::new(block)),
             meter: Meter::default(),
         };
@@ -230,7 +235,23 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
     fn name(&self) -> &'static str {
         NAME
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &self.upstream, "fixed_size")
+            .size("block_size", self.block_size())
+            .number("blocks_to_preallocate", self.preallocate)
+            .finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for FixedSize<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for FixedSize<U> {
     fn drop(&mut self) {

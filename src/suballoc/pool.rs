@@ -6,6 +6,7 @@ use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamKeeper, StreamRef};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -112,6 +113,9 @@ pub struct Pool<U: MemoryResource> {
     upstream: U,
     /// The cap on `pool_size`, rounded down to the granule.
     max: usize,
+    /// The first reservation asked for (rounded up to the granule, at most `max`): for the
+    /// pool's description.
+    initial: usize,
     state: Mutex<State>,
 }
 
@@ -121,7 +125,7 @@ impl<U: MemoryResource> Pool<U> {
     /// [`try_new`](Self::try_new) to learn whether the reservation succeeded). A configuration
     /// that contradicts itself is clamped: an `initial` above `max` takes `max` bytes.
     pub fn new(upstream: U, config: PoolConfig) -> Self {
-        let pool = Self::empty(upstream, config.max);
+        let pool = Self::empty(upstream, &config);
         let _ = pool.reserve(config.initial);
         pool
     }
@@ -138,15 +142,19 @@ impl<U: MemoryResource> Pool<U> {
                 NAME,
             ));
         }
-        let pool = Self::empty(upstream, config.max);
+        let pool = Self::empty(upstream, &config);
         pool.reserve(config.initial)?;
         Ok(pool)
     }
 
-    fn empty(upstream: U, max: usize) -> Self {
+    fn empty(upstream: U, config: &PoolConfig) -> Self {
+        let max = config.max & !(GRANULE - 1);
         Pool {
             upstream,
-            max: max & !(GRANULE - 1),
+            max,
+            initial: align_up(config.initial, GRANULE)
+                .unwrap_or(usize::MAX)
+                .min(max),
             state: Mutex::new(State::default()),
         }
     }
@@ -370,7 +378,28 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
     fn name(&self) -> &'static str {
         NAME
     }
+
+    /// `pool(initial=…, max=…)`, leaving out what the defaults give (no reservation, no cap).
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut item = ItemWriter::over(f, &self.upstream, "pool");
+        if self.initial > 0 {
+            item = item.size("initial", self.initial);
+        }
+        if self.max != PoolConfig::default().max & !(GRANULE - 1) {
+            item = item.size("max", self.max);
+        }
+        item.finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for Pool<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Pool<U> {
     fn drop(&mut self) {

@@ -3,6 +3,11 @@
 //! that lets it see what reaches the layer below. Behind the cargo feature `testing` (off by
 //! default), so that you can run the same battery over your own adaptors.
 //!
+//! [`DeviceStandIn`] is `DeviceAccessible` by its type and runs anywhere: code that needs device
+//! memory (`R: Accessible<DeviceAccessible>`) can be unit-tested on a host-only CI. Its addresses
+//! lie in a region of the process reserved with no access, so that the claim stays sound: see its
+//! documentation.
+//!
 //! The battery checks, panicking with the resource's name and what broke:
 //!
 //! * **Bad requests are errors:** an alignment that is zero or not a power of two, and a size that
@@ -40,6 +45,8 @@
 
 mod battery;
 mod recorder;
+mod stand_in;
 
 pub use battery::{conformance, MemoryAccess, Options, Report};
 pub use recorder::{Record, Recorder};
+pub use stand_in::DeviceStandIn;

@@ -165,4 +165,22 @@ unsafe impl<U: MemoryResource> MemoryResource for Recorder<U> {
     fn name(&self) -> &'static str {
         "Recorder"
     }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::stack::ItemWriter::over(f, &self.inner, "recorder").finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.inner)
+    }
+}
+
+impl<U> crate::stack::HasUpstream for Recorder<U> {
+    type Upstream = U;
+    fn upstream(&self) -> &U {
+        &self.inner
+    }
 }

@@ -257,3 +257,37 @@ fn text_built_suballocators_reserve_at_build_time_or_fail_cleanly() {
         );
     }
 }
+
+#[test]
+fn cuda_leaves_describe_themselves_as_text_builds_them() {
+    let Some(_) = gpu() else { return };
+    type Managed3 = (HostAccessible, DeviceAccessible, Migratable);
+    for (text, expected) in [
+        ("cuda", "cuda(device=0)"),
+        (
+            "cuda_async(initial=4MiB, release_threshold=64MiB) > pool(max=1GiB) > statistics",
+            "cuda_async(device=0, initial=4 MiB, release_threshold=64 MiB) > pool(max=1 GiB) > statistics",
+        ),
+        ("managed > prefetch", "managed(device=0) > prefetch(device=0)"),
+        ("pinned > binning", "pinned(device=0) > binning(min=256 B, max=1 MiB)"),
+    ] {
+        let mr = mrstack::config::build::<DeviceAccessible>(text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(mr.describe().to_string(), expected);
+        let again = mrstack::config::build::<DeviceAccessible>(expected).unwrap();
+        assert_eq!(again.describe().to_string(), expected);
+    }
+    // `prefetch` sits over what is below it cast to managed memory: that is the type to find.
+    let mr = mrstack::config::build::<DeviceAccessible>("managed > prefetch(device=0)").unwrap();
+    let prefetch = mr
+        .find::<mrstack::adaptor::Prefetch<AnyResource<Managed3>>>()
+        .unwrap();
+    assert_eq!(prefetch.device(), 0);
+    assert!(mr.find::<Managed>().is_some());
+    let ctx = mrstack::cuda_context(0).unwrap();
+    let stack = resource_stack![Cuda::new(&ctx).unwrap(), Pool { max: 64 MiB }];
+    assert_eq!(
+        stack.describe().to_string(),
+        "cuda(device=0) > pool(max=64 MiB)"
+    );
+}

@@ -309,3 +309,23 @@ fn a_simulated_stream_does_not_launder_a_blocks_ordering() {
     unsafe { pool.deallocate(r, bytes, 256, StreamRef::from(&t)) };
     ctx.synchronize().unwrap();
 }
+
+/// `testing::DeviceStandIn` is DeviceAccessible by its type only: on a machine with a GPU, a
+/// container over it is refused at allocation (it serves no CUDA stream), before any copy or
+/// memset could be queued on its addresses and fail in the context.
+#[test]
+fn containers_refuse_the_device_stand_in() {
+    let Some(ctx) = gpu() else { return };
+    let mr = mrstack::testing::DeviceStandIn::new();
+    for stream in [ctx.new_stream().unwrap(), ctx.default_stream()] {
+        let err = DeviceVec::<u32, _>::zeroed(1024, &mr, &stream).unwrap_err();
+        assert!(matches!(err.kind, AllocErrorKind::Unsupported(_)), "{err}");
+        let err = DeviceBox::new(7u64, &mr, &stream).unwrap_err();
+        assert!(matches!(err.kind, AllocErrorKind::Unsupported(_)), "{err}");
+    }
+    assert_eq!((mr.live(), mr.allocation_count()), (0, 0));
+    // The context is untouched: real work still runs in it.
+    let stream = ctx.new_stream().unwrap();
+    let v = DeviceVec::from_slice(&[1u32, 2, 3], Cuda::new(&ctx).unwrap(), &stream).unwrap();
+    assert_eq!(v.to_vec().unwrap(), [1, 2, 3]);
+}

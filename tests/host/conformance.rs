@@ -9,7 +9,7 @@
 
 use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
 use mrstack::prelude::*;
-use mrstack::testing::{conformance, Options, Recorder, Report};
+use mrstack::testing::{conformance, DeviceStandIn, Options, Recorder, Report};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use typenum::U4096;
@@ -64,6 +64,19 @@ fn callback_leaf_over_host_functions() {
         heap.calls.load(Ordering::Relaxed),
         heap.frees.load(Ordering::Relaxed)
     );
+}
+
+#[test]
+fn device_stand_in_leaf() {
+    // Device memory to the types, checked for overlap only (nothing may write it).
+    let device = DeviceStandIn::new();
+    let options = Options {
+        max_align: 1 << 16,
+        ..Options::default()
+    };
+    refused_none(conformance(&device, &options));
+    assert_eq!((device.in_use(), device.live()), (0, 0));
+    assert!(device.allocation_count() > 0);
 }
 
 // ----------------------------------------------------------------------------- suballocators
@@ -291,6 +304,17 @@ fn an_erased_stack_over_simulated() {
     let mr = resource_stack![rec.clone(), Arena { size: 64 MiB }, Statistics];
     let any = AnyResource::<()>::new(mr);
     refused_none(conformance(any, &over(&rec)));
+}
+
+#[test]
+fn a_device_stack_over_the_stand_in() {
+    // What a library over device memory would be handed: a stack that is DeviceAccessible by its
+    // type, erased, on a host without a GPU.
+    let rec = Arc::new(Recorder::new(DeviceStandIn::with_capacity(1 << 30)));
+    let mr = resource_stack![rec.clone(), Pool { max: 256 MiB }, Binning, Statistics];
+    let any = AnyResource::<DeviceAccessible>::new(mr);
+    refused_none(conformance(any, &over(&rec)));
+    assert_eq!(rec.inner().in_use(), 0);
 }
 
 // ------------------------------------------------------------------- the battery catches bugs

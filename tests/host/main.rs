@@ -19,4 +19,6 @@ mod host_allocator;
 mod misc;
 mod registry;
 mod replay;
+mod stack;
+mod stand_in;
 mod suballocators;

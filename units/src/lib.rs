@@ -18,7 +18,8 @@
 //!   point). A number starts with a digit: `.5 GiB`, `1.` and `-1 GiB` are refused.
 //! * **Range.** At most `u64::MAX` bytes; more is an error, never a wrap.
 //!
-//! Sizes are shown in powers of 1024 with [`Bytes`] (`1.50 GiB`).
+//! Sizes are shown in powers of 1024 with [`Bytes`] (`1.50 GiB`), and exactly, in a form
+//! [`parse_size`] reads back, with [`ExactBytes`] (`1536 MiB`).
 //!
 //! ```
 //! use mrstack_units::{parse_size, Bytes};
@@ -181,6 +182,44 @@ impl fmt::Display for Bytes {
     }
 }
 
+/// A number of bytes written exactly, in the largest unit that divides it: `1 GiB`, `1536 MiB`,
+/// `256 B`, `1000 B`. [`parse_size`] reads it back to the same number, so a description written
+/// with it (a stack's `pool(initial=1 GiB)`) builds the same configuration again; [`Bytes`] rounds
+/// to two decimals for people instead.
+///
+/// ```
+/// use mrstack_units::{parse_size, ExactBytes};
+///
+/// assert_eq!(ExactBytes(3 << 29).to_string(), "1536 MiB");
+/// assert_eq!(ExactBytes(1000).to_string(), "1000 B");
+/// assert_eq!(parse_size(&ExactBytes(u64::MAX).to_string()), Ok(u64::MAX));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ExactBytes(pub u64);
+
+impl From<usize> for ExactBytes {
+    fn from(n: usize) -> Self {
+        ExactBytes(n as u64)
+    }
+}
+
+impl fmt::Display for ExactBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Largest first; zero divides by every unit but reads best as bytes.
+        const EXACT: [(&str, u64); 4] = [
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
+        let n = self.0;
+        match EXACT.iter().find(|&&(_, scale)| n != 0 && n % scale == 0) {
+            Some(&(unit, scale)) => write!(f, "{} {unit}", n / scale),
+            None => write!(f, "{n} B"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +274,37 @@ mod tests {
             Ok((16_777_215 << 40) + 1_099_511_616_780)
         );
         assert_eq!(parse_size("16777216 TiB"), Err(SizeError::TooLarge));
+    }
+
+    #[test]
+    fn exact_sizes_read_back() {
+        let cases = [
+            (0, "0 B"),
+            (1, "1 B"),
+            (256, "256 B"),
+            (1000, "1000 B"),
+            (1024, "1 KiB"),
+            (3 << 29, "1536 MiB"),
+            (1 << 30, "1 GiB"),
+            (5 << 40, "5 TiB"),
+            ((1 << 40) + 1, "1099511627777 B"),
+        ];
+        for (n, text) in cases {
+            assert_eq!(ExactBytes(n).to_string(), text);
+            assert_eq!(parse_size(text), Ok(n));
+        }
+        // Every shift and its neighbours, up to the largest size.
+        for shift in 0..64 {
+            for n in [
+                (1u64 << shift) - 1,
+                1 << shift,
+                (1 << shift) + 1,
+                3 << shift.min(62),
+            ] {
+                assert_eq!(parse_size(&ExactBytes(n).to_string()), Ok(n), "{n}");
+            }
+        }
+        assert_eq!(parse_size(&ExactBytes(u64::MAX).to_string()), Ok(u64::MAX));
     }
 
     #[test]

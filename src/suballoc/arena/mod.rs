@@ -14,6 +14,7 @@ use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
+use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
 use chunk::Chunk;
 use global::Global;
@@ -440,7 +441,23 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
     fn name(&self) -> &'static str {
         NAME
     }
+
+    fn describe_to(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        ItemWriter::over(f, &self.upstream, "arena")
+            .size("size", self.max_size())
+            .size("superblock", self.superblock_size())
+            .finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+has_upstream!(impl<U> for Arena<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Arena<U> {
     fn drop(&mut self) {
