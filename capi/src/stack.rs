@@ -186,11 +186,16 @@ impl MrstackStack {
         }
     }
 
-    /// The stack's description: its config, what it gives, and its top layer's name.
+    /// The stack's description in the text-config syntax (every layer, with its settings), what
+    /// its memory gives and its alignment.
     pub(crate) fn describe(&self) -> String {
+        let stack = match &self.resource {
+            Resource::Plain(r) => r.describe().to_string(),
+            Resource::Logged(r) => r.describe().to_string(),
+        };
         format!(
-            "{} (gives {}, {}-byte aligned)",
-            self.config, self.properties, self.properties.alignment
+            "{stack} (gives {}, {}-byte aligned)",
+            self.properties, self.properties.alignment
         )
     }
 

@@ -47,7 +47,10 @@ fn the_tensorrt_adapter_compiles_and_serves_through_the_interface() {
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trt_test");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     compile(&cxx, &["-std=c++17"], "trt_test.cpp", &exe);
-    let run = Command::new(&exe).output().expect("run trt_test");
+    let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .expect("run trt_test");
     let out = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success() && out.contains(" passed, 0 failed"),
@@ -68,6 +71,9 @@ fn a_c_program_drives_the_generic_api_and_every_client_door() {
         .arg(&report)
         .arg(&log)
         .env_remove("MRSTACK_STACK")
+        // cargo puts target/<profile> first here, where an older copy of the library may be
+        // (only `cargo build` refreshes it): the one beside this test is the one just built.
+        .env("LD_LIBRARY_PATH", lib_dir())
         .output()
         .expect("run host_test");
     let out = String::from_utf8_lossy(&run.stdout);

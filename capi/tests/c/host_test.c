@@ -56,7 +56,7 @@ static void allocate_write_free(void) {
     CHECK(mrstack_properties(s) == MRSTACK_HOST, "host memory only: %d", mrstack_properties(s));
     char text[256];
     size_t n = mrstack_describe(s, text, sizeof text);
-    CHECK(n > 0 && contains(text, "pool"), "describe: %s", text);
+    CHECK(n > 0 && contains(text, "system > pool(initial=1 MiB) > binning(min=256 B, max=1 MiB) (gives HostAccessible"), "describe: %s", text);
     CHECK(mrstack_describe(s, NULL, 0) == n, "length without a buffer");
     char tiny[4];
     CHECK(mrstack_describe(s, tiny, sizeof tiny) == n && strlen(tiny) == 3, "truncated, NUL-ended");
