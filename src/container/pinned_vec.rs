@@ -2,10 +2,20 @@
 //! managed). Requires `R: Accessible<HostAccessible> + Accessible<DeviceAccessible>`.
 //!
 //! It derefs to `[T]` on the host for reading; host writes go through [`PinnedVec::as_cells`]
-//! (a `&[Cell<T>]`), [`PinnedVec::copy_from_slice`] and [`PinnedVec::fill`]. Once the memory has
-//! been handed to the device (a kernel argument, a copy), the next host access first waits for the
-//! vector's stream, so the host never reads values a kernel is still writing, nor overwrites values
-//! a copy is still reading.
+//! (a `&[Cell<T>]`), [`PinnedVec::copy_from_slice`] and [`PinnedVec::fill`].
+//!
+//! # Host access waits for the device
+//!
+//! Once the memory has been handed to the device (a kernel argument, a copy, a
+//! [`DeviceVec::copy_to_async`](super::DeviceVec::copy_to_async) into it, on any stream), the
+//! next host access waits first: `Deref` (`&v[..]`, `v[i]`, `v.iter()`) for every device write of
+//! it queued so far, a host write (`as_cells`, `copy_from_slice`, `fill`) for every device use.
+//! The vector's stream waits for the last write (or use) recorded on its cudarc events, wherever
+//! it was queued, and the host waits for the vector's stream. So the host never reads values a
+//! kernel is still writing, nor overwrites values a copy is still reading. Until device work is
+//! queued on it again, host access does not wait; `len()` and `is_empty()` never do. `Deref`
+//! cannot return an error: a failed wait is kept in the context (`CudaContext::check_err`), and
+//! [`synchronize`](PinnedVec::synchronize) is the same wait with its error.
 //!
 //! Why no `&mut [T]`: cudarc copies into any `&mut [T]` with `cuMemcpyDtoHAsync`, assuming
 //! pageable memory, for which the driver finishes the copy before returning. Into pinned memory
