@@ -147,7 +147,7 @@ pub use replay as workload;
 /// [`replay::rmm_log`].
 pub use replay::rmm_log as trace;
 
-pub use container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
+pub use container::{DeviceBox, DeviceVec, DeviceView, DeviceViewMut, HostAllocator, PinnedVec};
 pub use erased::{AnyResource, PropertySet, ResourceRef};
 pub use leaf::{
     cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,

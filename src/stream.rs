@@ -179,6 +179,18 @@ pub(crate) fn id_of(stream: &CudaStream) -> StreamId {
     }
 }
 
+/// True for a stream cudarc made with `new_stream`/`fork` (a handle neither null nor special),
+/// which its `CudaContext` object counts while it lives: while one lives, that context keeps
+/// cudarc's read/write events (unless tracking was turned off, which is `unsafe`). A borrowed
+/// stream (`wrap_borrowed_stream`, `unsafe`) looks the same but is not counted: its caller orders
+/// work on it.
+pub(crate) fn is_counted(stream: &CudaStream) -> bool {
+    !matches!(
+        stream.cu_stream() as usize,
+        0 | LEGACY_HANDLE | PER_THREAD_HANDLE
+    )
+}
+
 /// True for cudarc's per-thread stream, whose one handle names a different stream on each thread.
 pub(crate) fn is_per_thread(stream: &CudaStream) -> bool {
     stream.cu_stream() as usize == PER_THREAD_HANDLE

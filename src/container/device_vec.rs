@@ -2,24 +2,28 @@
 //! `rmm::device_uvector`. Requires `R: Accessible<DeviceAccessible>`; host access to the elements
 //! (`as_host_slice`) exists only when `R` is host-accessible too (managed, pinned).
 
-use super::{copy_error, cudarc_interop, length_mismatch, AlignmentFits, PinnedVec, RawBuf};
-use crate::property::{Accessible, DeviceAccessible, HostAccessible};
-use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
-use cudarc::driver::{
-    result, sys, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, ValidAsZeroBits,
+use super::view::{checked_range, out_of_range};
+use super::{
+    copy_error, cudarc_interop, length_mismatch, AlignmentFits, DeviceView, DeviceViewMut,
+    PinnedVec, RawBuf,
 };
+use crate::property::{Accessible, DeviceAccessible, HostAccessible};
+use crate::resource::{AllocError, MemoryResource};
+use cudarc::driver::{result, sys, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
 /// `len` values of `T` in memory from `R`, ordered on one stream, freed on it when dropped.
 ///
-/// A use on another stream is ordered as cudarc orders its own `CudaSlice`: the vector carries a
-/// cudarc slice with read and write events, and every cudarc copy, view ([`slice`](Self::slice),
-/// [`slice_mut`](Self::slice_mut)) and kernel argument goes through it, so the other stream
-/// first waits for the writes queued before (and a write for the reads too), and the vector's
-/// drop waits for the uses queued on other streams before the memory goes back to `R`. (As for
-/// cudarc's slices, this holds while the context tracks events, its default; a context whose
-/// tracking was turned off with the `unsafe` `disable_event_tracking` leaves it to the caller.)
+/// A use on another stream (a cudarc copy of the vector or of a view, [`slice`](Self::slice),
+/// [`slice_mut`](Self::slice_mut)) first waits for the writes queued before it (a write for the
+/// reads too, on every stream that read), and the vector's drop and host accesses wait for it.
+/// Through events, without blocking, where cudarc keeps them for the vector's whole life: the
+/// vector is on a stream its context made (`ctx.new_stream()`) and the other stream belongs to
+/// the same `CudaContext` object. Elsewhere (the vector on the default stream, a stream of another
+/// `CudaContext` object or device) the use also waits for the vector's stream, and the host waits
+/// for it once it is queued. Kernel arguments (`launch` is `unsafe`) are ordered by cudarc's
+/// events alone, which hold in the first case: elsewhere launch on the vector's stream.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), mrstack::AllocError> {
@@ -62,14 +66,20 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     {
         let () = AlignmentFits::<T, R>::CHECK;
         // SAFETY: every byte is set by the memset below before the vector is handed out.
-        let v = unsafe { Self::uninit(len, resource, stream) }?;
+        let mut v = unsafe { Self::uninit(len, resource, stream) }?;
         let bytes = v.buf.bytes();
         if bytes > 0 {
-            let err = copy_error(v.buf.resource().name(), bytes);
-            stream.context().bind_to_thread().map_err(err)?;
+            let name = v.buf.resource().name();
+            stream
+                .context()
+                .bind_to_thread()
+                .map_err(copy_error(name, bytes))?;
+            // A write, recorded as one: a use on another stream waits for it.
+            let (address, written) = v.buf.order_write(stream);
             // SAFETY: the destination is `bytes` bytes of device-accessible memory of this buffer.
-            unsafe { result::memset_d8_async(v.buf.address(), 0, bytes, stream.cu_stream()) }
-                .map_err(copy_error(v.buf.resource().name(), bytes))?;
+            unsafe { result::memset_d8_async(address, 0, bytes, stream.cu_stream()) }
+                .map_err(copy_error(name, bytes))?;
+            drop(written);
         }
         Ok(v)
     }
@@ -130,7 +140,8 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     /// Copies `src` in, queued on the vector's stream, without waiting: the copy is ordered
     /// after the device writes of `src` and the uses of the vector queued before it (on any
     /// stream), and `src` records it, so a host write into `src` (which needs `&mut`) first waits
-    /// for it. Host-to-device staging that overlaps with the host's work.
+    /// for it. Host-to-device staging that overlaps with the host's work (where events order the
+    /// two streams, see [`DeviceVec`]; elsewhere the host waits for the copy).
     pub fn copy_from_async<S>(&mut self, src: &PinnedVec<T, S>) -> Result<(), AllocError>
     where
         S: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>,
@@ -153,7 +164,8 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
 
     /// Copies the values out into `dst`, queued on the vector's stream, without waiting: `dst`
     /// records the copy, so its next host access (`Deref`, `as_cells`) first waits for it.
-    /// Device-to-host staging that overlaps with the host's work.
+    /// Device-to-host staging that overlaps with the host's work (where events order the two
+    /// streams, see [`DeviceVec`]; elsewhere the host waits for the copy).
     pub fn copy_to_async<S>(&self, dst: &mut PinnedVec<T, S>) -> Result<(), AllocError>
     where
         S: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>,
@@ -181,28 +193,30 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         }
     }
 
-    /// A view of `range` of the values, as cudarc's `CudaView`: every cudarc copy and kernel
-    /// launch takes it, ordered on any stream like the vector itself. `Err` for a range outside
-    /// the vector (cudarc's own `slice` panics there).
-    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<CudaView<'_, T>, AllocError> {
-        let len = self.len();
-        self.buf
-            .slice()
-            .try_slice(range)
-            .ok_or_else(|| out_of_range(len, self.buf.resource().name()))
+    /// A view of `range` of the values: every cudarc copy and kernel launch takes it, ordered on
+    /// any stream like the vector itself. `Err` for a range outside the vector (cudarc's own
+    /// `slice` panics there, as its range arithmetic does at `usize::MAX`).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'_, T>, AllocError> {
+        let (len, name) = (self.len(), self.buf.resource().name());
+        let r = checked_range(range, len).ok_or_else(|| out_of_range(len, name))?;
+        let (slice, readers) = self.buf.parts();
+        let view = slice.try_slice(r).ok_or_else(|| out_of_range(len, name))?;
+        Ok(DeviceView::new(view, readers))
     }
 
-    /// A mutable view of `range` of the values, as cudarc's `CudaViewMut`. `Err` for a range
+    /// A mutable view of `range` of the values, ordered like the vector. `Err` for a range
     /// outside the vector.
     pub fn slice_mut(
         &mut self,
         range: impl RangeBounds<usize>,
-    ) -> Result<CudaViewMut<'_, T>, AllocError> {
+    ) -> Result<DeviceViewMut<'_, T>, AllocError> {
         let (len, name) = (self.len(), self.buf.resource().name());
-        self.buf
-            .slice_mut()
-            .try_slice_mut(range)
-            .ok_or_else(|| out_of_range(len, name))
+        let r = checked_range(range, len).ok_or_else(|| out_of_range(len, name))?;
+        let (slice, readers) = self.buf.parts_mut();
+        let view = slice
+            .try_slice_mut(r)
+            .ok_or_else(|| out_of_range(len, name))?;
+        Ok(DeviceViewMut::new(view, readers))
     }
 
     /// The values, copied to a new host `Vec`.
@@ -313,16 +327,6 @@ fn queue_copy(
     unsafe { sys::cuMemcpyAsync(to, from, bytes, stream.cu_stream()) }
         .result()
         .map_err(err())
-}
-
-/// The error for a view range outside a container of `len` values.
-fn out_of_range(len: usize, resource: &'static str) -> AllocError {
-    AllocError::new(
-        AllocErrorKind::InvalidArgument("view range is outside the container's values"),
-        len,
-        0,
-        resource,
-    )
 }
 
 static_assertions::assert_impl_all!(DeviceVec<f32, crate::Cuda>: Send, Sync);

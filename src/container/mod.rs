@@ -6,13 +6,27 @@
 //!
 //! They implement cudarc's `DeviceSlice`, `DevicePtr`, `DevicePtrMut` and `PushKernelArg`, so
 //! `stream.memcpy_htod(&host, &mut v)`, `stream.memcpy_dtov(&v)` and
-//! `stream.launch_builder(&f).arg(&mut v)` take them unchanged, on any stream: each container
-//! carries a cudarc `CudaSlice` of its memory, whose read and write events order a use on another
-//! stream after the writes before it (a write after the reads too), exactly as for cudarc's own
-//! slices, kernel arguments included; the container's drop makes its stream wait for those uses
-//! before the memory goes back to its resource. `DeviceVec::slice`/`slice_mut` hand out cudarc's
-//! views of it, and `copy_from_async`/`copy_to_async` stage through a `PinnedVec` without
-//! blocking, the `PinnedVec` recording the copy for its next host access.
+//! `stream.launch_builder(&f).arg(&mut v)` take them unchanged, on any stream. Each container
+//! carries a cudarc `CudaSlice` of its memory, whose write event orders a use on another stream
+//! after the writes before it, and a table of read events, one per stream that read it, which
+//! orders a write (and the drop, and a host write) after every read, on however many streams.
+//! Events are used only where cudarc keeps them for the whole life of the container: the
+//! container's stream is one its context made (`new_stream`, `fork`) and the other stream belongs
+//! to the same `CudaContext` object. Anywhere else (the container on the default stream, a stream
+//! of another `CudaContext` object or device) a use on another stream first waits for the
+//! container's stream and the recorded uses, and is waited for on the host once queued, so that no
+//! free, host read or host write can overtake it. `DeviceVec::slice`/`slice_mut` hand out views
+//! ([`DeviceView`], [`DeviceViewMut`]) ordered the same way, and
+//! `copy_from_async`/`copy_to_async` stage through a `PinnedVec`, the `PinnedVec` recording the
+//! copy for its next host access.
+//!
+//! Kernel arguments (`launch` is `unsafe`) are cudarc's own: cudarc does not tell the argument
+//! which stream launches, so they are ordered by cudarc's events, which hold in the same cases
+//! (the container on a stream its context made, the kernel on a stream of the same `CudaContext`
+//! object); a `&mut` argument is first ordered after every recorded read. cudarc keeps a kernel's
+//! reads in one read event, so of `&` kernel arguments on several streams only the last is waited
+//! for. Elsewhere, and for kernels that read on several streams, launch on the container's stream
+//! or order the streams yourself.
 
 mod device_box;
 mod device_vec;
@@ -24,13 +38,17 @@ pub use device_vec::DeviceVec;
 pub use host_allocator::HostAllocator;
 pub use pinned_vec::PinnedVec;
 
+mod view;
+
+pub use view::{DeviceView, DeviceViewMut};
+
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
-use crate::stream::StreamRef;
-use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use crate::stream::{StreamId, StreamRef};
+use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The compile-time check that `R` guarantees the alignment of `T`, which every container
 /// constructor makes: without it an over-aligned `T` on, say, `Cuda` (256 bytes) would be refused
@@ -51,17 +69,152 @@ impl<T, R: MemoryResource> AlignmentFits<T, R> {
 /// `len` values of `T` allocated from `R`, ordered on `stream`: the part the three containers share.
 /// It does not initialize or drop the values (containers hold `Copy`-like `DeviceRepr` data).
 ///
-/// The memory is also held as cudarc's own `CudaSlice`, made with `upgrade_device_ptr`: its read
-/// and write events are what cudarc's copies, views and kernel launches use to order a use on any
-/// stream after the writes before it (and writes after the reads and writes before them). It is
-/// never dropped as a `CudaSlice`, which would free the memory through the driver: `Drop` leaks
-/// it, which makes the container's stream wait for those events, and then frees the memory
-/// through `R` on that stream.
+/// The memory is also held as cudarc's own `CudaSlice`, made with `upgrade_device_ptr`: its
+/// write event is what cudarc's copies and kernel launches use to order a use on any stream after
+/// the writes before it, its read event what a kernel's reads are recorded in. Reads through the
+/// container's own paths (copies, views, `HostSlice`) are recorded in [`Readers`] instead, one
+/// event per stream: cudarc's one read event keeps only the last reader. The slice is never
+/// dropped as a `CudaSlice`, which would free the memory through the driver: `Drop` waits for the
+/// readers, leaks the slice (which makes the container's stream wait for its events), and then
+/// frees the memory through `R` on that stream.
 pub(crate) struct RawBuf<T, R: MemoryResource> {
     slice: ManuallyDrop<CudaSlice<T>>,
+    readers: Readers,
     ptr: NonNull<T>,
     len: usize,
     resource: R,
+}
+
+/// The streams that read a container's memory, each with an event recorded after its last read.
+///
+/// Entries are only added while the container is shared (`&self`), so a `&CudaEvent` handed to a
+/// guard stays valid as long as the borrow of the container; they go only with the container.
+/// Several live streams never share an entry (their identities differ); a stream created after
+/// another was destroyed may get its handle, hence its entry, so a reader first waits for the
+/// entry's last record: the new record then covers the old reads too.
+pub(crate) struct Readers {
+    /// Whether the slice was made with cudarc's events (the context tracked them at the time).
+    events: bool,
+    list: Mutex<Vec<(StreamId, Box<CudaEvent>)>>,
+}
+
+impl std::fmt::Debug for Readers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self
+            .list
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        f.debug_struct("Readers").field("streams", &n).finish()
+    }
+}
+
+impl Readers {
+    fn new(events: bool) -> Self {
+        Readers {
+            events,
+            list: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether a use on `stream` of memory ordered on `own` can be ordered by events: `stream` is
+    /// `own` (or the same null stream), or both belong to one `CudaContext` object, `own` is a
+    /// stream it made (so that, while the container holds `own`, the context counts a stream and
+    /// keeps cudarc's events: its records in the guards and its waits in the drop all happen) and
+    /// the slice has events. Anywhere else cudarc may skip a wait or a record: the caller joins
+    /// and synchronizes instead.
+    fn tracked(&self, own: &CudaStream, stream: &CudaStream) -> bool {
+        if crate::stream::id_of(stream) == crate::stream::id_of(own) {
+            return true;
+        }
+        self.events
+            && Arc::ptr_eq(stream.context(), own.context())
+            && crate::stream::is_counted(own)
+            && own.context().is_managing_stream_synchronization()
+    }
+
+    /// The event that records `stream`'s reads, made on first use; `None` where the driver could
+    /// not make one.
+    fn event_for<'a>(&'a self, own: &CudaStream, stream: &CudaStream) -> Option<&'a CudaEvent> {
+        let id = crate::stream::id_of(stream);
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        let event: *const CudaEvent = match list.iter().find(|(i, _)| *i == id) {
+            Some((_, event)) => &**event,
+            None => {
+                let event = Box::new(own.context().new_event(None).ok()?);
+                let at: *const CudaEvent = &*event;
+                list.push((id, event));
+                at
+            }
+        };
+        // SAFETY: the event is boxed, so moving the list's entries does not move it, and entries
+        // are removed only when the `Readers` drops, which no `&'a self` borrow outlives.
+        Some(unsafe { &*event })
+    }
+
+    /// Makes `stream` wait for every recorded read.
+    fn wait_all(&self, stream: &CudaStream) {
+        let list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, event) in list.iter() {
+            stream.context().record_err(stream.wait(event));
+        }
+    }
+}
+
+/// Orders a read of `view` (the container's slice or a view of it) on `stream` and returns the
+/// guard that records it: `stream` waits for the last write, and the guard records the read in
+/// `stream`'s entry of `readers` where events hold; elsewhere `stream` waits for the container's
+/// stream and the guard synchronizes it.
+pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
+    view: &'a V,
+    readers: &'a Readers,
+    stream: &'a CudaStream,
+) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+    let own: &'a CudaStream = view.stream();
+    // `stream` waits for the write event; cudarc's read event is not recorded (see `Readers`).
+    let (ptr, cudarc_read) = view.device_ptr(stream);
+    std::mem::forget(cudarc_read);
+    if readers.tracked(own, stream) {
+        if let Some(event) = readers.event_for(own, stream) {
+            // After the entry's last record, so that the next one covers it (see `Readers`).
+            stream.context().record_err(stream.wait(event));
+            return (ptr, SyncOnDrop::Record(Some((event, stream))));
+        }
+    }
+    stream.context().record_err(stream.join(own));
+    (ptr, SyncOnDrop::sync_stream(stream))
+}
+
+/// Orders a write of `view` on `stream` and returns the guard that records it: `stream` waits
+/// for every recorded read and cudarc's read and write events; the guard records the write in the
+/// write event where events hold, and elsewhere `stream` also waits for the container's stream and
+/// the guard synchronizes it.
+pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
+    view: &'a mut V,
+    readers: &Readers,
+    stream: &'a CudaStream,
+) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+    readers.wait_all(stream);
+    let tracked = readers.tracked(view.stream(), stream);
+    if !tracked {
+        stream.context().record_err(stream.join(view.stream()));
+    }
+    let (ptr, written) = view.device_ptr_mut(stream);
+    if tracked {
+        (ptr, written)
+    } else {
+        std::mem::forget(written);
+        (ptr, SyncOnDrop::sync_stream(stream))
+    }
+}
+
+/// Before a `&mut` kernel argument of `view` (launched on a stream cudarc does not tell): the
+/// container's stream waits for every recorded read, and the write event records that point, so
+/// the kernel, which waits for the write event where cudarc keeps events, comes after them.
+pub(crate) fn before_kernel_write<T, V: DevicePtrMut<T>>(view: &mut V, readers: &Readers) {
+    let own = view.stream().clone();
+    readers.wait_all(&own);
+    drop(view.device_ptr_mut(&own));
 }
 
 impl<T, R: MemoryResource> RawBuf<T, R> {
@@ -114,8 +267,15 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
                 resource.name(),
             ));
         };
+        let mut slice = ManuallyDrop::new(slice);
+        // The block is usable on `stream` from here (a suballocator may hand out a block that
+        // work queued on `stream` still uses; a stream-ordered allocation exists only from here
+        // on `stream`): the write event records this point, which a use on another stream waits
+        // for, as for every later write.
+        drop(slice.device_ptr_mut(stream));
         Ok(RawBuf {
-            slice: ManuallyDrop::new(slice),
+            readers: Readers::new(stream.context().is_event_tracking()),
+            slice,
             ptr: ptr.cast(),
             len,
             resource,
@@ -139,14 +299,14 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         self.ptr.as_ptr() as sys::CUdeviceptr
     }
 
-    /// The memory as cudarc's slice, for its views and its ordered uses.
-    pub(crate) fn slice(&self) -> &CudaSlice<T> {
-        &self.slice
+    /// The memory as cudarc's slice, for kernel arguments, and the readers, for views.
+    pub(crate) fn parts(&self) -> (&CudaSlice<T>, &Readers) {
+        (&self.slice, &self.readers)
     }
 
-    /// The memory as cudarc's slice, for its mutable views and its ordered uses.
-    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.slice
+    /// The memory as cudarc's slice, mutably, and the readers, for mutable views.
+    pub(crate) fn parts_mut(&mut self) -> (&mut CudaSlice<T>, &Readers) {
+        (&mut self.slice, &self.readers)
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -157,64 +317,44 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         &self.resource
     }
 
-    /// Orders a read on `stream` of the memory and returns the guard that records it, for
-    /// cudarc's `DevicePtr` and `HostSlice`: through the slice's events, as cudarc does, or by
-    /// [`join_untracked`](Self::join_untracked) where they are off.
-    pub(crate) fn order_read<'a>(
-        &'a self,
-        stream: &'a CudaStream,
-    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        match self.join_untracked(stream) {
-            Some(guard) => (self.address(), guard),
-            None => self.slice.device_ptr(stream),
-        }
-    }
-
-    /// As [`order_read`](Self::order_read), for a write (`DevicePtrMut`, a copy into the memory).
+    /// Orders a use on `stream` that may write the memory (see [`order_write_of`]), for
+    /// cudarc's `DevicePtrMut` and `HostSlice` and the containers' copies.
     pub(crate) fn order_write<'a>(
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        match self.join_untracked(stream) {
-            Some(guard) => (self.address(), guard),
-            None => self.slice.device_ptr_mut(stream),
-        }
+        order_write_of(&mut *self.slice, &self.readers, stream)
     }
 
-    /// Where the slice's context keeps no events for several streams (it has made no stream of
-    /// its own) and `stream` is another stream (of another `CudaContext` object, which did):
-    /// `stream` waits for the work queued on the container's stream, and the returned guard
-    /// synchronizes `stream` once the use is queued, so that a later free cannot overtake it.
-    /// `None` where the events order the use.
-    fn join_untracked<'a>(&self, stream: &'a CudaStream) -> Option<SyncOnDrop<'a>> {
-        let own = self.slice.stream();
-        if own.context().is_managing_stream_synchronization()
-            || crate::stream::id_of(stream) == crate::stream::id_of(own)
-        {
-            return None;
-        }
-        stream.context().record_err(stream.join(own));
-        Some(SyncOnDrop::sync_stream(stream))
+    /// Orders a use on `stream` that reads the memory (see [`order_read_of`]).
+    pub(crate) fn order_read<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        order_read_of(&*self.slice, &self.readers, stream)
+    }
+
+    /// Before a `&mut` kernel argument (see [`before_kernel_write`]).
+    pub(crate) fn before_kernel_write(&mut self) {
+        before_kernel_write(&mut *self.slice, &self.readers)
     }
 
     /// Waits until no device work writes the memory, on any stream: the container's stream
     /// first waits for the last write (the slice's write event; writes on other streams were
-    /// ordered after each other), then the host waits for the container's stream. What host
-    /// reads of host-accessible memory need.
+    /// ordered after each other, or waited for), then the host waits for the container's
+    /// stream. What host reads of host-accessible memory need.
     pub(crate) fn wait_for_writes(&self) -> Result<(), AllocError> {
-        {
-            let (_, _read) = self.slice.device_ptr(self.stream());
-        }
+        // A host read is no device read: nothing is recorded.
+        std::mem::forget(self.slice.device_ptr(self.stream()));
         self.resource.synchronize(StreamRef::from(self.stream()))
     }
 
-    /// Waits until no device work uses the memory at all (the last read and the last write):
-    /// what host writes into host-accessible memory need.
+    /// Waits until no device work uses the memory at all (every read and the last write): what
+    /// host writes into host-accessible memory need.
     pub(crate) fn wait_for_uses(&mut self) -> Result<(), AllocError> {
         let stream = self.stream().clone();
-        {
-            let (_, _write) = self.slice.device_ptr_mut(&stream);
-        }
+        self.readers.wait_all(&stream);
+        std::mem::forget(self.slice.device_ptr_mut(&stream));
         self.resource.synchronize(StreamRef::from(&stream))
     }
 }
@@ -224,8 +364,10 @@ impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
         // SAFETY: the slice is taken once, here, and not used again.
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
         let stream = slice.stream().clone();
-        // The container's stream waits for every use that cudarc recorded on the slice's events
-        // (on any stream); the memory is not freed by cudarc.
+        // The container's stream waits for every recorded read, and for every use that cudarc
+        // recorded on the slice's events (on any stream: where events are not kept, uses on
+        // other streams were waited for when queued); the memory is not freed by cudarc.
+        self.readers.wait_all(&stream);
         let _ = slice.leak();
         // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on
         // the stream: wait for the kernels and copies that may still touch it.
@@ -266,10 +408,11 @@ unsafe impl<T: Sync, R: MemoryResource + Sync> Sync for RawBuf<T, R> {}
 /// Implements cudarc's `DeviceSlice`, `DevicePtr`, `DevicePtrMut` and `PushKernelArg` (for `&` and
 /// `&mut`) for a container whose `RawBuf<T, R>` is at the given field path, with `touched(&self)`
 /// (device work that reads the memory is queued) and `touched_mut(&mut self)` (work that may
-/// write it). Every one goes through the buffer's `CudaSlice`, so a use on any stream is ordered
-/// by its events exactly as for cudarc's own slices, kernel arguments included. A `&` kernel
-/// argument is read-only to the kernel, as for cudarc's own `&CudaSlice`. A macro because these
-/// are foreign traits on three distinct types: no single generic impl covers them.
+/// write it). Copies go through [`order_read_of`]/[`order_write_of`] (see the module docs);
+/// kernel arguments through cudarc's own implementations for the buffer's `CudaSlice`, a `&mut`
+/// one after [`before_kernel_write`]. A `&` kernel argument is read-only to the kernel, as for
+/// cudarc's own `&CudaSlice`. A macro because these are foreign traits on three distinct types:
+/// no single generic impl covers them.
 macro_rules! cudarc_interop {
     ($container:ident, $($buf:ident).+ where R: $($bound:tt)+) => {
         impl<T: cudarc::driver::DeviceRepr, R: $($bound)+> cudarc::driver::DeviceSlice<T>
@@ -314,18 +457,20 @@ macro_rules! cudarc_interop {
         {
             fn arg(&mut self, arg: &'b $container<T, R>) -> &mut Self {
                 arg.touched();
-                self.arg(arg.$($buf).+.slice())
+                self.arg(arg.$($buf).+.parts().0)
             }
         }
 
-        // SAFETY: as for `&`; the `&mut` borrow makes the kernel the only writer while it is held.
+        // SAFETY: as for `&`; the `&mut` borrow makes the kernel the only writer while it is held,
+        // and the container's stream first waits for the reads recorded outside cudarc's events.
         unsafe impl<'a, 'b: 'a, T: cudarc::driver::DeviceRepr, R: $($bound)+>
             cudarc::driver::PushKernelArg<&'b mut $container<T, R>>
             for cudarc::driver::LaunchArgs<'a>
         {
             fn arg(&mut self, arg: &'b mut $container<T, R>) -> &mut Self {
                 arg.touched_mut();
-                self.arg(arg.$($buf).+.slice_mut())
+                arg.$($buf).+.before_kernel_write();
+                self.arg(arg.$($buf).+.parts_mut().0)
             }
         }
     };

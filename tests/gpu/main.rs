@@ -14,5 +14,6 @@ mod adaptors;
 mod conformance;
 mod containers;
 mod erased;
+mod hostile;
 mod soundness;
 mod streams;

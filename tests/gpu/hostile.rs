@@ -1,0 +1,281 @@
+//! A hostile caller's uses of containers on several streams, each of which the events alone did not
+//! order: a stream dropped between its use and the container's drop or host read (its context
+//! then keeps no events), a stream of another `CudaContext` object that keeps none, a view handed
+//! to cudarc on such a stream, a memset the events never heard of, and reads on two streams
+//! (cudarc's one read event keeps only the last). Each queues slow device work (`slow_fill`,
+//! ~100 ms) so that a missing wait shows as wrong values, and checks the values.
+
+use crate::slow_fill;
+use crate::support::{expected_fill, gpu, kernel};
+use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+use mrstack::adaptor::PoolConfig;
+use mrstack::prelude::*;
+use std::ops::Bound;
+
+/// `zeroed` queues a memset on the vector's stream, behind slow work the previous owner of the
+/// block left there. A copy on another stream must wait for it: the memset (and the point the
+/// block became usable on the vector's stream) is a write the other stream waits for.
+#[test]
+fn a_zeroed_vector_read_on_another_stream_reads_zeros() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let n = 1 << 20;
+    let address = {
+        let mut old = DeviceVec::from_slice(&vec![7u32; n], &pool, &s).unwrap();
+        slow_fill!(&ctx, &s, &mut old, n, 3); // still writing when `old` goes back, on `s`
+        old.device_address()
+    };
+    let v = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+    assert_eq!(v.device_address(), address, "the pool reused the block");
+    assert_eq!(t.clone_dtoh(&v).unwrap(), vec![0u32; n]);
+}
+
+/// A vector on the default stream is written on stream `t` (behind slow work), then `t` is
+/// dropped: its context object counts no stream any more, so cudarc's events are off and the
+/// vector's drop would not wait for them. The block, reused at once on the default stream, must
+/// keep its new owner's values once `t`'s work has run.
+#[test]
+fn a_write_on_a_stream_dropped_since_is_waited_for_by_the_drop() {
+    let Some(ctx) = gpu() else { return };
+    let d = ctx.default_stream();
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let n = 1 << 20;
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &d).unwrap();
+    let address = {
+        let mut v = DeviceVec::from_slice(&vec![5u32; n], &pool, &d).unwrap();
+        let t = ctx.new_stream().unwrap();
+        slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
+        t.memset_zeros(&mut v).unwrap(); // behind it
+        drop(t);
+        assert!(!ctx.is_managing_stream_synchronization());
+        v.device_address()
+    };
+    let mut w = DeviceVec::<u32, _>::zeroed(n, &pool, &d).unwrap();
+    assert_eq!(w.device_address(), address, "the pool reused the block");
+    w.copy_from(&vec![0xdead; n]).unwrap();
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        w.to_vec().unwrap(),
+        vec![0xdead; n],
+        "the dropped stream's memset landed in the block's next owner"
+    );
+    drop(scratch);
+}
+
+/// The same for a host read: a copy into a `PinnedVec` of the default stream, queued on `t`
+/// behind slow work, then `t` (and the vector that held it) dropped. `Deref` must still wait for
+/// the copy: the host must not read memory a DMA is writing.
+#[test]
+fn a_pinned_vec_read_waits_for_a_copy_on_a_stream_dropped_since() {
+    let Some(ctx) = gpu() else { return };
+    let d = ctx.default_stream();
+    let async_mr = CudaAsync::new(&ctx).unwrap();
+    let n = 1 << 20;
+    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &d).unwrap();
+    {
+        let t = ctx.new_stream().unwrap();
+        let mut dev = DeviceVec::<u32, _>::zeroed(n, &async_mr, &t).unwrap();
+        slow_fill!(&ctx, &t, &mut dev, n, 53);
+        dev.copy_to_async(&mut pinned).unwrap(); // on `t`, behind the fill
+    }
+    assert!(!ctx.is_managing_stream_synchronization());
+    assert_eq!(&pinned[..], &expected_fill(n, 53)[..]);
+}
+
+/// Two `CudaContext` objects of one device: the vector's (`a`) keeps events, the other (`b`) has
+/// made no stream, so cudarc's guards on `b`'s streams record nothing. A copy into the vector on
+/// `b`'s default stream, behind slow work there, must still be waited for by the host read.
+#[test]
+fn a_copy_on_a_stream_of_a_context_object_without_events_is_waited_for() {
+    let Some(_) = gpu() else { return };
+    let (a, b) = (CudaContext::new(0).unwrap(), CudaContext::new(0).unwrap());
+    let sa = a.new_stream().unwrap();
+    let bd = b.default_stream();
+    assert!(a.is_managing_stream_synchronization());
+    assert!(!b.is_managing_stream_synchronization());
+    let n = 1 << 20;
+    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&a).unwrap(), &sa).unwrap();
+    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&b).unwrap(), &bd).unwrap();
+    slow_fill!(&b, &bd, &mut dev, n, 59);
+    bd.memcpy_dtoh(&dev, &mut pinned).unwrap();
+    assert_eq!(&pinned[..], &expected_fill(n, 59)[..]);
+}
+
+/// A view is ordered like its vector: the vector's context object (`a`) has made no stream, a
+/// copy into a view of it is queued on a stream of another object (`b`) behind slow work there,
+/// and the vector's host read waits for it.
+#[test]
+fn a_view_written_on_another_context_objects_stream_is_waited_for() {
+    let Some(_) = gpu() else { return };
+    let (a, b) = (CudaContext::new(0).unwrap(), CudaContext::new(0).unwrap());
+    let da = a.default_stream();
+    let tb = b.new_stream().unwrap();
+    assert!(!a.is_managing_stream_synchronization());
+    let n = 1 << 20;
+    let mut v = DeviceVec::<u32, _>::zeroed(2 * n, Managed::new(&a).unwrap(), &da).unwrap();
+    let mut src = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&b).unwrap(), &tb).unwrap();
+    slow_fill!(&b, &tb, &mut src, n, 61);
+    tb.memcpy_dtod(&src, &mut v.slice_mut(n..).unwrap())
+        .unwrap();
+    let host = v.as_host_slice().unwrap();
+    assert!(host[..n].iter().all(|&x| x == 0));
+    assert_eq!(host[n..], expected_fill(n, 61)[..]);
+}
+
+/// A view of a default-stream vector written on stream `t`, then `t` dropped: the host read still
+/// waits for the copy.
+#[test]
+fn a_view_written_on_a_stream_dropped_since_is_waited_for() {
+    let Some(ctx) = gpu() else { return };
+    let d = ctx.default_stream();
+    let async_mr = CudaAsync::new(&ctx).unwrap();
+    let n = 1 << 20;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, Managed::new(&ctx).unwrap(), &d).unwrap();
+    {
+        let t = ctx.new_stream().unwrap();
+        let mut src = DeviceVec::<u32, _>::zeroed(n, &async_mr, &t).unwrap();
+        slow_fill!(&ctx, &t, &mut src, n, 79);
+        t.memcpy_dtod(&src, &mut v.slice_mut(..).unwrap()).unwrap();
+    }
+    assert!(!ctx.is_managing_stream_synchronization());
+    assert_eq!(v.as_host_slice().unwrap(), &expected_fill(n, 79)[..]);
+}
+
+/// A copy on `t` reads the vector late; the vector is then read again on its own stream `s` and
+/// dropped. cudarc's one read event would keep only the second read: the block, reused at once
+/// on `s` and overwritten, would reach `t`'s copy. The drop must wait for both reads.
+#[test]
+fn a_read_on_another_stream_is_not_forgotten_by_a_later_read() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let n = 1 << 20;
+    let old = expected_fill(n, 67);
+    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let address = {
+        let v = DeviceVec::from_slice(&old, &pool, &s).unwrap();
+        slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
+        t.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it
+        assert_eq!(v.to_vec().unwrap(), old); // reads `v` again, on `s`
+        v.device_address()
+    };
+    let mut x = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+    assert_eq!(x.device_address(), address, "the pool reused the block");
+    x.copy_from(&vec![0xdead; n]).unwrap();
+    assert_eq!(
+        w.to_vec().unwrap(),
+        old,
+        "t's copy read the block after its next owner wrote it"
+    );
+    drop(scratch);
+}
+
+/// A `PinnedVec` read by copies on two streams, the first behind slow work: a host write waits
+/// for both (cudarc's one read event would keep only the second).
+#[test]
+fn host_writes_wait_for_reads_of_a_pinned_vec_on_two_streams() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t, u) = (
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+    );
+    let n = 1 << 20;
+    let src = expected_fill(n, 71);
+    let mut pinned = PinnedVec::from_slice(&src, Pinned::new(&ctx).unwrap(), &s).unwrap();
+    let mut a = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut b = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &u).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    slow_fill!(&ctx, &t, &mut scratch, 1, 1);
+    t.memcpy_htod(&pinned, &mut a).unwrap(); // late
+    u.memcpy_htod(&pinned, &mut b).unwrap(); // at once
+    pinned.fill(0).unwrap();
+    assert_eq!(
+        a.to_vec().unwrap(),
+        src,
+        "the host wrote while t's copy read"
+    );
+    assert_eq!(b.to_vec().unwrap(), src);
+    assert!(pinned.iter().all(|&x| x == 0));
+}
+
+/// A kernel on `u` overwrites a vector that a copy on `t` still reads (late), after the vector
+/// was read again on its own stream: the kernel waits for both reads.
+#[test]
+fn a_kernel_write_waits_for_reads_on_two_streams() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t, u) = (
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+    );
+    let n = 1 << 20;
+    let old = expected_fill(n, 73);
+    let mut v = DeviceVec::from_slice(&old, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    slow_fill!(&ctx, &t, &mut scratch, 1, 1);
+    t.memcpy_dtod(&v, &mut w).unwrap(); // late
+    assert_eq!(v.to_vec().unwrap(), old); // on `s`
+    let f = kernel(&ctx, "fill");
+    let (n32, k) = (n as u32, 5u32);
+    let mut builder = u.launch_builder(&f);
+    builder.arg(&mut v).arg(&n32).arg(&k);
+    // SAFETY: `fill` takes (unsigned*, unsigned, unsigned) and writes indices < n of `v`.
+    unsafe { builder.launch(LaunchConfig::for_num_elems(n32)) }.unwrap();
+    assert_eq!(
+        w.to_vec().unwrap(),
+        old,
+        "the kernel wrote before t's copy read"
+    );
+    assert_eq!(v.to_vec().unwrap(), expected_fill(n, 5));
+}
+
+/// View ranges are checked without overflow (cudarc adds one to an inclusive bound): a bound at
+/// `usize::MAX` is an error, not a panic; a view of a view writes its own values only.
+#[test]
+fn view_ranges_at_usize_max_are_errors_and_sub_views_write_their_range() {
+    let Some(ctx) = gpu() else { return };
+    let s = ctx.new_stream().unwrap();
+    let n = 16;
+    let mut v = DeviceVec::from_slice(&vec![7u32; n], Cuda::new(&ctx).unwrap(), &s).unwrap();
+    assert!(v.slice(..=usize::MAX).is_err());
+    assert!(v
+        .slice((Bound::Excluded(usize::MAX), Bound::Unbounded))
+        .is_err());
+    assert!(v.slice_mut(..=usize::MAX).is_err());
+    {
+        let mut tail = v.slice_mut(4..).unwrap();
+        assert_eq!(tail.len(), 12);
+        assert!(tail.slice_mut(..=usize::MAX).is_err());
+        assert!(tail.slice_mut(..13).is_err());
+        let mut x = tail.slice_mut(..4).unwrap();
+        s.memset_zeros(&mut x).unwrap();
+        assert!(x.as_view().slice(..=4).is_err());
+    }
+    let mut want = vec![7u32; n];
+    want[4..8].fill(0);
+    assert_eq!(v.to_vec().unwrap(), want);
+}
+
+/// Zero-length containers on several streams: copies, views, staging and drops of nothing.
+#[test]
+fn empty_containers_on_several_streams() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut a = DeviceVec::<u32, _>::zeroed(0, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let b = DeviceVec::<u32, _>::from_slice(&[], CudaAsync::new(&ctx).unwrap(), &t).unwrap();
+    let mut p = PinnedVec::<u32, _>::zeroed(0, Pinned::new(&ctx).unwrap(), &t).unwrap();
+    t.memcpy_dtod(&b, &mut a).unwrap();
+    assert!(t.clone_dtoh(&a).unwrap().is_empty());
+    assert!(s.clone_dtoh(&a.slice(..).unwrap()).unwrap().is_empty());
+    b.copy_to_async(&mut p).unwrap();
+    a.copy_from_async(&p).unwrap();
+    assert!(p.is_empty() && p.iter().next().is_none());
+    p.fill(1).unwrap();
+    assert!(a.to_vec().unwrap().is_empty());
+    drop((a, b, p));
+    ctx.check_err().unwrap();
+}
