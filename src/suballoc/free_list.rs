@@ -295,12 +295,14 @@ impl Bin {
         }
     }
 
-    /// Gives every chunk back to the upstream, each on its own stream after ordering that stream
-    /// behind every stream holding free blocks.
+    /// Gives every chunk whose blocks are all free back to the upstream, each on its own stream
+    /// after ordering that stream behind every stream holding free blocks. A chunk with a block
+    /// still allocated is leaked: that block's owner was leaked (`mem::forget` of a container),
+    /// and device work queued before may still use it.
     ///
     /// # Safety
     ///
-    /// No block of this bin is in use or will be handed out again.
+    /// No block of this bin will be handed out again.
     pub(crate) unsafe fn release_all<U: MemoryResource>(&mut self, from: Upstream<'_, U>) {
         let Upstream {
             upstream, meter, ..
@@ -311,10 +313,29 @@ impl Bin {
             .filter(|l| !l.blocks.is_empty())
             .map(|l| l.stream)
             .collect();
+        // Free blocks per chunk, by the chunks' start addresses (chunks never overlap).
+        let mut starts: Vec<(usize, usize)> = self
+            .chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.addr, i))
+            .collect();
+        starts.sort_unstable();
+        let mut free = vec![0usize; self.chunks.len()];
+        for &addr in self.lists.iter().flat_map(|l| l.blocks.iter()) {
+            let at = starts.partition_point(|&(start, _)| start <= addr);
+            if let Some(&(_, i)) = at.checked_sub(1).and_then(|at| starts.get(at)) {
+                free[i] += 1;
+            }
+        }
         // The streams stay held (the keeper is dropped with the bin) for the ordering below.
         self.lists.clear();
         self.index.clear();
-        for chunk in std::mem::take(&mut self.chunks) {
+        let chunks = std::mem::take(&mut self.chunks);
+        for (chunk, free) in chunks.into_iter().zip(free) {
+            if free * self.block < chunk.size {
+                continue;
+            }
             for &s in &streams {
                 if s != chunk.stream
                     && upstream
@@ -330,9 +351,9 @@ impl Bin {
             meter.shrank(chunk.size);
             if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(chunk.addr)) {
                 // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE, chunk.stream)`
-                // and was taken out of `chunks`, so it is given back once; the caller promises none
-                // of its blocks is in use, and its stream is ordered after every stream that freed
-                // one.
+                // and was taken out of `chunks`, so it is given back once; every block of it is
+                // free (counted above) and none is handed out again (the caller's promise), and
+                // its stream is ordered after every stream that freed one.
                 unsafe {
                     upstream.deallocate(ptr, chunk.size, GRANULE, self.streams.get(chunk.stream))
                 };

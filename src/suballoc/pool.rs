@@ -57,8 +57,10 @@ layer_by_new!(PoolConfig => Pool);
 /// 2 MiB) without a maximum, and near the maximum by exactly what is still allowed, so that a pool
 /// whose maximum is barely above the peak of live bytes still serves the workload; an upstream
 /// short of memory is asked for half as much, down to the request, as RMM does. Every chunk goes
-/// back to the upstream when the pool is dropped; [`release`](Self::release) gives back the
-/// chunks that are wholly free before that. `Sync` when `U` is.
+/// back to the upstream when the pool is dropped, but one with a block still allocated (its owner
+/// leaked with `mem::forget`: device work may still use it), which is leaked;
+/// [`release`](Self::release) gives back the chunks that are wholly free before that. `Sync` when
+/// `U` is.
 ///
 /// # Cost
 ///
@@ -408,7 +410,13 @@ impl<U: MemoryResource> Drop for Pool<U> {
         let mut st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
         let mut census = st.census();
         for (start, chunk) in std::mem::take(&mut st.chunks) {
-            let streams = census.remove(&start).map(|(_, s)| s).unwrap_or_default();
+            let (free, streams) = census.remove(&start).unwrap_or_default();
+            if free < chunk.size {
+                // A block of it is still allocated: its owner was leaked (`mem::forget` of a
+                // container), and device work queued before may still use it. The chunk is
+                // leaked too, rather than handed back for reuse under that work.
+                continue;
+            }
             for s in streams {
                 if s != chunk.stream
                     && self

@@ -279,3 +279,55 @@ fn empty_containers_on_several_streams() {
     drop((a, b, p));
     ctx.check_err().unwrap();
 }
+
+/// A vector whose copy (on another stream, behind slow work) is still queued is leaked with
+/// `mem::forget`, and its pool, no longer borrowed, is dropped: the pool must not give the chunk
+/// back to its upstream (a stream-ordered `CudaAsync`, which would hand it out again at once on
+/// the chunk's stream) while the copy may still write it.
+#[test]
+fn a_pool_dropped_after_a_vector_was_forgotten_keeps_the_vectors_chunk() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let async_mr = CudaAsync::new(&ctx).unwrap();
+    let n = 1 << 20;
+    let mut src = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    slow_fill!(&ctx, &t, &mut src, n, 83);
+    {
+        let pool = Pool::new(&async_mr, PoolConfig::default());
+        let mut v = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+        t.memcpy_dtod(&src, &mut v).unwrap(); // on `t`, behind the fill
+        std::mem::forget(v);
+    }
+    let mut w = DeviceVec::<u32, _>::zeroed(n, &async_mr, &s).unwrap();
+    w.copy_from(&vec![0xdead; n]).unwrap();
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        w.to_vec().unwrap(),
+        vec![0xdead; n],
+        "the leaked vector's copy landed in memory handed out again"
+    );
+}
+
+/// The same with pinned host memory: a copy into a forgotten `PinnedVec` of a pool over `Pinned`
+/// is still queued when the pool goes; the pool must not free the pinned chunk under the DMA (the
+/// host would reuse the pages).
+#[test]
+fn a_pinned_pool_dropped_after_a_pinned_vec_was_forgotten_keeps_its_chunk() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let n = 1 << 20;
+    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    slow_fill!(&ctx, &t, &mut dev, n, 89);
+    {
+        let pool = Pool::new(Pinned::new(&ctx).unwrap(), PoolConfig::default());
+        let mut pinned = PinnedVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+        t.memcpy_dtoh(&dev, &mut pinned).unwrap(); // on `t`, behind the fill
+        std::mem::forget(pinned);
+    }
+    let again = PinnedVec::from_slice(&vec![1u32; n], Pinned::new(&ctx).unwrap(), &s).unwrap();
+    ctx.synchronize().unwrap();
+    assert!(
+        again.iter().all(|&x| x == 1),
+        "the leaked vector's DMA landed in host memory handed out again"
+    );
+}

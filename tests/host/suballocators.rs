@@ -1308,3 +1308,63 @@ fn blocks_no_allocation_can_hold_are_out_of_memory() {
     // blocks, so it never needs an address list the host cannot hold.
     assert_eq!(sim.in_use(), 0);
 }
+
+/// A suballocator dropped while a block is still allocated (its owner leaked with `mem::forget`,
+/// and device work queued before may still use it) keeps the chunk that holds the block: it never
+/// goes back to the upstream for reuse. Wholly free chunks still go back.
+#[test]
+fn a_suballocator_dropped_with_a_block_live_leaks_its_chunk() {
+    fn check<R: MemoryResource>(name: &str, sim: &Simulated, mr: R, size: usize) {
+        let kept = mr.allocate(size, 256, stream(1)).unwrap();
+        let freed = mr.allocate(size, 256, stream(2)).unwrap();
+        // SAFETY: freed came from mr with this size.
+        unsafe { mr.deallocate(freed, size, 256, stream(2)) };
+        let _ = kept; // leaked, as by `mem::forget` of its container
+        drop(mr);
+        assert!(
+            sim.live() > 0,
+            "{name}: the chunk under a live block went back"
+        );
+    }
+    fn all_back<R: MemoryResource>(name: &str, sim: &Simulated, mr: R, size: usize) {
+        let p = mr.allocate(size, 256, stream(1)).unwrap();
+        // SAFETY: p came from mr with this size.
+        unsafe { mr.deallocate(p, size, 256, stream(1)) };
+        drop(mr);
+        assert_eq!(sim.live(), 0, "{name}: a wholly free chunk was kept");
+    }
+    let fixed = || FixedSizeConfig {
+        block_size: 4096,
+        blocks_to_preallocate: 4,
+    };
+    let arena = || mrstack::adaptor::ArenaConfig {
+        size: 8 << 20,
+        ..Default::default()
+    };
+    let sim = Simulated::new(1 << 30);
+    check("Pool", &sim, Pool::new(&sim, PoolConfig::default()), 4096);
+    let sim = Simulated::new(1 << 30);
+    check("FixedSize", &sim, FixedSize::new(&sim, fixed()), 4096);
+    let sim = Simulated::new(1 << 30);
+    check(
+        "Binning",
+        &sim,
+        Binning::new(&sim, BinningConfig::default()),
+        4096,
+    );
+    let sim = Simulated::new(1 << 30);
+    check("Arena", &sim, Arena::new(&sim, arena()), 4096);
+    let sim = Simulated::new(1 << 30);
+    all_back("Pool", &sim, Pool::new(&sim, PoolConfig::default()), 4096);
+    let sim = Simulated::new(1 << 30);
+    all_back("FixedSize", &sim, FixedSize::new(&sim, fixed()), 4096);
+    let sim = Simulated::new(1 << 30);
+    all_back(
+        "Binning",
+        &sim,
+        Binning::new(&sim, BinningConfig::default()),
+        4096,
+    );
+    let sim = Simulated::new(1 << 30);
+    all_back("Arena", &sim, Arena::new(&sim, arena()), 4096);
+}

@@ -138,7 +138,8 @@ layer_by_new!(ArenaConfig => Arena);
 ///
 /// Any resource: the arena asks it for superblock-aligned memory and falls back to 256-byte or
 /// natural alignment when the upstream refuses that alignment as unsupported. Every byte taken
-/// goes back to the upstream when the arena is dropped, whatever is still allocated. The arena is
+/// goes back to the upstream when the arena is dropped, unless a block is still allocated (its
+/// owner leaked with `mem::forget`, device work may still use it): then every byte is leaked. The arena is
 /// `Sync` (one arena for all threads) when `U` is.
 ///
 /// # Examples
@@ -461,6 +462,12 @@ has_upstream!(impl<U> for Arena<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Arena<U> {
     fn drop(&mut self) {
+        if self.usage().allocated > 0 {
+            // A block is still allocated: its owner was leaked (`mem::forget` of a container),
+            // and device work queued before may still use it. Every chunk is leaked too, rather
+            // than handed back for reuse under that work.
+            return;
+        }
         let g = self.global.get_mut().unwrap_or_else(|p| p.into_inner());
         // The keeper (a field) outlives this function, so every Held below is still valid.
         let mut streams: Vec<Held> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
