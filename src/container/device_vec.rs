@@ -126,15 +126,14 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
             return Ok(());
         }
         let stream = self.buf.stream();
-        let (address, read) = self.buf.order_read(stream);
+        // Waited for below before anything else can be queued: no record needed.
+        let address = self.buf.read_now();
         let bytes = std::mem::size_of_val(host);
         copy_and_wait(stream, self.buf.resource().name(), bytes, |s| {
             // SAFETY: the source holds `host.len()` values (checked above); the destination is a
             // live host slice, borrowed until copy_and_wait has waited for it.
             unsafe { result::memcpy_dtoh_async(host, address, s) }
-        })?;
-        drop(read);
-        Ok(())
+        })
     }
 
     /// Copies `src` in, queued on the vector's stream, without waiting: the copy is ordered

@@ -23,9 +23,12 @@
 //! Kernel arguments (`launch` is `unsafe`) are cudarc's own: cudarc does not tell the argument
 //! which stream launches, so they are ordered by cudarc's events, which hold in the same cases
 //! (the container on a stream its context made, the kernel on a stream of the same `CudaContext`
-//! object); a `&mut` argument is first ordered after every recorded read. cudarc keeps a kernel's
-//! reads in one read event, so of `&` kernel arguments on several streams only the last is waited
-//! for. Elsewhere, and for kernels that read on several streams, launch on the container's stream
+//! object); a `&mut` argument is first ordered after every recorded read. A container on the
+//! default stream that was a kernel argument while its context kept events waits for the whole
+//! context (drop, host access) once that context stops keeping them (its last stream dropped).
+//! cudarc keeps a kernel's reads in one read event, so of `&` kernel arguments on several streams
+//! only the last is waited for. Elsewhere (a kernel on another `CudaContext` object's stream, or on
+//! another device), and for kernels that read on several streams, launch on the container's stream
 //! or order the streams yourself.
 
 mod device_box;
@@ -48,6 +51,7 @@ use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtr
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The compile-time check that `R` guarantees the alignment of `T`, which every container
@@ -96,6 +100,11 @@ pub(crate) struct Readers {
     /// Whether the slice was made with cudarc's events (the context tracked them at the time).
     events: bool,
     list: Mutex<Vec<(StreamId, Box<CudaEvent>)>>,
+    /// Set when a kernel took the memory as an argument while the container's stream was one its
+    /// context does not count (the default stream) and the context kept events: the kernel may
+    /// run on another stream of the context, recorded only in cudarc's events, which the context
+    /// stops keeping (and the drop stops waiting for) once its last stream is dropped.
+    kernel_elsewhere: AtomicBool,
 }
 
 impl std::fmt::Debug for Readers {
@@ -114,6 +123,25 @@ impl Readers {
         Readers {
             events,
             list: Mutex::new(Vec::new()),
+            kernel_elsewhere: AtomicBool::new(false),
+        }
+    }
+
+    /// Before a kernel argument (see `kernel_elsewhere`).
+    fn note_kernel(&self, own: &CudaStream) {
+        if !crate::stream::is_counted(own) && own.context().is_managing_stream_synchronization() {
+            self.kernel_elsewhere.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// After waiting for cudarc's events on `own` (whose context kept them if `managed`, read
+    /// before the wait, and still does now): where a kernel may have run on another stream and
+    /// the context stopped keeping events in between, the host waits for the whole context.
+    fn settle(&self, own: &CudaStream, managed: bool) {
+        if self.kernel_elsewhere.load(Ordering::Relaxed)
+            && !(managed && own.context().is_managing_stream_synchronization())
+        {
+            own.context().record_err(own.context().synchronize());
         }
     }
 
@@ -175,6 +203,12 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     let (ptr, cudarc_read) = view.device_ptr(stream);
     std::mem::forget(cudarc_read);
     if readers.tracked(own, stream) {
+        if !crate::stream::is_counted(own) {
+            // `stream` is the container's own null stream (`tracked` says so for a stream its
+            // context does not count): every use on another stream joins it first, and a kernel
+            // write records a write there first, so a read there needs no record.
+            return (ptr, SyncOnDrop::Sync(None));
+        }
         if let Some(event) = readers.event_for(own, stream) {
             // After the entry's last record, so that the next one covers it (see `Readers`).
             stream.context().record_err(stream.wait(event));
@@ -213,8 +247,14 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
 /// the kernel, which waits for the write event where cudarc keeps events, comes after them.
 pub(crate) fn before_kernel_write<T, V: DevicePtrMut<T>>(view: &mut V, readers: &Readers) {
     let own = view.stream().clone();
+    readers.note_kernel(&own);
     readers.wait_all(&own);
     drop(view.device_ptr_mut(&own));
+}
+
+/// Before a `&` kernel argument of memory ordered on `own` (see [`Readers`]'s `kernel_elsewhere`).
+pub(crate) fn before_kernel_read(own: &CudaStream, readers: &Readers) {
+    readers.note_kernel(own);
 }
 
 impl<T, R: MemoryResource> RawBuf<T, R> {
@@ -334,6 +374,15 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         order_read_of(&*self.slice, &self.readers, stream)
     }
 
+    /// For a read on the container's own stream that the host waits for at once (`copy_to`): the
+    /// stream waits for the last write; nothing is recorded, as the read is over before anything
+    /// else can be queued after it.
+    pub(crate) fn read_now(&self) -> sys::CUdeviceptr {
+        let (ptr, cudarc_read) = self.slice.device_ptr(self.stream());
+        std::mem::forget(cudarc_read);
+        ptr
+    }
+
     /// Before a `&mut` kernel argument (see [`before_kernel_write`]).
     pub(crate) fn before_kernel_write(&mut self) {
         before_kernel_write(&mut *self.slice, &self.readers)
@@ -344,17 +393,26 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     /// ordered after each other, or waited for), then the host waits for the container's
     /// stream. What host reads of host-accessible memory need.
     pub(crate) fn wait_for_writes(&self) -> Result<(), AllocError> {
+        let managed = self.managed();
         // A host read is no device read: nothing is recorded.
         std::mem::forget(self.slice.device_ptr(self.stream()));
+        self.readers.settle(self.stream(), managed);
         self.resource.synchronize(StreamRef::from(self.stream()))
+    }
+
+    /// Whether the context keeps cudarc's events now.
+    fn managed(&self) -> bool {
+        self.stream().context().is_managing_stream_synchronization()
     }
 
     /// Waits until no device work uses the memory at all (every read and the last write): what
     /// host writes into host-accessible memory need.
     pub(crate) fn wait_for_uses(&mut self) -> Result<(), AllocError> {
         let stream = self.stream().clone();
+        let managed = self.managed();
         self.readers.wait_all(&stream);
         std::mem::forget(self.slice.device_ptr_mut(&stream));
+        self.readers.settle(&stream, managed);
         self.resource.synchronize(StreamRef::from(&stream))
     }
 }
@@ -367,8 +425,10 @@ impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
         // The container's stream waits for every recorded read, and for every use that cudarc
         // recorded on the slice's events (on any stream: where events are not kept, uses on
         // other streams were waited for when queued); the memory is not freed by cudarc.
+        let managed = stream.context().is_managing_stream_synchronization();
         self.readers.wait_all(&stream);
         let _ = slice.leak();
+        self.readers.settle(&stream, managed);
         // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on
         // the stream: wait for the kernels and copies that may still touch it.
         if <R::Host as typenum::Bit>::BOOL && self.bytes() > 0 {
@@ -457,7 +517,9 @@ macro_rules! cudarc_interop {
         {
             fn arg(&mut self, arg: &'b $container<T, R>) -> &mut Self {
                 arg.touched();
-                self.arg(arg.$($buf).+.parts().0)
+                let (slice, readers) = arg.$($buf).+.parts();
+                $crate::container::before_kernel_read(slice.stream(), readers);
+                self.arg(slice)
             }
         }
 

@@ -7,7 +7,7 @@
 //! stream of another `CudaContext` object, a context whose streams were all dropped), and would
 //! keep only the last of several reading streams.
 
-use super::{before_kernel_write, order_read_of, order_write_of, Readers};
+use super::{before_kernel_read, before_kernel_write, order_read_of, order_write_of, Readers};
 use crate::resource::{AllocError, AllocErrorKind};
 use cudarc::driver::{
     sys, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, LaunchArgs,
@@ -144,6 +144,7 @@ impl<T> DevicePtrMut<T> for DeviceViewMut<'_, T> {
 // as the borrow 'b, itself outliving the builder 'a.
 unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b DeviceView<'c, T>> for LaunchArgs<'a> {
     fn arg(&mut self, arg: &'b DeviceView<'c, T>) -> &mut Self {
+        before_kernel_read(arg.view.stream(), arg.readers);
         self.arg(&arg.view)
     }
 }

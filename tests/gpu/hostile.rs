@@ -331,3 +331,46 @@ fn a_pinned_pool_dropped_after_a_pinned_vec_was_forgotten_keeps_its_chunk() {
         "the leaked vector's DMA landed in host memory handed out again"
     );
 }
+
+/// A kernel on stream `t` writes a default-stream vector (a `&mut` argument, ordered by cudarc's
+/// events while the context keeps them), then `t` is dropped: the context keeps no events any
+/// more, so the vector's drop waits for the whole context before its block is reused.
+#[test]
+fn a_kernel_on_a_stream_dropped_since_is_waited_for_by_the_drop() {
+    let Some(ctx) = gpu() else { return };
+    let d = ctx.default_stream();
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let n = 1 << 20;
+    let address = {
+        let mut v = DeviceVec::from_slice(&vec![5u32; n], &pool, &d).unwrap();
+        let t = ctx.new_stream().unwrap();
+        slow_fill!(&ctx, &t, &mut v, n, 97);
+        drop(t);
+        assert!(!ctx.is_managing_stream_synchronization());
+        v.device_address()
+    };
+    let mut w = DeviceVec::<u32, _>::zeroed(n, &pool, &d).unwrap();
+    assert_eq!(w.device_address(), address, "the pool reused the block");
+    w.copy_from(&vec![0xdead; n]).unwrap();
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        w.to_vec().unwrap(),
+        vec![0xdead; n],
+        "the dropped stream's kernel wrote the block's next owner"
+    );
+}
+
+/// The same for a host read of a `PinnedVec` that a kernel on a since-dropped stream writes.
+#[test]
+fn a_pinned_vec_written_by_a_kernel_on_a_stream_dropped_since_is_waited_for() {
+    let Some(ctx) = gpu() else { return };
+    let d = ctx.default_stream();
+    let n = 1 << 20;
+    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &d).unwrap();
+    {
+        let t = ctx.new_stream().unwrap();
+        slow_fill!(&ctx, &t, &mut pinned, n, 101);
+    }
+    assert!(!ctx.is_managing_stream_synchronization());
+    assert_eq!(&pinned[..], &expected_fill(n, 101)[..]);
+}
