@@ -10,8 +10,10 @@
 //! [`DeviceVec::copy_to_async`](super::DeviceVec::copy_to_async) into it, on any stream), the
 //! next host access waits first: `Deref` (`&v[..]`, `v[i]`, `v.iter()`) for every device write of
 //! it queued so far, a host write (`as_cells`, `copy_from_slice`, `fill`) for every device use.
-//! The vector's stream waits for the last write (or use) recorded on its cudarc events, wherever
-//! it was queued, and the host waits for the vector's stream. So the host never reads values a
+//! The vector's stream waits for the last write recorded on its cudarc write event (and, for a
+//! host write, for the reads recorded per stream), wherever they were queued, and the host waits
+//! for the vector's stream; a use on a stream that events do not order (see the container module)
+//! was waited for on the host when it was queued. So the host never reads values a
 //! kernel is still writing, nor overwrites values a copy is still reading. Until device work is
 //! queued on it again, host access does not wait; `len()` and `is_empty()` never do. `Deref`
 //! cannot return an error: a failed wait is kept in the context (`CudaContext::check_err`), and
