@@ -192,6 +192,9 @@ pub struct WorkloadSummary {
     /// The most bytes a replay with threads can hold at once, in any interleaving of its
     /// threads ([`Workload::threaded_peak`]; `peak_live` for one thread).
     pub threaded_peak: usize,
+    /// Frees on another thread than the allocation's ([`Workload::cross_thread_frees`]): where
+    /// there are some, the recommendation's capacity rests on the log's order.
+    pub cross_thread_frees: usize,
     /// Allocations the log never frees (freed after each pass, untimed).
     pub unfreed: usize,
     /// `allocate failure` lines of the log (not replayed).
@@ -212,6 +215,7 @@ impl WorkloadSummary {
             streams: workload.stream_count(),
             peak_live: workload.peak_live(),
             threaded_peak: workload.threaded_peak(),
+            cross_thread_frees: workload.cross_thread_frees(),
             unfreed: workload.unfreed(),
             log_failures: 0,
             skipped_lines: 0,

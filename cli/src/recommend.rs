@@ -19,7 +19,9 @@
 //!    of several threads, whose threads at once can hold more than its order shows, the min
 //!    capacity is first scaled to that ([`capacity_basis`]), as the timing does: a log-order
 //!    figure leaves no room for threads that interleave otherwise (64 threads that follow each
-//!    other in the log fail at it on every threaded replay).
+//!    other in the log fail at it on every threaded replay). Not where the threads hand blocks
+//!    to each other (a free on another thread than the allocation, as PyTorch's autograd and
+//!    main threads do): that orders them as the log does, and the log's order is the basis.
 //! 5. **Check**: the printed text config, its `cuda` leaf swapped for `simulated` with the same
 //!    capacity, replays the workload once in log order ([`check`]); a candidate that does not
 //!    complete gives way to the next.
@@ -223,7 +225,13 @@ pub fn recommend(report: &Report, workload: &Workload) -> Result<Recommendation,
 /// to what its threads can hold, as [`timed_capacity`](crate::timed_capacity) does.
 pub fn capacity_basis(report: &Report, min: usize) -> u128 {
     let w = &report.workload;
-    if w.threads <= 1 || w.threaded_peak <= w.peak_live || w.peak_live == 0 {
+    // Threads that hand blocks to each other keep the log's interleaving (see
+    // `Workload::cross_thread_frees`): the log-order figure is what the program needs.
+    if w.threads <= 1
+        || w.cross_thread_frees > 0
+        || w.threaded_peak <= w.peak_live
+        || w.peak_live == 0
+    {
         return min as u128;
     }
     min as u128 * w.threaded_peak as u128 / w.peak_live as u128
@@ -343,6 +351,13 @@ fn why(
     if let Some(small) = log_order {
         lines.push(format!(
             "threads: {capacity} leaves room for its threads however they interleave; where they keep the log's order, {small} (min capacity + {HEADROOM_PERCENT}%) suffices"
+        ));
+    } else if w.threads > 1 && w.cross_thread_frees > 0 {
+        lines.push(format!(
+            "threads: {} of its frees are on another thread than their allocation: its {} threads hand blocks to each other, which orders them as the log does, so the capacity rests on the log's order (a replay that lets each thread run on alone may hold up to {})",
+            w.cross_thread_frees,
+            w.threads,
+            Bytes::from(w.threaded_peak)
         ));
     }
     lines

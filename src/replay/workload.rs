@@ -103,6 +103,8 @@ pub struct Workload {
     thread_count: usize,
     /// The most bytes a replay with threads can hold at once: see [`Workload::threaded_peak`].
     threaded_peak: usize,
+    /// Frees on another thread than the allocation's: see [`Workload::cross_thread_frees`].
+    cross_thread_frees: usize,
 }
 
 impl Workload {
@@ -147,6 +149,7 @@ impl Workload {
             threads: Vec::new(),
             thread_count: 1,
             threaded_peak: peak_live,
+            cross_thread_frees: 0,
         })
     }
 
@@ -175,12 +178,36 @@ impl Workload {
             self.threads = threads;
             self.thread_count = count;
             self.threaded_peak = self.lane_peaks();
+            self.cross_thread_frees = self.count_cross_thread_frees();
         } else {
             self.threads = Vec::new();
             self.thread_count = 1;
             self.threaded_peak = self.peak_live;
+            self.cross_thread_frees = 0;
         }
         Ok(self)
+    }
+
+    /// Frees whose thread is not the allocation's.
+    fn count_cross_thread_frees(&self) -> usize {
+        let mut owner = Vec::with_capacity(self.allocations);
+        let mut crossing = 0;
+        for (&op, &thread) in self.ops.iter().zip(&self.threads) {
+            match op {
+                Op::Alloc { .. } => owner.push(thread),
+                Op::Free { id } => crossing += usize::from(owner.get(id) != Some(&thread)),
+            }
+        }
+        crossing
+    }
+
+    /// Frees on another thread than the one that allocated the block: a program's threads that
+    /// hand blocks to each other (PyTorch's autograd thread allocates gradients, its main thread
+    /// frees them) are ordered by that hand-over, so the log's interleaving is the one they keep,
+    /// and [`threaded_peak`](Self::threaded_peak), which lets every thread run on alone, says
+    /// little of what the program needs. 0 for a workload on one thread.
+    pub fn cross_thread_frees(&self) -> usize {
+        self.cross_thread_frees
     }
 
     /// The sum over the OS threads of a replay with threads of the most bytes each can hold:
