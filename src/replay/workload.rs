@@ -206,6 +206,21 @@ impl Workload {
     /// frees them) are ordered by that hand-over, so the log's interleaving is the one they keep,
     /// and [`threaded_peak`](Self::threaded_peak), which lets every thread run on alone, says
     /// little of what the program needs. 0 for a workload on one thread.
+    ///
+    /// ```
+    /// use mrstack::replay::{Op, Workload};
+    ///
+    /// // Thread 1 frees what thread 0 allocated, then frees its own.
+    /// let ops = vec![
+    ///     Op::Alloc { id: 0, size: 64, stream: 0 },
+    ///     Op::Alloc { id: 1, size: 64, stream: 0 },
+    ///     Op::Free { id: 0 },
+    ///     Op::Free { id: 1 },
+    /// ];
+    /// let w = Workload::new("handed over", ops)?.with_threads(vec![0, 1, 1, 1])?;
+    /// assert_eq!(w.cross_thread_frees(), 1);
+    /// # Ok::<(), mrstack::replay::WorkloadError>(())
+    /// ```
     pub fn cross_thread_frees(&self) -> usize {
         self.cross_thread_frees
     }

@@ -147,6 +147,22 @@ fn a_log_of_several_threads_prefers_arena_and_leaves_room_for_its_threads() {
     assert_eq!(rec.log_order_capacity.as_deref(), Some("1.1 MiB"));
     assert!(rec.why[1].contains("several threads: arena, binning, pool"));
     assert!(rec.why[4].contains("1.1 MiB (min capacity + 10%) suffices"));
+    // Threads that hand blocks to each other keep the log's order: no scaling, and why.
+    r.workload.cross_thread_frees = 7;
+    let rec = recommended(&r);
+    assert_eq!(
+        (
+            rec.capacity_text.as_str(),
+            rec.log_order_capacity.as_deref()
+        ),
+        ("1.1 MiB", None)
+    );
+    assert!(
+        rec.why[4].contains("7 of its frees are on another thread"),
+        "{:?}",
+        rec.why
+    );
+    r.workload.cross_thread_frees = 0;
     // Threads that can hold no more than the log's order: no scaling.
     r.workload.threaded_peak = peak;
     let rec = recommended(&r);
