@@ -53,6 +53,7 @@
 #include <iostream>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <sstream>
 #include <stdexcept>
@@ -380,8 +381,12 @@ class replayer {
   void run_lane(std::size_t lane, clock_type::time_point& done, std::exception_ptr& failure,
                 std::size_t& failed_at)
   {
+    // As ThreadedReplayer: a lane looks for an abort when it starts and while it waits, no more.
+    if (abort_.load(std::memory_order_relaxed)) {
+      done = clock_type::now();
+      return;
+    }
     for (auto i : lane_ops_[lane]) {
-      if (abort_.load(std::memory_order_relaxed)) { break; }
       auto const& o = f_.ops[i];
       auto const& b = f_.blocks[o.id];
       if (o.alloc) {
@@ -490,6 +495,8 @@ class host_resource {
  public:
   void* allocate(cuda::stream_ref, std::size_t bytes, std::size_t align)
   {
+    // More than any host has: refused as a device resource would refuse it.
+    if (bytes > (std::size_t{1} << 46)) { throw std::bad_alloc(); }
     return ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{align});
   }
   void deallocate(cuda::stream_ref, void* p, std::size_t, std::size_t align) noexcept
