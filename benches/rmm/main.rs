@@ -15,7 +15,8 @@
 //! of several threads or streams as it was recorded), and `manifest.tsv` listing them.
 //!
 //! `run` replays FILE through each stack: the stack is built with the file's capacity, one warm-up
-//! pass, then as many timed passes as fit in the budget (at least 1, at most `--passes`), each
+//! pass, then as many timed passes as fit in the budget (at least 1, at most `--passes`; none
+//! when the warm-up took over 2.5 budgets, whose figure then stands, marked `warmup_only`), each
 //! pass timed from the moment every thread is ready until the last one finishes, plus
 //! synchronizing every stream; ns/op is the median pass over all ops of all threads. Over a GPU
 //! (device 0) by default; `--simulated` (or `--dry-run`) replays over `Simulated` instead, where
@@ -525,17 +526,26 @@ fn emit(f: &OpFile, stack: &str, upstream: &str, what: &str, result: Result<Meas
     match &result {
         Ok(m) => {
             let passes: Vec<String> = m.passes.iter().map(|p| format!("{p:.2}")).collect();
+            // No timed pass (a warm-up over ops::SLOW budgets): the warm-up's figure, marked.
+            let (ns, warmup_only) = if m.passes.is_empty() {
+                (m.warmup, true)
+            } else {
+                (ops::median(&m.passes), false)
+            };
             line += &format!(
-                ",\"ok\":true,\"ns_per_op\":{:.2},\"warmup_ns_per_op\":{:.2},\"passes\":[{}],\"seconds\":{:.3}}}",
-                ops::median(&m.passes),
+                ",\"ok\":true,\"ns_per_op\":{ns:.2},\"warmup_only\":{warmup_only},\"warmup_ns_per_op\":{:.2},\"passes\":[{}],\"seconds\":{:.3}}}",
                 m.warmup,
                 passes.join(","),
                 m.seconds
             );
             eprintln!(
-                "  {stack:<14} {:>12.1} ns/op ({} passes)",
-                ops::median(&m.passes),
-                m.passes.len()
+                "  {stack:<14} {ns:>12.1} ns/op ({} passes{})",
+                m.passes.len(),
+                if warmup_only {
+                    ", the warm-up's figure"
+                } else {
+                    ""
+                }
             );
         }
         Err(e) => {

@@ -397,9 +397,17 @@ pub(crate) fn read(input: impl BufRead) -> Result<OpFile, OpsError> {
     })
 }
 
+/// A warm-up pass longer than this many budgets is the only pass of its stack: a stack that slow
+/// needs no median to be told apart, and the run keeps to its time (`slow` in `rmm_bench.cpp`).
+pub(crate) const SLOW: f64 = 2.5;
+
 /// Timed passes after a warm-up pass that took `warmup`: as many as fit in `budget`, at least 1,
-/// at most `max`. The C++ side uses the same rule (`timed_passes` in `rmm_bench.cpp`).
+/// at most `max`; none when the warm-up took more than [`SLOW`] budgets (its figure stands, marked
+/// as the warm-up's). The C++ side uses the same rule (`timed_passes` in `rmm_bench.cpp`).
 pub(crate) fn timed_passes(warmup: Duration, budget: Duration, max: usize) -> usize {
+    if warmup.as_secs_f64() > SLOW * budget.as_secs_f64() {
+        return 0;
+    }
     let fit = budget.as_secs_f64() / warmup.as_secs_f64().max(1e-9);
     (fit.floor() as usize).clamp(1, max.max(1))
 }
@@ -549,7 +557,8 @@ mod tests {
         let ms = Duration::from_millis;
         assert_eq!(timed_passes(ms(10), ms(2000), 5), 5);
         assert_eq!(timed_passes(ms(700), ms(2000), 5), 2);
-        assert_eq!(timed_passes(ms(9000), ms(2000), 5), 1);
+        assert_eq!(timed_passes(ms(4900), ms(2000), 5), 1);
+        assert_eq!(timed_passes(ms(5100), ms(2000), 5), 0);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
     }

@@ -12,7 +12,8 @@
 //   waits for it (an atomic hand-over slot per allocation, as ThreadedReplayer's);
 // - a pass ends by synchronizing every stream (timed); blocks left live are then freed, untimed;
 // - one warm-up pass, then as many timed passes as fit in the budget (at least 1, at most
-//   --passes); ns/op is the median pass over all ops of all threads.
+//   --passes; none after a warm-up over 2.5 budgets, whose figure then stands, marked
+//   `warmup_only`); ns/op is the median pass over all ops of all threads.
 //
 // Resources, by the names the mrstack side uses for its stacks, so that the table pairs them:
 //   cuda_async     cuda_async_memory_resource{}  (no initial pool, release threshold UINT64_MAX)
@@ -218,9 +219,12 @@ void check(cudaError_t e, char const* what)
 }
 
 /// As many timed passes as fit in `budget` after a warm-up pass of `warmup`: at least 1, at most
-/// `max` (ops::timed_passes on the mrstack side).
+/// `max`, none after a warm-up over 2.5 budgets (ops::timed_passes on the mrstack side).
 std::size_t timed_passes(double warmup_s, double budget_s, std::size_t max)
 {
+  // ops::SLOW: a warm-up over 2.5 budgets is the only pass; its figure stands, marked.
+  constexpr double slow = 2.5;
+  if (warmup_s > slow * budget_s) { return 0; }
   double fit = budget_s / std::max(warmup_s, 1e-9);
   double n   = std::floor(fit);
   n          = std::max(1.0, std::min(n, static_cast<double>(std::max<std::size_t>(max, 1))));
@@ -579,17 +583,22 @@ void emit(op_file const& f, std::string const& stack, std::string const& what, m
     << ",\"upstream\":\"" << (upstream_host ? "host" : "cuda") << "\",\"ops\":" << f.ops.size()
     << ",\"capacity\":" << f.capacity;
   if (m != nullptr) {
-    s << ",\"ok\":true,\"ns_per_op\":" << fixed(median(m->passes))
+    // No timed pass (a warm-up over 2.5 budgets): the warm-up's figure, marked.
+    bool const warmup_only = m->passes.empty();
+    double const ns        = warmup_only ? m->warmup : median(m->passes);
+    s << ",\"ok\":true,\"ns_per_op\":" << fixed(ns)
+      << ",\"warmup_only\":" << (warmup_only ? "true" : "false")
       << ",\"warmup_ns_per_op\":" << fixed(m->warmup) << ",\"passes\":[";
     for (std::size_t i = 0; i < m->passes.size(); ++i) {
       s << (i ? "," : "") << fixed(m->passes[i]);
     }
     s << "],\"seconds\":" << fixed(m->seconds) << "}";
     std::fprintf(stderr,
-                 "  %-14s %12.1f ns/op (%zu passes)\n",
+                 "  %-14s %12.1f ns/op (%zu passes%s)\n",
                  stack.c_str(),
-                 median(m->passes),
-                 m->passes.size());
+                 ns,
+                 m->passes.size(),
+                 warmup_only ? ", the warm-up's figure" : "");
   } else {
     s << ",\"ok\":false,\"error\":" << json(error) << "}";
     std::fprintf(stderr, "  %-14s %s\n", stack.c_str(), error.c_str());

@@ -52,6 +52,8 @@ def cell(r):
     if r.get("ok"):
         ns = r["ns_per_op"]
         text = f"{ns:,.0f}" if ns >= 100 else f"{ns:.1f}"
+        if r.get("warmup_only"):
+            return f"{text} (w)"
         n = len(r.get("passes", []))
         return text if n >= 5 else f"{text} ({n}p)"
     error = r.get("error", "error")
@@ -183,7 +185,8 @@ def main(argv):
             f.write(f"# {title}\n\n")
             f.write(
                 "ns per op (allocate or free), median of the timed passes after a warm-up pass; "
-                "`(Np)`: only N timed passes fit the budget. N threads: the workload's allocations "
+                "`(Np)`: only N timed passes fit the budget; `(w)`: the warm-up pass alone, which took over 2.5 "
+                "budgets (a stack that slow needs no median). N threads: the workload's allocations "
                 "dealt round-robin to N threads, each freeing its own, the same ops at every thread "
                 "count (aggregate ns/op: wall time over all ops). `own`: each thread on a stream "
                 "of its own; `one`: every thread on the default stream; `logged`: the log's own "
