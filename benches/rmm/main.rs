@@ -12,7 +12,8 @@
 //! `write-ops` writes, for the built-in random workload, every RMM log (`*.csv`, `*.csv.gz`) in each
 //! `--data` folder and every LOG given, one op file per thread count and stream use (`8-own`: 8
 //! threads each on a stream of its own; `8-one`: 8 threads on the default stream; `N-logged`: a log
-//! of several threads or streams as it was recorded), and `manifest.tsv` listing them.
+//! of several threads or streams as it was recorded), and `manifest.tsv` listing them, layout by
+//! layout (every workload's `1-own`, then every workload's `1-one`, …) in the order of `--threads`.
 //!
 //! `run` replays FILE through each stack: the stack is built with the file's capacity, one warm-up
 //! pass, then as many timed passes as fit in the budget (at least 1, at most `--passes`; none
@@ -174,9 +175,12 @@ fn write_ops(args: &[String]) -> Result<(), String> {
         });
     }
 
-    let mut manifest = String::from("file\tworkload\tlayout\tthreads\tstreams\tops\tcapacity\n");
+    // (layout rank, workload rank, line): the manifest lists every workload's first layout, then
+    // every workload's second, …, so that a run cut short by its deadline has the first thread
+    // counts of every workload rather than every thread count of the first workloads.
+    let mut entries: Vec<(usize, usize, String)> = Vec::new();
     let mut names = std::collections::HashSet::new();
-    for src in &sources {
+    for (rank, src) in sources.iter().enumerate() {
         // Two logs of one name (a.csv and a.csv.gz, or two folders) get distinct names, which the
         // op files carry (the table tells workloads apart by name) and their file names too.
         let base = file_stem(src.workload.name());
@@ -208,14 +212,14 @@ fn write_ops(args: &[String]) -> Result<(), String> {
             };
             files.push(OpFile::new(laid, layout));
         }
-        for f in &files {
+        for (layout_rank, f) in files.iter().enumerate() {
             let file = format!("{name}.{}.ops", f.layout.label());
             let path = out.join(&file);
             let handle =
                 std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
             ops::write(std::io::BufWriter::new(handle), f)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
-            manifest += &format!(
+            let line = format!(
                 "{file}\t{name}\t{}\t{}\t{}\t{}\t{}\n",
                 f.layout.label(),
                 f.layout.threads,
@@ -223,6 +227,7 @@ fn write_ops(args: &[String]) -> Result<(), String> {
                 f.workload.ops().len(),
                 f.capacity
             );
+            entries.push((layout_rank, rank, line));
         }
         eprintln!(
             "{name}: {} ops, {} allocations, peak live {:.2} GiB, {} op files",
@@ -232,6 +237,9 @@ fn write_ops(args: &[String]) -> Result<(), String> {
             files.len()
         );
     }
+    entries.sort();
+    let mut manifest = String::from("file\tworkload\tlayout\tthreads\tstreams\tops\tcapacity\n");
+    manifest.extend(entries.into_iter().map(|(_, _, line)| line));
     let path = out.join("manifest.tsv");
     std::fs::write(&path, manifest).map_err(|e| format!("{}: {e}", path.display()))
 }

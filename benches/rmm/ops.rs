@@ -109,11 +109,18 @@ impl OpFile {
 
 /// The capacity a layout is timed with: twice what its threads can hold at once in any
 /// interleaving (`Workload::threaded_peak`, the README's timing rule for threads), plus
-/// [`HEADROOM`], rounded up to 2 MiB.
+/// [`HEADROOM`], rounded up to 2 MiB. Where threads hand blocks to each other (a log's own
+/// layout with `cross_thread_frees`, PyTorch's autograd and main threads), the hand-over keeps
+/// them near the log's order and `threaded_peak`, which lets each run on alone, is far off (310
+/// GiB for a 5.4 GiB PyTorch log): twice the log-order peak instead, as the replay tool does.
 pub(crate) fn capacity_for(w: &Workload) -> usize {
     const ROUND: usize = 2 << 20;
-    w.threaded_peak()
-        .saturating_mul(2)
+    let held = if w.cross_thread_frees() > 0 {
+        w.peak_live()
+    } else {
+        w.threaded_peak()
+    };
+    held.saturating_mul(2)
         .saturating_add(HEADROOM)
         .div_ceil(ROUND)
         .saturating_mul(ROUND)
@@ -503,12 +510,18 @@ mod tests {
             })
             .collect();
         assert_eq!(streams, [1, 0]);
+        assert_eq!(laid.cross_thread_frees(), 2);
         let file = OpFile::new(
             laid,
             Layout {
                 threads: 2,
                 streams: Streams::Logged,
             },
+        );
+        // Handed-over blocks: the log-order peak sizes the capacity, not threaded_peak.
+        assert_eq!(
+            file.capacity,
+            (2 * 300 + HEADROOM).div_ceil(2 << 20) * (2 << 20)
         );
         assert_eq!(round_trip(&file), file);
     }
