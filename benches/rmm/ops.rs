@@ -109,18 +109,13 @@ impl OpFile {
 
 /// The capacity a layout is timed with: twice what its threads can hold at once in any
 /// interleaving (`Workload::threaded_peak`, the README's timing rule for threads), plus
-/// [`HEADROOM`], rounded up to 2 MiB. Where threads hand blocks to each other (a log's own
-/// layout with `cross_thread_frees`, PyTorch's autograd and main threads), the hand-over keeps
-/// them near the log's order and `threaded_peak`, which lets each run on alone, is far off (310
-/// GiB for a 5.4 GiB PyTorch log): twice the log-order peak instead, as the replay tool does.
+/// [`HEADROOM`], rounded up to 2 MiB; where threads hand blocks to each other (PyTorch's autograd
+/// and main threads), twice the log-order peak: `Workload::capacity_peak`, as the replay tool's
+/// recommendation uses it (`threaded_peak` says 310 GiB for a 5.4 GiB PyTorch log).
 pub(crate) fn capacity_for(w: &Workload) -> usize {
     const ROUND: usize = 2 << 20;
-    let held = if w.cross_thread_frees() > 0 {
-        w.peak_live()
-    } else {
-        w.threaded_peak()
-    };
-    held.saturating_mul(2)
+    w.capacity_peak()
+        .saturating_mul(2)
         .saturating_add(HEADROOM)
         .div_ceil(ROUND)
         .saturating_mul(ROUND)

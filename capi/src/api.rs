@@ -181,7 +181,7 @@ pub unsafe extern "C" fn mrstack_deallocate(
     guard(-1, || {
         let expect = Expect {
             size: Some(size),
-            align: Some(if align == 0 { 1 } else { align }),
+            align: Some(align),
         };
         // SAFETY: forwarded from the caller.
         lookup(stack)?.deallocate(ptr, expect, unsafe { self::stream(stream) })?;

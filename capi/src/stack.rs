@@ -3,22 +3,25 @@
 use mrstack::adaptor::Logging;
 use mrstack::config::{StackBuilder, StackSpec};
 use mrstack::property::Properties;
+use mrstack::Accessible;
 use mrstack::{AnyResource, MemoryResource, StreamRef};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fs::File;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Shards of the live-block table: frees from many threads rarely meet on one lock.
 const SHARDS: usize = 64;
 
 /// A memory-resource stack behind the C API. Opaque to C: only pointers to it cross.
 pub struct MrstackStack {
-    resource: Resource,
+    /// The stack, with `Logging` at its top when a log was asked for.
+    resource: AnyResource<()>,
+    /// Writes the log's buffered lines out, when there is a log.
+    flush: Option<Flush>,
     config: String,
-    properties: Properties,
     /// Every block handed out and not yet freed, by address: a free is checked against it (a
     /// pointer this stack did not hand out, or a double free, is an error, not undefined
     /// behaviour), and the clients that free without a size (CuPy, TensorRT) find it here.
@@ -26,11 +29,13 @@ pub struct MrstackStack {
     counts: Counts,
 }
 
-/// The stack itself, recording what it is asked for when a log was asked for.
-enum Resource {
-    Plain(AnyResource<()>),
-    Logged(Logging<AnyResource<()>, File>),
+/// An alignment as the C calls take it: 0 means any, which is 1.
+fn any_alignment(align: usize) -> usize {
+    align.max(1)
 }
+
+/// Flushes a stack's log, whatever the type of the logged stack.
+type Flush = Box<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
 #[derive(Debug, Clone, Copy)]
 struct Block {
@@ -66,33 +71,18 @@ impl MrstackStack {
     /// Builds `config` (CUDA leaves that name no device on `device`), recording every request
     /// in RMM's log format to `log` when given.
     pub(crate) fn build(config: &str, device: usize, log: Option<&str>) -> Result<Self, String> {
-        let (resource, properties) =
-            build_erased(config, device).map_err(|e| format!("config `{config}`: {e}"))?;
-        let resource = match log {
-            None => Resource::Plain(resource),
-            Some(path) => Resource::Logged(
-                Logging::create(resource, path)
-                    .map_err(|e| format!("MRSTACK_LOG: cannot create `{path}`: {e}"))?,
-            ),
-        };
+        let (resource, flush) = build_erased(config, device, log)?;
         Ok(MrstackStack {
             resource,
+            flush,
             config: config.to_string(),
-            properties,
             live: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             counts: Counts::default(),
         })
     }
 
-    fn resource(&self) -> &dyn MemoryResourceDyn {
-        match &self.resource {
-            Resource::Plain(r) => r,
-            Resource::Logged(r) => r,
-        }
-    }
-
     pub(crate) fn properties(&self) -> Properties {
-        self.properties
+        self.resource.properties()
     }
 
     fn shard(&self, addr: usize) -> std::sync::MutexGuard<'_, HashMap<usize, Block>> {
@@ -111,12 +101,12 @@ impl MrstackStack {
         if size == 0 {
             return Ok(std::ptr::null_mut());
         }
-        let align = if align == 0 { 1 } else { align };
+        let align = any_alignment(align);
         if !align.is_power_of_two() {
             self.counts.failed_allocations.fetch_add(1, Relaxed);
             return Err(format!("alignment {align} is not a power of two"));
         }
-        let p = match self.resource().allocate_dyn(size, align, stream) {
+        let p = match self.resource.allocate(size, align, stream) {
             Ok(p) => p,
             Err(e) => {
                 self.counts.failed_allocations.fetch_add(1, Relaxed);
@@ -153,9 +143,7 @@ impl MrstackStack {
                 ));
             };
             let size_ok = expect.size.is_none_or(|s| s == block.size);
-            let align_ok = expect
-                .align
-                .is_none_or(|a| a == block.align || (a == 0 && block.align == 1));
+            let align_ok = expect.align.is_none_or(|a| any_alignment(a) == block.align);
             if !size_ok || !align_ok {
                 drop(shard);
                 self.counts.bad_frees.fetch_add(1, Relaxed);
@@ -169,10 +157,7 @@ impl MrstackStack {
         };
         // SAFETY: `p` was handed out by this stack's resource with `block`'s size and alignment
         // (the live table says so) and leaves the table once, here, so it is freed once.
-        unsafe {
-            self.resource()
-                .deallocate_dyn(p, block.size, block.align, stream)
-        };
+        unsafe { self.resource.deallocate(p, block.size, block.align, stream) };
         self.counts.deallocations.fetch_add(1, Relaxed);
         self.counts.live_bytes.fetch_sub(block.size, Relaxed);
         Ok(())
@@ -180,22 +165,20 @@ impl MrstackStack {
 
     /// Writes the log's buffered lines out, if there is a log.
     pub(crate) fn flush_log(&self) -> Result<(), String> {
-        match &self.resource {
-            Resource::Plain(_) => Ok(()),
-            Resource::Logged(l) => l.flush().map_err(|e| format!("MRSTACK_LOG: {e}")),
+        match &self.flush {
+            None => Ok(()),
+            Some(flush) => flush().map_err(|e| format!("MRSTACK_LOG: {e}")),
         }
     }
 
     /// The stack's description in the text-config syntax (every layer, with its settings), what
     /// its memory gives and its alignment.
     pub(crate) fn describe(&self) -> String {
-        let stack = match &self.resource {
-            Resource::Plain(r) => r.describe().to_string(),
-            Resource::Logged(r) => r.describe().to_string(),
-        };
+        let p = self.properties();
         format!(
-            "{stack} (gives {}, {}-byte aligned)",
-            self.properties, self.properties.alignment
+            "{} (gives {p}, {}-byte aligned)",
+            self.resource.describe(),
+            p.alignment
         )
     }
 
@@ -214,7 +197,7 @@ impl MrstackStack {
                 "\"live_bytes\":{},\"peak_live_bytes\":{}}}"
             ),
             json_string(&self.config),
-            json_string(&self.properties.to_string()),
+            json_string(&self.properties().to_string()),
             c.allocations.load(Relaxed),
             c.deallocations.load(Relaxed),
             c.failed_allocations.load(Relaxed),
@@ -230,7 +213,7 @@ impl std::fmt::Debug for MrstackStack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MrstackStack")
             .field("config", &self.config)
-            .field("properties", &self.properties)
+            .field("properties", &self.properties())
             .field("counts", &self.counts)
             .finish()
     }
@@ -256,8 +239,8 @@ impl Drop for MrstackStack {
                 // is being destroyed, so the client may no longer use it (the C API's contract:
                 // `mrstack_destroy` ends every block's life).
                 unsafe {
-                    self.resource()
-                        .deallocate_dyn(p, block.size, block.align, StreamRef::DEFAULT)
+                    self.resource
+                        .deallocate(p, block.size, block.align, StreamRef::DEFAULT)
                 };
             }
         }
@@ -265,63 +248,60 @@ impl Drop for MrstackStack {
     }
 }
 
-/// Builds `config`, keeping what its memory gives. A stack built over `AnyResource<()>` would
-/// lose its leaf's properties in each layer above it (a layer's properties are those of the type
-/// below it): so the stack is built with the set its leaf gives, read from the leaf's name, then
-/// erased to `AnyResource<()>` with those properties noted.
+/// Builds `config` (with `Logging` to `log` on top when given), erased to `AnyResource<()>`
+/// with what its memory gives kept. A stack built over `AnyResource<()>` would lose its leaf's
+/// properties in each layer above it (a layer's properties are those of the type below it): so
+/// it is built with the set its leaf gives, read from the leaf's name, and only then erased.
 fn build_erased(
     config: &str,
     device: usize,
-) -> Result<(AnyResource<()>, Properties), mrstack::config::ConfigError> {
+    log: Option<&str>,
+) -> Result<(AnyResource<()>, Option<Flush>), String> {
     use mrstack::{DeviceAccessible as D, HostAccessible as H, Migratable as M};
     fn with<P: mrstack::PropertySet>(
         spec: &StackSpec,
         device: usize,
-    ) -> Result<(AnyResource<()>, Properties), mrstack::config::ConfigError> {
+        log: Option<&str>,
+    ) -> Result<(AnyResource<()>, Option<Flush>), String>
+    where
+        AnyResource<P>: Accessible<P>,
+        Logging<AnyResource<P>, File>: Accessible<P>,
+    {
         let r = StackBuilder::<P>::new()
             .on_device(device)
-            .build_spec(spec)?;
-        let properties = r.properties();
-        Ok((r.forget::<()>(), properties))
+            .build_spec(spec)
+            .map_err(|e| e.to_string())?;
+        let Some(path) = log else {
+            return Ok((r.forget::<()>(), None));
+        };
+        let logged = Arc::new(
+            Logging::create(r, path)
+                .map_err(|e| format!("MRSTACK_LOG: cannot create `{path}`: {e}"))?,
+        );
+        let flush: Flush = {
+            let logged = logged.clone();
+            Box::new(move || logged.flush())
+        };
+        Ok((AnyResource::from_arc(logged).forget::<()>(), Some(flush)))
     }
-    let spec: StackSpec = config.parse()?;
-    match spec.items.first().map(|i| i.name.as_str()) {
-        Some("cuda" | "cuda_async") => with::<D>(&spec, device),
-        Some("pinned") => with::<(H, D)>(&spec, device),
-        Some("managed") => with::<(H, D, M)>(&spec, device),
-        Some("system") => with::<H>(&spec, device),
+    let spec: StackSpec = config
+        .parse()
+        .map_err(|e| format!("config `{config}`: {e}"))?;
+    let built = match spec.items.first().map(|i| i.name.as_str()) {
+        Some("cuda" | "cuda_async") => with::<D>(&spec, device, log),
+        Some("pinned") => with::<(H, D)>(&spec, device, log),
+        Some("managed") => with::<(H, D, M)>(&spec, device, log),
+        Some("system") => with::<H>(&spec, device, log),
         // Simulated memory gives nothing; anything else, the builder names the error.
-        _ => with::<()>(&spec, device),
-    }
-}
-
-/// The two resource kinds behind one call.
-trait MemoryResourceDyn {
-    fn allocate_dyn(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, mrstack::AllocError>;
-    /// # Safety
-    ///
-    /// As `MemoryResource::deallocate`.
-    unsafe fn deallocate_dyn(&self, p: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
-}
-
-impl<R: MemoryResource> MemoryResourceDyn for R {
-    fn allocate_dyn(
-        &self,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<NonNull<u8>, mrstack::AllocError> {
-        self.allocate(size, align, stream)
-    }
-    unsafe fn deallocate_dyn(&self, p: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate(p, size, align, stream) }
-    }
+        _ => with::<()>(&spec, device, log),
+    };
+    built.map_err(|e| {
+        if e.starts_with("MRSTACK_LOG") {
+            e
+        } else {
+            format!("config `{config}`: {e}")
+        }
+    })
 }
 
 /// `s` as a JSON string literal.

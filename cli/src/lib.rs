@@ -195,6 +195,8 @@ pub struct WorkloadSummary {
     /// Frees on another thread than the allocation's ([`Workload::cross_thread_frees`]): where
     /// there are some, the recommendation's capacity rests on the log's order.
     pub cross_thread_frees: usize,
+    /// What a capacity for the program must cover ([`Workload::capacity_peak`]).
+    pub capacity_peak: usize,
     /// Allocations the log never frees (freed after each pass, untimed).
     pub unfreed: usize,
     /// `allocate failure` lines of the log (not replayed).
@@ -216,6 +218,7 @@ impl WorkloadSummary {
             peak_live: workload.peak_live(),
             threaded_peak: workload.threaded_peak(),
             cross_thread_frees: workload.cross_thread_frees(),
+            capacity_peak: workload.capacity_peak(),
             unfreed: workload.unfreed(),
             log_failures: 0,
             skipped_lines: 0,

@@ -220,21 +220,15 @@ pub fn recommend(report: &Report, workload: &Workload) -> Result<Recommendation,
 }
 
 /// What the headroom is added to: a stack's min capacity `min`, or for a log whose threads at
-/// once can hold more than its order shows ([`Workload::threaded_peak`] over
+/// once can hold more than its order shows ([`Workload::capacity_peak`] over
 /// [`Workload::peak_live`]), `min` scaled by that ratio: the stack's overhead in log order applied
 /// to what its threads can hold, as [`timed_capacity`](crate::timed_capacity) does.
 pub fn capacity_basis(report: &Report, min: usize) -> u128 {
     let w = &report.workload;
-    // Threads that hand blocks to each other keep the log's interleaving (see
-    // `Workload::cross_thread_frees`): the log-order figure is what the program needs.
-    if w.threads <= 1
-        || w.cross_thread_frees > 0
-        || w.threaded_peak <= w.peak_live
-        || w.peak_live == 0
-    {
+    if w.capacity_peak <= w.peak_live || w.peak_live == 0 {
         return min as u128;
     }
-    min as u128 * w.threaded_peak as u128 / w.peak_live as u128
+    min as u128 * w.capacity_peak as u128 / w.peak_live as u128
 }
 
 /// The lines that say why `chosen` was recommended.

@@ -219,10 +219,25 @@ impl Workload {
     /// ];
     /// let w = Workload::new("handed over", ops)?.with_threads(vec![0, 1, 1, 1])?;
     /// assert_eq!(w.cross_thread_frees(), 1);
+    /// // Their hand-over keeps them in the log's order: a capacity covers its peak.
+    /// assert_eq!(w.capacity_peak(), w.peak_live());
     /// # Ok::<(), mrstack::replay::WorkloadError>(())
     /// ```
     pub fn cross_thread_frees(&self) -> usize {
         self.cross_thread_frees
+    }
+
+    /// The bytes a capacity for this workload's program must cover:
+    /// [`threaded_peak`](Self::threaded_peak), unless its threads hand blocks to each other
+    /// ([`cross_thread_frees`](Self::cross_thread_frees)), which keeps them in the log's order:
+    /// then [`peak_live`](Self::peak_live). The replay tool's recommendation and the RMM
+    /// benchmark size capacities by it.
+    pub fn capacity_peak(&self) -> usize {
+        if self.cross_thread_frees > 0 {
+            self.peak_live
+        } else {
+            self.threaded_peak
+        }
     }
 
     /// The sum over the OS threads of a replay with threads of the most bytes each can hold:

@@ -139,6 +139,7 @@ fn a_log_of_several_threads_prefers_arena_and_leaves_room_for_its_threads() {
     r.workload.threads = 4;
     r.workload.peak_live = peak;
     r.workload.threaded_peak = 4 << 20;
+    r.workload.capacity_peak = 4 << 20;
     let rec = recommended(&r);
     assert_eq!(rec.stack, "arena");
     assert_eq!(rec.tied, ["arena", "binning", "pool"]);
@@ -148,7 +149,9 @@ fn a_log_of_several_threads_prefers_arena_and_leaves_room_for_its_threads() {
     assert!(rec.why[1].contains("several threads: arena, binning, pool"));
     assert!(rec.why[4].contains("1.1 MiB (min capacity + 10%) suffices"));
     // Threads that hand blocks to each other keep the log's order: no scaling, and why.
+    // (as `Workload::capacity_peak` gives it: the log's order)
     r.workload.cross_thread_frees = 7;
+    r.workload.capacity_peak = peak;
     let rec = recommended(&r);
     assert_eq!(
         (
@@ -165,6 +168,7 @@ fn a_log_of_several_threads_prefers_arena_and_leaves_room_for_its_threads() {
     r.workload.cross_thread_frees = 0;
     // Threads that can hold no more than the log's order: no scaling.
     r.workload.threaded_peak = peak;
+    r.workload.capacity_peak = peak;
     let rec = recommended(&r);
     assert_eq!(
         (rec.capacity_text.as_str(), rec.log_order_capacity),
