@@ -3,8 +3,11 @@
 //! Two baselines: `Null`, a resource that does no work (one fixed address), so that the time
 //! measured is the adaptor's own; and `Simulated`, the host stand-in for device memory (a mutex
 //! and a hash map per call). Each adaptor is measured over each baseline in the same run; the
-//! cost it adds is "with" minus "without". Targets: Statistics ≤ 5 ns and Limiting ≤ 5 ns per
-//! operation, Aligned 0.
+//! cost it adds is "with" minus "without". Each over `Null` is measured on one thread and on
+//! eight at once (`null-8-threads`: eight threads each doing their share of the pairs, timed
+//! together; the figure is wall time per pair, so a perfectly scaling adaptor shows 1/8 of its
+//! one-thread figure). Targets (issue 14), per operation (half a pair): Statistics ≤ 5 ns,
+//! Limiting ≤ 10, Tracking ≤ 30, Logging ≤ 100, Aligned 0, at 1 and 8 threads.
 //!
 //! `cargo bench --bench adaptors` (add `-- --quick` for a shorter run).
 
@@ -79,6 +82,102 @@ fn over_null(c: &mut Criterion) {
     g.finish();
 }
 
+/// Allocate + deallocate pairs through `mr` on `THREADS` threads at once: the time is wall time
+/// for all of them, divided by the pairs made in all.
+fn pair_threads<R: MemoryResource + Sync>(
+    group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    mr: R,
+) {
+    const THREADS: u64 = 8;
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let each = iters.div_ceil(THREADS);
+            let start = std::sync::Barrier::new(THREADS as usize + 1);
+            std::thread::scope(|s| {
+                for _ in 0..THREADS {
+                    let (mr, start) = (&mr, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        for _ in 0..each {
+                            let p = mr.allocate(black_box(SIZE), ALIGN, S).expect("allocates");
+                            // SAFETY: p came from mr with this size and alignment.
+                            unsafe { mr.deallocate(black_box(p), SIZE, ALIGN, S) };
+                        }
+                    });
+                }
+                start.wait();
+                let t = std::time::Instant::now();
+                // The scope joins every thread before returning.
+                t
+            })
+            .elapsed()
+                * (iters as u32).max(1)
+                / (each * THREADS).max(1) as u32
+        })
+    });
+}
+
+/// `Null` with an address of each thread's own: what `Tracking` needs when threads overlap (it
+/// keys live blocks by address). Addresses are never dereferenced (no access is claimed).
+struct Distinct;
+
+// SAFETY: claims no access property, so the addresses are never dereferenced; each is 256-aligned
+// and, while live, another thread's never equals it (threads own disjoint 4 GiB windows; a
+// thread has one block live at a time in these benches).
+unsafe impl MemoryResource for Distinct {
+    type Host = typenum::B0;
+    type Device = typenum::B0;
+    type Managed = typenum::B0;
+    type Alignment = typenum::U256;
+
+    #[inline]
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        _: StreamRef,
+    ) -> Result<std::ptr::NonNull<u8>, AllocError> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(1);
+        thread_local! {
+            static BASE: usize = NEXT.fetch_add(1, Ordering::Relaxed) << 32;
+        }
+        if let Some(p) = mrstack::resource::check_request::<Self>(size, align, "Distinct")? {
+            return Ok(p);
+        }
+        let addr = BASE.with(|b| *b);
+        Ok(std::ptr::NonNull::new(std::ptr::without_provenance_mut(addr)).expect("not null"))
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, _: std::ptr::NonNull<u8>, _: usize, _: usize, _: StreamRef) {}
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+}
+
+fn over_null_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("null-8-threads");
+    pair_threads(&mut g, "baseline", Distinct);
+    pair_threads(&mut g, "Statistics", resource_stack![Distinct, Statistics]);
+    pair_threads(
+        &mut g,
+        "Limiting",
+        resource_stack![Distinct, Limiting { limit: 1 TiB }],
+    );
+    pair_threads(&mut g, "Tracking", resource_stack![Distinct, Tracking]);
+    pair_threads(
+        &mut g,
+        "Logging(sink)",
+        Logging::new(Distinct, std::io::sink()),
+    );
+    g.finish();
+}
+
 fn over_simulated(c: &mut Criterion) {
     let mut g = c.benchmark_group("simulated");
     pair(&mut g, "baseline", Simulated::new(1 << 40));
@@ -110,6 +209,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = over_null, over_simulated
+    targets = over_null, over_null_threads, over_simulated
 }
 criterion_main!(benches);

@@ -132,6 +132,7 @@ pub mod property;
 pub mod registry;
 pub mod replay;
 pub mod resource;
+mod shard;
 pub mod stack;
 pub mod stream;
 pub mod suballoc;

@@ -5,7 +5,7 @@
 //! `scripts/gpu-bench-rmm` runs both, alternating, on a GPU machine and prints the table.
 //!
 //! ```text
-//! rmm write-ops --out DIR [--threads 1,8,16,2,4] [--data DIR]... [--no-random] [--allocations N] [LOG]...
+//! rmm write-ops --out DIR [--threads 1,8,16,2,4] [--data DIR]... [--no-random] [--allocations N] [--min-ops N] [LOG]...
 //! rmm run FILE [--stacks pool,binning,…] [--passes 5] [--budget-ms 2000] [--deadline UNIX_S] [--simulated]
 //! ```
 //!
@@ -14,6 +14,9 @@
 //! threads each on a stream of its own; `8-one`: 8 threads on the default stream; `N-logged`: a log
 //! of several threads or streams as it was recorded), and `manifest.tsv` listing them, layout by
 //! layout (every workload's `1-own`, then every workload's `1-one`, …) in the order of `--threads`.
+//! A log of fewer than `--min-ops` ops (default 100,000) is repeated until it has that many
+//! ([`ops::repeat`]: each copy frees what the previous left live, so the peak stays the log's),
+//! so that starting and waking threads is a small part of a pass at every thread count.
 //!
 //! `run` replays FILE through each stack: the stack is built with the file's capacity, one warm-up
 //! pass, then as many timed passes as fit in the budget (at least 1, at most `--passes`; none
@@ -62,7 +65,7 @@ const DEFAULT_THREADS: [usize; 5] = [1, 8, 16, 2, 4];
 
 fn usage() -> ! {
     eprintln!(
-        "usage:\n  rmm write-ops --out DIR [--threads 1,8,16,2,4] [--data DIR]... [--no-random] [--allocations N] [LOG]...\n  \
+        "usage:\n  rmm write-ops --out DIR [--threads 1,8,16,2,4] [--data DIR]... [--no-random] [--allocations N] [--min-ops N] [LOG]...\n  \
          rmm run FILE [--stacks {}] [--passes 5] [--budget-ms 2000] [--deadline UNIX_SECONDS] [--simulated]\n\
          (scripts/gpu-bench-rmm runs both sides on a GPU machine; see benches/rmm/main.rs)",
         DEFAULT_STACKS.join(",")
@@ -112,7 +115,7 @@ struct Source {
 fn write_ops(args: &[String]) -> Result<(), String> {
     let (mut out, mut threads, mut data, mut logs) =
         (None, DEFAULT_THREADS.to_vec(), vec![], vec![]);
-    let (mut random, mut allocations) = (true, None);
+    let (mut random, mut allocations, mut min_ops) = (true, None, 100_000usize);
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
@@ -134,6 +137,7 @@ fn write_ops(args: &[String]) -> Result<(), String> {
                     "--allocations",
                 )?)
             }
+            "--min-ops" => min_ops = parse(value(args, &mut i, "--min-ops")?, "--min-ops")?,
             a if a.starts_with("--") => return Err(format!("unknown option {a}")),
             log => logs.push(PathBuf::from(log)),
         }
@@ -170,7 +174,7 @@ fn write_ops(args: &[String]) -> Result<(), String> {
     for path in found_all.iter().chain(&logs) {
         let t = rmm_log::read(path).map_err(|e| e.to_string())?;
         sources.push(Source {
-            workload: t.workload,
+            workload: ops::repeat(&t.workload, min_ops)?,
             stream_ids: t.stream_ids,
         });
     }

@@ -164,6 +164,59 @@ pub(crate) fn deal(
         .map_err(|e| format!("{}: {e}", w.name()))
 }
 
+/// `w` repeated until it has at least `min_ops` ops: each copy's allocations numbered after the
+/// previous copy's, and the blocks a copy leaves live freed before the next (on the thread that
+/// allocated them), so the peak live bytes stay the log's. A log of a few thousand ops replays
+/// in a fraction of a millisecond, where starting and waking threads would be much of a pass.
+pub(crate) fn repeat(w: &Workload, min_ops: usize) -> Result<Workload, String> {
+    let n = w.ops().len();
+    if n == 0 || n >= min_ops {
+        return Ok(w.clone());
+    }
+    let copies = min_ops.div_ceil(n);
+    let allocations = w.allocations();
+    let mut ops = Vec::with_capacity(copies * (n + w.unfreed()));
+    let mut threads = Vec::with_capacity(ops.capacity());
+    let thread_of_op = |i: usize| w.op_threads().map_or(0, |t| t[i]);
+    for copy in 0..copies {
+        let base = copy * allocations;
+        // Each allocation's thread, and whether it is still live at the copy's end.
+        let mut live: Vec<Option<usize>> = vec![None; allocations];
+        for (i, &o) in w.ops().iter().enumerate() {
+            let t = thread_of_op(i);
+            match o {
+                Op::Alloc { id, size, stream } => {
+                    live[id] = Some(t);
+                    ops.push(Op::Alloc {
+                        id: base + id,
+                        size,
+                        stream,
+                    });
+                }
+                Op::Free { id } => {
+                    live[id] = None;
+                    ops.push(Op::Free { id: base + id });
+                }
+            }
+            threads.push(t);
+        }
+        for (id, t) in live.into_iter().enumerate() {
+            if let Some(t) = t {
+                ops.push(Op::Free { id: base + id });
+                threads.push(t);
+            }
+        }
+    }
+    let repeated = Workload::new(w.name(), ops).map_err(|e| format!("{}: {e}", w.name()))?;
+    if w.op_threads().is_some() {
+        repeated
+            .with_threads(threads)
+            .map_err(|e| format!("{}: {e}", w.name()))
+    } else {
+        Ok(repeated)
+    }
+}
+
 /// A log's own layout, named `name`: its threads, and its streams renumbered so that the log's stream 0 (the
 /// default stream in RMM's logs) is index 0 and every other stream an index of its own from 1.
 /// `stream_ids` are the log's stream values by index (`rmm_log::Trace::stream_ids`).
@@ -454,6 +507,31 @@ mod tests {
                 assert_eq!(round_trip(&file), file, "{threads} {streams:?}");
             }
         }
+    }
+
+    #[test]
+    fn repeating_keeps_the_peak_and_frees_what_each_copy_leaves() {
+        // Allocation 1 is never freed: each copy frees it before the next.
+        let ops = vec![
+            Op::Alloc {
+                id: 0,
+                size: 100,
+                stream: 0,
+            },
+            Op::Alloc {
+                id: 1,
+                size: 50,
+                stream: 0,
+            },
+            Op::Free { id: 0 },
+        ];
+        let w = Workload::new("w", ops).unwrap();
+        let r = repeat(&w, 10).unwrap();
+        assert_eq!(r.ops().len(), 4 * 4);
+        assert_eq!((r.allocations(), r.unfreed(), r.peak_live()), (8, 0, 150));
+        assert_eq!(r.name(), "w");
+        // Long enough already: unchanged.
+        assert_eq!(repeat(&w, 3).unwrap(), w);
     }
 
     #[test]

@@ -265,6 +265,15 @@ class replayer {
       is_live_.assign(f.blocks.size(), 0);
     } else {
       slots_ = std::vector<slot>(f.blocks.size());
+      // Each lane's slots side by side (ids dealt round-robin would put every lane on each cache
+      // line), as ThreadedReplayer lays them out.
+      pos_.assign(f.blocks.size(), 0);
+      std::size_t next = 0;
+      for (auto const& lane : lane_ops_) {
+        for (auto i : lane) {
+          if (f.ops[i].alloc) { pos_[f.ops[i].id] = next++; }
+        }
+      }
     }
   }
 
@@ -360,7 +369,7 @@ class replayer {
   {
     constexpr int spins  = 16;
     constexpr int yields = 4;
-    auto& s              = slots_[id];
+    auto& s              = slots_[pos_[id]];
     for (int i = 0; i < spins + yields; ++i) {
       void* p = s.ptr.load(std::memory_order_acquire);
       if (p != nullptr) { return p == aborted ? nullptr : (s.ptr.store(nullptr), p); }
@@ -403,7 +412,7 @@ class replayer {
           abort_all();
           break;
         }
-        auto& s = slots_[o.id];
+        auto& s = slots_[pos_[o.id]];
         s.ptr.store(p == nullptr ? null_block : p, std::memory_order_seq_cst);
         if (s.waiter.load(std::memory_order_seq_cst) != 0) { s.ptr.notify_all(); }
       } else {
@@ -471,7 +480,7 @@ class replayer {
   void release()
   {
     for (std::size_t id = 0; id < slots_.size(); ++id) {
-      auto& s = slots_[id];
+      auto& s = slots_[pos_[id]];
       s.waiter.store(0, std::memory_order_relaxed);
       void* p = s.ptr.exchange(nullptr);
       if (p != nullptr && p != aborted) {
@@ -489,7 +498,8 @@ class replayer {
   std::vector<std::vector<std::size_t>> lane_ops_;  // each lane's op indices, in file order
   std::vector<void*> live_;                         // one lane: the live blocks by id
   std::vector<std::uint8_t> is_live_;
-  std::vector<slot> slots_;  // several lanes: the hand-over slots by id
+  std::vector<slot> slots_;         // several lanes: the hand-over slots, lane by lane
+  std::vector<std::size_t> pos_;    // several lanes: each allocation id's slot
   std::atomic<bool> abort_{false};
 };
 

@@ -3,21 +3,256 @@
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::replay::rmm_log;
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
+use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::io::{self, BufWriter, Write};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The writer a [`LoggingConfig`] gives: any `Write + Send`, boxed.
 pub type LogWriter = Box<dyn Write + Send>;
 
+/// Records a thread gathers before sealing them as a batch for the writer.
+const BATCH: usize = 512;
+/// Sealed batches a thread may have waiting: then it waits for the writer (no line is lost, and
+/// what waits is bounded: ~220 KiB per thread).
+const SEALED: usize = 8;
+/// How long the writer sleeps between sweeps while lines come.
+const NAP: Duration = Duration::from_micros(50);
+/// Empty sweeps before the writer sleeps until a logging thread wakes it: 10 ms without a line.
+const IDLE: u32 = 200;
+
+/// One event, as the logging thread records it: no formatting on that thread.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    /// Nanoseconds since the adaptor was made (a monotonic clock, read under the slot's lock).
+    nanos: u64,
+    thread: u64,
+    action: &'static str,
+    ptr: usize,
+    size: usize,
+    stream: u64,
+}
+
+/// One thread slot's records not yet taken by the writer: the batch filling and the sealed ones.
+#[derive(Debug, Default)]
+struct Slot {
+    filling: Vec<Record>,
+    sealed: Vec<Vec<Record>>,
+}
+
+/// What the logging threads and the writer share.
+#[derive(Debug)]
+struct Shared {
+    /// One per thread slot ([`shard::SLOTS`]), and the shared one.
+    slots: Box<[shard::SlotLock<Slot>]>,
+    epoch: Instant,
+    /// Microseconds since the Unix epoch at `epoch`.
+    epoch_micros: u64,
+    /// Set while the writer sleeps until woken.
+    idle: AtomicBool,
+    /// Set when the adaptor goes: the writer takes the last lines and returns.
+    stop: AtomicBool,
+    /// Cleared when the writer thread ends (returns or panics): no one waits for it then.
+    alive: AtomicBool,
+    /// Flushes asked, with when: answered by the first sweep that starts after.
+    flushes: Mutex<Vec<(u64, mpsc::SyncSender<io::Result<()>>)>>,
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is a push, a swap or a drain that cannot panic halfway.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The writer's side: the buffered writer, the first write error since the last flush, and the
+/// records taken but not yet written (sorted by time).
 struct Sink<W: Write> {
     out: BufWriter<W>,
-    /// The first write error since the last `flush`.
     error: Option<io::Error>,
+    pending: Vec<Record>,
+}
+
+impl<W: Write> Sink<W> {
+    /// Takes every slot's records and writes, in time order, those older than the sweep's
+    /// start: a record made later than a slot's visit is newer than the start, so none older
+    /// can still come. Answers the flushes asked before the start. Returns the records taken.
+    fn sweep(&mut self, shared: &Shared) -> usize {
+        let start = shared.now();
+        let mut taken = 0;
+        for slot in shared.slots.iter() {
+            let mut slot = slot.lock();
+            for batch in slot.sealed.drain(..) {
+                taken += batch.len();
+                self.pending.extend(batch);
+            }
+            taken += slot.filling.len();
+            self.pending.append(&mut slot.filling);
+        }
+        // Stable: a thread's records of one nanosecond keep their order.
+        self.pending.sort_by_key(|r| r.nanos);
+        let due = self.pending.partition_point(|r| r.nanos < start);
+        self.write(shared, due);
+        let asked: Vec<_> = {
+            let mut flushes = lock(&shared.flushes);
+            let (now, later) = flushes.drain(..).partition(|(at, _)| *at < start);
+            *flushes = later;
+            now
+        };
+        if !asked.is_empty() {
+            let result = self.flush();
+            let mut result = Some(result);
+            for (_, answer) in asked {
+                // The first asker gets the error, the others the flush's outcome since.
+                let r = result.take().unwrap_or(Ok(()));
+                let _ = answer.send(r);
+            }
+        }
+        taken
+    }
+
+    /// Writes the first `n` pending records.
+    fn write(&mut self, shared: &Shared, n: usize) {
+        for r in self.pending.drain(..n) {
+            // By hand rather than `writeln!`: the writer must keep up with every logging thread.
+            let mut line = [0u8; 128];
+            let mut at = 0;
+            let mut put = |bytes: &[u8]| {
+                line[at..at + bytes.len()].copy_from_slice(bytes);
+                at += bytes.len();
+            };
+            put(decimal(r.thread, &mut [0; 20]));
+            put(b",");
+            put(decimal(shared.epoch_micros + r.nanos / 1000, &mut [0; 20]));
+            put(b",");
+            put(r.action.as_bytes());
+            put(b",0x");
+            put(hex(r.ptr as u64, &mut [0; 16]));
+            put(b",");
+            put(decimal(r.size as u64, &mut [0; 20]));
+            put(b",");
+            put(decimal(r.stream, &mut [0; 20]));
+            put(b"\n");
+            if let Err(e) = self.out.write_all(&line[..at]) {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Takes and writes everything: the last sweep.
+    fn finish(&mut self, shared: &Shared) {
+        self.sweep(shared);
+        let n = self.pending.len();
+        self.write(shared, n);
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let flushed = self.out.flush();
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => flushed,
+        }
+    }
+}
+
+/// `n` in decimal, in the tail of `buf`: two digits per division.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut i = buf.len();
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + n as u8;
+    }
+    &buf[i..]
+}
+
+/// `n` in lower-case hexadecimal, in the tail of `buf`.
+fn hex(mut n: u64, buf: &mut [u8; 16]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789abcdef"[(n & 15) as usize];
+        n >>= 4;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// The writer thread: sweeps while lines come, sleeps until woken once idle, and writes the
+/// last lines when the adaptor goes.
+fn write_lines<W: Write>(sink: &mut Sink<W>, shared: &Shared) {
+    let mut idle = 0;
+    loop {
+        if shared.stop.load(Acquire) {
+            sink.finish(shared);
+            return;
+        }
+        let taken = sink.sweep(shared);
+        if taken >= BATCH {
+            // Lines come faster than a nap's worth: sweep again at once.
+            idle = 0;
+            continue;
+        }
+        if taken > 0 || !sink.pending.is_empty() {
+            idle = 0;
+        } else {
+            idle += 1;
+        }
+        if idle < IDLE {
+            std::thread::park_timeout(NAP);
+            continue;
+        }
+        // A thread that logs after this store sees it once it has its slot's lock (which the
+        // sweep below also takes), and wakes the writer; one that logged before is swept here.
+        shared.idle.store(true, Release);
+        if sink.sweep(shared) == 0 && lock(&shared.flushes).is_empty() {
+            std::thread::park();
+        }
+        shared.idle.store(false, Relaxed);
+        idle = 0;
+    }
+}
+
+/// Clears [`Shared::alive`] when the writer thread ends, however it ends.
+struct Alive<'a>(&'a Shared);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Release);
+    }
+}
+
+/// Where the lines are formatted: on a writer thread of the adaptor's own, or, where no thread
+/// could be started, by each logging call under a mutex.
+enum Writer<W: Write> {
+    Thread(std::thread::JoinHandle<Sink<W>>),
+    Inline(Mutex<Sink<W>>),
 }
 
 /// Logs every allocation and deallocation of `U` as a CSV line to `W`.
@@ -49,9 +284,22 @@ struct Sink<W: Write> {
 ///
 /// # Cost
 ///
-/// A mutex and a formatted line into a `BufWriter` per call; the writer's I/O happens when the
-/// buffer fills, on [`flush`](Self::flush) and on drop. A write error does not fail an allocation:
-/// the first one is kept and returned by the next `flush`.
+/// The logging thread formats nothing: it reads a monotonic clock and appends a 48-byte record to
+/// a buffer of its own (under a mutex only it takes, but for the writer's visits: the first 64
+/// live threads get one, later ones share one). A writer thread of the adaptor's own visits every
+/// buffer each 50 µs while lines come (sleeping until woken after 10 ms without one), sorts what
+/// it took by time and formats the lines into a `BufWriter`, whose I/O happens when it fills, on
+/// [`flush`](Self::flush) and on drop. A thread with 4,096 records waiting waits for the writer:
+/// no line is lost, and what waits is bounded (~220 KiB per thread).
+///
+/// # Order
+///
+/// Lines are in the order of their times, which are read under each buffer's lock: each thread's
+/// lines keep its order, and a `free` logged before an address is reused on another thread
+/// precedes that `allocate` (the free is logged before the upstream has the block back, the
+/// allocate after the upstream gave it). A write error does not fail an allocation: the first one
+/// is kept and returned by the next `flush`. Where no thread can be started, each call formats
+/// under a mutex.
 ///
 /// # Streams
 ///
@@ -82,54 +330,214 @@ struct Sink<W: Write> {
 /// ```
 pub struct Logging<U, W: Write = LogWriter> {
     upstream: U,
-    sink: Mutex<Sink<W>>,
+    shared: Arc<Shared>,
+    /// `None` only once [`into_parts`](Self::into_parts) or drop has taken it.
+    writer: Option<Writer<W>>,
     /// The file the adaptor opened, for its description.
     path: Option<Box<str>>,
 }
 
-impl<U: MemoryResource, W: Write> Logging<U, W> {
-    const NAME: &'static str = "Logging";
-
-    /// Logs what goes to `upstream` to `writer`, after a header line. The header goes into the
-    /// buffer like every line; a failure to write it shows in the next [`flush`](Self::flush).
+impl<U: MemoryResource, W: Write + Send + 'static> Logging<U, W> {
+    /// Logs what goes to `upstream` to `writer`, after a header line, formatted on a thread of
+    /// the adaptor's own. The header goes into the buffer like every line; a failure to write it
+    /// shows in the next [`flush`](Self::flush).
     pub fn new(upstream: U, writer: W) -> Self {
         let mut sink = Sink {
-            out: BufWriter::new(writer),
+            out: BufWriter::with_capacity(64 << 10, writer),
             error: None,
+            pending: Vec::new(),
         };
         if let Err(e) = writeln!(sink.out, "{}", rmm_log::HEADER) {
             sink.error = Some(e);
         }
+        let shared = Arc::new(Shared {
+            slots: (0..=shard::SLOTS)
+                .map(|_| shard::SlotLock::default())
+                .collect(),
+            epoch: Instant::now(),
+            epoch_micros: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+            idle: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            alive: AtomicBool::new(true),
+            flushes: Mutex::default(),
+        });
+        // The sink goes to the thread through a slot, so that it is not lost with the closure
+        // when the thread cannot be started.
+        let handoff = Arc::new(Mutex::new(Some(sink)));
+        let (theirs, their_shared) = (handoff.clone(), shared.clone());
+        let started = std::thread::Builder::new()
+            .name("mrstack-log".into())
+            .spawn(move || {
+                let _alive = Alive(&their_shared);
+                let taken = lock(&theirs).take();
+                let mut sink = taken.unwrap_or_else(|| taken_twice());
+                write_lines(&mut sink, &their_shared);
+                sink
+            });
+        let writer = match started {
+            Ok(thread) => Writer::Thread(thread),
+            Err(_) => {
+                shared.alive.store(false, Release);
+                let taken = lock(&handoff).take();
+                Writer::Inline(Mutex::new(taken.unwrap_or_else(|| taken_twice())))
+            }
+        };
         Logging {
             upstream,
-            sink: Mutex::new(sink),
+            shared,
+            writer: Some(writer),
             path: None,
         }
     }
 
     /// As [`new`](Self::new), for a writer to the file at `path` (shown in the description).
     fn with_path(upstream: U, writer: W, path: &str) -> Self {
-        Logging {
-            path: Some(path.into()),
-            ..Self::new(upstream, writer)
+        let mut logging = Self::new(upstream, writer);
+        logging.path = Some(path.into());
+        logging
+    }
+}
+
+/// The sink is taken once: by the writer thread, or by `new` when the thread did not start.
+#[cold]
+fn taken_twice() -> ! {
+    unreachable!("the log's sink is taken once")
+}
+
+impl<U, W: Write> Logging<U, W> {
+    const NAME: &'static str = "Logging";
+
+    #[inline]
+    fn log(&self, action: &'static str, ptr: usize, size: usize, stream: StreamRef) {
+        let shared = &*self.shared;
+        let index = shard::slot_of(shard::token());
+        let thread = thread_number();
+        let stream = stream.id().get();
+        let mut slot = shared.slots[index].lock();
+        // The time is read under the slot's lock: what the writer's sweep relies on.
+        slot.filling.push(Record {
+            nanos: shared.now(),
+            thread,
+            action,
+            ptr,
+            size,
+            stream,
+        });
+        let full = slot.filling.len() >= BATCH;
+        if full {
+            let batch = std::mem::replace(&mut slot.filling, Vec::with_capacity(BATCH));
+            slot.sealed.push(batch);
+        }
+        let waiting = slot.sealed.len();
+        drop(slot);
+        match &self.writer {
+            Some(Writer::Inline(sink)) => {
+                lock(sink).sweep(shared);
+            }
+            Some(Writer::Thread(thread)) => {
+                if shared.idle.load(Relaxed) && shared.idle.swap(false, AcqRel) {
+                    thread.thread().unpark();
+                }
+                if waiting >= SEALED {
+                    self.wait_for_writer(index, thread.thread());
+                }
+            }
+            None => {}
         }
     }
 
-    fn log(&self, action: &str, ptr: usize, size: usize, stream: StreamRef) {
-        let thread = thread_number();
-        let mut sink = self.lock();
-        // Read under the lock, so that times never decrease down the file.
-        let micros = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros());
-        let written = writeln!(
-            sink.out,
-            "{thread},{micros},{action},{ptr:#x},{size},{}",
-            stream.id().get()
-        );
-        if let Err(e) = written {
-            sink.error.get_or_insert(e);
+    /// Waits until the writer has taken this slot's sealed batches (or is gone).
+    #[cold]
+    fn wait_for_writer(&self, index: usize, writer: &std::thread::Thread) {
+        let shared = &*self.shared;
+        writer.unpark();
+        // Yield first: the writer is likely busy and about to visit; sleep if it takes long.
+        let mut looks = 0u32;
+        while shared.slots[index].lock().sealed.len() >= SEALED && shared.alive.load(Acquire) {
+            looks += 1;
+            if looks < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(NAP);
+            }
         }
+    }
+
+    /// Writes every line logged so far out and flushes the writer; returns the first write error
+    /// since the last flush, if any.
+    pub fn flush(&self) -> io::Result<()> {
+        match &self.writer {
+            Some(Writer::Inline(sink)) => {
+                let mut sink = lock(sink);
+                sink.finish(&self.shared);
+                sink.flush()
+            }
+            Some(Writer::Thread(thread)) => {
+                let (answer, answered) = mpsc::sync_channel(1);
+                lock(&self.shared.flushes).push((self.shared.now(), answer));
+                thread.thread().unpark();
+                answered.recv().map_err(|_| {
+                    io::Error::other("the log's writer thread is gone (it panicked)")
+                })?
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// Flushes and unwraps the adaptor into its upstream and its writer.
+    pub fn into_parts(mut self) -> io::Result<(U, W)> {
+        let sink = self.finish()?;
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, and each field is read once: `writer`
+        // is `None` after `finish`, so dropping the other fields here is all its drop would do.
+        let (upstream, shared, path) = unsafe {
+            (
+                std::ptr::read(&this.upstream),
+                std::ptr::read(&this.shared),
+                std::ptr::read(&this.path),
+            )
+        };
+        drop((shared, path));
+        let Sink { out, error, .. } = sink;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let writer = out.into_inner().map_err(|e| e.into_error())?;
+        Ok((upstream, writer))
+    }
+
+    /// Stops the writer after it has written every line, and returns its sink.
+    fn finish(&mut self) -> io::Result<Sink<W>> {
+        self.shared.stop.store(true, Release);
+        match self.writer.take() {
+            Some(Writer::Thread(thread)) => {
+                thread.thread().unpark();
+                thread
+                    .join()
+                    .map_err(|_| io::Error::other("the log's writer thread panicked"))
+            }
+            Some(Writer::Inline(sink)) => {
+                let mut sink = sink.into_inner().unwrap_or_else(|p| p.into_inner());
+                sink.finish(&self.shared);
+                Ok(sink)
+            }
+            None => Err(io::Error::other("the log was already finished")),
+        }
+    }
+}
+
+impl<U, W: Write> Drop for Logging<U, W> {
+    fn drop(&mut self) {
+        // Every line is written and the writer flushed (the `BufWriter`'s drop) before the
+        // adaptor is gone; errors have no one to go to.
+        let _ = self.finish();
     }
 }
 
@@ -142,39 +550,6 @@ impl<U: MemoryResource> Logging<U, std::fs::File> {
             file,
             &path.as_ref().to_string_lossy(),
         ))
-    }
-}
-
-impl<U, W: Write> Logging<U, W> {
-    /// Writes the buffered lines out and flushes the writer; returns the first write error since
-    /// the last flush, if any.
-    pub fn flush(&self) -> io::Result<()> {
-        let mut sink = self.lock();
-        let flushed = sink.out.flush();
-        match sink.error.take() {
-            Some(e) => Err(e),
-            None => flushed,
-        }
-    }
-
-    /// The wrapped resource.
-    pub fn upstream(&self) -> &U {
-        &self.upstream
-    }
-
-    /// Flushes and unwraps the adaptor into its upstream and its writer.
-    pub fn into_parts(self) -> io::Result<(U, W)> {
-        let sink = self.sink.into_inner().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = sink.error {
-            return Err(e);
-        }
-        let writer = sink.out.into_inner().map_err(|e| e.into_error())?;
-        Ok((self.upstream, writer))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Sink<W>> {
-        // A panic while writing leaves at worst a partial line in the buffer; the log stays usable.
-        self.sink.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -310,3 +685,32 @@ pub(crate) fn logging_from_item<P: crate::erased::PropertySet>(
 static_assertions::assert_impl_all!(Logging<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
 static_assertions::assert_impl_all!(Logging<crate::Cuda, std::fs::File>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
 static_assertions::assert_not_impl_any!(Logging<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+
+#[cfg(test)]
+mod tests {
+    use super::{decimal, hex};
+
+    #[test]
+    fn numbers_format_as_std_does() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            123_456_789,
+            u64::MAX,
+            u64::MAX - 1,
+        ]
+        .into_iter()
+        .chain((0..2000).map(|i| i * 7919))
+        {
+            assert_eq!(decimal(n, &mut [0; 20]), n.to_string().as_bytes());
+            assert_eq!(hex(n, &mut [0; 16]), format!("{n:x}").as_bytes());
+        }
+    }
+}

@@ -81,11 +81,22 @@ struct Live {
     backtrace: Option<Arc<Backtrace>>,
 }
 
+/// The live allocations whose addresses fall in one stripe, on a cache line of its own.
 #[derive(Debug, Default)]
-struct State {
-    live: HashMap<usize, Live>,
+#[repr(align(128))]
+struct Stripe {
+    live: HashMap<usize, Live, crate::hash::FastHash>,
     bytes: usize,
-    bad_frees: Vec<BadFree>,
+}
+
+/// Stripes: threads working on different blocks seldom take the same lock.
+const STRIPES: usize = 16;
+
+/// The stripe of an address: blocks are at least 256-byte aligned in the stacks that matter, so
+/// the bits above those pick it, mixed so that strided addresses spread.
+fn stripe_of(address: usize) -> usize {
+    let h = (address as u64 >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 60) as usize % STRIPES
 }
 
 /// Tracks every live allocation of `U`.
@@ -102,7 +113,8 @@ struct State {
 ///
 /// # Cost
 ///
-/// A mutex and a hash-map operation per call; capturing a backtrace costs microseconds, so it is
+/// A mutex and a hash-map operation per call, the mutex one of 16 picked by the address (calls
+/// on several threads seldom meet); capturing a backtrace costs microseconds, so it is
 /// off by default ([`with_backtraces`](Self::with_backtraces) turns it on; backtraces are
 /// symbolized only when printed). Memory: one map entry per live allocation (with its backtrace
 /// when captured) and one record per refused deallocation, kept for the adaptor's life.
@@ -134,7 +146,9 @@ struct State {
 pub struct Tracking<U> {
     upstream: U,
     backtraces: bool,
-    state: Mutex<State>,
+    stripes: Box<[Mutex<Stripe>]>,
+    /// Refused deallocations, in order: rare, off the hot path.
+    bad_frees: Mutex<Vec<BadFree>>,
 }
 
 impl<U: MemoryResource> Tracking<U> {
@@ -151,7 +165,8 @@ impl<U: MemoryResource> Tracking<U> {
         Tracking {
             upstream,
             backtraces,
-            state: Mutex::new(State::default()),
+            stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
+            bad_frees: Mutex::default(),
         }
     }
 }
@@ -159,40 +174,38 @@ impl<U: MemoryResource> Tracking<U> {
 impl<U> Tracking<U> {
     /// The live allocations, by address.
     pub fn outstanding(&self) -> Vec<Allocation> {
-        let mut list: Vec<Allocation> = self
-            .lock()
-            .live
-            .iter()
-            .map(|(&address, l)| Allocation {
+        let mut list: Vec<Allocation> = Vec::new();
+        for i in 0..STRIPES {
+            list.extend(self.lock(i).live.iter().map(|(&address, l)| Allocation {
                 address,
                 size: l.size,
                 align: l.align,
                 stream: l.stream,
                 backtrace: l.backtrace.clone(),
-            })
-            .collect();
+            }));
+        }
         list.sort_by_key(|a| a.address);
         list
     }
 
     /// The number of live allocations.
     pub fn outstanding_count(&self) -> usize {
-        self.lock().live.len()
+        (0..STRIPES).map(|i| self.lock(i).live.len()).sum()
     }
 
     /// The bytes in live allocations.
     pub fn outstanding_bytes(&self) -> usize {
-        self.lock().bytes
+        (0..STRIPES).map(|i| self.lock(i).bytes).sum()
     }
 
     /// The deallocations refused so far (double frees, unknown pointers, mismatched sizes).
     pub fn bad_frees(&self) -> Vec<BadFree> {
-        self.lock().bad_frees.clone()
+        self.lock_bad_frees().clone()
     }
 
     /// The number of deallocations refused so far.
     pub fn bad_free_count(&self) -> usize {
-        self.lock().bad_frees.len()
+        self.lock_bad_frees().len()
     }
 
     /// A report of the live allocations, one line each (and its backtrace, when captured); an
@@ -230,10 +243,16 @@ impl<U> Tracking<U> {
         &self.upstream
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self, stripe: usize) -> std::sync::MutexGuard<'_, Stripe> {
         // Every update under the lock is one map operation and a counter: a poisoned lock still
         // holds a consistent state.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.stripes[stripe]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_bad_frees(&self) -> std::sync::MutexGuard<'_, Vec<BadFree>> {
+        self.bad_frees.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -250,7 +269,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
             .backtraces
             .then(|| Arc::new(Backtrace::force_capture()));
         let ptr = self.upstream.allocate(size, align, stream)?;
-        let mut s = self.lock();
+        let mut s = self.lock(stripe_of(ptr.as_ptr() as usize));
         s.bytes += size;
         s.live.insert(
             ptr.as_ptr() as usize,
@@ -277,7 +296,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
             stream: stream.id(),
         };
         let refused = {
-            let mut s = self.lock();
+            let mut s = self.lock(stripe_of(address));
             match s.live.remove(&address) {
                 Some(l) if l.size == size && l.align == align => {
                     s.bytes -= size;
@@ -289,18 +308,16 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
                         align: l.align,
                     });
                     s.live.insert(address, l);
-                    s.bad_frees.push(b);
                     Some(b)
                 }
-                None => {
-                    let b = bad(BadFreeKind::NotLive);
-                    s.bad_frees.push(b);
-                    Some(b)
-                }
+                None => Some(bad(BadFreeKind::NotLive)),
             }
         };
         match refused {
-            Some(b) => eprintln!("{}: refused {b}", Self::NAME),
+            Some(b) => {
+                self.lock_bad_frees().push(b);
+                eprintln!("{}: refused {b}", Self::NAME);
+            }
             // SAFETY: the pointer was live here with this size and alignment: the upstream gave
             // it, and it is freed once (it just left the table).
             None => unsafe { self.upstream.deallocate(ptr, size, align, stream) },

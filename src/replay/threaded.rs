@@ -37,8 +37,12 @@ pub struct ThreadedReplayer<'w, R> {
     lanes: Vec<Vec<(usize, Op)>>,
     /// Each allocation's size and stream index, for its free.
     blocks: Vec<(usize, usize)>,
-    /// Each allocation's hand-over slot.
+    /// The hand-over slots, each lane's side by side: allocation ids dealt round-robin to
+    /// threads would otherwise put every thread's slots on each cache line, and a pass would
+    /// measure the line bouncing between cores.
     live: Vec<Slot>,
+    /// Each allocation's slot in `live`.
+    slot_of: Vec<usize>,
 }
 
 /// Where a pointer passes from the thread that allocates a block to the one that frees it.
@@ -105,6 +109,16 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                 blocks.push((size, stream));
             }
         }
+        let mut slot_of = vec![0; workload.allocations()];
+        let mut next = 0;
+        for lane in &lanes {
+            for &(_, o) in lane {
+                if let Op::Alloc { id, .. } = o {
+                    slot_of[id] = next;
+                    next += 1;
+                }
+            }
+        }
         Ok(ThreadedReplayer {
             resource,
             workload,
@@ -114,6 +128,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             live: (0..workload.allocations())
                 .map(|_| Slot::default())
                 .collect(),
+            slot_of,
         })
     }
 
@@ -216,7 +231,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                         .allocate(size, ALIGN, self.streams[stream].as_ref())
                     {
                         Ok(ptr) => {
-                            let slot = &self.live[id];
+                            let slot = &self.live[self.slot_of[id]];
                             // SeqCst with the waiter's store of `waiter` then load of `ptr`: either
                             // it sees the pointer, or this sees it waiting and wakes it.
                             slot.ptr.store(ptr.as_ptr(), Ordering::SeqCst);
@@ -256,7 +271,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         /// make the allocation, before parking.
         const SPINS: u32 = 16;
         const YIELDS: u32 = 4;
-        let slot = &self.live[id];
+        let slot = &self.live[self.slot_of[id]];
         // Only this thread frees `id`, so no one else writes the slot once the pointer is in.
         let take = |ptr| {
             slot.ptr.store(null_mut(), Ordering::Relaxed);
@@ -290,7 +305,8 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
     }
 
     fn release(&mut self) {
-        for (slot, &(size, stream)) in self.live.iter_mut().zip(&self.blocks) {
+        for (&at, &(size, stream)) in self.slot_of.iter().zip(&self.blocks) {
+            let slot = &mut self.live[at];
             *slot.waiter.get_mut() = 0;
             if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
                 // SAFETY: a live block of this resource with its size and ALIGN; the slot is

@@ -169,6 +169,29 @@ impl Bin {
         Ok(addr)
     }
 
+    /// Moves up to `n` more free blocks of `stream` to `out`, when `stream`'s list is the current
+    /// one (as after a [`pop`](Self::pop) for it): a thread cache's refill, with no ordering and
+    /// no growth.
+    pub(crate) fn pop_more(&mut self, stream: StreamRef, n: usize, out: &mut Vec<usize>) {
+        if self.first != stream.id() {
+            return;
+        }
+        if let Some(list) = self.lists.first_mut() {
+            let at = list.blocks.len().saturating_sub(n);
+            out.extend(list.blocks.drain(at..));
+        }
+    }
+
+    /// Makes each of `addrs` free on `stream`.
+    pub(crate) fn push_all(&mut self, addrs: impl IntoIterator<Item = usize>, stream: StreamRef) {
+        if self.lists.is_empty() || self.first != stream.id() {
+            self.make_current(stream);
+        }
+        if let Some(list) = self.lists.first_mut() {
+            list.blocks.extend(addrs);
+        }
+    }
+
     /// Makes `addr` free on `stream`.
     #[inline]
     pub(crate) fn push(&mut self, addr: usize, stream: StreamRef) {

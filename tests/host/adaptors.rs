@@ -219,10 +219,11 @@ fn statistics_are_exact_across_threads() {
         (s.allocations.current, s.allocations.total),
         (0, (threads * rounds) as i128)
     );
-    // Each thread holds at most one block at a time; racing calls may make the peak read low,
-    // never high.
-    assert!(s.allocations.peak <= threads as i128);
-    assert!(s.bytes.peak <= threads as i128 * 300);
+    // Each thread holds at most one block at a time; with several threads the peak may read high
+    // by what the other threads hold reserved: two chunks (32 allocations, 2 MiB) each.
+    assert!(s.allocations.peak >= 1);
+    assert!(s.allocations.peak <= threads as i128 + 32 * (threads as i128 - 1));
+    assert!(s.bytes.peak <= threads as i128 * 300 + (2 << 20) * (threads as i128 - 1));
 }
 
 #[derive(Debug, Clone)]
@@ -581,6 +582,58 @@ fn logging_threads_get_their_own_numbers() {
             ("allocate", "free")
         );
         assert_eq!(mine[0].pointer, mine[1].pointer);
+    }
+}
+
+#[test]
+fn logging_keeps_every_line_and_each_threads_order() {
+    // Formatted on the writer thread: nothing lost, each thread's lines in its order, and an
+    // address freed on one thread logged free before another thread's allocate of it.
+    let mr = Logging::new(System::new(), Vec::new());
+    let (threads, pairs) = (8, 2000);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let mr = &mr;
+            s.spawn(move || {
+                for i in 0..pairs {
+                    let size = 16 + (i * 31 + t * 7) % 200;
+                    let p = mr.allocate(size, 16, S).unwrap();
+                    // SAFETY: p came from mr with this size and alignment.
+                    unsafe { mr.deallocate(p, size, 16, S) };
+                }
+            });
+        }
+    });
+    mr.flush().unwrap();
+    let (_, log) = mr.into_parts().unwrap();
+    let events = parse_log(&String::from_utf8(log).unwrap());
+    assert_eq!(events.len(), threads * pairs * 2);
+    let mut by_thread: HashMap<u64, Vec<&Event>> = HashMap::new();
+    for e in &events {
+        by_thread.entry(e.thread).or_default().push(e);
+    }
+    assert_eq!(by_thread.len(), threads);
+    for mine in by_thread.values() {
+        for pair in mine.chunks(2) {
+            assert_eq!(
+                (pair[0].action.as_str(), pair[1].action.as_str()),
+                ("allocate", "free")
+            );
+            assert_eq!(
+                (pair[0].pointer, pair[0].size),
+                (pair[1].pointer, pair[1].size)
+            );
+        }
+        assert!(mine.windows(2).all(|w| w[0].time <= w[1].time));
+    }
+    // Down the file, each address is allocated and freed in turn.
+    let mut live: HashMap<usize, bool> = HashMap::new();
+    for e in &events {
+        let was = live.insert(e.pointer, e.action == "allocate");
+        match e.action.as_str() {
+            "allocate" => assert_ne!(was, Some(true), "{:#x} allocated twice", e.pointer),
+            _ => assert_eq!(was, Some(true), "{:#x} freed while not live", e.pointer),
+        }
     }
 }
 

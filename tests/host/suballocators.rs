@@ -1368,3 +1368,80 @@ fn a_suballocator_dropped_with_a_block_live_leaks_its_chunk() {
     let sim = Simulated::new(1 << 30);
     all_back("Arena", &sim, Arena::new(&sim, arena()), 4096);
 }
+
+#[test]
+fn binning_takes_back_blocks_other_threads_cache_when_the_upstream_is_out() {
+    // Four 256 KiB blocks in all: one thread takes them and frees them into its own cache; another
+    // thread then gets every one of them (the caches are emptied when the upstream is out).
+    let sim = Simulated::new(1 << 20);
+    let mr = Binning::new(
+        &sim,
+        BinningConfig {
+            min: 256 << 10,
+            max: 256 << 10,
+        },
+    );
+    let s = StreamRef::DEFAULT;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let blocks: Vec<_> = (0..4)
+                .map(|_| mr.allocate(200 << 10, 256, s).unwrap())
+                .collect();
+            for p in blocks {
+                // SAFETY: p came from mr with this size and alignment.
+                unsafe { mr.deallocate(p, 200 << 10, 256, s) };
+            }
+        });
+    });
+    assert_eq!(mr.usage().free_blocks, 4);
+    let again: Vec<_> = (0..4)
+        .map(|_| mr.allocate(256 << 10, 256, s).unwrap())
+        .collect();
+    assert!(mr.allocate(1, 256, s).is_err());
+    assert_eq!(sim.in_use(), 1 << 20);
+    for p in again {
+        // SAFETY: p came from mr with this size and alignment.
+        unsafe { mr.deallocate(p, 256 << 10, 256, s) };
+    }
+    drop(mr);
+    assert_eq!(sim.in_use(), 0);
+}
+
+#[test]
+fn binning_caches_serve_many_threads_and_give_everything_back() {
+    // Host memory, so that each thread can check that no other thread wrote its blocks.
+    let base = Statistics::new(System::new());
+    let mr = resource_stack![&base, Pool { max: 1 GiB }, Binning];
+    std::thread::scope(|sc| {
+        for t in 0..8u8 {
+            let mr = &mr;
+            sc.spawn(move || {
+                let s = stream(t as usize % 3);
+                let mut live = Vec::new();
+                for i in 0..3000usize {
+                    let size = 1 + (i * 7919 + t as usize * 104_729) % (1 << 20);
+                    let p = mr.allocate(size, 256, s).unwrap();
+                    // SAFETY: p is a fresh block of at least size bytes of host memory.
+                    unsafe { p.as_ptr().write_bytes(t, size.min(64)) };
+                    live.push((p, size));
+                    // At most 32 live per thread (32 MiB each, 256 MiB in all, beside at most
+                    // ~40 MiB per thread in caches): within the pool's 1 GiB.
+                    if live.len() > 32 {
+                        let (p, size) = live.swap_remove(i % live.len());
+                        // SAFETY: the block is ours; check no other thread wrote it.
+                        assert!((0..size.min(64)).all(|k| unsafe { *p.as_ptr().add(k) } == t));
+                        // SAFETY: p came from mr with this size and alignment.
+                        unsafe { mr.deallocate(p, size, 256, s) };
+                    }
+                }
+                for (p, size) in live {
+                    // SAFETY: as above.
+                    unsafe { mr.deallocate(p, size, 256, s) };
+                }
+            });
+        }
+    });
+    assert_eq!(mr.usage().allocated, 0);
+    drop(mr);
+    assert_eq!(base.bytes().current, 0);
+}
