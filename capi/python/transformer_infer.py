@@ -1,7 +1,7 @@
 """Inference of a small GPT-2-shaped transformer (plain torch.nn: token and position embeddings,
 pre-norm encoder layers under a causal mask, final LayerNorm, tied LM head; random weights from a
 fixed seed, nothing downloaded) on batches of random sequence lengths, so the allocator sees a
-new set of sizes at every batch.
+new set of sizes at every batch (and random batch sizes with --max-batch).
 
 Run once with the native allocator (--save: the logits of every batch) and once with mrstack
 (--reference: the native run's file): the logits must be equal, bit for bit, batch by batch.
@@ -26,6 +26,7 @@ p.add_argument("--save", help="write every batch's logits here (torch.save)")
 p.add_argument("--reference", help="compare the logits with this file (another run's --save)")
 p.add_argument("--batches", type=int, default=40)
 p.add_argument("--batch", type=int, default=2)
+p.add_argument("--max-batch", type=int, help="draw each batch's size in [--batch, --max-batch]")
 p.add_argument("--min-len", type=int, default=16)
 p.add_argument("--max-len", type=int, default=512)
 p.add_argument("--vocab", type=int, default=8192)
@@ -44,36 +45,13 @@ if os.environ.get("CUBLAS_WORKSPACE_CONFIG") != ":4096:8":
     sys.exit("CUBLAS_WORKSPACE_CONFIG must be :4096:8 (the driver sets it)")
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
+from tiny_gpt import TinyGPT  # noqa: E402
 
 lib = None
 if args.allocator == "mrstack":
     if not args.lib:
         sys.exit("--allocator mrstack needs --lib")
     lib = mrstack_capi.use_with_torch(args.lib)  # before anything touches CUDA
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, vocab, d_model, heads, layers, max_len):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, activation="gelu",
-                                       batch_first=True, norm_first=True)
-            for _ in range(layers)
-        )
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-        self.head.weight = self.tok.weight  # tied, as in GPT-2
-
-    def forward(self, tokens):
-        n = tokens.shape[1]
-        mask = nn.Transformer.generate_square_subsequent_mask(n, device=tokens.device)
-        x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))
-        for block in self.blocks:
-            x = block(x, src_mask=mask, is_causal=True)
-        return self.head(self.ln_f(x))
 
 
 def body(c):
@@ -89,7 +67,8 @@ def body(c):
     with torch.inference_mode():
         for _ in range(args.batches):
             n = lengths.randint(args.min_len, args.max_len)
-            tokens = torch.randint(0, args.vocab, (args.batch, n), generator=tokens_gen).to(device)
+            b = lengths.randint(args.batch, args.max_batch) if args.max_batch else args.batch
+            tokens = torch.randint(0, args.vocab, (b, n), generator=tokens_gen).to(device)
             logits = model(tokens).float().cpu()
             outputs.append(logits)
             digests.append(hashlib.sha256(logits.numpy().tobytes()).hexdigest())
