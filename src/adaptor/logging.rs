@@ -463,6 +463,10 @@ impl<U, W: Write> Logging<U, W> {
                 std::thread::sleep(NAP);
             }
         }
+        if !shared.alive.load(Acquire) {
+            // No one will take these lines: they go, so that memory stays bounded.
+            shared.slots[index].lock().sealed.clear();
+        }
     }
 
     /// Writes every line logged so far out and flushes the writer; returns the first write error
@@ -470,17 +474,29 @@ impl<U, W: Write> Logging<U, W> {
     pub fn flush(&self) -> io::Result<()> {
         match &self.writer {
             Some(Writer::Inline(sink)) => {
+                // A sweep writes every line logged before it started; lines other threads log
+                // meanwhile wait for the next, so that the file stays in time order.
                 let mut sink = lock(sink);
-                sink.finish(&self.shared);
+                sink.sweep(&self.shared);
                 sink.flush()
             }
             Some(Writer::Thread(thread)) => {
                 let (answer, answered) = mpsc::sync_channel(1);
                 lock(&self.shared.flushes).push((self.shared.now(), answer));
                 thread.thread().unpark();
-                answered.recv().map_err(|_| {
-                    io::Error::other("the log's writer thread is gone (it panicked)")
-                })?
+                // The request keeps its sender in `flushes`: a writer thread that died (a writer
+                // `W` that panicked) would never answer, so its end is looked for while waiting.
+                loop {
+                    match answered.recv_timeout(Duration::from_millis(10)) {
+                        Ok(result) => return result,
+                        Err(_) if !self.shared.alive.load(Acquire) => {
+                            return Err(io::Error::other(
+                                "the log's writer thread is gone (its writer panicked)",
+                            ))
+                        }
+                        Err(_) => {}
+                    }
+                }
             }
             None => Ok(()),
         }

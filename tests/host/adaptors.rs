@@ -637,6 +637,41 @@ fn logging_keeps_every_line_and_each_threads_order() {
     }
 }
 
+/// A writer that panics on its first write.
+struct Panics;
+
+impl std::io::Write for Panics {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        panic!("a writer that panics (expected by the test)")
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn logging_survives_a_writer_that_panics() {
+    // The writer thread dies at its first write: allocations go on, nothing waits for it forever,
+    // and flush says what happened.
+    let mr = Logging::new(System::new(), Panics);
+    for i in 0..20_000 {
+        let p = mr.allocate(64 + i % 100, 16, S).unwrap();
+        // SAFETY: p came from mr with this size and alignment.
+        unsafe { mr.deallocate(p, 64 + i % 100, 16, S) };
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut flushed = mr.flush();
+    while flushed.is_ok() && std::time::Instant::now() < deadline {
+        // The 64 KiB buffer may not have filled before the first flush: flushing writes it.
+        flushed = mr.flush();
+    }
+    assert!(
+        flushed.is_err(),
+        "flush after the writer panicked: {flushed:?}"
+    );
+    assert!(mr.into_parts().is_err());
+}
+
 /// A writer that fails every write.
 struct Broken;
 
