@@ -19,7 +19,7 @@ const NAME: &str = "Binning";
 /// A thread cache keeps at most this many bytes of one bin's blocks (and at least
 /// [`CACHE_MIN_BLOCKS`], at most [`CACHE_MAX_BLOCKS`] blocks).
 const CACHE_BIN_BYTES: usize = 8 << 20;
-const CACHE_MIN_BLOCKS: usize = 8;
+const CACHE_MIN_BLOCKS: usize = 2;
 const CACHE_MAX_BLOCKS: usize = 64;
 
 /// One thread's blocks, freed by it on one stream, per bin: what it takes again with no bin lock.
@@ -83,9 +83,10 @@ layer_by_new!(BinningConfig => Binning);
 /// # Cost
 ///
 /// For a binned request: a bit scan to pick the bin, then a pop or a push on the calling thread's
-/// own cache (a vector per bin under a mutex that only that thread takes, so threads do not
-/// contend: the first 64 live threads get a cache each, later ones share one). A thread's cache
-/// keeps the blocks it freed on its current stream, up to 8 MiB per bin (8 to 64 blocks); when
+/// own cache (a vector per bin under a lock that only that thread takes but when memory runs out,
+/// one compare-and-swap: the first 64 live threads get a cache each, later ones share one). A
+/// thread's cache keeps the blocks it freed on its current stream, up to 8 MiB per bin (2 to 64
+/// blocks: bins of more than 4 MiB keep 2); when
 /// it runs dry it takes up to half that from the bin at once, and when full gives half back, both
 /// under the bin's mutex; an upstream call only when the bin's free list runs dry too. A call on
 /// another stream than the cache's gives the cached blocks back to their bins first (so a thread
@@ -401,7 +402,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
                 let cap = self.cache_cap(i);
                 if blocks.len() > cap {
                     // The oldest half goes back: the newest are the likeliest still in cache.
-                    lock(&self.bins[i]).push_all(blocks.drain(..cap / 2), stream);
+                    lock(&self.bins[i]).push_all(blocks.drain(..(cap / 2).max(1)), stream);
                 }
             }
             // SAFETY: requests that no bin serves were passed to the upstream with this size and
