@@ -13,6 +13,7 @@
 //! time, or threads that have exited (a thread gives its slack back when it exits).
 
 use std::cell::{Cell, RefCell, UnsafeCell};
+use std::marker::PhantomData;
 use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
@@ -481,7 +482,7 @@ impl<T> SlotLock<T> {
         {
             self.wait();
         }
-        SlotGuard(self)
+        SlotGuard(self, PhantomData)
     }
 
     #[cold]
@@ -513,8 +514,9 @@ impl<T> SlotLock<T> {
 }
 
 /// The one way to the value of a taken [`SlotLock`]; releases it when dropped (a panic while it
-/// is held releases it too: the callers' updates cannot stop halfway).
-pub(crate) struct SlotGuard<'a, T>(&'a SlotLock<T>);
+/// is held releases it too: the callers' updates cannot stop halfway). It is `Send` and `Sync`
+/// as `&mut T` is (the marker): shared, it lends `&T`, so it is `Sync` only for `T: Sync`.
+pub(crate) struct SlotGuard<'a, T>(&'a SlotLock<T>, PhantomData<&'a mut T>);
 
 impl<T> std::ops::Deref for SlotGuard<'_, T> {
     type Target = T;

@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 /// # Cost
 ///
 /// No lock-prefixed instruction per call in the common case: each thread reserves bytes from the
-/// cap a chunk at a time (1 MiB, or 1/256 of the cap if less) and counts in a shard of its own
+/// cap a chunk at a time (1 MiB, or 1/1024 of the cap if less) and counts in a shard of its own
 /// (plain loads and stores on its own cache line; the first 64 live threads get one, later ones
 /// share an atomic shard); a compare-and-swap on the shared total when a thread's bytes grow past
 /// its reservation, an atomic subtraction when they shrink two chunks below it. Memory: 8.3 KiB
@@ -31,8 +31,8 @@ use std::ptr::NonNull;
 ///
 /// The cap is never passed: the shared total of reservations stays at most the cap. One thread
 /// alone is refused exactly when its bytes would pass the cap. With several threads, the
-/// reservations other threads hold beyond their bytes (at most two chunks each) are not
-/// available to a request: once a request is refused, threads reserve only what they need and
+/// reservations other threads hold beyond their bytes (at most two chunks each, so at most 1/8
+/// of the cap over the 64 thread slots, even with `in_use` at 0) are not available to a request: once a request is refused, threads reserve only what they need and
 /// give all slack back at each deallocation until the total falls to half the cap, so what stays
 /// unavailable is the slack of threads that have not deallocated since. [`in_use`](Self::in_use)
 /// sums the threads' bytes: exact once the calls in flight are done.
@@ -73,7 +73,8 @@ impl<U: MemoryResource> Limiting<U> {
         // Above 2^63 - 1 bytes a cap cannot be reached: counted as 2^63 - 2, which keeps the
         // shards' checked arithmetic (2^63 - 1 means no cap to them).
         let cap = i64::try_from(limit).unwrap_or(i64::MAX).min(i64::MAX - 1);
-        let chunk = (cap / 256).min(1 << 20);
+        // Each of the 64 thread slots holds at most two chunks unused: at most 1/8 of the cap.
+        let chunk = (cap / 1024).min(1 << 20);
         Limiting {
             upstream,
             limit,

@@ -294,7 +294,9 @@ enum Writer<W: Write> {
 ///
 /// # Order
 ///
-/// Lines are in the order of their times, which are read under each buffer's lock: each thread's
+/// Lines are in the order of their times (a monotonic clock, nanoseconds where the platform
+/// gives them: on a coarser clock, two threads' lines in one tick keep the order of their
+/// buffers), which are read under each buffer's lock: each thread's
 /// lines keep its order, and a `free` logged before an address is reused on another thread
 /// precedes that `allocate` (the free is logged before the upstream has the block back, the
 /// allocate after the upstream gave it). A write error does not fail an allocation: the first one
@@ -481,6 +483,11 @@ impl<U, W: Write> Logging<U, W> {
                 sink.flush()
             }
             Some(Writer::Thread(thread)) => {
+                let gone =
+                    || io::Error::other("the log's writer thread is gone (its writer panicked)");
+                if !self.shared.alive.load(Acquire) {
+                    return Err(gone());
+                }
                 let (answer, answered) = mpsc::sync_channel(1);
                 lock(&self.shared.flushes).push((self.shared.now(), answer));
                 thread.thread().unpark();
@@ -490,9 +497,9 @@ impl<U, W: Write> Logging<U, W> {
                     match answered.recv_timeout(Duration::from_millis(10)) {
                         Ok(result) => return result,
                         Err(_) if !self.shared.alive.load(Acquire) => {
-                            return Err(io::Error::other(
-                                "the log's writer thread is gone (its writer panicked)",
-                            ))
+                            // No one will answer the requests left: they go.
+                            lock(&self.shared.flushes).clear();
+                            return Err(gone());
                         }
                         Err(_) => {}
                     }

@@ -308,26 +308,29 @@ impl<U: MemoryResource> Binning<U> {
         }
     }
 
-    /// A block of bin `i` for `stream` when the cache has none: from the bin, with up to half a
-    /// cache's worth more for the cache.
+    /// A block of bin `i` for `stream` when the calling thread's cache has none: from the bin,
+    /// with up to half a cache's worth more for the cache. No cache lock is held while the bin
+    /// calls the upstream: the upstream may run the user's code (a `Retry` callback that frees
+    /// blocks through this resource), which must find its cache free.
     #[cold]
-    fn refill(
-        &self,
-        cache: &mut Cache,
-        i: usize,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Result<usize> {
+    fn refill(&self, i: usize, size: usize, align: usize, stream: StreamRef) -> Result<usize> {
         let from = Upstream {
             upstream: &self.upstream,
             meter: &self.meter,
             name: NAME,
         };
-        self.switch_cache(cache, stream);
-        let mut bin = lock(&self.bins[i]);
-        let addr = bin.pop(from, stream, Growth::Double(MAX_GROWTH), size, align)?;
-        bin.pop_more(stream, self.cache_cap(i) / 2, &mut cache.blocks[i]);
+        let mut more = Vec::new();
+        let addr = {
+            let mut bin = lock(&self.bins[i]);
+            let addr = bin.pop(from, stream, Growth::Double(MAX_GROWTH), size, align)?;
+            bin.pop_more(stream, self.cache_cap(i) / 2, &mut more);
+            addr
+        };
+        if !more.is_empty() {
+            let mut cache = self.cache();
+            self.switch_cache(&mut cache, stream);
+            cache.blocks[i].extend(more);
+        }
         Ok(addr)
     }
 
@@ -365,21 +368,21 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         let Some(i) = self.bin(size, align) else {
             return self.upstream.allocate(size, align.max(GRANULE), stream);
         };
-        let mut cache = self.cache();
-        let cached = if cache.holds(stream) {
-            cache.blocks.get_mut(i).and_then(Vec::pop)
-        } else {
-            None
+        let cached = {
+            let mut cache = self.cache();
+            // Blocks of another stream go back to their bins, where this stream can take them
+            // once ordered after theirs.
+            self.switch_cache(&mut cache, stream);
+            cache.blocks[i].pop()
         };
         let addr = match cached {
             Some(addr) => addr,
-            None => match self.refill(&mut cache, i, size, align, stream) {
+            None => match self.refill(i, size, align, stream) {
                 Ok(addr) => addr,
                 Err(e) if e.is_out_of_memory() => {
                     // Blocks waiting in other threads' caches may be what is missing.
-                    drop(cache);
                     self.empty_caches();
-                    self.refill(&mut self.cache(), i, size, align, stream)?
+                    self.refill(i, size, align, stream)?
                 }
                 Err(e) => return Err(e),
             },

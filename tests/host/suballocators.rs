@@ -1445,3 +1445,58 @@ fn binning_caches_serve_many_threads_and_give_everything_back() {
     drop(mr);
     assert_eq!(base.bytes().current, 0);
 }
+
+/// The stack of `binning_lets_a_retry_callback_free_through_it`: reached from the callback.
+type RetryStack = Binning<Retry<Limiting<Simulated>, fn(&AllocError, usize) -> bool>>;
+static RETRY_STACK: std::sync::OnceLock<RetryStack> = std::sync::OnceLock::new();
+/// Blocks the application keeps for later, as (address, size): what the callback gives back.
+static APP_CACHE: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn free_app_cache(_: &AllocError, attempt: usize) -> bool {
+    let blocks: Vec<_> = APP_CACHE.lock().unwrap().drain(..).collect();
+    let mr = RETRY_STACK.get().unwrap();
+    for &(addr, size) in &blocks {
+        // SAFETY: each came from mr with this size and alignment 256, and is freed once.
+        unsafe { mr.deallocate(nn(addr), size, 256, StreamRef::DEFAULT) };
+    }
+    attempt == 0 && !blocks.is_empty()
+}
+
+#[test]
+fn binning_lets_a_retry_callback_free_through_it() {
+    // Out of memory, Retry's callback frees blocks the application kept, through the same
+    // Binning, while that Binning is asking its upstream for a chunk: the callback must find the
+    // thread's cache free (it hung when the cache stayed locked across the upstream call).
+    let mr = RETRY_STACK.get_or_init(|| {
+        let cap = Limiting::new(Simulated::new(1 << 30), 1 << 20);
+        Binning::new(
+            Retry::new(cap, free_app_cache as fn(&AllocError, usize) -> bool),
+            BinningConfig {
+                min: 256,
+                max: 64 << 10,
+            },
+        )
+    });
+    let s = StreamRef::DEFAULT;
+    let small = mr.allocate(1000, 256, s).unwrap();
+    let large = mr.allocate(960 << 10, 256, s).unwrap();
+    APP_CACHE.lock().unwrap().extend([
+        (small.as_ptr() as usize, 1000),
+        (large.as_ptr() as usize, 960 << 10),
+    ]);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = RETRY_STACK
+            .get()
+            .unwrap()
+            .allocate(64 << 10, 256, StreamRef::DEFAULT);
+        let _ = done.send(r.map(|p| p.as_ptr() as usize));
+    });
+    let got = finished
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the allocation came back (it hung before)")
+        .expect("the callback freed enough");
+    assert!(APP_CACHE.lock().unwrap().is_empty());
+    // SAFETY: got came from mr with this size and alignment.
+    unsafe { mr.deallocate(nn(got), 64 << 10, 256, s) };
+}
