@@ -84,6 +84,12 @@ pub(crate) fn token() -> u64 {
     claim()
 }
 
+/// This thread's slot: below [`SLOTS`] its own, `SLOTS` the shared one.
+#[inline]
+pub(crate) fn slot() -> usize {
+    slot_of(token())
+}
+
 /// The slot of a token: below [`SLOTS`] a thread's own, `SLOTS` the shared one.
 #[inline]
 pub(crate) fn slot_of(token: u64) -> usize {
@@ -208,11 +214,9 @@ pub(crate) struct Sharded<const N: usize> {
     inner: Arc<Inner<N>>,
 }
 
-/// Where an [`Sharded::add`] stops: the quantity whose limit it would pass.
+/// A [`Sharded::add`] that would pass a quantity's limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct OverLimit {
-    pub(crate) quantity: usize,
-}
+pub(crate) struct OverLimit;
 
 impl<const N: usize> Sharded<N> {
     /// Quantities with these chunks (how much a thread reserves beyond what it needs) and limits
@@ -323,7 +327,7 @@ impl<const N: usize> Sharded<N> {
         }
         let Some(want) = got else {
             global.tight.store(true, Relaxed);
-            return Err(OverLimit { quantity: q });
+            return Err(OverLimit);
         };
         part.reservation
             .store(part.reservation.load(Relaxed) + want, Relaxed);
@@ -351,7 +355,7 @@ impl<const N: usize> Sharded<N> {
                 for (g, &a) in self.inner.globals.iter().zip(&amounts).take(q) {
                     g.reserved.fetch_sub(a as i64, AcqRel);
                 }
-                return Err(OverLimit { quantity: q });
+                return Err(OverLimit);
             }
         }
         for ((part, global), &n) in shard.parts.iter().zip(&self.inner.globals).zip(&amounts) {
@@ -604,9 +608,9 @@ mod tests {
     fn a_limit_is_never_passed_and_refuses_exactly_alone() {
         let s = Sharded::<1>::new([4096], [1 << 20]);
         s.add([768 << 10], false).unwrap();
-        assert_eq!(s.add([512 << 10], false), Err(OverLimit { quantity: 0 }));
+        assert_eq!(s.add([512 << 10], false), Err(OverLimit));
         s.add([256 << 10], false).unwrap();
-        assert_eq!(s.add([1], false), Err(OverLimit { quantity: 0 }));
+        assert_eq!(s.add([1], false), Err(OverLimit));
         s.sub([768 << 10]);
         s.add([768 << 10], false).unwrap();
     }

@@ -27,3 +27,21 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = block(x, src_mask=mask, is_causal=True)
         return self.head(self.ln_f(x))
+
+
+def add_model_args(p, *, vocab, d_model, heads, layers, min_len, max_len):
+    """The model's shape, the range of sequence lengths, the seed and the device, as options of a
+    client script's parser, with that script's defaults."""
+    p.add_argument("--min-len", type=int, default=min_len)
+    p.add_argument("--max-len", type=int, default=max_len)
+    p.add_argument("--vocab", type=int, default=vocab)
+    p.add_argument("--d-model", type=int, default=d_model)
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--layers", type=int, default=layers)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="cpu only to try the script without a GPU")
+
+
+def model(args):
+    """The model of `add_model_args`' options (random weights from the current seed)."""
+    return TinyGPT(args.vocab, args.d_model, args.heads, args.layers, args.max_len)

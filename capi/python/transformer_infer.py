@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import client_checks  # noqa: E402
 import mrstack_capi  # noqa: E402
+import tiny_gpt  # noqa: E402 (imports torch, which touches no device)
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--allocator", choices=["native", "mrstack"], required=True)
@@ -27,14 +28,7 @@ p.add_argument("--reference", help="compare the logits with this file (another r
 p.add_argument("--batches", type=int, default=40)
 p.add_argument("--batch", type=int, default=2)
 p.add_argument("--max-batch", type=int, help="draw each batch's size in [--batch, --max-batch]")
-p.add_argument("--min-len", type=int, default=16)
-p.add_argument("--max-len", type=int, default=512)
-p.add_argument("--vocab", type=int, default=8192)
-p.add_argument("--d-model", type=int, default=512)
-p.add_argument("--heads", type=int, default=8)
-p.add_argument("--layers", type=int, default=6)
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--device", default="cuda", help="cpu only to try the script without a GPU")
+tiny_gpt.add_model_args(p, vocab=8192, d_model=512, heads=8, layers=6, min_len=16, max_len=512)
 args = p.parse_args()
 
 checks = client_checks.Checks(f"transformer/{args.allocator}", args.out)
@@ -45,7 +39,6 @@ if os.environ.get("CUBLAS_WORKSPACE_CONFIG") != ":4096:8":
     sys.exit("CUBLAS_WORKSPACE_CONFIG must be :4096:8 (the driver sets it)")
 
 import torch  # noqa: E402
-from tiny_gpt import TinyGPT  # noqa: E402
 
 lib = None
 if args.allocator == "mrstack":
@@ -60,7 +53,7 @@ def body(c):
     c.put("torch", torch.__version__)
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    model = TinyGPT(args.vocab, args.d_model, args.heads, args.layers, args.max_len).to(device).eval()
+    model = tiny_gpt.model(args).to(device).eval()
     lengths = random.Random(args.seed)
     tokens_gen = torch.Generator().manual_seed(args.seed)  # on the CPU: no allocator involved
     outputs, digests, shapes = [], [], []

@@ -13,6 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import client_checks  # noqa: E402
 import mrstack_capi  # noqa: E402
+import tiny_gpt  # noqa: E402 (imports torch, which touches no device)
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--allocator", choices=["native", "mrstack"], required=True)
@@ -20,14 +21,7 @@ p.add_argument("--lib", help="libmrstack_c.so (with --allocator mrstack)")
 p.add_argument("--out", required=True, help="the JSON result")
 p.add_argument("--steps", type=int, default=60)
 p.add_argument("--batch", type=int, default=8)
-p.add_argument("--min-len", type=int, default=32)
-p.add_argument("--max-len", type=int, default=512)
-p.add_argument("--vocab", type=int, default=4096)
-p.add_argument("--d-model", type=int, default=384)
-p.add_argument("--heads", type=int, default=6)
-p.add_argument("--layers", type=int, default=4)
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--device", default="cuda", help="cpu only to try the script without a GPU")
+tiny_gpt.add_model_args(p, vocab=4096, d_model=384, heads=6, layers=4, min_len=32, max_len=512)
 args = p.parse_args()
 
 checks = client_checks.Checks(f"transformer-train/{args.allocator}", args.out)
@@ -35,7 +29,6 @@ checks.put("allocator", args.allocator)
 checks.put("stack", os.environ.get("MRSTACK_STACK") if args.allocator == "mrstack" else None)
 
 import torch  # noqa: E402
-from tiny_gpt import TinyGPT  # noqa: E402
 
 lib = None
 if args.allocator == "mrstack":
@@ -47,7 +40,7 @@ if args.allocator == "mrstack":
 def body(c):
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    model = TinyGPT(args.vocab, args.d_model, args.heads, args.layers, args.max_len).to(device)
+    model = tiny_gpt.model(args).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     draw = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)  # on the CPU: no allocator involved

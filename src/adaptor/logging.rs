@@ -414,7 +414,7 @@ impl<U, W: Write> Logging<U, W> {
     #[inline]
     fn log(&self, action: &'static str, ptr: usize, size: usize, stream: StreamRef) {
         let shared = &*self.shared;
-        let index = shard::slot_of(shard::token());
+        let index = shard::slot();
         let thread = thread_number();
         let stream = stream.id().get();
         let mut slot = shared.slots[index].lock();
@@ -485,9 +485,6 @@ impl<U, W: Write> Logging<U, W> {
             Some(Writer::Thread(thread)) => {
                 let gone =
                     || io::Error::other("the log's writer thread is gone (its writer panicked)");
-                if !self.shared.alive.load(Acquire) {
-                    return Err(gone());
-                }
                 let (answer, answered) = mpsc::sync_channel(1);
                 lock(&self.shared.flushes).push((self.shared.now(), answer));
                 thread.thread().unpark();

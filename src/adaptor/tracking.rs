@@ -93,10 +93,11 @@ struct Stripe {
 const STRIPES: usize = 16;
 
 /// The stripe of an address: blocks are at least 256-byte aligned in the stacks that matter, so
-/// the bits above those pick it, mixed so that strided addresses spread.
+/// the bits above those pick it, hashed as the crate's tables hash addresses so that strided
+/// addresses spread.
 fn stripe_of(address: usize) -> usize {
-    let h = (address as u64 >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (h >> 60) as usize % STRIPES
+    use std::hash::BuildHasher;
+    crate::hash::FastHash::default().hash_one(address >> 8) as usize % STRIPES
 }
 
 /// Tracks every live allocation of `U`.

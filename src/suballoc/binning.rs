@@ -222,7 +222,7 @@ impl<U: MemoryResource> Binning<U> {
     pub fn bin_usage(&self) -> Vec<Usage> {
         let mut cached = vec![0usize; self.bins.len()];
         for cache in self.caches.iter() {
-            for (n, blocks) in cached.iter_mut().zip(&lock_cache(cache).blocks) {
+            for (n, blocks) in cached.iter_mut().zip(&cache.lock().blocks) {
                 *n += blocks.len();
             }
         }
@@ -251,7 +251,7 @@ impl<U: MemoryResource> Binning<U> {
                 // A cache keeps its stream alive (a list's worth, in each bin's terms).
                 self.caches
                     .iter()
-                    .filter(|c| lock_cache(c).stream.is_some())
+                    .filter(|c| c.lock().stream.is_some())
                     .map(|_| (0, 1)),
             )
             .fold((0, 0), |(l, s), (bl, bs)| (l + bl, s + bs))
@@ -282,7 +282,7 @@ impl<U: MemoryResource> Binning<U> {
     /// The calling thread's cache.
     #[inline]
     fn cache(&self) -> shard::SlotGuard<'_, Cache> {
-        self.caches[shard::slot_of(shard::token())].lock()
+        self.caches[shard::slot()].lock()
     }
 
     /// Gives every block in `cache` back to its bin, on the cache's stream, and lets the stream go.
@@ -338,14 +338,9 @@ impl<U: MemoryResource> Binning<U> {
     #[cold]
     fn empty_caches(&self) {
         for cache in self.caches.iter() {
-            self.empty_cache(&mut lock_cache(cache));
+            self.empty_cache(&mut cache.lock());
         }
     }
-}
-
-fn lock_cache(cache: &shard::SlotLock<Cache>) -> shard::SlotGuard<'_, Cache> {
-    // A cache's updates are pushes and pops that cannot panic halfway.
-    cache.lock()
 }
 
 fn lock(bin: &Mutex<Bin>) -> MutexGuard<'_, Bin> {
