@@ -3,7 +3,9 @@
 //! same run, on the two workloads of issue 3. Prints one table: ns per op (a warm-up pass, then the
 //! median of 5 passes on the same resource; fewer passes where one pass is slow, said in the
 //! table), each stack's speed-up over `Cuda` and over `CudaAsync`, and its minimum capacity over
-//! peak live bytes, searched over `Simulated` with the same stack (host-side, to 0.1%).
+//! peak live bytes, searched over `Simulated` with the same stack (host-side, to 0.1%); the
+//! project's traces (data/traces) join the two workloads. Then threads, and what the driver's
+//! virtual memory calls cost (`VirtualMemory`'s map and unmap).
 //!
 //! Without a GPU it prints why and exits 0, unless `MRSTACK_REQUIRE_GPU=1`, where it exits 1. It
 //! also exits 1 when any measurement failed. Plain device memory only: the random workload holds up
@@ -47,7 +49,87 @@ fn workloads() -> Vec<Workload> {
         Ok(t) => all.push(t.workload),
         Err(e) => println!("skipping the ResNet-50 trace: {e}"),
     }
+    // The project's own traces (data/traces, read from the working directory where the bench
+    // runs beside a copy of the repository, else from the source tree).
+    let here = std::path::Path::new("data/traces");
+    let dir = if here.is_dir() {
+        here.to_path_buf()
+    } else {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/traces")
+    };
+    for name in [
+        "transformer_infer.csv.gz",
+        "transformer_train.csv.gz",
+        "resnet50_train_pytorch.csv.gz",
+    ] {
+        match rmm_log::read(dir.join(name)) {
+            Ok(t) => all.push(t.workload),
+            Err(e) => println!("skipping {name}: {e}"),
+        }
+    }
     all
+}
+
+/// What the driver's virtual memory calls cost on device 0, as `VirtualMemory` makes them: one
+/// page mapped (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`) and unmapped (`cuMemUnmap` +
+/// `cuMemRelease`), one at a time and in runs of 16 pages with one `cuMemSetAccess` per run.
+/// Prints microseconds per page, the median of 5 rounds of 64 pages.
+fn page_costs(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
+    use mrstack::leaf::{DevicePages, PhysicalPages};
+    use std::time::Instant;
+    let pages = match DevicePages::new(ctx) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("no device pages: {e}");
+            return false;
+        }
+    };
+    let page = pages.page_size();
+    const N: usize = 64;
+    let base = match pages.reserve(N * page) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("cannot reserve: {e}");
+            return false;
+        }
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut results = Vec::new();
+    for run in [1usize, 16] {
+        let (mut map_us, mut unmap_us) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let t = Instant::now();
+            let mut handles = Vec::with_capacity(N);
+            for start in (0..N).step_by(run) {
+                for p in start..start + run {
+                    handles.push(pages.map(base + p * page, page).unwrap());
+                }
+                pages.enable(base + start * page, run * page).unwrap();
+            }
+            map_us.push(t.elapsed().as_secs_f64() * 1e6 / N as f64);
+            let t = Instant::now();
+            for (p, h) in handles.into_iter().enumerate() {
+                // SAFETY: mapped just above, used by nothing.
+                unsafe { pages.unmap(base + p * page, page, h) };
+            }
+            unmap_us.push(t.elapsed().as_secs_f64() * 1e6 / N as f64);
+        }
+        results.push((run, median(map_us), median(unmap_us)));
+    }
+    // SAFETY: reserved above with this size; everything in it was unmapped.
+    unsafe { pages.unreserve(base, N * page) };
+    println!();
+    println!(
+        "VMM page costs on device 0 (page {} KiB), µs per page, median of 5 rounds of {N} pages:",
+        page >> 10
+    );
+    for (run, map, unmap) in results {
+        println!("  runs of {run:>2} page(s): map (create + map + access) {map:.1} µs, unmap (unmap + release) {unmap:.1} µs");
+    }
+    true
 }
 
 /// One cell of the table.
@@ -235,6 +317,7 @@ fn main() {
     }
     println!("(Np) after a time: only N timed passes fit the {BUDGET:?} budget. RMM ns/op: RMM 26.10 on the lent H100 as quoted in issue 3, not this run.");
     failed |= !threads_table(&ctx);
+    failed |= !page_costs(&ctx);
     if failed {
         std::process::exit(1);
     }

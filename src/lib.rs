@@ -152,7 +152,7 @@ pub use container::{DeviceBox, DeviceVec, DeviceView, DeviceViewMut, HostAllocat
 pub use erased::{AnyResource, PropertySet, ResourceRef};
 pub use leaf::{
     cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,
-    Managed, Pinned, Simulated, System,
+    Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
 };
 pub use property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
 pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
@@ -220,12 +220,13 @@ pub use typenum;
 pub mod prelude {
     pub use crate::adaptor::{
         Aligned, Arena, Binning, FixedSize, Limiting, Logging, Pool, Prefetch, Retry, Statistics,
-        Tracking,
+        Tlsf, Tracking,
     };
     pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
     pub use crate::erased::{AnyResource, ResourceRef};
     pub use crate::leaf::{
         Callback, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
+        VirtualMemory, VirtualMemoryConfig,
     };
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
     pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};

@@ -396,6 +396,13 @@ impl Held {
     pub(crate) fn slot(self) -> usize {
         self.0 as usize
     }
+
+    /// The `Held` at keeper slot `slot`, for tables that store slot numbers (a bit per slot): it
+    /// names whatever the keeper holds there now (the default stream for a free slot).
+    #[inline]
+    pub(crate) fn at(slot: u32) -> Held {
+        Held(slot)
+    }
 }
 
 /// A map keyed by stream identity.
@@ -568,6 +575,11 @@ impl StreamKeeper {
     #[inline]
     pub(crate) fn is(&self, held: Held, stream: StreamRef<'_>) -> bool {
         self.id(held) == stream.id()
+    }
+
+    /// Every stream held now, the default stream included.
+    pub(crate) fn each(&self) -> impl Iterator<Item = StreamRef<'static>> + '_ {
+        self.slots.iter().filter(|s| s.count > 0).map(|s| s.stream)
     }
 
     /// Streams held now (the default stream included), for the bounds the tests check.

@@ -9,7 +9,7 @@ use syn::{braced, AngleBracketedGenericArguments, Expr, Ident, Token};
 
 /// The configurations of `mrstack::layer`: such a name first in the list is a layer where the leaf
 /// should be.
-const LAYERS: [&str; 11] = [
+const LAYERS: [&str; 12] = [
     "Aligned",
     "Arena",
     "Binning",
@@ -20,6 +20,7 @@ const LAYERS: [&str; 11] = [
     "Prefetch",
     "Retry",
     "Statistics",
+    "Tlsf",
     "Tracking",
 ];
 

@@ -7,9 +7,11 @@ use syn::parse::ParseStream;
 use syn::{Expr, Ident, Lit, LitFloat, LitInt, LitStr, Token};
 
 /// The fields that hold bytes, by configuration: a number there needs a unit.
-const SIZES: [(&str, &str); 8] = [
+const SIZES: [(&str, &str); 10] = [
     ("Pool", "initial"),
     ("Pool", "max"),
+    ("Tlsf", "initial"),
+    ("Tlsf", "max"),
     ("Binning", "min"),
     ("Binning", "max"),
     ("Arena", "size"),
@@ -320,7 +322,11 @@ pub(crate) fn unit_in(tokens: TokenStream2) -> Option<syn::Error> {
 }
 
 /// Fields of a configuration whose first may not exceed its second: `(configuration, low, high)`.
-const ORDERED: [(&str, &str, &str); 2] = [("Pool", "initial", "max"), ("Binning", "min", "max")];
+const ORDERED: [(&str, &str, &str); 3] = [
+    ("Pool", "initial", "max"),
+    ("Tlsf", "initial", "max"),
+    ("Binning", "min", "max"),
+];
 
 /// `Err` at the later of the two fields when both of a pair in [`ORDERED`] are literal sizes and
 /// contradict each other, as `Pool { initial: 2 GiB, max: 1 GiB }`.

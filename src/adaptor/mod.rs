@@ -25,5 +25,6 @@ pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
 pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
 
 pub use crate::suballoc::{
-    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, Pool, PoolConfig, Usage,
+    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, Pool, PoolConfig, Tlsf,
+    TlsfConfig, Usage,
 };

@@ -40,7 +40,7 @@
 //! | item | layer |
 //! |---|---|
 //! | `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated` | [`Cuda`](crate::Cuda), [`CudaAsync`](crate::CudaAsync), [`Managed`](crate::Managed), [`Pinned`](crate::Pinned), [`System`](crate::System), [`Simulated`](crate::Simulated) |
-//! | `pool`, `binning`, `fixed_size`, `arena` | `Pool<AnyResource<P>>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>` ([`suballoc`](crate::suballoc)) |
+//! | `pool`, `tlsf`, `binning`, `fixed_size`, `arena` | `Pool<AnyResource<P>>`, `Tlsf<…>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>` ([`suballoc`](crate::suballoc)) |
 //! | `statistics`, `tracking`, `limiting` | `Statistics<AnyResource<P>>`, `Tracking<…>`, `Limiting<…>` ([`adaptor`](crate::adaptor)) |
 //! | `logging` | `Logging<AnyResource<P>>` (its writer is the boxed [`LogWriter`](crate::adaptor::LogWriter)) |
 //! | `aligned(alignment=4096)` | `Aligned<U4096, AnyResource<P>>` (`U256`, `U512`, `U1024`, `U4096`) |
@@ -186,8 +186,9 @@ impl<P: PropertySet> StackBuilder<P> {
     /// unknown adaptor.
     fn with_crate_adaptors(self) -> Self {
         use crate::layer;
-        use crate::suballoc::{Arena, Binning, FixedSize, Pool};
+        use crate::suballoc::{Arena, Binning, FixedSize, Pool, Tlsf};
         self.with_suballocator("pool", Pool::try_new)
+            .with_suballocator("tlsf", Tlsf::try_new)
             .with_suballocator("binning", Binning::try_new)
             .with_suballocator("fixed_size", FixedSize::try_new)
             .with_suballocator("arena", Arena::try_new)

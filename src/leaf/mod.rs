@@ -11,17 +11,21 @@ mod cuda;
 mod cuda_async;
 mod driver;
 mod managed;
+pub(crate) mod pages;
 mod pinned;
 mod simulated;
 mod system;
+mod virtual_memory;
 
 pub use callback::Callback;
 pub use cuda::Cuda;
 pub use cuda_async::{CudaAsync, CudaAsyncOptions};
 pub use managed::Managed;
+pub use pages::{DevicePages, PhysicalPages};
 pub use pinned::Pinned;
 pub use simulated::Simulated;
 pub use system::System;
+pub use virtual_memory::{VirtualMemory, VirtualMemoryConfig, VmUsage};
 
 pub(crate) use driver::{
     context_leaf, driver_allocate, driver_allocate_checked, driver_free, driver_order_after,

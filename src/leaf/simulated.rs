@@ -2,7 +2,7 @@
 
 use crate::resource::{align_up, check_request, properties, AllocError, MemoryResource, Result};
 use crate::stream::StreamRef;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
 use std::sync::Mutex;
 use typenum::{B0, U256};
@@ -53,6 +53,9 @@ use typenum::{B0, U256};
 #[derive(Debug)]
 pub struct Simulated {
     capacity: usize,
+    /// The granule of [`PhysicalPages`](crate::leaf::PhysicalPages): what a virtual-memory
+    /// resource over it maps at a time.
+    page: usize,
     state: Mutex<State>,
 }
 
@@ -63,17 +66,36 @@ struct State {
     peak: usize,
     allocations: usize,
     live: HashMap<usize, usize>,
+    /// Reserved virtual ranges by base, and pages mapped in them by address: the page model
+    /// of [`PhysicalPages`](crate::leaf::PhysicalPages). Mapped bytes count in `in_use`.
+    reserved: BTreeMap<usize, usize>,
+    mapped: HashMap<usize, usize>,
+    mapped_bytes: usize,
 }
 
 impl Simulated {
     const NAME: &'static str = "Simulated";
     /// Where the fake address space starts: far from null and from real heap addresses.
     const BASE: usize = 1 << 44;
+    /// The default page: 2 MiB, the granularity CUDA maps device memory in.
+    const PAGE: usize = 2 << 20;
 
     /// An address space that lets at most `capacity` bytes be allocated at once.
     pub fn new(capacity: usize) -> Self {
+        Self::with_page_size(capacity, Self::PAGE)
+    }
+
+    /// An address space of `capacity` bytes whose physical pages (for
+    /// [`VirtualMemory`](crate::VirtualMemory) over it) are `page` bytes: a power of two of at
+    /// least 4 KiB; other values are rounded up to one.
+    pub fn with_page_size(capacity: usize, page: usize) -> Self {
+        let page = page
+            .max(4096)
+            .checked_next_power_of_two()
+            .unwrap_or(Self::PAGE);
         Simulated {
             capacity,
+            page,
             state: Mutex::new(State {
                 next: Self::BASE,
                 ..State::default()
@@ -106,6 +128,39 @@ impl Simulated {
         self.lock().live.len()
     }
 
+    /// The page size of its physical-page model.
+    pub fn page_size(&self) -> usize {
+        self.page
+    }
+
+    /// Bytes of pages mapped now (they count in [`in_use`](Self::in_use) and against the
+    /// capacity: physical memory).
+    pub fn mapped(&self) -> usize {
+        self.lock().mapped_bytes
+    }
+
+    /// Virtual ranges reserved now (they take no capacity: address space only).
+    pub fn reservations(&self) -> usize {
+        self.lock().reserved.len()
+    }
+
+    /// Takes `size` bytes (`bytes` rounded up to a page) of fresh address space from the bump
+    /// pointer, aligned to `align`.
+    fn bump(s: &mut State, size: usize, align: usize) -> Option<usize> {
+        let fits = |next: usize| {
+            let addr = align_up(next, align)?;
+            Some((addr, addr.checked_add(size)?))
+        };
+        // The address space runs out long before the capacity when huge blocks come and go (a
+        // log replayed pass after pass): once nothing is live, start over at the base.
+        let (addr, end) = match fits(s.next) {
+            None if s.live.is_empty() && s.reserved.is_empty() => fits(Self::BASE)?,
+            found => found?,
+        };
+        s.next = end;
+        Some(addr)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave State inconsistent (every update is a few
         // plain stores), so a poisoned lock is still good to use.
@@ -128,17 +183,7 @@ unsafe impl MemoryResource for Simulated {
         if size > self.capacity - s.in_use {
             return Err(oom);
         }
-        let fits = |next: usize| {
-            let addr = align_up(next, align.max(256))?;
-            Some((addr, addr.checked_add(size)?))
-        };
-        // The address space runs out long before the capacity when huge blocks come and go (a
-        // log replayed pass after pass): once nothing is live, start over at the base.
-        let (addr, end) = match fits(s.next) {
-            None if s.live.is_empty() => fits(Self::BASE).ok_or(oom)?,
-            found => found.ok_or(oom)?,
-        };
-        s.next = end;
+        let addr = Self::bump(&mut s, size, align.max(256)).ok_or(oom)?;
         s.in_use += size;
         s.peak = s.peak.max(s.in_use);
         s.allocations += 1;
@@ -182,6 +227,122 @@ unsafe impl MemoryResource for Simulated {
         crate::stack::ItemWriter::leaf(f, "simulated")
             .size("capacity", self.capacity)
             .finish()
+    }
+}
+
+impl crate::leaf::pages::sealed::Sealed for Simulated {}
+
+// SAFETY: `reserve` hands out fresh ranges of the bump pointer (never overlapping a live
+// allocation or another reservation), page-aligned; mapping checks the range lies in one
+// reservation and is not mapped yet, and counts it against the capacity. Nothing is ever
+// dereferenced (no access property), and there are no streams to order.
+unsafe impl crate::leaf::PhysicalPages for Simulated {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B0;
+    type Page = ();
+
+    fn page_size(&self) -> usize {
+        self.page
+    }
+
+    /// The capacity, or 2^20 pages if less (2 TiB of 2 MiB pages): a virtual-memory resource
+    /// keeps a few bytes per page, so the model keeps a test's host memory small whatever
+    /// capacity it is given.
+    fn capacity(&self) -> usize {
+        self.capacity.min(self.page << 20)
+    }
+
+    fn default_reservation(&self) -> usize {
+        // Twice the capacity (room for fragmentation of the address space).
+        crate::leaf::PhysicalPages::capacity(self).saturating_mul(2)
+    }
+
+    fn reserve(&self, size: usize) -> Result<usize> {
+        let oom = AllocError::out_of_memory(size, self.page, Self::NAME);
+        let size = align_up(size, self.page).ok_or(oom)?;
+        let mut s = self.lock();
+        let addr = Self::bump(&mut s, size, self.page).ok_or(oom)?;
+        s.reserved.insert(addr, size);
+        Ok(addr)
+    }
+
+    /// # Panics
+    ///
+    /// On a range that is not a reservation, or one with pages still mapped.
+    unsafe fn unreserve(&self, addr: usize, size: usize) {
+        let mut s = self.lock();
+        assert_eq!(
+            s.reserved.remove(&addr),
+            Some(size),
+            "Simulated: {addr:#x} is not a reservation of {size} bytes"
+        );
+        assert!(
+            !s.mapped.keys().any(|&p| p >= addr && p < addr + size),
+            "Simulated: {addr:#x} unreserved with pages still mapped"
+        );
+    }
+
+    /// # Panics
+    ///
+    /// On a range outside a reservation, not page-aligned, or mapped already.
+    fn map(&self, addr: usize, size: usize) -> Result<()> {
+        let mut s = self.lock();
+        let inside = s
+            .reserved
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, &len)| addr + size <= base + len);
+        assert!(
+            inside && addr % self.page == 0 && size % self.page == 0 && size > 0,
+            "Simulated: mapping {size} bytes at {addr:#x} outside a reservation or off its pages"
+        );
+        let model = crate::leaf::PhysicalPages::capacity(self);
+        if size > self.capacity - s.in_use || size > model - s.mapped_bytes {
+            return Err(AllocError::out_of_memory(size, self.page, Self::NAME));
+        }
+        assert!(
+            s.mapped.insert(addr, size).is_none(),
+            "Simulated: {addr:#x} is mapped twice"
+        );
+        s.in_use += size;
+        s.mapped_bytes += size;
+        s.peak = s.peak.max(s.in_use);
+        Ok(())
+    }
+
+    fn enable(&self, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+
+    /// # Panics
+    ///
+    /// On a range that was not mapped with this size.
+    unsafe fn unmap(&self, addr: usize, size: usize, _: ()) {
+        let mut s = self.lock();
+        assert_eq!(
+            s.mapped.remove(&addr),
+            Some(size),
+            "Simulated: {addr:#x} is not a mapping of {size} bytes"
+        );
+        s.in_use -= size;
+        s.mapped_bytes -= size;
+    }
+
+    fn synchronize(&self, _: StreamRef) -> Result<()> {
+        Ok(())
+    }
+
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        MemoryResource::describe_to(self, f)
     }
 }
 

@@ -116,8 +116,12 @@ pub struct Capacity {
     pub probes: usize,
 }
 
-/// How far above the peak live bytes [`min_capacity`] looks before giving up.
+/// How far above the peak live bytes [`min_capacity`] looks before giving up (or up to
+/// [`MIN_CAPACITY_LIMIT`], if more: a stack that maps whole pages needs one even for a few bytes).
 pub const MAX_CAPACITY_FACTOR: usize = 1024;
+
+/// The least capacity [`min_capacity`] tries before giving up: 1 GiB.
+pub const MIN_CAPACITY_LIMIT: usize = 1 << 30;
 
 /// The smallest capacity with which one pass of `workload` completes on `stack`, to a relative
 /// `precision` (0.001 for 0.1%), by binary search.
@@ -125,7 +129,8 @@ pub const MAX_CAPACITY_FACTOR: usize = 1024;
 /// Each probe builds the stack afresh over `Simulated::new(capacity)` with the same capacity as
 /// its own (pool maximum, arena size), so the capacity bounds what the whole stack may take, and
 /// replays the workload once. Nothing can complete below the peak live bytes; the search doubles
-/// from there until a capacity completes (up to [`MAX_CAPACITY_FACTOR`] × peak), then bisects.
+/// from there until a capacity completes (up to [`MAX_CAPACITY_FACTOR`] × peak, or
+/// [`MIN_CAPACITY_LIMIT`] if more), then bisects.
 /// It assumes that a capacity that completes is followed by larger ones that do, which holds for
 /// deterministic stacks whose layout does not depend on the room left upstream. A failure other than
 /// running out of memory stops the search with that error.
@@ -171,7 +176,9 @@ pub fn min_capacity(
     };
 
     let peak_live = workload.peak_live();
-    let limit = peak_live.saturating_mul(MAX_CAPACITY_FACTOR);
+    let limit = peak_live
+        .saturating_mul(MAX_CAPACITY_FACTOR)
+        .max(MIN_CAPACITY_LIMIT);
     // `lo` fails (or is below the peak, where nothing can complete), `hi` completes.
     let (mut lo, mut hi, mut upstream_peak) = match probe(peak_live)? {
         Ok(p) => (peak_live, peak_live, p),

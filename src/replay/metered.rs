@@ -1,9 +1,11 @@
 //! [`Metered`]: the bytes a stack takes from an upstream that keeps no count of its own.
 
+use crate::leaf::PhysicalPages;
 use crate::resource::{check_request, forward_upstream, MemoryResource, Result};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Counts the bytes a stack takes from its upstream: what a replay reports as the stack's upstream
 /// peak where the upstream keeps no count of its own (`Cuda`; `Simulated` has
@@ -54,6 +56,17 @@ impl<U> Metered<U> {
         self.peak.load(Ordering::Relaxed)
     }
 
+    fn count_in(&self, size: usize) {
+        // The counter's updates form one sequence, so the largest value any allocation leaves in
+        // it is the exact peak.
+        let now = self.in_use.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn count_out(&self, size: usize) {
+        self.in_use.fetch_sub(size, Ordering::Relaxed);
+    }
+
     /// The wrapped resource.
     pub fn upstream(&self) -> &U {
         &self.upstream
@@ -69,10 +82,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Metered<U> {
             return Ok(empty);
         }
         let ptr = self.upstream.allocate(size, align, stream)?;
-        // The counter's updates form one sequence, so the largest value any allocation leaves in
-        // it is the exact peak.
-        let now = self.in_use.fetch_add(size, Ordering::Relaxed) + size;
-        self.peak.fetch_max(now, Ordering::Relaxed);
+        self.count_in(size);
         Ok(ptr)
     }
 
@@ -82,11 +92,80 @@ unsafe impl<U: MemoryResource> MemoryResource for Metered<U> {
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) };
-        self.in_use.fetch_sub(size, Ordering::Relaxed);
+        self.count_out(size);
     }
 
     fn name(&self) -> &'static str {
         Self::NAME
+    }
+}
+
+/// The pages of a virtual-memory stack over a metered upstream, counted by that meter: what
+/// [`Paged`](super::Paged) gives for `Arc<Metered<U>>`, so that a replay reads the physical
+/// bytes such a stack mapped where it reads what the other stacks took.
+#[derive(Debug)]
+pub struct MeteredPages<U, P> {
+    meter: Arc<Metered<U>>,
+    pages: P,
+}
+
+impl<U, P> MeteredPages<U, P> {
+    /// `pages`, counted by `meter`.
+    pub fn new(meter: Arc<Metered<U>>, pages: P) -> Self {
+        MeteredPages { meter, pages }
+    }
+}
+
+impl<U: Send + Sync, P: PhysicalPages> crate::leaf::pages::sealed::Sealed for MeteredPages<U, P> {}
+
+// SAFETY: every call goes to `P`, whose promises hold for the same ranges; counting touches no
+// memory.
+unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, P> {
+    type Host = P::Host;
+    type Device = P::Device;
+    type Managed = P::Managed;
+    type Page = P::Page;
+
+    fn page_size(&self) -> usize {
+        self.pages.page_size()
+    }
+    fn capacity(&self) -> usize {
+        self.pages.capacity()
+    }
+    fn default_reservation(&self) -> usize {
+        self.pages.default_reservation()
+    }
+    fn reserve(&self, size: usize) -> Result<usize> {
+        self.pages.reserve(size)
+    }
+    unsafe fn unreserve(&self, addr: usize, size: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.pages.unreserve(addr, size) }
+    }
+    fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
+        let page = self.pages.map(addr, size)?;
+        self.meter.count_in(size);
+        Ok(page)
+    }
+    fn enable(&self, addr: usize, size: usize) -> Result<()> {
+        self.pages.enable(addr, size)
+    }
+    unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.pages.unmap(addr, size, page) };
+        self.meter.count_out(size);
+    }
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        self.pages.synchronize(stream)
+    }
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        self.pages.order_after(stream, after)
+    }
+    fn name(&self) -> &'static str {
+        self.pages.name()
+    }
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.pages.describe_to(f)
     }
 }
 

@@ -9,9 +9,12 @@ pub mod rmm_log;
 mod threaded;
 mod workload;
 
-pub use measure::{measure, measure_threads, min_capacity, Capacity, Timing, MAX_CAPACITY_FACTOR};
-pub use metered::Metered;
-pub use presets::{simulated_streams, stack, stacks, timing_capacity, StackFactory};
+pub use measure::{
+    measure, measure_threads, min_capacity, Capacity, Timing, MAX_CAPACITY_FACTOR,
+    MIN_CAPACITY_LIMIT,
+};
+pub use metered::{Metered, MeteredPages};
+pub use presets::{simulated_streams, stack, stacks, timing_capacity, Paged, StackFactory};
 pub use random::{random, RandomConfig};
 pub use replayer::{Replay, ReplayError, Replayer, ALIGN};
 pub use threaded::ThreadedReplayer;

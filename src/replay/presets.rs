@@ -1,8 +1,13 @@
 //! The stack table: [`StackFactory`], the preset [`stacks`], and the capacity and streams a replay of them is given.
 
+use super::{Metered, MeteredPages};
 use super::{Replay, ReplayError, Replayer, ThreadedReplayer, Workload};
+use crate::leaf::{
+    Cuda, DevicePages, PhysicalPages, Simulated, VirtualMemory, VirtualMemoryConfig,
+};
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{StreamHandle, StreamRef};
+use std::sync::Arc;
 
 /// A named way to build a resource stack over an upstream `U` with a capacity (pool maximum,
 /// arena size; ignored by stacks without one), ready to replay a workload.
@@ -99,9 +104,45 @@ where
     Box::new(Stack { name, factory })
 }
 
+/// An upstream whose physical pages the virtual-memory preset (`"vmm"`) maps: the simulated
+/// device (`Arc<Simulated>`, its page model), a GPU (`Cuda`, through [`DevicePages`]), and a
+/// [`Metered`] one of those (its meter counts the mapped pages).
+pub trait Paged {
+    /// Where the pages come from.
+    type Pages: PhysicalPages + 'static;
+    /// The page source of the same memory as `self`.
+    fn pages(&self) -> Result<Self::Pages, AllocError>;
+}
+
+impl Paged for Arc<Simulated> {
+    type Pages = Arc<Simulated>;
+    fn pages(&self) -> Result<Self::Pages, AllocError> {
+        Ok(self.clone())
+    }
+}
+
+impl Paged for Cuda {
+    type Pages = DevicePages;
+    fn pages(&self) -> Result<Self::Pages, AllocError> {
+        DevicePages::new(self.context())
+    }
+}
+
+impl<U: Paged + Send + Sync + 'static> Paged for Arc<Metered<U>> {
+    type Pages = MeteredPages<U, U::Pages>;
+    fn pages(&self) -> Result<Self::Pages, AllocError> {
+        Ok(MeteredPages::new(self.clone(), self.upstream().pages()?))
+    }
+}
+
 /// The preset stacks over any upstream `U`, the first being the upstream itself (`"upstream"`).
 /// Leaves that are not built over an upstream (`CudaAsync`) are added by their callers.
-pub fn stacks<U: MemoryResource + Send + Sync + 'static>() -> Vec<Box<dyn StackFactory<U>>> {
+///
+/// `"tlsf"` is [`Tlsf`](crate::suballoc::Tlsf) with the capacity as its reservation and maximum,
+/// as `"pool"` is; `"vmm"` is [`VirtualMemory`] over the upstream's pages with the capacity as
+/// its cap on mapped bytes and as its cache of free pages (emptied under pressure).
+pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dyn StackFactory<U>>>
+{
     vec![
         stack("upstream", |upstream: U, _capacity| Ok(upstream)),
         stack("pool", |up: U, cap| {
@@ -112,6 +153,26 @@ pub fn stacks<U: MemoryResource + Send + Sync + 'static>() -> Vec<Box<dyn StackF
                     max: cap
                 }
             ])
+        }),
+        stack("tlsf", |up: U, cap| {
+            Ok(crate::resource_stack![
+                up,
+                Tlsf {
+                    initial: cap,
+                    max: cap
+                }
+            ])
+        }),
+        stack("vmm", |up: U, cap| {
+            let config = VirtualMemoryConfig {
+                max: cap,
+                // Under pressure the cache empties first, so its size costs no capacity, and a
+                // cache as large as the cap keeps a repeating working set (a training step that
+                // frees and allocates gigabytes) off the map and unmap path.
+                cache: cap,
+                ..VirtualMemoryConfig::default()
+            };
+            VirtualMemory::new(up.pages()?, config)
         }),
         stack("binning", |up: U, cap| {
             Ok(crate::resource_stack![

@@ -1,5 +1,6 @@
 //! `Pool`: a coalescing best-fit pool with free lists per stream.
 
+use super::growth::{self, Request, GRANULE, MAX_CHUNK};
 use super::pool_state::{Chunk, State};
 use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
@@ -12,13 +13,6 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
-/// Every block's size and offset in its chunk is a multiple of this.
-pub(super) const GRANULE: usize = 256;
-/// The smallest chunk a pool without a maximum takes from its upstream: the page size the CUDA
-/// driver maps device memory in, so that smaller chunks would waste address space.
-const MIN_GROWTH: usize = 2 << 20;
-/// The largest chunk the pool asks for: no allocation exceeds `isize::MAX` bytes.
-const MAX_CHUNK: usize = isize::MAX as usize & !(GRANULE - 1);
 const NAME: &str = "Pool";
 
 /// The configuration of a [`Pool`]; `resource_stack!` builds one from `Pool { initial: 1 GiB, max: 8 GiB }`.
@@ -262,67 +256,6 @@ impl<U: MemoryResource> Pool<U> {
         }
     }
 
-    /// Takes a chunk that can hold a block of `need` bytes from the upstream, on `stream`.
-    fn grow(
-        &self,
-        st: &mut State,
-        need: usize,
-        stream: StreamRef,
-        size: usize,
-        align: usize,
-    ) -> Result<(), AllocError> {
-        let mut released = false;
-        let oom = AllocError::out_of_memory(size, align, NAME);
-        if need > MAX_CHUNK {
-            return Err(oom);
-        }
-        if need > self.max - st.pool_size {
-            // Wholly free chunks too small for this request still count against the maximum:
-            // give them back to make room for one that fits.
-            released = true;
-            if self.release_locked(st) == 0 || need > self.max - st.pool_size {
-                return Err(oom);
-            }
-        }
-        let mut want = Self::growth(st.pool_size, need, self.max - st.pool_size);
-        loop {
-            match self.upstream.allocate(want, GRANULE, stream) {
-                Ok(ptr) => {
-                    st.add_chunk(ptr.as_ptr() as usize, want, stream);
-                    return Ok(());
-                }
-                // Like RMM: an upstream short of memory may still have a smaller chunk.
-                Err(e) if e.is_out_of_memory() && want > need => {
-                    want = ((want / 2) & !(GRANULE - 1)).max(need);
-                }
-                Err(e) if e.is_out_of_memory() && !released && self.release_locked(st) > 0 => {
-                    released = true;
-                    want = need;
-                }
-                // Out of memory for the caller's request, not for the chunk it asked for.
-                Err(e) if e.is_out_of_memory() => return Err(oom),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// How much to take from the upstream for a block of `need` bytes, when the pool holds
-    /// `pool_size` and may take `remaining` more (`need <= remaining`, `need <= MAX_CHUNK`):
-    /// never more than `MAX_CHUNK`.
-    fn growth(pool_size: usize, need: usize, remaining: usize) -> usize {
-        // Doubling keeps the number of chunks (and upstream calls) logarithmic in the peak.
-        let want = need.max(pool_size).max(MIN_GROWTH).min(remaining);
-        // Near the cap, a chunk that left less than itself behind would strand the rest in a
-        // piece too small for the next growth: take everything that is still allowed instead.
-        let want = if remaining - want < want {
-            remaining
-        } else {
-            want
-        };
-        // No allocation exceeds isize::MAX bytes (`need` does not, so this still holds it).
-        want.min(MAX_CHUNK)
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update of State completes before the next upstream call, which is the only thing
         // that may panic inside the lock (a test upstream catching a broken contract), so the state
@@ -354,7 +287,16 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
                     self.upstream.order_after(stream, st.streams.get(other))?;
                     st.merge(other, stream);
                 } else {
-                    self.grow(&mut st, need, stream, size, align)?;
+                    let req = Request {
+                        need,
+                        stream,
+                        size,
+                        align,
+                        name: NAME,
+                    };
+                    growth::grow(&self.upstream, &mut *st, self.max, req, |st| {
+                        self.release_locked(st)
+                    })?;
                 }
                 st.take(stream, block, align)
                     .ok_or(AllocError::out_of_memory(size, align, NAME))?

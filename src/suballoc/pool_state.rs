@@ -1,6 +1,6 @@
 //! The bookkeeping of a `Pool`: its chunks and its free blocks per stream, by size (best fit) and by address (coalescing).
 
-use super::pool::GRANULE;
+use super::growth::{Chunks, GRANULE};
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -268,5 +268,16 @@ impl State {
             }
         }
         out
+    }
+}
+
+impl Chunks for State {
+    fn held(&self) -> usize {
+        self.pool_size
+    }
+
+    fn add(&mut self, addr: usize, size: usize, stream: StreamRef) -> bool {
+        self.add_chunk(addr, size, stream);
+        true
     }
 }

@@ -1,4 +1,5 @@
-//! The conformance battery (`mrstack::testing`) over every CUDA leaf, `Prefetch<Managed>` over a
+//! The conformance battery (`mrstack::testing`) over every CUDA leaf, `VirtualMemory` over the
+//! driver's pages, `Tlsf` over `Cuda`, `Prefetch<Managed>` over a
 //! recording upstream, and a full stack over `Cuda`. Host-accessible memory (pinned, managed) is
 //! written and read by the battery itself; device memory through the driver (a memset, then a copy
 //! back compared on the host). Requests go to two streams of the context and the default stream.
@@ -141,5 +142,38 @@ fn a_full_stack_over_cuda() {
         ..options(&streams, &access)
     };
     let report = conformance(mr, &options);
+    assert_eq!(report.refused_alignments, [] as [usize; 0]);
+}
+
+#[test]
+fn virtual_memory_over_device_pages() {
+    let Some((ctx, streams, access)) = setup() else {
+        return;
+    };
+    let vm = VirtualMemory::new(
+        mrstack::leaf::DevicePages::new(&ctx).unwrap(),
+        VirtualMemoryConfig::default(),
+    )
+    .unwrap();
+    let options = Options {
+        max_align: 1 << 16,
+        ..options(&streams, &access)
+    };
+    let report = conformance(&vm, &options);
+    assert_eq!(report.refused_alignments, [] as [usize; 0]);
+    assert_eq!(vm.usage().allocated, 0);
+}
+
+#[test]
+fn tlsf_over_cuda() {
+    let Some((ctx, streams, access)) = setup() else {
+        return;
+    };
+    let rec = Recorder::new(Cuda::new(&ctx).unwrap());
+    let options = Options {
+        upstream: Some(rec.record()),
+        ..options(&streams, &access)
+    };
+    let report = conformance(resource_stack![&rec, Tlsf { max: 1 GiB }], &options);
     assert_eq!(report.refused_alignments, [] as [usize; 0]);
 }

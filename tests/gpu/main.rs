@@ -17,3 +17,4 @@ mod erased;
 mod hostile;
 mod soundness;
 mod streams;
+mod virtual_memory;

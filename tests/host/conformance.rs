@@ -7,7 +7,7 @@
 // every field is given.
 #![allow(clippy::needless_update)]
 
-use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
+use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use mrstack::prelude::*;
 use mrstack::testing::{conformance, DeviceStandIn, Options, Recorder, Report};
 use std::sync::atomic::Ordering;
@@ -101,6 +101,42 @@ fn pool_over_simulated_with_an_initial_chunk() {
         },
     );
     refused_none(conformance(pool, &over(&rec)));
+}
+
+#[test]
+fn tlsf_over_system() {
+    let rec = system();
+    refused_none(conformance(
+        Tlsf::new(&rec, TlsfConfig::default()),
+        &over(&rec),
+    ));
+}
+
+#[test]
+fn tlsf_over_simulated_with_an_initial_chunk() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let tlsf = Tlsf::new(
+        &rec,
+        TlsfConfig {
+            initial: 4 * MIB,
+            max: 512 * MIB,
+        },
+    );
+    refused_none(conformance(tlsf, &over(&rec)));
+}
+
+#[test]
+fn virtual_memory_over_simulated_pages() {
+    let sim = Simulated::with_page_size(1 << 30, 64 << 10);
+    let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
+    let options = Options {
+        max_align: 1 << 16,
+        ..Options::default()
+    };
+    refused_none(conformance(&vm, &options));
+    assert_eq!(vm.usage().allocated, 0);
+    drop(vm);
+    assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
 }
 
 #[test]

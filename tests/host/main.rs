@@ -25,3 +25,4 @@ mod rmm_ops;
 mod stack;
 mod stand_in;
 mod suballocators;
+mod virtual_memory;

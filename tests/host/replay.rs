@@ -606,7 +606,10 @@ fn capacity_search_reports_stacks_that_never_fit_or_fail_otherwise() {
     });
     match min_capacity(never.as_ref(), &w, 0.001) {
         Err(ReplayError::NeverCompletes { capacity, last }) => {
-            assert_eq!(capacity, 100 * replay::MAX_CAPACITY_FACTOR);
+            assert_eq!(
+                capacity,
+                (100 * replay::MAX_CAPACITY_FACTOR).max(replay::MIN_CAPACITY_LIMIT)
+            );
             assert!(last.is_out_of_memory());
         }
         other => panic!("expected NeverCompletes, got {other:?}"),

@@ -1,8 +1,8 @@
-//! Host tests of the suballocators `Pool`, `FixedSize` and `Binning`: model-based property tests
+//! Host tests of the suballocators `Pool`, `Tlsf`, `FixedSize` and `Binning`: model-based property tests
 //! over `Simulated` (exact accounting) and `System` (real bytes, pattern checks), stream ordering
 //! with a recording upstream, out of memory and recovery, and a 16-thread stress test.
 
-use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig};
+use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use mrstack::prelude::*;
 use mrstack::resource::align_up;
 use mrstack::testing::Recorder;
@@ -104,116 +104,197 @@ fn pool_config() -> impl Strategy<Value = (usize, usize, usize)> {
     )
 }
 
+/// What the model tests read of the two coalescing pools, `Pool` and `Tlsf`.
+trait Coalescing: MemoryResource {
+    fn usage(&self) -> mrstack::suballoc::Usage;
+    fn max_size(&self) -> usize;
+    fn release(&self) -> usize;
+}
+
+impl<U: MemoryResource> Coalescing for Pool<U> {
+    fn usage(&self) -> mrstack::suballoc::Usage {
+        Pool::usage(self)
+    }
+    fn max_size(&self) -> usize {
+        Pool::max_size(self)
+    }
+    fn release(&self) -> usize {
+        Pool::release(self)
+    }
+}
+
+impl<U: MemoryResource> Coalescing for Tlsf<U> {
+    fn usage(&self) -> mrstack::suballoc::Usage {
+        Tlsf::usage(self)
+    }
+    fn max_size(&self) -> usize {
+        Tlsf::max_size(self)
+    }
+    fn release(&self) -> usize {
+        Tlsf::release(self)
+    }
+}
+
+/// Random allocate/deallocate sequences on three streams against a model: alignment holds, no
+/// two live blocks overlap, the pool's accounting agrees with the model and with the upstream's,
+/// a failure is out-of-memory only and never happens with nothing live when the request fits
+/// under the cap, and everything returns to the upstream.
+fn coalescing_model<P: Coalescing>(
+    pool: P,
+    sim: &Simulated,
+    capacity: usize,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let cap = pool.max_size().min(capacity);
+    let mut live: Vec<Block> = Vec::new();
+    let mut extents = Live::default();
+    for op in ops {
+        match op {
+            Op::Alloc {
+                size,
+                align,
+                stream: s,
+            } => match pool.allocate(size, align, stream(s)) {
+                Ok(p) => {
+                    let addr = p.as_ptr() as usize;
+                    prop_assert_eq!(addr % align.max(256), 0);
+                    if size > 0 {
+                        extents.insert(addr, size);
+                    }
+                    live.push(Block { addr, size, align });
+                }
+                Err(e) => {
+                    prop_assert!(e.is_out_of_memory(), "{e}");
+                    let need = align_up(size, 256).unwrap() + align.max(256) - 256;
+                    let nothing_live = live.iter().all(|b| b.size == 0);
+                    prop_assert!(!(nothing_live && need <= cap), "{e} with nothing live");
+                }
+            },
+            Op::Free { pick, stream: s } => {
+                if !live.is_empty() {
+                    let b = live.swap_remove(pick.index(live.len()));
+                    if b.size > 0 {
+                        extents.remove(b.addr);
+                    }
+                    // SAFETY: b is live, from this pool, with this size and alignment.
+                    unsafe { pool.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
+                }
+            }
+        }
+        let stats = pool.usage();
+        let allocated: usize = live.iter().map(|b| align_up(b.size, 256).unwrap()).sum();
+        prop_assert_eq!(stats.allocated, allocated);
+        prop_assert_eq!(stats.held, sim.in_use());
+        prop_assert_eq!(stats.chunks, sim.live());
+        prop_assert!(stats.held <= pool.max_size());
+    }
+    for b in live.drain(..) {
+        // SAFETY: b is live, from this pool, with this size and alignment.
+        unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
+    }
+    prop_assert_eq!(pool.usage().allocated, 0);
+    let size = pool.usage().held;
+    prop_assert_eq!(
+        pool.release(),
+        size,
+        "every chunk is wholly free once all is freed"
+    );
+    prop_assert_eq!(
+        pool.usage(),
+        mrstack::suballoc::Usage {
+            peak_held: pool.usage().peak_held,
+            ..Default::default()
+        }
+    );
+    drop(pool);
+    prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    Ok(())
+}
+
+/// The same sequences over real host memory: each block is filled with its own byte, and
+/// checked when freed, so an overlap or a block handed out twice shows up as a wrong byte.
+fn coalescing_patterns<P: Coalescing>(
+    pool: P,
+    rec: &Recorder<System>,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let mut live: Vec<(Block, u8)> = Vec::new();
+    let mut tag = 0u8;
+    for op in ops {
+        match op {
+            Op::Alloc {
+                size,
+                align,
+                stream: s,
+            } => {
+                if let Ok(p) = pool.allocate(size, align, stream(s)) {
+                    prop_assert_eq!(p.as_ptr() as usize % align.max(256), 0);
+                    tag = tag.wrapping_add(1);
+                    // SAFETY: p is a live host block of at least `size` bytes.
+                    unsafe { p.as_ptr().write_bytes(tag, size) };
+                    live.push((
+                        Block {
+                            addr: p.as_ptr() as usize,
+                            size,
+                            align,
+                        },
+                        tag,
+                    ));
+                }
+            }
+            Op::Free { pick, stream: s } => {
+                if !live.is_empty() {
+                    let (b, t) = live.swap_remove(pick.index(live.len()));
+                    check_pattern(b.addr, b.size, t);
+                    // SAFETY: b is live, from this pool, with this size and alignment.
+                    unsafe { pool.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
+                }
+            }
+        }
+    }
+    for (b, t) in live {
+        check_pattern(b.addr, b.size, t);
+        // SAFETY: b is live, from this pool, with this size and alignment.
+        unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
+    }
+    drop(pool);
+    prop_assert_eq!(rec.record().in_use(), 0);
+    Ok(())
+}
+
+fn pattern_max() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(usize::MAX), (256usize << 10)..(4 << 20)]
+}
+
 proptest! {
     #![proptest_config(cases(10_000))]
 
-    /// Random allocate/deallocate sequences on three streams against a model: alignment holds,
-    /// no two live blocks overlap, the pool's accounting agrees with the model and with the
-    /// upstream's, a failure is out-of-memory only and never happens with nothing live when the
-    /// request fits under the cap, and everything returns to the upstream.
     #[test]
     fn pool_model((initial, max, capacity) in pool_config(), ops in ops(1 << 20)) {
         let sim = Simulated::new(capacity);
-        let pool = Pool::new(&sim, PoolConfig { initial, max });
-        let cap = pool.max_size().min(capacity);
-        let mut live: Vec<Block> = Vec::new();
-        let mut extents = Live::default();
-        for op in ops {
-            match op {
-                Op::Alloc { size, align, stream: s } => {
-                    match pool.allocate(size, align, stream(s)) {
-                        Ok(p) => {
-                            let addr = p.as_ptr() as usize;
-                            prop_assert_eq!(addr % align.max(256), 0);
-                            if size > 0 {
-                                extents.insert(addr, size);
-                            }
-                            live.push(Block { addr, size, align });
-                        }
-                        Err(e) => {
-                            prop_assert!(e.is_out_of_memory(), "{e}");
-                            let need = align_up(size, 256).unwrap() + align.max(256) - 256;
-                            let nothing_live = live.iter().all(|b| b.size == 0);
-                            prop_assert!(!(nothing_live && need <= cap), "{e} with nothing live");
-                        }
-                    }
-                }
-                Op::Free { pick, stream: s } => {
-                    if !live.is_empty() {
-                        let b = live.swap_remove(pick.index(live.len()));
-                        if b.size > 0 {
-                            extents.remove(b.addr);
-                        }
-                        // SAFETY: b is live, from this pool, with this size and alignment.
-                        unsafe { pool.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
-                    }
-                }
-            }
-            let stats = pool.usage();
-            let allocated: usize = live.iter().map(|b| align_up(b.size, 256).unwrap()).sum();
-            prop_assert_eq!(stats.allocated, allocated);
-            prop_assert_eq!(stats.held, sim.in_use());
-            prop_assert_eq!(stats.chunks, sim.live());
-            prop_assert!(stats.held <= pool.max_size());
-        }
-        for b in live.drain(..) {
-            // SAFETY: b is live, from this pool, with this size and alignment.
-            unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
-        }
-        prop_assert_eq!(pool.usage().allocated, 0);
-        let size = pool.usage().held;
-        prop_assert_eq!(pool.release(), size, "every chunk is wholly free once all is freed");
-        prop_assert_eq!(
-            pool.usage(),
-            mrstack::suballoc::Usage {
-                peak_held: pool.usage().peak_held,
-                ..Default::default()
-            }
-        );
-        drop(pool);
-        prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
+        coalescing_model(Pool::new(&sim, PoolConfig { initial, max }), &sim, capacity, ops)?;
+    }
+
+    #[test]
+    fn tlsf_model((initial, max, capacity) in pool_config(), ops in ops(1 << 20)) {
+        let sim = Simulated::new(capacity);
+        coalescing_model(Tlsf::new(&sim, TlsfConfig { initial, max }), &sim, capacity, ops)?;
     }
 }
 
 proptest! {
     #![proptest_config(cases(2_000))]
 
-    /// The same sequences over real host memory: each block is filled with its own byte, and
-    /// checked when freed, so an overlap or a block handed out twice shows up as a wrong byte.
     #[test]
-    fn pool_system_patterns(max in prop_oneof![Just(usize::MAX), (256usize << 10)..(4 << 20)], ops in ops(256 << 10)) {
+    fn pool_system_patterns(max in pattern_max(), ops in ops(256 << 10)) {
         let rec = Recorder::new(System::new());
-        let pool = Pool::new(&rec, PoolConfig { initial: 0, max });
-        let mut live: Vec<(Block, u8)> = Vec::new();
-        let mut tag = 0u8;
-        for op in ops {
-            match op {
-                Op::Alloc { size, align, stream: s } => {
-                    if let Ok(p) = pool.allocate(size, align, stream(s)) {
-                        prop_assert_eq!(p.as_ptr() as usize % align.max(256), 0);
-                        tag = tag.wrapping_add(1);
-                        // SAFETY: p is a live host block of at least `size` bytes.
-                        unsafe { p.as_ptr().write_bytes(tag, size) };
-                        live.push((Block { addr: p.as_ptr() as usize, size, align }, tag));
-                    }
-                }
-                Op::Free { pick, stream: s } => {
-                    if !live.is_empty() {
-                        let (b, t) = live.swap_remove(pick.index(live.len()));
-                        check_pattern(b.addr, b.size, t);
-                        // SAFETY: b is live, from this pool, with this size and alignment.
-                        unsafe { pool.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
-                    }
-                }
-            }
-        }
-        for (b, t) in live {
-            check_pattern(b.addr, b.size, t);
-            // SAFETY: b is live, from this pool, with this size and alignment.
-            unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
-        }
-        drop(pool);
-        prop_assert_eq!(rec.record().in_use(), 0);
+        coalescing_patterns(Pool::new(&rec, PoolConfig { initial: 0, max }), &rec, ops)?;
+    }
+
+    #[test]
+    fn tlsf_system_patterns(max in pattern_max(), ops in ops(256 << 10)) {
+        let rec = Recorder::new(System::new());
+        coalescing_patterns(Tlsf::new(&rec, TlsfConfig { initial: 0, max }), &rec, ops)?;
     }
 }
 
@@ -601,6 +682,157 @@ fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
     assert_eq!(pool.release(), size, "every chunk came back whole");
     drop(pool);
     assert_eq!(rec.record().in_use(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tlsf
+
+#[test]
+fn tlsf_sixteen_threads_nothing_overlaps_nothing_is_lost() {
+    let rec = Recorder::new(System::new());
+    let tlsf = Tlsf::new(
+        &rec,
+        TlsfConfig {
+            initial: 0,
+            max: 1 << 30,
+        },
+    );
+    hammer(&tlsf, 0x2545_F491_4F6C_DD1D, |next| {
+        let size = match next() % 16 {
+            0 => (next() % (1 << 20)) as usize + 1,
+            _ => (next() % 8192) as usize + 1,
+        };
+        (size, 1 << (next() % 13))
+    });
+    assert_eq!(tlsf.usage().allocated, 0);
+    let size = tlsf.usage().held;
+    assert_eq!(tlsf.release(), size, "every chunk came back whole");
+    drop(tlsf);
+    assert_eq!(rec.record().in_use(), 0);
+}
+
+#[test]
+fn tlsf_orders_a_stream_before_each_block_it_takes_across() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let tlsf = Tlsf::new(&rec, TlsfConfig::default());
+    let (s, t) = (stream(1), stream(2));
+    let a = tlsf.allocate(1000, 256, s).unwrap();
+    let keep = tlsf.allocate(1000, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { tlsf.deallocate(a, 1000, 256, s) };
+    let b = tlsf.allocate(1000, 256, s).unwrap();
+    assert_eq!(b, a, "same-stream reuse is immediate");
+    assert!(rec.record().ordered().is_empty(), "and needs no ordering");
+    // SAFETY: live with this size.
+    unsafe { tlsf.deallocate(b, 1000, 256, s) };
+    // t has no block of its own: it takes one of s's, once ordered after s.
+    let c = tlsf.allocate(1000, 256, t).unwrap();
+    assert_eq!(rec.record().ordered(), [(t.id(), s.id())]);
+    // SAFETY: live with these sizes.
+    unsafe {
+        tlsf.deallocate(c, 1000, 256, t);
+        tlsf.deallocate(keep, 1000, 256, s);
+    }
+    // c's block is t's now: t reuses it without ordering again.
+    let d = tlsf.allocate(1000, 256, t).unwrap();
+    assert_eq!(d, c);
+    assert_eq!(rec.record().ordered().len(), 1);
+    // SAFETY: live with this size.
+    unsafe { tlsf.deallocate(d, 1000, 256, t) };
+    let held = tlsf.usage().held;
+    assert_eq!(tlsf.release(), held);
+    drop(tlsf);
+    assert_eq!(rec.record().in_use(), 0);
+}
+
+#[test]
+fn tlsf_fits_a_request_within_its_class_and_splits_the_rest() {
+    let sim = Simulated::new(1 << 30);
+    let tlsf = Tlsf::new(
+        &sim,
+        TlsfConfig {
+            initial: 4 << 20,
+            max: 4 << 20,
+        },
+    );
+    // Holes of 96 KiB, 64 KiB and 72 KiB, kept apart by live blocks.
+    let sizes = [96 << 10, 4096, 64 << 10, 4096, 72 << 10, 4096];
+    let blocks: Vec<_> = sizes
+        .iter()
+        .map(|&n| tlsf.allocate(n, 256, StreamRef::DEFAULT).unwrap())
+        .collect();
+    for i in [0, 2, 4] {
+        // SAFETY: live with this size.
+        unsafe { tlsf.deallocate(blocks[i], sizes[i], 256, StreamRef::DEFAULT) };
+    }
+    // 70 KiB: the 72 KiB hole (the closest in its own class), not the first or the largest.
+    let p = tlsf.allocate(70 << 10, 256, StreamRef::DEFAULT).unwrap();
+    assert_eq!(p, blocks[4]);
+    // 64 KiB exactly: the 64 KiB hole.
+    let q = tlsf.allocate(64 << 10, 256, StreamRef::DEFAULT).unwrap();
+    assert_eq!(q, blocks[2]);
+    // SAFETY: live with these sizes.
+    unsafe {
+        tlsf.deallocate(p, 70 << 10, 256, StreamRef::DEFAULT);
+        tlsf.deallocate(q, 64 << 10, 256, StreamRef::DEFAULT);
+        for i in [1, 3, 5] {
+            tlsf.deallocate(blocks[i], sizes[i], 256, StreamRef::DEFAULT);
+        }
+    }
+    let u = tlsf.usage();
+    assert_eq!((u.allocated, u.free_blocks, u.chunks), (0, 1, 1), "{u:?}");
+}
+
+#[test]
+fn tlsf_at_its_maximum_is_out_of_memory_and_recovers() {
+    let sim = Simulated::new(1 << 30);
+    let tlsf = Tlsf::new(
+        &sim,
+        TlsfConfig {
+            initial: 0,
+            max: 4 << 20,
+        },
+    );
+    let a = tlsf.allocate(3 << 20, 256, StreamRef::DEFAULT).unwrap();
+    let err = tlsf.allocate(2 << 20, 256, StreamRef::DEFAULT).unwrap_err();
+    assert!(err.is_out_of_memory());
+    assert!(err.to_string().contains("Tlsf: out of memory"), "{err}");
+    // SAFETY: live with this size.
+    unsafe { tlsf.deallocate(a, 3 << 20, 256, StreamRef::DEFAULT) };
+    let b = tlsf.allocate(4 << 20, 256, StreamRef::DEFAULT).unwrap();
+    // SAFETY: live with this size.
+    unsafe { tlsf.deallocate(b, 4 << 20, 256, StreamRef::DEFAULT) };
+    assert!(tlsf
+        .allocate(1 << 40, 256, StreamRef::DEFAULT)
+        .unwrap_err()
+        .is_out_of_memory());
+    let bad = tlsf.allocate(64, 3, StreamRef::DEFAULT).unwrap_err();
+    assert!(
+        matches!(bad.kind, AllocErrorKind::InvalidArgument(_)),
+        "{bad}"
+    );
+    drop(tlsf);
+    assert_eq!(sim.in_use(), 0);
+}
+
+#[test]
+fn tlsf_forgets_idle_streams() {
+    let sim = Simulated::new(1 << 30);
+    let tlsf = Tlsf::new(&sim, TlsfConfig::default());
+    for round in 0..200u32 {
+        let s = StreamRef::simulated(round + 1).to_handle();
+        let p = tlsf.allocate(4096, 256, s.as_ref()).unwrap();
+        // SAFETY: live with this size.
+        unsafe { tlsf.deallocate(p, 4096, 256, s.as_ref()) };
+        let q = tlsf.allocate(4096, 256, StreamRef::DEFAULT).unwrap();
+        // SAFETY: live with this size.
+        unsafe { tlsf.deallocate(q, 4096, 256, StreamRef::DEFAULT) };
+    }
+    let (lists, held) = tlsf.tracked_streams();
+    assert!(
+        lists <= 3 && held <= 3,
+        "{lists} lists, {held} streams held"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

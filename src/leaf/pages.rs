@@ -1,0 +1,363 @@
+//! [`PhysicalPages`]: what a virtual-memory resource maps its pages from, the CUDA driver's VMM
+//! API ([`DevicePages`]) or the simulated device ([`Simulated`](crate::Simulated)).
+
+use crate::resource::{AllocError, AllocErrorKind, Result};
+use crate::stream::StreamRef;
+use cudarc::driver::{sys, CudaContext};
+use std::sync::Arc;
+use typenum::{Bit, B0, B1};
+
+pub(crate) mod sealed {
+    /// Only mrstack's page sources: the properties of the memory a
+    /// [`VirtualMemory`](crate::VirtualMemory) gives come from them.
+    pub trait Sealed {}
+}
+
+/// A source of physical pages mapped into reserved virtual ranges: the device's memory through
+/// the CUDA driver's virtual memory management ([`DevicePages`]) or the simulated device
+/// ([`Simulated`](crate::Simulated), which counts mapped pages against its capacity). Sealed:
+/// [`VirtualMemory`](crate::VirtualMemory) takes its properties from it.
+///
+/// # Safety
+///
+/// An implementation promises: `reserve` returns a range of `size` bytes (rounded up to the page
+/// size), page-aligned, that overlaps no other reservation or allocation and stays reserved until
+/// `unreserve`; after `map(addr, size)` returns `Ok` and `enable` covered the range,
+/// `[addr, addr + size)` is memory with the `Host`/`Device`/`Managed` properties below, backed by
+/// its own physical pages, until `unmap`; `synchronize` and `order_after` keep the promises of
+/// [`MemoryResource`](crate::MemoryResource)'s.
+pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
+    /// Whether mapped memory is accessible from the host.
+    type Host: Bit;
+    /// Whether mapped memory is accessible from the device.
+    type Device: Bit;
+    /// Whether mapped memory migrates.
+    type Managed: Bit;
+    /// The physical memory behind one mapping, given back by `unmap`.
+    type Page: Send;
+
+    /// The bytes of a page: every mapping is a multiple of it, at a multiple of it.
+    fn page_size(&self) -> usize;
+    /// The most physical bytes it could ever map (the device's memory, the simulated capacity):
+    /// a request above it is refused before any bookkeeping is sized for it.
+    fn capacity(&self) -> usize;
+    /// The virtual bytes to reserve at a time when asked for nothing more: room for everything
+    /// the source could map, with slack for fragmented address space.
+    fn default_reservation(&self) -> usize;
+    /// Reserves a virtual range of at least `size` bytes; returns its base.
+    fn reserve(&self, size: usize) -> Result<usize>;
+    /// Gives a reservation back.
+    ///
+    /// # Safety
+    ///
+    /// `addr`/`size` are a reservation of this source (its size as `reserve` rounded it), with
+    /// nothing mapped in it.
+    unsafe fn unreserve(&self, addr: usize, size: usize);
+    /// Backs `[addr, addr + size)` (page multiples inside one reservation, not mapped) with new
+    /// physical memory; out of memory when there is none.
+    fn map(&self, addr: usize, size: usize) -> Result<Self::Page>;
+    /// Makes mapped `[addr, addr + size)` accessible as the properties say (the driver grants its
+    /// device read and write).
+    fn enable(&self, addr: usize, size: usize) -> Result<()>;
+    /// Unmaps one mapping and gives its physical memory back.
+    ///
+    /// # Safety
+    ///
+    /// `addr`/`size`/`page` are one mapping `map` returned, and no work (host or device, queued
+    /// or running) uses the range any more.
+    unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page);
+    /// As [`MemoryResource::synchronize`](crate::MemoryResource::synchronize).
+    fn synchronize(&self, stream: StreamRef) -> Result<()>;
+    /// As [`MemoryResource::order_after`](crate::MemoryResource::order_after).
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
+    /// A short name for errors.
+    fn name(&self) -> &'static str;
+    /// The text configuration of the source (`simulated(capacity=…)`, `cuda(device=0)`).
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
+}
+
+impl<P: PhysicalPages + ?Sized> sealed::Sealed for Arc<P> {}
+impl<P: PhysicalPages + ?Sized> sealed::Sealed for &P {}
+
+/// Forwards every call to the `PhysicalPages` behind a pointer.
+macro_rules! forward_pages {
+    () => {
+        type Host = P::Host;
+        type Device = P::Device;
+        type Managed = P::Managed;
+        type Page = P::Page;
+        fn page_size(&self) -> usize {
+            (**self).page_size()
+        }
+        fn capacity(&self) -> usize {
+            (**self).capacity()
+        }
+        fn default_reservation(&self) -> usize {
+            (**self).default_reservation()
+        }
+        fn reserve(&self, size: usize) -> Result<usize> {
+            (**self).reserve(size)
+        }
+        unsafe fn unreserve(&self, addr: usize, size: usize) {
+            // SAFETY: forwarded from the caller.
+            unsafe { (**self).unreserve(addr, size) }
+        }
+        fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
+            (**self).map(addr, size)
+        }
+        fn enable(&self, addr: usize, size: usize) -> Result<()> {
+            (**self).enable(addr, size)
+        }
+        unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
+            // SAFETY: forwarded from the caller.
+            unsafe { (**self).unmap(addr, size, page) }
+        }
+        fn synchronize(&self, stream: StreamRef) -> Result<()> {
+            (**self).synchronize(stream)
+        }
+        fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+            (**self).order_after(stream, after)
+        }
+        fn name(&self) -> &'static str {
+            (**self).name()
+        }
+        fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            (**self).describe_to(f)
+        }
+    };
+}
+
+// SAFETY: every call goes to `P`, whose promises hold for the same ranges.
+unsafe impl<P: PhysicalPages + ?Sized> PhysicalPages for Arc<P> {
+    forward_pages!();
+}
+
+// SAFETY: every call goes to `P`, whose promises hold for the same ranges.
+unsafe impl<P: PhysicalPages + ?Sized> PhysicalPages for &P {
+    forward_pages!();
+}
+
+/// Device memory of one GPU through the CUDA driver's virtual memory management:
+/// `cuMemAddressReserve` for address space, `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` for
+/// each page, `cuMemUnmap` + `cuMemRelease` to give it back.
+///
+/// Pages are the device's allocation granularity (`cuMemGetAllocationGranularity`, minimum: 2 MiB
+/// on current GPUs) or a multiple of it ([`with_page_size`](Self::with_page_size)). Access is
+/// granted to this device only, so the memory is `DeviceAccessible` and nothing more.
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+/// use mrstack::leaf::DevicePages;
+/// use mrstack::{VirtualMemory, VirtualMemoryConfig};
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let ctx = mrstack::cuda_context(0)?;
+/// let vm = VirtualMemory::new(DevicePages::new(&ctx)?, VirtualMemoryConfig::default())?;
+/// let p = vm.allocate(3 << 20, 256, StreamRef::DEFAULT)?;
+/// assert_eq!(vm.usage().mapped, 4 << 20); // two 2 MiB pages
+/// unsafe { vm.deallocate(p, 3 << 20, 256, StreamRef::DEFAULT) };
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct DevicePages {
+    ctx: Arc<CudaContext>,
+    page: usize,
+    total: usize,
+}
+
+impl DevicePages {
+    const NAME: &'static str = "DevicePages";
+
+    /// Pages of `ctx`'s device at its allocation granularity; an error where the device has no
+    /// virtual memory management.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        Self::with_page_size(ctx, 0)
+    }
+
+    /// Pages of `page` bytes, rounded up to a multiple of the device's granularity (0 for the
+    /// granularity itself).
+    pub fn with_page_size(ctx: &Arc<CudaContext>, page: usize) -> Result<Self> {
+        let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
+        ctx.bind_to_thread().map_err(err)?;
+        let supported = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+            )
+            .map_err(err)?;
+        if supported == 0 {
+            return Err(AllocError::new(
+                AllocErrorKind::Unsupported("the device has no virtual memory management"),
+                0,
+                0,
+                Self::NAME,
+            ));
+        }
+        let prop = Self::prop(ctx);
+        let mut granularity = 0usize;
+        // SAFETY: `prop` is a valid allocation description and `granularity` a valid out pointer.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        }
+        .result()
+        .map_err(err)?;
+        let granularity = granularity.max(1);
+        let page = page
+            .max(granularity)
+            .checked_next_multiple_of(granularity)
+            .ok_or(AllocError::new(
+                AllocErrorKind::InvalidArgument("page size overflows"),
+                page,
+                0,
+                Self::NAME,
+            ))?;
+        let total = ctx.total_mem().map_err(err)?;
+        Ok(DevicePages {
+            ctx: ctx.clone(),
+            page,
+            total,
+        })
+    }
+
+    /// Pages of device `ordinal`; `Err(NoDriver)` on a machine without CUDA.
+    pub fn on_device(ordinal: usize) -> Result<Self> {
+        Self::new(&super::cuda_context(ordinal)?)
+    }
+
+    /// The context the pages are made in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn prop(ctx: &CudaContext) -> sys::CUmemAllocationProp {
+        // SAFETY: CUmemAllocationProp is plain data; all-zero means no handle types, no flags.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = ctx.cu_device();
+        prop
+    }
+
+    fn err(&self, size: usize) -> impl Fn(cudarc::driver::DriverError) -> AllocError {
+        move |e| AllocError::cuda(e, size, 0, Self::NAME)
+    }
+}
+
+impl sealed::Sealed for DevicePages {}
+
+// SAFETY: reservations come from cuMemAddressReserve (page-aligned, disjoint from every other
+// mapping and reservation of the process); each `map` backs its range with a new physical
+// allocation of this device (cuMemCreate) and `enable` grants this device read-write access, so
+// the range is device memory until cuMemUnmap. Only this device is granted access: device, not
+// host, not managed. Streams go to the driver as every CUDA leaf's do.
+unsafe impl PhysicalPages for DevicePages {
+    type Host = B0;
+    type Device = B1;
+    type Managed = B0;
+    type Page = sys::CUmemGenericAllocationHandle;
+
+    fn page_size(&self) -> usize {
+        self.page
+    }
+
+    fn capacity(&self) -> usize {
+        self.total
+    }
+
+    fn default_reservation(&self) -> usize {
+        // Twice the device's memory: a range every mapping fits in however the address space
+        // fragments (address space is free; the process has 2^47 bytes of it).
+        self.total.saturating_mul(2).next_multiple_of(self.page)
+    }
+
+    fn reserve(&self, size: usize) -> Result<usize> {
+        let err = self.err(size);
+        let size = size
+            .checked_next_multiple_of(self.page)
+            .ok_or(AllocError::out_of_memory(size, self.page, Self::NAME))?;
+        self.ctx.bind_to_thread().map_err(&err)?;
+        let mut addr: sys::CUdeviceptr = 0;
+        // SAFETY: `addr` is a valid out pointer; no fixed address is asked for.
+        unsafe { sys::cuMemAddressReserve(&mut addr, size, self.page, 0, 0) }
+            .result()
+            .map_err(err)?;
+        Ok(addr as usize)
+    }
+
+    unsafe fn unreserve(&self, addr: usize, size: usize) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: the caller passes a reservation of this source with nothing mapped in it.
+        let r = unsafe { sys::cuMemAddressFree(addr as sys::CUdeviceptr, size) }.result();
+        self.ctx.record_err(r);
+    }
+
+    fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
+        let err = self.err(size);
+        self.ctx.bind_to_thread().map_err(&err)?;
+        let prop = Self::prop(&self.ctx);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `prop` describes device memory of this device; `handle` is a valid out pointer;
+        // `size` is a multiple of the granularity.
+        unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }
+            .result()
+            .map_err(&err)?;
+        // SAFETY: `[addr, addr + size)` lies in a reservation of this source and is not mapped
+        // (the caller's contract); the handle is `size` bytes.
+        let mapped =
+            unsafe { sys::cuMemMap(addr as sys::CUdeviceptr, size, 0, handle, 0) }.result();
+        if let Err(e) = mapped {
+            // SAFETY: the handle was just created and is mapped nowhere.
+            self.ctx
+                .record_err(unsafe { sys::cuMemRelease(handle) }.result());
+            return Err(err(e));
+        }
+        Ok(handle)
+    }
+
+    fn enable(&self, addr: usize, size: usize) -> Result<()> {
+        let err = self.err(size);
+        self.ctx.bind_to_thread().map_err(&err)?;
+        // SAFETY: CUmemAccessDesc is plain data.
+        let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        desc.location.id = self.ctx.cu_device();
+        desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        // SAFETY: the range is mapped (the caller mapped it just before); one descriptor.
+        unsafe { sys::cuMemSetAccess(addr as sys::CUdeviceptr, size, &desc, 1) }
+            .result()
+            .map_err(err)
+    }
+
+    unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: one mapping of this source that nothing uses any more (the caller's contract).
+        let r = unsafe { sys::cuMemUnmap(addr as sys::CUdeviceptr, size) }.result();
+        self.ctx.record_err(r);
+        // SAFETY: the handle was mapped only there, and is unmapped now.
+        self.ctx
+            .record_err(unsafe { sys::cuMemRelease(page) }.result());
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        super::driver_synchronize(&self.ctx, stream, Self::NAME)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        super::driver_order_after(&self.ctx, stream, after, Self::NAME)
+    }
+
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::stack::ItemWriter::leaf(f, "cuda")
+            .number("device", self.ctx.ordinal())
+            .finish()
+    }
+}
+
+static_assertions::assert_impl_all!(DevicePages: Send, Sync, PhysicalPages);

@@ -1,0 +1,165 @@
+//! GPU tests of the footprint work: `VirtualMemory` over the driver's VMM API (`DevicePages`) and
+//! `Tlsf` over `Cuda`. Kernels write every element, the host checks every value; page mapping is
+//! checked against the resource's own count and the device's free memory.
+
+use crate::support::{fill_and_check, gpu};
+use cudarc::driver::result;
+use mrstack::leaf::{DevicePages, PhysicalPages};
+use mrstack::prelude::*;
+
+/// Free device memory now, from the driver.
+fn free_memory(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> usize {
+    ctx.bind_to_thread().unwrap();
+    result::mem_get_info().unwrap().0
+}
+
+#[test]
+fn device_pages_report_the_granularity_and_map_real_memory() {
+    let Some(ctx) = gpu() else { return };
+    let pages = DevicePages::new(&ctx).unwrap();
+    let page = pages.page_size();
+    println!("device page (granularity): {page} bytes");
+    assert!(page.is_power_of_two() && page >= 64 << 10, "{page}");
+    let vm = VirtualMemory::new(
+        pages,
+        VirtualMemoryConfig {
+            cache: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let stream = ctx.new_stream().unwrap();
+    // 3 pages and a bit: four pages mapped, written by a kernel and read back.
+    let n = (3 * page + 4096) / 4;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, &vm, &stream).unwrap();
+    assert_eq!(vm.usage().mapped, 4 * page);
+    fill_and_check(&ctx, &mut v, 42);
+    let during = free_memory(&ctx);
+    drop(v);
+    // No cache: the pages went back to the device (the driver's count moves in whole pages;
+    // other work of the process may take a little meanwhile).
+    assert_eq!(vm.usage().mapped, 0);
+    let after = free_memory(&ctx);
+    assert!(
+        after >= during + 3 * page,
+        "the pages went back: {during} free before, {after} after"
+    );
+}
+
+#[test]
+fn virtual_memory_serves_kernels_on_two_streams_and_reuses_cached_pages() {
+    let Some(ctx) = gpu() else { return };
+    let vm = VirtualMemory::new(
+        DevicePages::new(&ctx).unwrap(),
+        VirtualMemoryConfig::default(),
+    )
+    .unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    for round in 0..4u32 {
+        // Blocks freed on `a` go to `b` only after `b` waits for `a` (order_after).
+        for (k, stream) in [(round * 2 + 3, &a), (round * 2 + 4, &b)] {
+            let mut small = DeviceVec::<u32, _>::zeroed(1000, &vm, stream).unwrap();
+            let mut large = DeviceVec::<u32, _>::zeroed(5 << 20, &vm, stream).unwrap();
+            fill_and_check(&ctx, &mut small, k);
+            fill_and_check(&ctx, &mut large, k + 100);
+        }
+    }
+    let u = vm.usage();
+    assert_eq!(u.allocated, 0);
+    assert!(u.cached <= VirtualMemoryConfig::default().cache, "{u:?}");
+    assert_eq!(u.mapped, u.cached, "only cached pages stay mapped");
+    vm.release();
+    assert_eq!(vm.usage().mapped, 0);
+}
+
+#[test]
+fn a_hole_between_live_blocks_serves_a_larger_request_on_the_gpu() {
+    let Some(ctx) = gpu() else { return };
+    let pages = DevicePages::new(&ctx).unwrap();
+    let page = pages.page_size();
+    // Physical memory capped at 8 pages: a 6-page hole between two live blocks must serve a
+    // 6-page request after the hole is freed, by mapping pages anew.
+    let vm = VirtualMemory::new(
+        pages,
+        VirtualMemoryConfig {
+            max: 8 * page,
+            cache: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let words = |pages: usize| pages * page / 4;
+    let mut left = DeviceVec::<u32, _>::zeroed(words(1), &vm, &stream).unwrap();
+    let hole = DeviceVec::<u32, _>::zeroed(words(6), &vm, &stream).unwrap();
+    let mut right = DeviceVec::<u32, _>::zeroed(words(1), &vm, &stream).unwrap();
+    fill_and_check(&ctx, &mut left, 1);
+    fill_and_check(&ctx, &mut right, 2);
+    assert!(DeviceVec::<u32, _>::zeroed(words(1), &vm, &stream)
+        .unwrap_err()
+        .is_out_of_memory());
+    drop(hole);
+    let mut big = DeviceVec::<u32, _>::zeroed(words(6), &vm, &stream).unwrap();
+    fill_and_check(&ctx, &mut big, 3);
+    assert_eq!(vm.usage().mapped, 8 * page);
+    // The neighbours kept their values through the unmapping and mapping next to them.
+    fill_and_check(&ctx, &mut left, 4);
+    fill_and_check(&ctx, &mut right, 5);
+}
+
+#[test]
+fn grow_in_place_keeps_the_values_and_maps_the_rest() {
+    let Some(ctx) = gpu() else { return };
+    let vm = VirtualMemory::new(
+        DevicePages::new(&ctx).unwrap(),
+        VirtualMemoryConfig::default(),
+    )
+    .unwrap();
+    let stream = ctx.default_stream();
+    let raw = StreamRef::from(&stream);
+    let (n, grown) = (1 << 20, 3 << 20);
+    let p = vm.allocate(n * 4, 256, raw).unwrap();
+    let host: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2654435761)).collect();
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: `p` is a live device allocation of n * 4 bytes; the copy completes before return
+    // (synchronize below) while `host` lives.
+    unsafe {
+        result::memcpy_htod_async(p.as_ptr() as u64, &host, stream.cu_stream()).unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert!(vm.grow_in_place(p, n * 4, grown * 4, raw).unwrap());
+    let tail: Vec<u32> = (0..(grown - n) as u32).map(|i| !i).collect();
+    let mut back = vec![0u32; grown];
+    // SAFETY: the allocation is now grown * 4 bytes; the copies complete before the reads.
+    unsafe {
+        result::memcpy_htod_async(
+            p.as_ptr() as u64 + (n * 4) as u64,
+            &tail,
+            stream.cu_stream(),
+        )
+        .unwrap();
+        result::memcpy_dtoh_async(&mut back, p.as_ptr() as u64, stream.cu_stream()).unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert_eq!(&back[..n], &host[..], "the old values stayed");
+    assert_eq!(&back[n..], &tail[..], "the new pages hold what was written");
+    // SAFETY: live, grown to this size.
+    unsafe { vm.deallocate(p, grown * 4, 256, raw) };
+    assert_eq!(vm.usage().allocated, 0);
+}
+
+#[test]
+fn tlsf_serves_kernels_on_two_streams() {
+    let Some(ctx) = gpu() else { return };
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mr = resource_stack![Cuda::new(&ctx).unwrap(), Tlsf { initial: 64 MiB, max: 1 GiB }];
+    for round in 0..3u32 {
+        for (k, stream) in [(round * 2 + 3, &a), (round * 2 + 4, &b)] {
+            let mut small = DeviceVec::<u32, _>::zeroed(1000, &mr, stream).unwrap();
+            let mut large = DeviceVec::<u32, _>::zeroed(3 << 20, &mr, stream).unwrap();
+            fill_and_check(&ctx, &mut small, k);
+            fill_and_check(&ctx, &mut large, k + 100);
+        }
+    }
+    assert_eq!(mr.usage().allocated, 0);
+}

@@ -1,0 +1,299 @@
+//! `VirtualMemory` over `Simulated`'s page model: blocks map exactly the pages they touch, free
+//! pages stay mapped only up to the cache bound, a hole's pages serve any later request, and
+//! everything (mappings and reservations) goes back.
+
+use mrstack::leaf::VmUsage;
+use mrstack::prelude::*;
+use mrstack::resource::align_up;
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ptr::NonNull;
+
+const PAGE: usize = 64 << 10;
+
+fn vm(sim: &Simulated, cache: usize) -> VirtualMemory<&Simulated> {
+    VirtualMemory::new(
+        sim,
+        VirtualMemoryConfig {
+            cache,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// The pages that live blocks `[addr, addr + size)` touch.
+fn pages_of(live: &BTreeMap<usize, (usize, usize)>) -> BTreeSet<usize> {
+    live.iter()
+        .filter(|(_, &(size, _))| size > 0)
+        .flat_map(|(&a, &(size, _))| {
+            let size = align_up(size, 256).unwrap();
+            (a / PAGE)..=((a + size - 1) / PAGE)
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc {
+        size: usize,
+        align: usize,
+        stream: u32,
+    },
+    Free {
+        pick: prop::sample::Index,
+        stream: u32,
+    },
+    Grow {
+        pick: prop::sample::Index,
+        by: usize,
+        stream: u32,
+    },
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let size = prop_oneof![
+        3 => 0..=4096usize,
+        3 => 1..=PAGE * 2,
+        1 => 1..=PAGE * 16,
+    ];
+    let op = prop_oneof![
+        3 => (size, 0..=14u32, 0..3u32).prop_map(|(size, a, stream)| Op::Alloc { size, align: 1 << a, stream }),
+        2 => (any::<prop::sample::Index>(), 0..3u32).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => (any::<prop::sample::Index>(), 1..=PAGE * 4, 0..3u32).prop_map(|(pick, by, stream)| Op::Grow { pick, by, stream }),
+    ];
+    prop::collection::vec(op, 1..80)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Against a model of live blocks: no overlap, alignment, exact accounting; the mapped
+    /// pages are exactly those live blocks touch plus cached free pages, never more cached
+    /// bytes than the bound; a failure is out of memory only, and never with nothing live when
+    /// the request's pages fit the capacity; everything goes back.
+    #[test]
+    fn virtual_memory_model(
+        capacity_pages in 4usize..64,
+        cache_pages in 0usize..8,
+        ops in ops(),
+    ) {
+        let sim = Simulated::with_page_size(capacity_pages * PAGE, PAGE);
+        let cache = cache_pages * PAGE;
+        let vm = vm(&sim, cache);
+        let mut live: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+        let mut order: Vec<usize> = Vec::new();
+        let mut empty = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc { size, align, stream } => {
+                    match vm.allocate(size, align, StreamRef::simulated(stream)) {
+                        Ok(p) => {
+                            let a = p.as_ptr() as usize;
+                            prop_assert_eq!(a % align.max(256), 0);
+                            if size == 0 {
+                                empty.push((p, align));
+                                continue;
+                            }
+                            if let Some((&b, &(n, _))) = live.range(..=a).next_back() {
+                                prop_assert!(b + n <= a, "overlap");
+                            }
+                            if let Some((&b, _)) = live.range(a..).next() {
+                                prop_assert!(a + size <= b, "overlap");
+                            }
+                            live.insert(a, (size, align));
+                            order.push(a);
+                        }
+                        Err(e) => {
+                            prop_assert!(e.is_out_of_memory(), "{e}");
+                            let need = align_up(size, 256).unwrap() + align.max(256) - 256;
+                            let pages = need.div_ceil(PAGE) + 1;
+                            prop_assert!(!(live.is_empty() && pages <= capacity_pages), "{e} with nothing live");
+                        }
+                    }
+                }
+                Op::Grow { pick, by, stream } => {
+                    if !order.is_empty() {
+                        let a = order[pick.index(order.len())];
+                        let (size, align) = live[&a];
+                        let p = NonNull::new(a as *mut u8).unwrap();
+                        let grown = vm.grow_in_place(p, size, size + by, StreamRef::simulated(stream));
+                        match grown {
+                            Ok(true) => {
+                                if let Some((&b, _)) = live.range(a + 1..).next() {
+                                    prop_assert!(a + size + by <= b, "grew over a live block");
+                                }
+                                live.insert(a, (size + by, align));
+                            }
+                            Ok(false) => {}
+                            Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
+                        }
+                    }
+                }
+                Op::Free { pick, stream } => {
+                    if !order.is_empty() {
+                        let a = order.swap_remove(pick.index(order.len()));
+                        let (size, align) = live.remove(&a).unwrap();
+                        let p = NonNull::new(a as *mut u8).unwrap();
+                        // SAFETY: live, from vm, with this size and alignment.
+                        unsafe { vm.deallocate(p, size, align, StreamRef::simulated(stream)) };
+                    }
+                }
+            }
+            let u: VmUsage = vm.usage();
+            let touched = pages_of(&live).len() * PAGE;
+            prop_assert_eq!(u.mapped, sim.mapped());
+            prop_assert_eq!(u.mapped, touched + u.cached, "mapped = pages of live blocks + cache");
+            prop_assert!(u.cached <= cache, "{} cached over the bound {}", u.cached, cache);
+            let allocated: usize = live.values().map(|&(n, _)| align_up(n, 256).unwrap()).sum();
+            prop_assert_eq!(u.allocated, allocated);
+            prop_assert!(u.mapped <= capacity_pages * PAGE);
+        }
+        for (a, (size, align)) in std::mem::take(&mut live) {
+            // SAFETY: live, from vm, with this size and alignment.
+            unsafe { vm.deallocate(NonNull::new(a as *mut u8).unwrap(), size, align, StreamRef::DEFAULT) };
+        }
+        for (p, align) in empty {
+            // SAFETY: a zero-size allocation of vm.
+            unsafe { vm.deallocate(p, 0, align, StreamRef::DEFAULT) };
+        }
+        let u = vm.usage();
+        prop_assert_eq!((u.allocated, u.mapped), (0, u.cached));
+        vm.release();
+        prop_assert_eq!(sim.mapped(), 0);
+        drop(vm);
+        prop_assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+    }
+}
+
+#[test]
+fn a_hole_between_live_blocks_serves_a_larger_request() {
+    // Physical memory for 8 pages. Live blocks at both ends of a 6-page hole: a pool would need a
+    // contiguous 7 pages for the next request; here the hole's pages went back and the request
+    // maps fresh pages wherever its virtual range lies.
+    let sim = Simulated::with_page_size(8 * PAGE, PAGE);
+    let vm = vm(&sim, 0);
+    let s = StreamRef::DEFAULT;
+    let a = vm.allocate(PAGE, 256, s).unwrap();
+    let hole = vm.allocate(6 * PAGE, 256, s).unwrap();
+    let b = vm.allocate(PAGE, 256, s).unwrap();
+    assert_eq!(sim.mapped(), 8 * PAGE);
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(hole, 6 * PAGE, 256, s) };
+    assert_eq!(sim.mapped(), 2 * PAGE, "the hole's pages went back");
+    let big = vm.allocate(6 * PAGE, 256, s).unwrap();
+    assert_eq!(sim.mapped(), 8 * PAGE);
+    assert!(vm.allocate(PAGE, 256, s).unwrap_err().is_out_of_memory());
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(big, 6 * PAGE, 256, s);
+        vm.deallocate(a, PAGE, 256, s);
+        vm.deallocate(b, PAGE, 256, s);
+    }
+    drop(vm);
+    assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+}
+
+#[test]
+fn cached_pages_are_reused_and_given_up_under_pressure() {
+    let sim = Simulated::with_page_size(8 * PAGE, PAGE);
+    let vm = vm(&sim, 8 * PAGE);
+    let s = StreamRef::DEFAULT;
+    let a = vm.allocate(4 * PAGE, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 4 * PAGE, 256, s) };
+    assert_eq!(vm.usage().cached, 4 * PAGE, "kept mapped");
+    let b = vm.allocate(4 * PAGE, 256, s).unwrap();
+    assert_eq!(
+        (b, vm.usage().cached),
+        (a, 0),
+        "the same range, nothing mapped anew"
+    );
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(b, 4 * PAGE, 256, s) };
+    // A request in another range that needs all 8 pages: the 4 cached ones are unmapped first.
+    let p = vm.allocate(PAGE, 256, StreamRef::simulated(1)).unwrap();
+    let q = vm.allocate(7 * PAGE, 256, StreamRef::simulated(2)).unwrap();
+    assert_eq!(sim.mapped(), 8 * PAGE);
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(p, PAGE, 256, StreamRef::simulated(1));
+        vm.deallocate(q, 7 * PAGE, 256, StreamRef::simulated(2));
+    }
+    assert_eq!(vm.release(), 8 * PAGE);
+    assert_eq!(sim.mapped(), 0);
+}
+
+#[test]
+fn the_physical_cap_counts_mapped_pages() {
+    let sim = Simulated::with_page_size(64 * PAGE, PAGE);
+    let vm = VirtualMemory::new(
+        &sim,
+        VirtualMemoryConfig {
+            max: 3 * PAGE,
+            cache: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = StreamRef::DEFAULT;
+    // Three one-page blocks: three pages mapped, the cap reached.
+    let blocks: Vec<_> = (0..3).map(|_| vm.allocate(PAGE, 256, s).unwrap()).collect();
+    let err = vm.allocate(256, 256, s).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    for p in blocks {
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(p, PAGE, 256, s) };
+    }
+    assert_eq!(sim.mapped(), 0);
+}
+
+#[test]
+fn grows_in_place_while_the_range_after_is_free() {
+    let sim = Simulated::with_page_size(16 * PAGE, PAGE);
+    let vm = vm(&sim, 0);
+    let s = StreamRef::DEFAULT;
+    let a = vm.allocate(PAGE / 2, 256, s).unwrap();
+    assert_eq!(sim.mapped(), PAGE);
+    assert!(vm.grow_in_place(a, PAGE / 2, 3 * PAGE, s).unwrap());
+    assert_eq!(sim.mapped(), 3 * PAGE, "the new pages are mapped");
+    let b = vm.allocate(PAGE, 256, s).unwrap();
+    assert_eq!(b.as_ptr() as usize, a.as_ptr() as usize + 3 * PAGE);
+    assert!(
+        !vm.grow_in_place(a, 3 * PAGE, 4 * PAGE, s).unwrap(),
+        "b is in the way"
+    );
+    assert!(
+        !vm.grow_in_place(b, PAGE, 2 * PAGE, StreamRef::simulated(7))
+            .unwrap(),
+        "another stream's range"
+    );
+    assert!(
+        !vm.grow_in_place(b, PAGE, 20 * PAGE, s).unwrap(),
+        "more than the capacity is refused at once"
+    );
+    let err = vm.grow_in_place(b, PAGE, 14 * PAGE, s).unwrap_err();
+    assert!(err.is_out_of_memory(), "no physical memory for it: {err}");
+    assert_eq!(sim.mapped(), 4 * PAGE, "the failed growth mapped nothing");
+    // SAFETY: live with these sizes (a grew to 3 pages).
+    unsafe {
+        vm.deallocate(a, 3 * PAGE, 256, s);
+        vm.deallocate(b, PAGE, 256, s);
+    }
+    assert_eq!(vm.usage().allocated, 0);
+    drop(vm);
+    assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+}
+
+#[test]
+fn a_leaked_block_keeps_its_pages_and_range() {
+    let sim = Simulated::with_page_size(16 * PAGE, PAGE);
+    let vm = vm(&sim, 0);
+    let _leaked = vm.allocate(PAGE, 256, StreamRef::DEFAULT).unwrap();
+    let freed = vm.allocate(PAGE, 256, StreamRef::DEFAULT).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(freed, PAGE, 256, StreamRef::DEFAULT) };
+    drop(vm);
+    // The leaked block's page stays mapped (device work may still use it), the rest went.
+    assert_eq!((sim.mapped(), sim.reservations()), (PAGE, 1));
+}
