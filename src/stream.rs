@@ -551,6 +551,10 @@ impl StreamKeeper {
     /// The `Held` of `stream` if it is held, without holding it again.
     #[inline]
     pub(crate) fn find(&self, stream: StreamRef<'_>) -> Option<Held> {
+        if matches!(stream.0, Kind::Default) {
+            // Slot 0, never released: no lookup on the most common stream.
+            return Some(Held::DEFAULT);
+        }
         self.by_id.get(&stream.id()).map(|&slot| Held(slot))
     }
 

@@ -4,7 +4,7 @@
 //! The choice rests only on what every run of the same log repeats, so that it cannot flip from
 //! one run to the next:
 //!
-//! 1. **Candidates**: the stacks with a capacity to give, `pool`, `binning` and `arena`, that
+//! 1. **Candidates**: the stacks with a capacity to give, `pool`, `tlsf`, `binning` and `arena`, that
 //!    replayed without an error and whose min capacity was found. `upstream` is the baseline (on
 //!    a GPU every op is a driver call) and `cuda-async` is the driver's own pool, with no
 //!    capacity to search.
@@ -48,13 +48,14 @@ pub const HEADROOM_PERCENT: u32 = 10;
 /// (README, "Performance").
 pub const TIE_MARGIN_PERCENT: u32 = 5;
 
-/// The order of preference among candidates tied on footprint, for a log of one thread: binning
-/// was the fastest on both workloads of the README's H100 run, arena next on the random one.
-pub const ONE_THREAD_ORDER: [&str; 3] = ["binning", "arena", "pool"];
+/// The order of preference among candidates tied on footprint, for a log of one thread: on the
+/// H100 run of the README's footprint table binning was the fastest on every workload, tlsf next
+/// (faster than arena and pool on four of five), then arena and pool.
+pub const ONE_THREAD_ORDER: [&str; 4] = ["binning", "tlsf", "arena", "pool"];
 
 /// The order of preference for a log of several threads: arena gives each thread an arena of its
-/// own (6.0× one thread's throughput on 8 threads on an H100), while pool has one lock.
-pub const THREADS_ORDER: [&str; 3] = ["arena", "binning", "pool"];
+/// own, binning a cache per thread, while tlsf and pool have one lock.
+pub const THREADS_ORDER: [&str; 4] = ["arena", "binning", "tlsf", "pool"];
 
 /// The leaf of the printed `resource_stack!` block: the device memory the stacks were measured
 /// over on a GPU (`cuMemAlloc`), from a context `ctx` of `mrstack::cuda_context`.
@@ -287,9 +288,9 @@ fn why(
     lines.push(footprint);
 
     let reason = if order == THREADS_ORDER {
-        "arena gives each thread an arena of its own; pool has one lock"
+        "arena gives each thread an arena of its own, binning a cache; tlsf and pool have one lock"
     } else {
-        "binning was the fastest on an H100, arena next, README \"Performance\""
+        "binning was the fastest on an H100, tlsf next, README \"Footprint\""
     };
     let mut choice = if candidates.len() == 1 {
         format!("choice: {name}, the only stack with a capacity that completed here")
@@ -419,6 +420,7 @@ pub fn readable_size(at_least: u128) -> (u128, String) {
 pub fn resource_stack_block(stack: &str, capacity: &str) -> Option<String> {
     let layers = match stack {
         "pool" => format!("    Pool {{ initial: {capacity}, max: {capacity} }},\n"),
+        "tlsf" => format!("    Tlsf {{ initial: {capacity}, max: {capacity} }},\n"),
         "binning" => {
             format!("    Pool {{ initial: {capacity}, max: {capacity} }},\n    Binning,\n")
         }
@@ -433,6 +435,7 @@ pub fn resource_stack_block(stack: &str, capacity: &str) -> Option<String> {
 pub fn text_config(stack: &str, capacity: &str) -> Option<String> {
     let layers = match stack {
         "pool" => format!("pool(initial={capacity}, max={capacity})"),
+        "tlsf" => format!("tlsf(initial={capacity}, max={capacity})"),
         "binning" => format!("pool(initial={capacity}, max={capacity}) > binning"),
         "arena" => format!("arena(size={capacity})"),
         _ => return None,

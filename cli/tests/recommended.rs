@@ -35,9 +35,15 @@ const PEAK_LIVE: usize = 2_688_565_248;
 
 /// What the command recommends for [`WORKLOAD`] with each `--stack` choice (none: all stacks):
 /// the stack, its capacity as written, and the `resource_stack!` block it prints.
-const GOLDEN: [(&str, &str, &str, &str); 3] = [
+const GOLDEN: [(&str, &str, &str, &str); 4] = [
     (
         "",
+        "tlsf",
+        "2.8 GiB",
+        include_str!("data/recommended_tlsf.rs"),
+    ),
+    (
+        "arena",
         "arena",
         "2.8 GiB",
         include_str!("data/recommended_arena.rs"),
@@ -233,6 +239,9 @@ mod on_host {
     pub(crate) fn arena(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
         Ok(include!("data/recommended_arena.rs"))
     }
+    pub(crate) fn tlsf(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
+        Ok(include!("data/recommended_tlsf.rs"))
+    }
     pub(crate) fn pool(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
         Ok(include!("data/recommended_pool.rs"))
     }
@@ -251,6 +260,10 @@ mod on_gpu {
     pub(crate) fn arena() -> Result<impl MemoryResource, Box<dyn Error>> {
         let ctx = mrstack::cuda_context(0)?;
         Ok(include!("data/recommended_arena.rs"))
+    }
+    pub(crate) fn tlsf() -> Result<impl MemoryResource, Box<dyn Error>> {
+        let ctx = mrstack::cuda_context(0)?;
+        Ok(include!("data/recommended_tlsf.rs"))
     }
     pub(crate) fn pool() -> Result<impl MemoryResource, Box<dyn Error>> {
         let ctx = mrstack::cuda_context(0)?;
@@ -272,6 +285,7 @@ fn the_golden_blocks_run_over_simulated() {
     // Far more below than the capacity: the block's own capacity is what bounds it.
     let below = 1 << 40;
     exercise(&on_host::arena(below).unwrap(), capacity_of("arena"));
+    exercise(&on_host::tlsf(below).unwrap(), capacity_of("tlsf"));
     exercise(&on_host::pool(below).unwrap(), capacity_of("pool"));
     exercise(&on_host::binning(below).unwrap(), capacity_of("binning"));
     // The leaf is the stand-in's: with less below than the workload holds, the replay fails.
@@ -296,6 +310,10 @@ fn the_golden_blocks_run_on_a_gpu() {
         (
             "arena",
             on_gpu::arena().map(|mr| exercise(&mr, capacity_of("arena"))),
+        ),
+        (
+            "tlsf",
+            on_gpu::tlsf().map(|mr| exercise(&mr, capacity_of("tlsf"))),
         ),
         (
             "pool",

@@ -1,6 +1,8 @@
 //! `Simulated`: a fake address space that hands out aligned ranges with no memory behind them.
 
-use crate::resource::{align_up, check_request, properties, AllocError, MemoryResource, Result};
+use crate::resource::{
+    align_up, check_request, properties, AllocError, AllocErrorKind, MemoryResource, Result,
+};
 use crate::stream::StreamRef;
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
@@ -69,7 +71,7 @@ struct State {
     /// Reserved virtual ranges by base, and pages mapped in them by address: the page model
     /// of [`PhysicalPages`](crate::leaf::PhysicalPages). Mapped bytes count in `in_use`.
     reserved: BTreeMap<usize, usize>,
-    mapped: HashMap<usize, usize>,
+    mapped: BTreeMap<usize, usize>,
     mapped_bytes: usize,
 }
 
@@ -261,6 +263,14 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
     fn reserve(&self, size: usize) -> Result<usize> {
         let oom = AllocError::out_of_memory(size, self.page, Self::NAME);
         let size = align_up(size, self.page).ok_or(oom)?;
+        if size == 0 {
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument("an empty reservation"),
+                0,
+                self.page,
+                Self::NAME,
+            ));
+        }
         let mut s = self.lock();
         let addr = Self::bump(&mut s, size, self.page).ok_or(oom)?;
         s.reserved.insert(addr, size);
@@ -278,33 +288,43 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
             "Simulated: {addr:#x} is not a reservation of {size} bytes"
         );
         assert!(
-            !s.mapped.keys().any(|&p| p >= addr && p < addr + size),
+            s.mapped.range(addr..addr + size).next().is_none(),
             "Simulated: {addr:#x} unreserved with pages still mapped"
         );
     }
 
-    /// # Panics
-    ///
-    /// On a range outside a reservation, not page-aligned, or mapped already.
+    /// An invalid argument for a range outside a reservation, off its pages, or overlapping a
+    /// mapping (a virtual-memory resource never asks for one: its tests see the error).
     fn map(&self, addr: usize, size: usize) -> Result<()> {
         let mut s = self.lock();
+        let bad = |why| {
+            Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(why),
+                size,
+                self.page,
+                Self::NAME,
+            ))
+        };
+        let Some(end) = addr.checked_add(size) else {
+            return bad("the range to map overflows");
+        };
         let inside = s
             .reserved
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&base, &len)| addr + size <= base + len);
-        assert!(
-            inside && addr % self.page == 0 && size % self.page == 0 && size > 0,
-            "Simulated: mapping {size} bytes at {addr:#x} outside a reservation or off its pages"
-        );
+            .is_some_and(|(&base, &len)| end <= base + len);
+        if !inside || addr % self.page != 0 || size % self.page != 0 || size == 0 {
+            return bad("the range to map is not whole pages of a reservation");
+        }
+        let before = s.mapped.range(..end).next_back();
+        if before.is_some_and(|(&a, &n)| a + n > addr) {
+            return bad("the range to map overlaps a mapping");
+        }
         let model = crate::leaf::PhysicalPages::capacity(self);
         if size > self.capacity - s.in_use || size > model - s.mapped_bytes {
             return Err(AllocError::out_of_memory(size, self.page, Self::NAME));
         }
-        assert!(
-            s.mapped.insert(addr, size).is_none(),
-            "Simulated: {addr:#x} is mapped twice"
-        );
+        s.mapped.insert(addr, size);
         s.in_use += size;
         s.mapped_bytes += size;
         s.peak = s.peak.max(s.in_use);
