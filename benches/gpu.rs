@@ -105,9 +105,11 @@ fn page_costs(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
             let mut handles = Vec::with_capacity(N);
             for start in (0..N).step_by(run) {
                 for p in start..start + run {
-                    handles.push(pages.map(base + p * page, page).unwrap());
+                    // SAFETY: a page of the reservation above, not mapped yet.
+                    handles.push(unsafe { pages.map(base + p * page, page) }.unwrap());
                 }
-                pages.enable(base + start * page, run * page).unwrap();
+                // SAFETY: the pages just mapped.
+                unsafe { pages.enable(base + start * page, run * page) }.unwrap();
             }
             map_us.push(t.elapsed().as_secs_f64() * 1e6 / N as f64);
             let t = Instant::now();

@@ -53,12 +53,20 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     /// `addr`/`size` are a reservation of this source (its size as `reserve` rounded it), with
     /// nothing mapped in it.
     unsafe fn unreserve(&self, addr: usize, size: usize);
-    /// Backs `[addr, addr + size)` (page multiples inside one reservation, not mapped) with new
-    /// physical memory; out of memory when there is none.
-    fn map(&self, addr: usize, size: usize) -> Result<Self::Page>;
+    /// Backs `[addr, addr + size)` with new physical memory; out of memory when there is none.
+    ///
+    /// # Safety
+    ///
+    /// The range is whole pages of a reservation this source made for the caller, none of them
+    /// mapped: a caller that could map into another's reservation could change memory under it.
+    unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page>;
     /// Makes mapped `[addr, addr + size)` accessible as the properties say (the driver grants its
     /// device read and write).
-    fn enable(&self, addr: usize, size: usize) -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// The range was mapped by the caller through this source.
+    unsafe fn enable(&self, addr: usize, size: usize) -> Result<()>;
     /// Unmaps one mapping and gives its physical memory back.
     ///
     /// # Safety
@@ -102,11 +110,13 @@ macro_rules! forward_pages {
             // SAFETY: forwarded from the caller.
             unsafe { (**self).unreserve(addr, size) }
         }
-        fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
-            (**self).map(addr, size)
+        unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
+            // SAFETY: forwarded from the caller.
+            unsafe { (**self).map(addr, size) }
         }
-        fn enable(&self, addr: usize, size: usize) -> Result<()> {
-            (**self).enable(addr, size)
+        unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
+            // SAFETY: forwarded from the caller.
+            unsafe { (**self).enable(addr, size) }
         }
         unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
             // SAFETY: forwarded from the caller.
@@ -270,7 +280,10 @@ unsafe impl PhysicalPages for DevicePages {
     fn default_reservation(&self) -> usize {
         // Twice the device's memory: a range every mapping fits in however the address space
         // fragments (address space is free; the process has 2^47 bytes of it).
-        self.total.saturating_mul(2).next_multiple_of(self.page)
+        let twice = self.total.saturating_mul(2);
+        twice
+            .checked_next_multiple_of(self.page)
+            .unwrap_or(twice - twice % self.page)
     }
 
     fn reserve(&self, size: usize) -> Result<usize> {
@@ -294,18 +307,19 @@ unsafe impl PhysicalPages for DevicePages {
         self.ctx.record_err(r);
     }
 
-    fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
+    unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
         let err = self.err(size);
         self.ctx.bind_to_thread().map_err(&err)?;
         let prop = Self::prop(&self.ctx);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: `prop` describes device memory of this device; `handle` is a valid out pointer;
-        // `size` is a multiple of the granularity.
+        // the driver checks `size` against the granularity and returns an error otherwise.
         unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }
             .result()
             .map_err(&err)?;
-        // SAFETY: `[addr, addr + size)` lies in a reservation of this source and is not mapped
-        // (the caller's contract); the handle is `size` bytes.
+        // SAFETY: `[addr, addr + size)` is whole pages of the caller's reservation, not mapped
+        // (this function's contract); the handle is `size` bytes; the driver refuses anything
+        // else with an error.
         let mapped =
             unsafe { sys::cuMemMap(addr as sys::CUdeviceptr, size, 0, handle, 0) }.result();
         if let Err(e) = mapped {
@@ -317,7 +331,7 @@ unsafe impl PhysicalPages for DevicePages {
         Ok(handle)
     }
 
-    fn enable(&self, addr: usize, size: usize) -> Result<()> {
+    unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
         let err = self.err(size);
         self.ctx.bind_to_thread().map_err(&err)?;
         // SAFETY: CUmemAccessDesc is plain data.
@@ -325,7 +339,8 @@ unsafe impl PhysicalPages for DevicePages {
         desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         desc.location.id = self.ctx.cu_device();
         desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        // SAFETY: the range is mapped (the caller mapped it just before); one descriptor.
+        // SAFETY: the range is the caller's mapping (this function's contract); one descriptor,
+        // a valid pointer for the call.
         unsafe { sys::cuMemSetAccess(addr as sys::CUdeviceptr, size, &desc, 1) }
             .result()
             .map_err(err)

@@ -252,7 +252,7 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
     /// keeps a few bytes per page, so the model keeps a test's host memory small whatever
     /// capacity it is given.
     fn capacity(&self) -> usize {
-        self.capacity.min(self.page << 20)
+        self.capacity.min(self.page.saturating_mul(1 << 20))
     }
 
     fn default_reservation(&self) -> usize {
@@ -295,7 +295,7 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
 
     /// An invalid argument for a range outside a reservation, off its pages, or overlapping a
     /// mapping (a virtual-memory resource never asks for one: its tests see the error).
-    fn map(&self, addr: usize, size: usize) -> Result<()> {
+    unsafe fn map(&self, addr: usize, size: usize) -> Result<()> {
         let mut s = self.lock();
         let bad = |why| {
             Err(AllocError::new(
@@ -331,7 +331,7 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
         Ok(())
     }
 
-    fn enable(&self, _: usize, _: usize) -> Result<()> {
+    unsafe fn enable(&self, _: usize, _: usize) -> Result<()> {
         Ok(())
     }
 

@@ -368,7 +368,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 
     /// Grows the live allocation at `ptr` from `size` to `new_size` bytes without moving it, when
     /// the range right after it is free on `stream` (mapping the pages it needs); returns whether
-    /// it did. The allocation is then `new_size` bytes (deallocate it with either size). `false`
+    /// it did. The new bytes are usable by work on `stream` at once, as `allocate`'s are. The allocation is then `new_size` bytes (deallocate it with either size). `false`
     /// for a pointer that is not a live allocation of this resource, a smaller `new_size`, or a
     /// neighbour that is allocated or freed on another stream.
     pub fn grow_in_place(
@@ -393,12 +393,15 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if new == old {
             return Ok(true);
         }
-        if new < old || !st.index.grow_in_place(addr, new, stream) {
+        // The index must have room for a record for the way back, should mapping fail.
+        if new < old || !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
             return Ok(false);
         }
         if let Err(e) = self.extend(&mut st, r, addr, old, new) {
-            // Back to the old size: the index gives the tail back to the free range after it.
+            // Back to the old size: the index gives the tail back to the free range after it
+            // (it has room for the record: checked above), on `stream`, whose bit is set again.
             st.index.shrink(addr, old, stream);
+            st.freed(stream);
             return Err(e);
         }
         Ok(true)
@@ -494,13 +497,27 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             let unmapped = p < last && !st.regions[r].mapped.get(p);
             if unmapped {
                 let addr = base + p * self.page;
-                let page = match self.pages.map(addr, self.page) {
-                    Ok(page) => page,
+                // SAFETY: one page of a reservation of this source, not mapped (its bit is
+                // clear, and nothing but this resource maps in its reservations).
+                let mapped = match unsafe { self.pages.map(addr, self.page) } {
                     Err(e) if e.is_out_of_memory() && st.cached > 0 => {
                         self.trim(st, 0);
-                        self.pages.map(addr, self.page)?
+                        // SAFETY: as above; the trim unmapped only cached pages.
+                        unsafe { self.pages.map(addr, self.page) }
                     }
-                    Err(e) => return Err(e),
+                    other => other,
+                };
+                let page = match mapped {
+                    Ok(page) => page,
+                    Err(e) => {
+                        // The pages of this run were never enabled: no one may use them.
+                        if let Some(start) = run {
+                            for q in start..p {
+                                self.unmap_page(st, r, q);
+                            }
+                        }
+                        return Err(e);
+                    }
                 };
                 let region = &mut st.regions[r];
                 region.handles[p] = Some(page);
@@ -509,9 +526,12 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 st.peak_mapped = st.peak_mapped.max(st.mapped);
                 run.get_or_insert(p);
             } else if let Some(start) = run.take() {
-                let enabled = self
-                    .pages
-                    .enable(base + start * self.page, (p - start) * self.page);
+                // SAFETY: pages `start..p` were just mapped by this source, in one of its
+                // reservations.
+                let enabled = unsafe {
+                    self.pages
+                        .enable(base + start * self.page, (p - start) * self.page)
+                };
                 if let Err(e) = enabled {
                     // Pages no one may access: unmap them (nothing used them).
                     for q in start..p {
@@ -590,8 +610,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         result
     }
 
-    /// Unmaps page `p` of region `r`, mapped and with no live block, out of the cache, that no
-    /// work uses.
+    /// Unmaps page `p` of region `r`, out of the cache, that no work uses: no live block is on
+    /// it and the streams that freed blocks on it were synchronized, or it was never enabled.
     fn unmap_page(&self, st: &mut State<P::Page>, r: usize, p: usize) {
         let region = &mut st.regions[r];
         let addr = region.base + p * self.page;
@@ -608,10 +628,13 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// last time, and forgets them.
     ///
     /// Why that suffices before unmapping a page with no live block: each of its bytes is in a
-    /// free block, on the list of the stream that freed it or of one that took it over after
-    /// `order_after`; either stream's bit was set then, or its work was synchronized at an
-    /// earlier trim. A bit names a keeper slot, and a slot is reused only once its stream has no
-    /// free block left, so a bit never stands for bytes of a stream it no longer names.
+    /// free block, on the list of some stream `Y`. Every path that puts bytes on a list (a free,
+    /// a merge after `order_after`, a failed allocation or growth giving its block back) sets the
+    /// bit of that list's stream by its keeper slot at that moment ([`State::freed`]). So either
+    /// the bytes reached `Y`'s list since the last trim, and `Y`'s bit is set, or before it, and
+    /// that trim synchronized `Y` (no work uses freed bytes after that). A slot is reused only
+    /// once its stream has no list; bytes that stream had moved to other lists, which set their
+    /// own bits. A stale bit only adds a synchronization.
     fn synchronize_freed(&self, st: &mut State<P::Page>) -> Result<()> {
         let bits = st.freed_on;
         let keeper = &st.index.streams;
@@ -657,6 +680,15 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 }
 
 impl<H> State<H> {
+    /// Records that `stream`'s list just got bytes freed (or taken over) on it: its bit, by its
+    /// keeper slot now (every slot when it has no list, which cannot happen right after).
+    fn freed(&mut self, stream: StreamRef) {
+        self.freed_on |= self
+            .index
+            .list_of(stream)
+            .map_or(u64::MAX, |held| stream_bit(held.slot()));
+    }
+
     /// The region holding `addr`, if one does.
     #[inline]
     fn region_of(&self, addr: usize) -> Option<usize> {
@@ -690,8 +722,11 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
         let need = block + (align - GRANULE);
         let oom = || AllocError::out_of_memory(size, align, NAME);
-        // More than could ever be mapped: refused before a range or a page table is sized for it.
-        if block > self.config.max.min(self.pages.capacity()) {
+        // More than could ever be mapped, or a placement further into a range than twice that
+        // (a huge alignment): refused before a range or a page table is sized for it, so the
+        // page tables stay within twice the source's capacity in pages.
+        let most = self.config.max.min(self.pages.capacity());
+        if block > most || need > most.saturating_mul(2) {
             return Err(oom());
         }
         let mut st = self.lock();
@@ -703,10 +738,8 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
                 Some(other) => {
                     self.pages.order_after(stream, index.streams.get(other))?;
                     index.merge(other, stream);
-                    if let Some(held) = index.list_of(stream) {
-                        st.freed_on |= stream_bit(held.slot());
-                    }
-                    index.take(stream, block, align).ok_or_else(oom)?
+                    st.freed(stream);
+                    st.index.take(stream, block, align).ok_or_else(oom)?
                 }
                 None => {
                     self.reserve(st, need, stream)?;
@@ -716,8 +749,10 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         };
         let r = st.region_of(addr).ok_or_else(oom)?;
         if let Err(e) = self.commit(st, r, addr, block) {
-            // Back to the free ranges, on this stream (ordered after any other already).
+            // Back to the free ranges, on this stream (ordered after any other already). Its
+            // bit again: the commit's trim may have cleared it, or its slot changed meanwhile.
             let _ = st.index.free(addr, stream);
+            st.freed(stream);
             return Err(e);
         }
         NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom)
@@ -736,11 +771,7 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         let Some(block) = st.index.free(addr, stream) else {
             return;
         };
-        // The freed block is on `stream`'s list now.
-        st.freed_on |= st
-            .index
-            .list_of(stream)
-            .map_or(u64::MAX, |held| stream_bit(held.slot()));
+        st.freed(stream);
         self.uncommit(&mut st, r, addr, block, true);
     }
 
@@ -773,8 +804,10 @@ impl<P: PhysicalPages> Drop for VirtualMemory<P> {
         let mut guard = self.lock();
         let st = &mut *guard;
         // Wait for the streams that freed blocks since the last trim: then no work uses a page
-        // without a live block. A failure leaves nothing better to do than give the memory back.
-        let _ = self.synchronize_freed(st);
+        // without a live block. If that fails, work may still use them: leak them all.
+        if self.synchronize_freed(st).is_err() {
+            return;
+        }
         // The pages of blocks still allocated: their owners were leaked (`mem::forget`), and
         // device work may still use them. Those pages and their ranges are leaked too.
         let mut live: Vec<Bits> = st.regions.iter().map(|_| Bits::default()).collect();
@@ -819,3 +852,216 @@ static_assertions::assert_not_impl_any!(
     crate::Accessible<crate::DeviceAccessible>
 );
 const _: () = assert!(crate::property::alignment_of::<VirtualMemory<crate::Simulated>>() == 256);
+
+#[cfg(test)]
+mod tests {
+    //! The ordering of synchronizations, maps, enables and unmaps, seen through a page source
+    //! that records them (the trait is sealed, so only the crate can write one).
+    use super::*;
+    use crate::leaf::pages::sealed::Sealed;
+    use crate::stream::StreamId;
+    use crate::Simulated;
+
+    #[derive(Debug, Clone, PartialEq)]
+    enum Ev {
+        Sync(StreamId),
+        Map(usize),
+        Enable(usize, usize),
+        Unmap(usize),
+    }
+
+    #[derive(Debug)]
+    struct Recording {
+        sim: Simulated,
+        log: Mutex<Vec<Ev>>,
+    }
+
+    impl Recording {
+        fn new(capacity: usize) -> Self {
+            Recording {
+                sim: Simulated::with_page_size(capacity, P),
+                log: Mutex::new(Vec::new()),
+            }
+        }
+        fn push(&self, e: Ev) {
+            self.log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(e);
+        }
+        fn log(&self) -> Vec<Ev> {
+            self.log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        }
+    }
+
+    impl Sealed for Recording {}
+
+    // SAFETY: every call goes to `Simulated`, whose promises hold; recording touches no memory.
+    unsafe impl PhysicalPages for Recording {
+        type Host = typenum::B0;
+        type Device = typenum::B0;
+        type Managed = typenum::B0;
+        type Page = ();
+        fn page_size(&self) -> usize {
+            PhysicalPages::page_size(&self.sim)
+        }
+        fn capacity(&self) -> usize {
+            PhysicalPages::capacity(&self.sim)
+        }
+        fn default_reservation(&self) -> usize {
+            self.sim.default_reservation()
+        }
+        fn reserve(&self, size: usize) -> Result<usize> {
+            self.sim.reserve(size)
+        }
+        unsafe fn unreserve(&self, addr: usize, size: usize) {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.sim.unreserve(addr, size) }
+        }
+        unsafe fn map(&self, addr: usize, size: usize) -> Result<()> {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.sim.map(addr, size) }?;
+            self.push(Ev::Map(addr));
+            Ok(())
+        }
+        unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
+            self.push(Ev::Enable(addr, size));
+            Ok(())
+        }
+        unsafe fn unmap(&self, addr: usize, size: usize, page: ()) {
+            self.push(Ev::Unmap(addr));
+            // SAFETY: forwarded from the caller.
+            unsafe { self.sim.unmap(addr, size, page) }
+        }
+        fn synchronize(&self, stream: StreamRef) -> Result<()> {
+            self.push(Ev::Sync(stream.id()));
+            Ok(())
+        }
+        fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
+            Ok(())
+        }
+        fn name(&self) -> &'static str {
+            "Recording"
+        }
+        fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("recording")
+        }
+    }
+
+    const P: usize = 64 << 10;
+
+    /// True when every unmap of `page` in `log` comes after a synchronization of `stream`.
+    fn synced_before_unmap(log: &[Ev], page: usize, stream: StreamRef) -> bool {
+        let unmap = log.iter().position(|e| *e == Ev::Unmap(page));
+        let sync = log.iter().position(|e| *e == Ev::Sync(stream.id()));
+        unmap.is_none_or(|u| sync.is_some_and(|s| s < u))
+    }
+
+    #[test]
+    fn a_failed_allocation_keeps_the_stream_to_wait_for() {
+        // U is freed on S while S's work may still use it; a failed request on S takes S's
+        // blocks (its slot goes) and gives them back: S must still be waited for before U's page
+        // is unmapped.
+        let rec = Recording::new(1 << 30);
+        let config = VirtualMemoryConfig {
+            reservation: 5 * P,
+            max: 3 * P,
+            cache: 1 << 40,
+        };
+        let vm = VirtualMemory::new(&rec, config).unwrap();
+        let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
+        let d0 = vm.allocate(P, 256, d).unwrap();
+        let _d1 = vm.allocate(P, 256, d).unwrap();
+        let u = vm.allocate(P, 256, s).unwrap();
+        let base = d0.as_ptr() as usize;
+        assert_eq!(u.as_ptr() as usize, base + 2 * P);
+        // SAFETY: live with these sizes.
+        unsafe {
+            vm.deallocate(u, P, 256, s);
+            vm.deallocate(d0, P, 256, d);
+        }
+        assert!(vm.allocate(3 * P, 256, s).unwrap_err().is_out_of_memory());
+        vm.release();
+        assert!(
+            synced_before_unmap(&rec.log(), base + 2 * P, s),
+            "{:?}",
+            rec.log()
+        );
+    }
+
+    #[test]
+    fn a_failed_growth_keeps_the_stream_to_wait_for() {
+        let rec = Recording::new(1 << 30);
+        let config = VirtualMemoryConfig {
+            reservation: 6 * P,
+            max: 4 * P,
+            cache: 1 << 40,
+        };
+        let vm = VirtualMemory::new(&rec, config).unwrap();
+        let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
+        let d0 = vm.allocate(P, 256, d).unwrap();
+        let _d2 = vm.allocate(P, 256, d).unwrap();
+        let a = vm.allocate(P, 256, d).unwrap();
+        let u = vm.allocate(P, 256, s).unwrap();
+        let base = d0.as_ptr() as usize;
+        assert_eq!(u.as_ptr() as usize, base + 3 * P);
+        // SAFETY: live with these sizes.
+        unsafe {
+            vm.deallocate(u, P, 256, s);
+            vm.deallocate(d0, P, 256, d);
+        }
+        assert!(vm.grow_in_place(a, P, 4 * P, s).is_err());
+        vm.release();
+        assert!(
+            synced_before_unmap(&rec.log(), base + 3 * P, s),
+            "{:?}",
+            rec.log()
+        );
+    }
+
+    #[test]
+    fn a_map_that_fails_midway_leaves_no_page_unenabled() {
+        let rec = Recording::new(3 * P);
+        let config = VirtualMemoryConfig {
+            reservation: 16 * P,
+            ..Default::default()
+        };
+        let vm = VirtualMemory::new(&rec, config).unwrap();
+        let d = StreamRef::DEFAULT;
+        // Someone else holds a page of the memory: the third page of the block cannot be mapped.
+        let other = MemoryResource::allocate(&rec.sim, P, 256, d).unwrap();
+        assert!(vm.allocate(3 * P, 256, d).is_err());
+        // SAFETY: live with this size.
+        unsafe { MemoryResource::deallocate(&rec.sim, other, P, 256, d) };
+        let a = vm.allocate(2 * P, 256, d).unwrap();
+        let log = rec.log();
+        let base = a.as_ptr() as usize;
+        for page in [base, base + P] {
+            let last_map = log.iter().rposition(|e| *e == Ev::Map(page)).unwrap();
+            let enabled = log[last_map..]
+                .iter()
+                .any(|e| matches!(*e, Ev::Enable(x, n) if x <= page && page < x + n));
+            assert!(
+                enabled,
+                "page {page:#x} of a live block was never enabled: {log:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_huge_alignment_is_refused_before_any_table_grows() {
+        let sim = Simulated::new(64 << 20);
+        let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
+        for shift in [30, 40, 56, 62] {
+            let e = vm.allocate(1, 1 << shift, StreamRef::DEFAULT).unwrap_err();
+            assert!(e.is_out_of_memory(), "{e}");
+        }
+        let p = vm.allocate(1, 1 << 20, StreamRef::DEFAULT).unwrap();
+        assert_eq!(p.as_ptr() as usize % (1 << 20), 0);
+        // SAFETY: live with this size and alignment.
+        unsafe { vm.deallocate(p, 1, 1 << 20, StreamRef::DEFAULT) };
+    }
+}

@@ -142,13 +142,15 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
         // SAFETY: forwarded from the caller.
         unsafe { self.pages.unreserve(addr, size) }
     }
-    fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
-        let page = self.pages.map(addr, size)?;
+    unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
+        // SAFETY: forwarded from the caller.
+        let page = unsafe { self.pages.map(addr, size) }?;
         self.meter.count_in(size);
         Ok(page)
     }
-    fn enable(&self, addr: usize, size: usize) -> Result<()> {
-        self.pages.enable(addr, size)
+    unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.pages.enable(addr, size) }
     }
     unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
         // SAFETY: forwarded from the caller.

@@ -154,6 +154,11 @@ impl TlsfIndex {
         self.spare.len() >= n || self.blocks.len() + n < NIL as usize
     }
 
+    /// True when one more record can be made (a split, a shrink).
+    pub(crate) fn has_room(&self) -> bool {
+        self.room_for(1)
+    }
+
     /// A record for `block`; the caller checked [`room_for`](Self::room_for).
     fn record(&mut self, block: Block) -> u32 {
         match self.spare.pop() {
