@@ -13,8 +13,9 @@
 //! ## A tour
 //!
 //! The trait is [`MemoryResource`]. Leaves call a driver ([`Cuda`], [`CudaAsync`], [`Managed`],
-//! [`Pinned`]) or not ([`System`], [`Simulated`]); [`resource_stack!`] builds a stack from a list,
-//! each line wrapping the one above. Without a GPU, `Simulated` stands in for device memory:
+//! [`Pinned`]) or not ([`System`], [`Simulated`]); [`VirtualMemory`] maps physical pages of a
+//! page source only under live blocks. [`resource_stack!`] builds a stack from a list, each line
+//! wrapping the one above. Without a GPU, `Simulated` stands in for device memory:
 //!
 //! ```
 //! use mrstack::prelude::*;
