@@ -1,9 +1,11 @@
-//! The leaf resources text can name: `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated`.
+//! The leaf resources text can name: `cuda`, `cuda_async`, `managed`, `pinned`, `system`,
+//! `simulated`, `vmm`.
 
 use super::{ConfigError, ItemSpec};
 use crate::erased::{AnyResource, PropertySet};
 use crate::leaf::{
-    cuda_context, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
+    cuda_context, Cuda, CudaAsync, CudaAsyncOptions, DevicePages, Managed, Pinned, Simulated,
+    System, VirtualMemory, VirtualMemoryConfig,
 };
 
 /// The leaf resources, by name.
@@ -14,6 +16,7 @@ pub(super) const LEAVES: &[&str] = &[
     "pinned",
     "system",
     "simulated",
+    "vmm",
 ];
 
 /// Builds the leaf `item` names (on `default_device` unless it names one); `Ok(None)` when it
@@ -58,6 +61,36 @@ pub(super) fn leaf<P: PropertySet>(
         "simulated" => {
             item.check_fields(&["capacity"])?;
             item.erase(Simulated::new(item.required_size("capacity")?))
+        }
+        "vmm" => {
+            item.check_fields(&["device", "simulated", "page", "max", "cache", "reservation"])?;
+            let default = VirtualMemoryConfig::default();
+            let config = VirtualMemoryConfig {
+                reservation: item.size_or("reservation", default.reservation)?,
+                max: item.size_or("max", default.max)?,
+                cache: item.size_or("cache", default.cache)?,
+            };
+            let page = item.size("page")?;
+            match item.size("simulated")? {
+                Some(capacity) => {
+                    if let Some(f) = item.field("device") {
+                        return Err(item.bad_value(
+                            f,
+                            "no `device` beside `simulated` (simulated pages belong to no device)",
+                        ));
+                    }
+                    item.check_gives::<P, VirtualMemory<Simulated>>()?;
+                    let sim = Simulated::with_page_size(capacity, page.unwrap_or(2 << 20));
+                    item.erase(VirtualMemory::new(sim, config).map_err(err)?)
+                }
+                None => {
+                    item.check_gives::<P, VirtualMemory<DevicePages>>()?;
+                    let ctx = cuda_context(device()?).map_err(err)?;
+                    let pages =
+                        DevicePages::with_page_size(&ctx, page.unwrap_or(0)).map_err(err)?;
+                    item.erase(VirtualMemory::new(pages, config).map_err(err)?)
+                }
+            }
         }
         _ => return Ok(None),
     };

@@ -12,7 +12,10 @@
 //! (`logging(path="a,b.csv")`, with `\"` and `\\` as escapes).
 //!
 //! Leaves: `cuda(device=0)`, `cuda_async(device=0, initial=…, release_threshold=…)`,
-//! `managed(device=0)`, `pinned(device=0)`, `system`, `simulated(capacity=…)`. Adaptors: those
+//! `managed(device=0)`, `pinned(device=0)`, `system`, `simulated(capacity=…)`,
+//! `vmm(device=0, max=…, cache=…, reservation=…, page=…)` ([`VirtualMemory`](crate::VirtualMemory)
+//! over the device's pages; `vmm(simulated=64 MiB, …)` over a `Simulated` of that capacity,
+//! for tests). Adaptors: those
 //! registered on the [`StackBuilder`] (the crate's own, and any the caller adds with
 //! [`StackBuilder::with_adaptor`]).
 //!
@@ -40,6 +43,7 @@
 //! | item | layer |
 //! |---|---|
 //! | `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated` | [`Cuda`](crate::Cuda), [`CudaAsync`](crate::CudaAsync), [`Managed`](crate::Managed), [`Pinned`](crate::Pinned), [`System`](crate::System), [`Simulated`](crate::Simulated) |
+//! | `vmm(device=…)`, `vmm(simulated=…)` | `VirtualMemory<DevicePages>`, `VirtualMemory<Simulated>` ([`leaf`](crate::leaf)) |
 //! | `pool`, `tlsf`, `binning`, `fixed_size`, `arena` | `Pool<AnyResource<P>>`, `Tlsf<…>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>` ([`suballoc`](crate::suballoc)) |
 //! | `statistics`, `tracking`, `limiting` | `Statistics<AnyResource<P>>`, `Tracking<…>`, `Limiting<…>` ([`adaptor`](crate::adaptor)) |
 //! | `logging` | `Logging<AnyResource<P>>` (its writer is the boxed [`LogWriter`](crate::adaptor::LogWriter)) |

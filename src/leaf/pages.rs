@@ -2,6 +2,7 @@
 //! API ([`DevicePages`]) or the simulated device ([`Simulated`](crate::Simulated)).
 
 use crate::resource::{AllocError, AllocErrorKind, Result};
+use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
 use cudarc::driver::{sys, CudaContext};
 use std::sync::Arc;
@@ -80,8 +81,9 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
     /// A short name for errors.
     fn name(&self) -> &'static str;
-    /// The text configuration of the source (`simulated(capacity=…)`, `cuda(device=0)`).
-    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
+    /// Writes the fields of the `vmm` text item that name this source (`device=0`,
+    /// `simulated=64 MiB`), so that a description builds the same resource again.
+    fn describe_fields<'a, 'b>(&self, item: ItemWriter<'a, 'b>) -> ItemWriter<'a, 'b>;
 }
 
 impl<P: PhysicalPages + ?Sized> sealed::Sealed for Arc<P> {}
@@ -131,8 +133,8 @@ macro_rules! forward_pages {
         fn name(&self) -> &'static str {
             (**self).name()
         }
-        fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            (**self).describe_to(f)
+        fn describe_fields<'a, 'b>(&self, item: ItemWriter<'a, 'b>) -> ItemWriter<'a, 'b> {
+            (**self).describe_fields(item)
         }
     };
 }
@@ -172,6 +174,8 @@ unsafe impl<P: PhysicalPages + ?Sized> PhysicalPages for &P {
 pub struct DevicePages {
     ctx: Arc<CudaContext>,
     page: usize,
+    /// The device's allocation granularity, which `page` is a multiple of.
+    granularity: usize,
     total: usize,
 }
 
@@ -228,6 +232,7 @@ impl DevicePages {
         Ok(DevicePages {
             ctx: ctx.clone(),
             page,
+            granularity,
             total,
         })
     }
@@ -368,10 +373,13 @@ unsafe impl PhysicalPages for DevicePages {
         Self::NAME
     }
 
-    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        crate::stack::ItemWriter::leaf(f, "cuda")
-            .number("device", self.ctx.ordinal())
-            .finish()
+    fn describe_fields<'a, 'b>(&self, item: ItemWriter<'a, 'b>) -> ItemWriter<'a, 'b> {
+        let item = item.number("device", self.ctx.ordinal());
+        if self.page == self.granularity {
+            item
+        } else {
+            item.size("page", self.page)
+        }
     }
 }
 

@@ -361,8 +361,16 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
         Self::NAME
     }
 
-    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        MemoryResource::describe_to(self, f)
+    fn describe_fields<'a, 'b>(
+        &self,
+        item: crate::stack::ItemWriter<'a, 'b>,
+    ) -> crate::stack::ItemWriter<'a, 'b> {
+        let item = item.size("simulated", self.capacity);
+        if self.page == Self::PAGE {
+            item
+        } else {
+            item.size("page", self.page)
+        }
     }
 }
 

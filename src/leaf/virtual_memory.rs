@@ -2,6 +2,7 @@
 
 use super::pages::PhysicalPages;
 use crate::resource::{align_up, check_request, AllocError, MemoryResource, Result};
+use crate::stack::ItemWriter;
 use crate::stream::{Held, StreamRef};
 use crate::suballoc::tlsf_index::{TlsfIndex, GRANULE};
 use std::ptr::NonNull;
@@ -787,14 +788,20 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         NAME
     }
 
-    /// `vmm(cache=…, max=…)` over its page source.
+    /// `vmm(device=0, …)` (or `vmm(simulated=…, …)`), leaving out what the defaults give.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.pages.describe_to(f)?;
-        write!(f, " > vmm(cache={}", self.config.cache)?;
-        if self.config.max != usize::MAX {
-            write!(f, ", max={}", self.config.max)?;
+        let default = VirtualMemoryConfig::default();
+        let mut item = self.pages.describe_fields(ItemWriter::leaf(f, "vmm"));
+        if self.config.max != default.max {
+            item = item.size("max", self.config.max);
         }
-        write!(f, ")")
+        if self.config.cache != default.cache {
+            item = item.size("cache", self.config.cache);
+        }
+        if self.config.reservation != default.reservation {
+            item = item.size("reservation", self.config.reservation);
+        }
+        item.finish()
     }
 }
 
@@ -946,8 +953,8 @@ mod tests {
         fn name(&self) -> &'static str {
             "Recording"
         }
-        fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("recording")
+        fn describe_fields<'a, 'b>(&self, item: ItemWriter<'a, 'b>) -> ItemWriter<'a, 'b> {
+            item.flag("recording", true)
         }
     }
 

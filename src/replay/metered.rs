@@ -166,8 +166,11 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
     fn name(&self) -> &'static str {
         self.pages.name()
     }
-    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.pages.describe_to(f)
+    fn describe_fields<'a, 'b>(
+        &self,
+        item: crate::stack::ItemWriter<'a, 'b>,
+    ) -> crate::stack::ItemWriter<'a, 'b> {
+        self.pages.describe_fields(item)
     }
 }
 

@@ -163,3 +163,17 @@ fn tlsf_serves_kernels_on_two_streams() {
     }
     assert_eq!(mr.usage().allocated, 0);
 }
+
+#[test]
+fn a_text_config_builds_virtual_memory_on_the_device() {
+    let Some(ctx) = gpu() else { return };
+    let mr = mrstack::config::build::<DeviceAccessible>("vmm(device=0, cache=0 B)").unwrap();
+    assert_eq!(mr.describe().to_string(), "vmm(device=0, cache=0 B)");
+    let stream = ctx.new_stream().unwrap();
+    let mut v = DeviceVec::<u32, _>::zeroed(3 << 20, &mr, &stream).unwrap();
+    fill_and_check(&ctx, &mut v, 9);
+    let vm: &VirtualMemory<DevicePages> = mr.downcast_ref().unwrap();
+    assert_eq!(vm.usage().mapped, 12 << 20, "twelve MiB of 2 MiB pages");
+    drop(v);
+    assert_eq!(vm.usage().mapped, 0, "no cache: the pages went back");
+}

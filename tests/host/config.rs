@@ -176,6 +176,39 @@ fn cuda_leaves_without_a_driver_say_so() {
     }
 }
 
+#[test]
+fn vmm_over_simulated_pages_builds_describes_itself_and_refuses_contradictions() {
+    let text = "vmm(simulated=64 MiB, page=64 KiB, max=1 MiB, cache=0 B)";
+    let mr = config::build::<()>(text).unwrap();
+    let vm: &VirtualMemory<Simulated> = mr.downcast_ref().unwrap();
+    let p = mr.allocate(100 << 10, 256, S).unwrap();
+    assert_eq!(vm.usage().mapped, 128 << 10, "two 64 KiB pages");
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 100 << 10, 256, S) };
+    assert_eq!(vm.usage().mapped, 0, "no cache");
+    assert!(
+        mr.allocate(2 << 20, 256, S).unwrap_err().is_out_of_memory(),
+        "over max"
+    );
+    // The description builds the same resource again.
+    let described = mr.describe().to_string();
+    assert_eq!(
+        described,
+        "vmm(simulated=64 MiB, page=64 KiB, max=1 MiB, cache=0 B)"
+    );
+    let again = config::build::<()>(&described).unwrap();
+    assert_eq!(again.describe().to_string(), described);
+    // Simulated pages are no device's, and give no property a device stack needs.
+    fails(
+        "vmm(simulated=64MiB, device=0)",
+        29,
+        "no `device` beside `simulated`",
+    );
+    let e = config::build::<DeviceAccessible>("vmm(simulated=64MiB)").unwrap_err();
+    assert!(matches!(e.kind, ConfigErrorKind::Properties { .. }), "{e}");
+    fails("vmm(simulated=64MiB, pages=1)", 22, "pages");
+}
+
 /// `text` fails with an error at `column` (from 1) whose message contains `says`.
 fn fails(text: &str, column: usize, says: &str) -> ConfigError {
     let e = builder::<()>().build(text).unwrap_err();
