@@ -331,7 +331,7 @@ fn names_and_fields_are_checked() {
     let e = fails(
         "simulatd(capacity=1GiB)",
         1,
-        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, managed, pinned, system, simulated, pool,",
+        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, managed, pinned, system, simulated, vmm, pool,",
     );
     assert!(matches!(e.kind, K::Unknown { .. }));
     assert!(e.to_string().ends_with(", count"), "{e}");
