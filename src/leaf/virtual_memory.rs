@@ -4,7 +4,7 @@ use super::pages::PhysicalPages;
 use crate::resource::{align_up, check_request, AllocError, MemoryResource, Result};
 use crate::stack::ItemWriter;
 use crate::stream::{Held, StreamRef};
-use crate::suballoc::tlsf_index::{TlsfIndex, GRANULE};
+use crate::suballoc::tlsf_index::{TlsfIndex, ALL_STREAMS, GRANULE};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
@@ -225,18 +225,6 @@ struct State<H> {
     peak_mapped: usize,
     /// Pages in the cache.
     cached: usize,
-    /// A bit per stream (keeper slot; bit 63 for every slot from 63 up) that freed a block, or
-    /// took another stream's free blocks, since the last trim: the streams to synchronize before
-    /// unmapping.
-    freed_on: u64,
-}
-
-/// The bit of `State::freed_on` that stands for every stream.
-const ALL_STREAMS: u32 = 63;
-
-/// The bit of `State::freed_on` for keeper slot `slot`.
-fn stream_bit(slot: usize) -> u64 {
-    1 << slot.min(ALL_STREAMS as usize)
 }
 
 /// The pages of `[addr, addr + len)` in a region at `base`: `(first, last)` touched (end
@@ -333,7 +321,6 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 mapped: 0,
                 peak_mapped: 0,
                 cached: 0,
-                freed_on: 0,
             }),
         };
         let mut st = vm.lock();
@@ -407,9 +394,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
         if let Err(e) = self.extend(&mut st, r, addr, old, new) {
             // Back to the old size: the index gives the tail back to the free range after it
-            // (it has room for the record: checked above), on `stream`, whose bit is set again.
+            // (it has room for the record: checked above), on `stream`.
             st.index.shrink(addr, old, stream);
-            st.freed(stream);
             return Err(e);
         }
         Ok(true)
@@ -632,29 +618,29 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
     }
 
-    /// Synchronizes the streams that freed blocks (or took other streams' free blocks) since the
-    /// last time, and forgets them.
+    /// Synchronizes the streams whose lists got free bytes since the last time
+    /// ([`TlsfIndex::take_listed`]); if one fails, they are all waited for again next time.
     ///
     /// Why that suffices before unmapping a page with no live block: each of its bytes is in a
-    /// free block, on the list of some stream `Y`. Every path that puts bytes on a list (a free,
-    /// a merge after `order_after`, a failed allocation or growth giving its block back) sets the
-    /// bit of that list's stream by its keeper slot at that moment ([`State::freed`]). So either
-    /// the bytes reached `Y`'s list since the last trim, and `Y`'s bit is set, or before it, and
-    /// that trim synchronized `Y` (no work uses freed bytes after that). A slot is reused only
-    /// once its stream has no list; bytes that stream had moved to other lists, which set their
-    /// own bits. A stale bit only adds a synchronization.
+    /// free block, on the list of some stream `Y`. Either the bytes reached `Y`'s list since the
+    /// last synchronization, and `Y` is among the streams waited for now, or before it, and `Y`
+    /// was waited for then (no work uses freed bytes after their free). A stale bit only adds a
+    /// synchronization.
     fn synchronize_freed(&self, st: &mut State<P::Page>) -> Result<()> {
-        let bits = st.freed_on;
+        let bits = st.index.take_listed();
         let keeper = &st.index.streams;
-        if bits & (1 << ALL_STREAMS) != 0 {
-            keeper.each().try_for_each(|s| self.pages.synchronize(s))?;
+        let synced = if bits & (1 << ALL_STREAMS) != 0 {
+            keeper.each().try_for_each(|s| self.pages.synchronize(s))
         } else {
             (0..ALL_STREAMS)
                 .filter(|b| bits & (1 << b) != 0)
-                .try_for_each(|b| self.pages.synchronize(keeper.get(Held::at(b))))?;
+                .try_for_each(|b| self.pages.synchronize(keeper.get(Held::at(b))))
+        };
+        if synced.is_err() {
+            // Waited for or not, these streams must be waited for before the next unmapping.
+            st.index.relist(bits);
         }
-        st.freed_on = 0;
-        Ok(())
+        synced
     }
 
     /// Unmaps cached pages, the highest first (blocks are carved from the low end of free
@@ -688,15 +674,6 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 }
 
 impl<H> State<H> {
-    /// Records that `stream`'s list just got bytes freed (or taken over) on it: its bit, by its
-    /// keeper slot now (every slot when it has no list, which cannot happen right after).
-    fn freed(&mut self, stream: StreamRef) {
-        self.freed_on |= self
-            .index
-            .list_of(stream)
-            .map_or(u64::MAX, |held| stream_bit(held.slot()));
-    }
-
     /// The region holding `addr`, if one does.
     #[inline]
     fn region_of(&self, addr: usize) -> Option<usize> {
@@ -739,28 +716,20 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         }
         let mut st = self.lock();
         let st = &mut *st;
-        let index = &mut st.index;
-        let addr = match index.take(stream, block, align) {
+        let stolen = st.index.take_or_steal(stream, block, align, |after| {
+            self.pages.order_after(stream, after)
+        })?;
+        let addr = match stolen {
             Some(addr) => addr,
-            None => match index.other_with_fit(stream, need) {
-                Some(other) => {
-                    self.pages.order_after(stream, index.streams.get(other))?;
-                    index.merge(other, stream);
-                    st.freed(stream);
-                    st.index.take(stream, block, align).ok_or_else(oom)?
-                }
-                None => {
-                    self.reserve(st, need, stream)?;
-                    st.index.take(stream, block, align).ok_or_else(oom)?
-                }
-            },
+            None => {
+                self.reserve(st, need, stream)?;
+                st.index.take(stream, block, align).ok_or_else(oom)?
+            }
         };
         let r = st.region_of(addr).ok_or_else(oom)?;
         if let Err(e) = self.commit(st, r, addr, block) {
-            // Back to the free ranges, on this stream (ordered after any other already). Its
-            // bit again: the commit's trim may have cleared it, or its slot changed meanwhile.
+            // Back to the free ranges, on this stream (ordered after any other already).
             let _ = st.index.free(addr, stream);
-            st.freed(stream);
             return Err(e);
         }
         NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom)
@@ -779,7 +748,6 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         let Some(block) = st.index.free(addr, stream) else {
             return;
         };
-        st.freed(stream);
         self.uncommit(&mut st, r, addr, block, true);
     }
 

@@ -1,8 +1,9 @@
-//! How the coalescing suballocators (`Pool`, `Tlsf`) take chunks from their upstream: the growth
-//! rule and the retries when the upstream is short of memory.
+//! How the coalescing suballocators (`Pool`, `Tlsf`) take chunks from their upstream and give
+//! them back: the growth rule, the retries when the upstream is short of memory, release and drop.
 
 use crate::resource::{AllocError, MemoryResource};
-use crate::stream::StreamRef;
+use crate::stream::{Held, StreamKeeper, StreamRef};
+use std::ptr::NonNull;
 
 /// Every block's size and offset in its chunk is a multiple of this.
 pub(crate) const GRANULE: usize = 256;
@@ -10,15 +11,128 @@ pub(crate) const GRANULE: usize = 256;
 /// CUDA driver maps device memory in, so that smaller chunks would waste address space.
 const MIN_GROWTH: usize = 2 << 20;
 /// The largest chunk asked for: no allocation exceeds `isize::MAX` bytes.
-pub(super) const MAX_CHUNK: usize = isize::MAX as usize & !(GRANULE - 1);
+const MAX_CHUNK: usize = isize::MAX as usize & !(GRANULE - 1);
 
-/// What the growth rule needs of a suballocator's bookkeeping.
+/// A chunk with no block allocated: where, how large, the stream it was allocated on, and the
+/// streams its free blocks were freed on.
+pub(super) struct FreeChunk {
+    pub(super) start: usize,
+    pub(super) size: usize,
+    pub(super) stream: Held,
+    pub(super) freed_on: Vec<Held>,
+}
+
+/// What the growth and release rules need of a suballocator's bookkeeping.
 pub(super) trait Chunks {
     /// Bytes held from the upstream.
     fn held(&self) -> usize;
     /// Records a chunk just taken from the upstream on `stream`; false when the bookkeeping has
     /// no room for it (the chunk then goes back).
     fn add(&mut self, addr: usize, size: usize, stream: StreamRef) -> bool;
+    /// The chunks with no block allocated.
+    fn free_chunks(&self) -> Vec<FreeChunk>;
+    /// Forgets the wholly free chunks at `starts` and their free blocks; their streams stay
+    /// held (the caller releases them).
+    fn forget(&mut self, starts: &[usize]);
+    /// The streams the bookkeeping names.
+    fn streams(&mut self) -> &mut StreamKeeper;
+}
+
+/// The initial reservation: one chunk of `bytes` (rounded up to the granule, at most `max`) on
+/// the default stream, or the upstream's error; out of memory for a size no allocation can have,
+/// or when the bookkeeping has no room for the chunk.
+pub(super) fn reserve<U: MemoryResource, C: Chunks>(
+    upstream: &U,
+    book: &mut C,
+    bytes: usize,
+    max: usize,
+    name: &'static str,
+) -> Result<(), AllocError> {
+    let size = bytes
+        .checked_next_multiple_of(GRANULE)
+        .unwrap_or(usize::MAX)
+        .min(max);
+    if size == 0 {
+        return Ok(());
+    }
+    let oom = AllocError::out_of_memory(bytes, GRANULE, name);
+    if size > MAX_CHUNK {
+        return Err(oom);
+    }
+    let ptr = upstream.allocate(size, GRANULE, StreamRef::DEFAULT)?;
+    if book.add(ptr.as_ptr() as usize, size, StreamRef::DEFAULT) {
+        return Ok(());
+    }
+    // SAFETY: just allocated with this size, alignment and stream; recorded nowhere.
+    unsafe { upstream.deallocate(ptr, size, GRANULE, StreamRef::DEFAULT) };
+    Err(oom)
+}
+
+/// Gives every wholly free chunk of `book` back to `upstream`, each on its stream after
+/// `order_after` that stream behind the streams that freed blocks inside it (a chunk whose
+/// ordering fails is kept); returns the bytes given back.
+pub(super) fn release<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut C) -> usize {
+    let free = book.free_chunks();
+    let streams = book.streams();
+    let ordered: Vec<FreeChunk> = free
+        .into_iter()
+        .filter(|c| {
+            c.freed_on
+                .iter()
+                .filter(|&&s| s != c.stream)
+                .try_for_each(|&s| upstream.order_after(streams.get(c.stream), streams.get(s)))
+                .is_ok()
+        })
+        .collect();
+    let starts: Vec<usize> = ordered.iter().map(|c| c.start).collect();
+    book.forget(&starts);
+    let streams = book.streams();
+    let mut bytes = 0;
+    for c in &ordered {
+        bytes += c.size;
+        // SAFETY: the chunk came from `upstream.allocate(c.size, GRANULE, c.stream)`, is wholly
+        // free and was just forgotten, so it goes back once, on its stream, ordered after every
+        // stream that freed a block inside it.
+        unsafe { give_back(upstream, c, streams) };
+        streams.release(c.stream);
+    }
+    bytes
+}
+
+/// For a suballocator being dropped: gives every wholly free chunk back as [`release`] does,
+/// waiting for a stream on the host where it cannot be ordered; a chunk with a block still
+/// allocated (its owner was leaked with `mem::forget`, and device work queued before may still
+/// use it) is leaked rather than handed back for reuse under that work.
+pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut C) {
+    let free = book.free_chunks();
+    let streams = book.streams();
+    for c in &free {
+        for &s in c.freed_on.iter().filter(|&&s| s != c.stream) {
+            if upstream
+                .order_after(streams.get(c.stream), streams.get(s))
+                .is_err()
+            {
+                // No event: wait for the stream instead; a failure here leaves nothing better to
+                // do than give the memory back.
+                let _ = upstream.synchronize(streams.get(s));
+            }
+        }
+        // SAFETY: the chunk came from the upstream with this size on this stream, and the
+        // suballocator, being dropped, hands out none of it any more; each chunk is visited once,
+        // ordered after every stream that freed a block inside it.
+        unsafe { give_back(upstream, c, streams) };
+    }
+}
+
+/// # Safety
+///
+/// `c` describes an upstream allocation that nothing uses any more, and `streams` holds its
+/// stream.
+unsafe fn give_back<U: MemoryResource>(upstream: &U, c: &FreeChunk, streams: &StreamKeeper) {
+    if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(c.start)) {
+        // SAFETY: forwarded from the caller: a live upstream allocation of this size.
+        unsafe { upstream.deallocate(ptr, c.size, GRANULE, streams.get(c.stream)) };
+    }
 }
 
 /// A request that [`grow`] serves from `upstream`.

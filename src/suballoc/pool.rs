@@ -1,14 +1,14 @@
 //! `Pool`: a coalescing best-fit pool with free lists per stream.
 
-use super::growth::{self, Request, GRANULE, MAX_CHUNK};
-use super::pool_state::{Chunk, State};
+use super::growth::{self, Request, GRANULE};
+use super::pool_state::State;
 use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
 use crate::stack::{has_upstream, ItemWriter};
-use crate::stream::{StreamKeeper, StreamRef};
+use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
@@ -157,18 +157,7 @@ impl<U: MemoryResource> Pool<U> {
 
     /// Takes one chunk of `bytes` (rounded up to the granule, capped at `max`) from the upstream.
     fn reserve(&self, bytes: usize) -> Result<(), AllocError> {
-        let size = align_up(bytes, GRANULE).unwrap_or(usize::MAX).min(self.max);
-        if size == 0 {
-            return Ok(());
-        }
-        if size > MAX_CHUNK {
-            // No allocation is that large: out of memory for what was asked.
-            return Err(AllocError::out_of_memory(bytes, GRANULE, NAME));
-        }
-        let ptr = self.upstream.allocate(size, GRANULE, StreamRef::DEFAULT)?;
-        self.lock()
-            .add_chunk(ptr.as_ptr() as usize, size, StreamRef::DEFAULT);
-        Ok(())
+        growth::reserve(&self.upstream, &mut *self.lock(), bytes, self.max, NAME)
     }
 
     /// The cap on the bytes held from the upstream (the configured maximum rounded down to 256
@@ -214,46 +203,7 @@ impl<U: MemoryResource> Pool<U> {
     }
 
     fn release_locked(&self, st: &mut State) -> usize {
-        let mut released = Vec::new();
-        for (start, (free, streams)) in st.census() {
-            let chunk = st.chunks[&start];
-            if free != chunk.size {
-                continue;
-            }
-            let ordered = streams
-                .into_iter()
-                .filter(|&s| s != chunk.stream)
-                .try_for_each(|s| {
-                    self.upstream
-                        .order_after(st.streams.get(chunk.stream), st.streams.get(s))
-                });
-            if ordered.is_ok() {
-                released.push(start);
-            }
-        }
-        let mut bytes = 0;
-        for (start, chunk) in st.remove_chunks(&released) {
-            bytes += chunk.size;
-            // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE, chunk.stream)`,
-            // is wholly free (no live block inside it), and was just forgotten, so it is given
-            // back once; its stream is ordered after every stream that freed a block inside it.
-            unsafe { self.give_back(start, chunk, &st.streams) };
-            st.streams.release(chunk.stream);
-        }
-        bytes
-    }
-
-    /// # Safety
-    ///
-    /// `start`/`chunk` describe an upstream allocation that nothing uses any more.
-    unsafe fn give_back(&self, start: usize, chunk: Chunk, streams: &StreamKeeper) {
-        if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(start)) {
-            // SAFETY: forwarded from the caller: a live upstream allocation of this size.
-            unsafe {
-                self.upstream
-                    .deallocate(ptr, chunk.size, GRANULE, streams.get(chunk.stream))
-            };
-        }
+        growth::release(&self.upstream, st)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -347,35 +297,8 @@ has_upstream!(impl<U> for Pool<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Pool<U> {
     fn drop(&mut self) {
-        // `st` (its stream keeper included) lives to the end of this function, past every use of
-        // the streams it holds.
-        let mut st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let mut census = st.census();
-        for (start, chunk) in std::mem::take(&mut st.chunks) {
-            let (free, streams) = census.remove(&start).unwrap_or_default();
-            if free < chunk.size {
-                // A block of it is still allocated: its owner was leaked (`mem::forget` of a
-                // container), and device work queued before may still use it. The chunk is
-                // leaked too, rather than handed back for reuse under that work.
-                continue;
-            }
-            for s in streams {
-                if s != chunk.stream
-                    && self
-                        .upstream
-                        .order_after(st.streams.get(chunk.stream), st.streams.get(s))
-                        .is_err()
-                {
-                    // No event: wait for the stream instead; a failure here leaves nothing
-                    // better to do than give the memory back.
-                    let _ = self.upstream.synchronize(st.streams.get(s));
-                }
-            }
-            // SAFETY: the chunk came from the upstream with this size, and the pool, being
-            // dropped, hands out none of it any more; each chunk is visited once. Its stream is
-            // ordered after every stream that freed a block inside it.
-            unsafe { self.give_back(start, chunk, &st.streams) };
-        }
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        growth::drop_chunks(&self.upstream, st);
     }
 }
 

@@ -1,6 +1,6 @@
 //! The bookkeeping of a `Pool`: its chunks and its free blocks per stream, by size (best fit) and by address (coalescing).
 
-use super::growth::{Chunks, GRANULE};
+use super::growth::{Chunks, FreeChunk, GRANULE};
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -228,7 +228,7 @@ impl State {
     /// For each chunk, the free bytes inside it and the streams they were freed on (blocks never
     /// straddle chunks, so a chunk is wholly free when its free bytes add up to its size).
     /// O(n log c) for n free blocks in c chunks: for `release` and drop, not the hot path.
-    pub(super) fn census(&self) -> BTreeMap<usize, (usize, Vec<Held>)> {
+    fn census(&self) -> BTreeMap<usize, (usize, Vec<Held>)> {
         let mut census: BTreeMap<usize, (usize, Vec<Held>)> = BTreeMap::new();
         for (&addr, f) in &self.starts {
             if let Some((&chunk, _)) = self.chunks.range(..=addr).next_back() {
@@ -242,8 +242,8 @@ impl State {
         census
     }
 
-    /// Forgets the chunks starting at `removed` and the free blocks inside them; returns them.
-    pub(super) fn remove_chunks(&mut self, removed: &[usize]) -> Vec<(usize, Chunk)> {
+    /// Forgets the chunks starting at `removed` and the free blocks inside them.
+    fn remove_chunks(&mut self, removed: &[usize]) {
         let chunks = &self.chunks;
         let inside = |addr: usize| {
             chunks
@@ -260,14 +260,11 @@ impl State {
         for (addr, f) in gone {
             self.remove(f.stream, addr, f.size);
         }
-        let mut out = Vec::with_capacity(removed.len());
         for &start in removed {
             if let Some(c) = self.chunks.remove(&start) {
                 self.pool_size -= c.size;
-                out.push((start, c));
             }
         }
-        out
     }
 }
 
@@ -279,5 +276,28 @@ impl Chunks for State {
     fn add(&mut self, addr: usize, size: usize, stream: StreamRef) -> bool {
         self.add_chunk(addr, size, stream);
         true
+    }
+
+    fn free_chunks(&self) -> Vec<FreeChunk> {
+        self.census()
+            .into_iter()
+            .filter_map(|(start, (free, freed_on))| {
+                let chunk = self.chunks.get(&start)?;
+                (free == chunk.size).then_some(FreeChunk {
+                    start,
+                    size: chunk.size,
+                    stream: chunk.stream,
+                    freed_on,
+                })
+            })
+            .collect()
+    }
+
+    fn forget(&mut self, starts: &[usize]) {
+        self.remove_chunks(starts);
+    }
+
+    fn streams(&mut self) -> &mut StreamKeeper {
+        &mut self.streams
     }
 }

@@ -1,6 +1,6 @@
 //! `Tlsf`: a coalescing good-fit pool in O(1) (two-level segregated fit), with free blocks per stream.
 
-use super::growth::{self, Chunks, Request, GRANULE, MAX_CHUNK};
+use super::growth::{self, Request, GRANULE};
 use super::tlsf_index::TlsfIndex;
 use super::usage::Usage;
 use crate::config::{ConfigError, FromItem, ItemSpec};
@@ -8,7 +8,7 @@ use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
 use crate::stack::{has_upstream, ItemWriter};
-use crate::stream::{StreamKeeper, StreamRef};
+use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
@@ -103,16 +103,6 @@ pub struct Tlsf<U: MemoryResource> {
     state: Mutex<TlsfIndex>,
 }
 
-impl Chunks for TlsfIndex {
-    fn held(&self) -> usize {
-        self.size
-    }
-
-    fn add(&mut self, addr: usize, size: usize, stream: StreamRef) -> bool {
-        self.add_chunk(addr, size, stream)
-    }
-}
-
 impl<U: MemoryResource> Tlsf<U> {
     /// A pool over `upstream`. It takes `config.initial` bytes at once if the upstream has them,
     /// and starts empty otherwise (use [`try_new`](Self::try_new) to learn whether it did); an
@@ -152,26 +142,7 @@ impl<U: MemoryResource> Tlsf<U> {
     }
 
     fn reserve(&self, bytes: usize) -> Result<(), AllocError> {
-        let size = align_up(bytes, GRANULE).unwrap_or(usize::MAX).min(self.max);
-        if size == 0 {
-            return Ok(());
-        }
-        if size > MAX_CHUNK {
-            return Err(AllocError::out_of_memory(bytes, GRANULE, NAME));
-        }
-        let ptr = self.upstream.allocate(size, GRANULE, StreamRef::DEFAULT)?;
-        if !self
-            .lock()
-            .add_chunk(ptr.as_ptr() as usize, size, StreamRef::DEFAULT)
-        {
-            // SAFETY: just allocated with this size, alignment and stream; recorded nowhere.
-            unsafe {
-                self.upstream
-                    .deallocate(ptr, size, GRANULE, StreamRef::DEFAULT)
-            };
-            return Err(AllocError::out_of_memory(bytes, GRANULE, NAME));
-        }
-        Ok(())
+        growth::reserve(&self.upstream, &mut *self.lock(), bytes, self.max, NAME)
     }
 
     /// The cap on the bytes held from the upstream (the configured maximum rounded down to 256
@@ -214,52 +185,7 @@ impl<U: MemoryResource> Tlsf<U> {
     }
 
     fn release_locked(&self, st: &mut TlsfIndex) -> usize {
-        let starts: Vec<usize> = st.chunks.keys().copied().collect();
-        let mut bytes = 0;
-        for start in starts {
-            let Some(streams) = st.free_chunk_streams(start) else {
-                continue;
-            };
-            let chunk = st.chunks[&start];
-            let ordered = streams
-                .into_iter()
-                .filter(|&s| s != chunk.stream)
-                .try_for_each(|s| {
-                    self.upstream
-                        .order_after(st.streams.get(chunk.stream), st.streams.get(s))
-                });
-            if ordered.is_err() {
-                continue;
-            }
-            if let Some(chunk) = st.remove_chunk(start) {
-                bytes += chunk.size;
-                // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE,
-                // chunk.stream)`, is wholly free and was just forgotten, so it goes back once,
-                // on its stream, ordered after every stream that freed a block inside it.
-                unsafe { self.give_back(start, chunk.size, chunk.stream, &st.streams) };
-                st.streams.release(chunk.stream);
-            }
-        }
-        bytes
-    }
-
-    /// # Safety
-    ///
-    /// `start`/`size` describe an upstream allocation that nothing uses any more, made on `held`.
-    unsafe fn give_back(
-        &self,
-        start: usize,
-        size: usize,
-        held: crate::stream::Held,
-        streams: &StreamKeeper,
-    ) {
-        if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(start)) {
-            // SAFETY: forwarded from the caller: a live upstream allocation of this size.
-            unsafe {
-                self.upstream
-                    .deallocate(ptr, size, GRANULE, streams.get(held))
-            };
-        }
+        growth::release(&self.upstream, st)
     }
 
     fn lock(&self) -> MutexGuard<'_, TlsfIndex> {
@@ -285,30 +211,25 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
         let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
         let need = block + (align - GRANULE);
         let mut st = self.lock();
-        let addr = match st.take(stream, block, align) {
+        let stolen = st.take_or_steal(stream, block, align, |after| {
+            self.upstream.order_after(stream, after)
+        })?;
+        let addr = match stolen {
             Some(addr) => addr,
-            None => match st.other_with_fit(stream, need) {
-                Some(other) => {
-                    self.upstream.order_after(stream, st.streams.get(other))?;
-                    st.merge(other, stream);
-                    st.take(stream, block, align)
-                        .ok_or(AllocError::out_of_memory(size, align, NAME))?
-                }
-                None => {
-                    let req = Request {
-                        need,
-                        stream,
-                        size,
-                        align,
-                        name: NAME,
-                    };
-                    growth::grow(&self.upstream, &mut *st, self.max, req, |st| {
-                        self.release_locked(st)
-                    })?;
-                    st.take(stream, block, align)
-                        .ok_or(AllocError::out_of_memory(size, align, NAME))?
-                }
-            },
+            None => {
+                let req = Request {
+                    need,
+                    stream,
+                    size,
+                    align,
+                    name: NAME,
+                };
+                growth::grow(&self.upstream, &mut *st, self.max, req, |st| {
+                    self.release_locked(st)
+                })?;
+                st.take(stream, block, align)
+                    .ok_or(AllocError::out_of_memory(size, align, NAME))?
+            }
         };
         drop(st);
         NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
@@ -351,34 +272,8 @@ has_upstream!(impl<U> for Tlsf<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Tlsf<U> {
     fn drop(&mut self) {
-        // `st` (its stream keeper included) lives to the end of this function, past every use of
-        // the streams it holds.
-        let st = std::mem::take(self.state.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let starts: Vec<usize> = st.chunks.keys().copied().collect();
-        for start in starts {
-            let Some(streams) = st.free_chunk_streams(start) else {
-                // A block of it is still allocated: its owner was leaked (`mem::forget`), and
-                // device work queued before may still use it. The chunk is leaked too.
-                continue;
-            };
-            let chunk = st.chunks[&start];
-            for s in streams {
-                if s != chunk.stream
-                    && self
-                        .upstream
-                        .order_after(st.streams.get(chunk.stream), st.streams.get(s))
-                        .is_err()
-                {
-                    // No event: wait for the stream instead; a failure here leaves nothing
-                    // better to do than give the memory back.
-                    let _ = self.upstream.synchronize(st.streams.get(s));
-                }
-            }
-            // SAFETY: the chunk came from the upstream with this size and stream, and the pool,
-            // being dropped, hands out none of it any more; each chunk is visited once, ordered
-            // after every stream that freed a block inside it.
-            unsafe { self.give_back(start, chunk.size, chunk.stream, &st.streams) };
-        }
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        growth::drop_chunks(&self.upstream, st);
     }
 }
 

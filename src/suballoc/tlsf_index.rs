@@ -11,6 +11,8 @@
 //! same stream and in the same chunk. The only map is from an allocated block's address to its
 //! record, for `free`.
 
+use super::growth::{Chunks, FreeChunk};
+use crate::resource::AllocError;
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::collections::{BTreeMap, HashMap};
 
@@ -142,9 +144,16 @@ pub(crate) struct TlsfIndex {
     pub(crate) peak: usize,
     /// Bytes in allocated blocks.
     pub(crate) allocated: usize,
+    /// A bit per keeper slot (bit 63 for every slot from 63 up) whose list got a block since
+    /// [`take_listed`](Self::take_listed): set in [`push`](Self::push), which every path that
+    /// puts bytes on a list goes through (a free, a merge, a split's leftover, a new chunk).
+    listed: u64,
     /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
     pub(crate) streams: StreamKeeper,
 }
+
+/// The bit of [`TlsfIndex::take_listed`] that stands for every stream.
+pub(crate) const ALL_STREAMS: u32 = 63;
 
 impl TlsfIndex {
     /// True when `n` more records can be made: record numbers stay below `NIL`. The callers
@@ -208,6 +217,7 @@ impl TlsfIndex {
         list.first |= 1 << f;
         list.second[f] |= 1 << s;
         list.blocks += 1;
+        self.listed |= 1 << b.stream.slot().min(ALL_STREAMS as usize);
         if head != NIL {
             self.blocks[head as usize].prev_free = i;
         }
@@ -330,6 +340,44 @@ impl TlsfIndex {
             .flatten()
             .map(|l| l.stream)
             .find(|&held| Some(held) != own && self.find(held, need).is_some())
+    }
+
+    /// The streams whose lists got a block since the last call, as keeper slots (bit 63: any
+    /// stream), and forgets them. A bit names whatever its slot holds now; a slot is reused only
+    /// once its stream has no list, whose bytes went to other lists (setting their bits) or are
+    /// allocated. So every free byte is on the list of a stream whose bit is set, or that got it
+    /// before the last call.
+    pub(crate) fn take_listed(&mut self) -> u64 {
+        std::mem::take(&mut self.listed)
+    }
+
+    /// Puts back bits [`take_listed`](Self::take_listed) returned, for a caller that could not
+    /// act on them.
+    pub(crate) fn relist(&mut self, bits: u64) {
+        self.listed |= bits;
+    }
+
+    /// Carves a block of `size` bytes at `align` for `stream` from its own list or, failing
+    /// that, from the list of another stream with a fit, after `order_after(that stream)` orders
+    /// `stream` behind it (all of that stream's free blocks then move to `stream`: the one wait
+    /// orders them all). `Ok(None)` when no stream has a fit: the caller grows.
+    pub(crate) fn take_or_steal(
+        &mut self,
+        stream: StreamRef,
+        size: usize,
+        align: usize,
+        order_after: impl FnOnce(StreamRef<'static>) -> Result<(), AllocError>,
+    ) -> Result<Option<usize>, AllocError> {
+        if let Some(addr) = self.take(stream, size, align) {
+            return Ok(Some(addr));
+        }
+        let need = size.saturating_add(align - GRANULE);
+        let Some(other) = self.other_with_fit(stream, need) else {
+            return Ok(None);
+        };
+        order_after(self.streams.get(other))?;
+        self.merge(other, stream);
+        Ok(self.take(stream, size, align))
     }
 
     /// Carves a block of `size` bytes (a granule multiple) at `align` (at least a granule) out
@@ -604,6 +652,40 @@ impl TlsfIndex {
     /// Streams with free blocks, for the bound tests check.
     pub(crate) fn lists(&self) -> usize {
         self.lists.iter().flatten().count()
+    }
+}
+
+impl Chunks for TlsfIndex {
+    fn held(&self) -> usize {
+        self.size
+    }
+
+    fn add(&mut self, addr: usize, size: usize, stream: StreamRef) -> bool {
+        self.add_chunk(addr, size, stream)
+    }
+
+    fn free_chunks(&self) -> Vec<FreeChunk> {
+        self.chunks
+            .iter()
+            .filter_map(|(&start, chunk)| {
+                Some(FreeChunk {
+                    start,
+                    size: chunk.size,
+                    stream: chunk.stream,
+                    freed_on: self.free_chunk_streams(start)?,
+                })
+            })
+            .collect()
+    }
+
+    fn forget(&mut self, starts: &[usize]) {
+        for &start in starts {
+            self.remove_chunk(start);
+        }
+    }
+
+    fn streams(&mut self) -> &mut StreamKeeper {
+        &mut self.streams
     }
 }
 

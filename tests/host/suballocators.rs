@@ -660,17 +660,10 @@ fn hammer<R: MemoryResource + Sync>(
     });
 }
 
-#[test]
-fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
-    let rec = Recorder::new(System::new());
-    let pool = Pool::new(
-        &rec,
-        PoolConfig {
-            initial: 0,
-            max: 1 << 30,
-        },
-    );
-    hammer(&pool, 0x9E37_79B9_7F4A_7C15, |next| {
+/// 16 threads through a coalescing pool over host memory (`hammer`), then every chunk comes back
+/// whole.
+fn sixteen_threads<P: Coalescing + Sync>(pool: P, rec: &Recorder<System>, seed: u64) {
+    hammer(&pool, seed, |next| {
         let size = match next() % 16 {
             0 => (next() % (1 << 20)) as usize + 1,
             _ => (next() % 8192) as usize + 1,
@@ -684,31 +677,27 @@ fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
     assert_eq!(rec.record().in_use(), 0);
 }
 
+#[test]
+fn pool_sixteen_threads_nothing_overlaps_nothing_is_lost() {
+    let rec = Recorder::new(System::new());
+    let config = PoolConfig {
+        initial: 0,
+        max: 1 << 30,
+    };
+    sixteen_threads(Pool::new(&rec, config), &rec, 0x9E37_79B9_7F4A_7C15);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tlsf
 
 #[test]
 fn tlsf_sixteen_threads_nothing_overlaps_nothing_is_lost() {
     let rec = Recorder::new(System::new());
-    let tlsf = Tlsf::new(
-        &rec,
-        TlsfConfig {
-            initial: 0,
-            max: 1 << 30,
-        },
-    );
-    hammer(&tlsf, 0x2545_F491_4F6C_DD1D, |next| {
-        let size = match next() % 16 {
-            0 => (next() % (1 << 20)) as usize + 1,
-            _ => (next() % 8192) as usize + 1,
-        };
-        (size, 1 << (next() % 13))
-    });
-    assert_eq!(tlsf.usage().allocated, 0);
-    let size = tlsf.usage().held;
-    assert_eq!(tlsf.release(), size, "every chunk came back whole");
-    drop(tlsf);
-    assert_eq!(rec.record().in_use(), 0);
+    let config = TlsfConfig {
+        initial: 0,
+        max: 1 << 30,
+    };
+    sixteen_threads(Tlsf::new(&rec, config), &rec, 0x2545_F491_4F6C_DD1D);
 }
 
 #[test]
