@@ -156,7 +156,7 @@ pub use leaf::{
     Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
 };
 pub use property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
-pub use resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
+pub use resource::{AllocError, AllocErrorKind, GrowInPlace, Layer, MemoryResource};
 pub use stream::{StreamHandle, StreamId, StreamRef};
 
 /// The cudarc crate mrstack is built on, re-exported so that a program names the same version
@@ -226,11 +226,11 @@ pub mod prelude {
     pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
     pub use crate::erased::{AnyResource, ResourceRef};
     pub use crate::leaf::{
-        Callback, Cuda, CudaAsync, CudaAsyncOptions, Managed, Pinned, Simulated, System,
-        VirtualMemory, VirtualMemoryConfig,
+        Callback, Cuda, CudaAsync, CudaAsyncOptions, DevicePages, Managed, Pinned, Simulated,
+        System, VirtualMemory, VirtualMemoryConfig,
     };
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
-    pub use crate::resource::{AllocError, AllocErrorKind, Layer, MemoryResource};
+    pub use crate::resource::{AllocError, AllocErrorKind, GrowInPlace, Layer, MemoryResource};
     pub use crate::stack::{AnyLayer, Reach};
     pub use crate::stream::StreamRef;
     pub use mrstack_macros::resource_stack;

@@ -328,6 +328,74 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
     }
 }
 
+/// A resource that can grow a live allocation without moving it: what lets
+/// [`DeviceVec::grow_zeroed_in_place`](crate::DeviceVec::grow_zeroed_in_place) extend a vector
+/// with no copy (TensorRT's `reallocate` on a `kRESIZABLE` allocator, PyTorch's expandable
+/// segments).
+///
+/// [`VirtualMemory`](crate::VirtualMemory) grows into the free virtual range after a block and
+/// maps the pages it needs; [`Tlsf`](crate::suballoc::Tlsf) into the free block after it, within
+/// its chunk. Both only into free bytes on the request's stream, so the new bytes need no ordering
+/// after other streams.
+///
+/// # Safety
+///
+/// When [`grow_in_place`](Self::grow_in_place) returns `Ok(true)` for a live allocation of this
+/// resource, the allocation's first `new_size` bytes are memory with the resource's properties,
+/// still at `ptr`, that no other allocation overlaps, usable by work on `stream` at once, and the
+/// allocation may be deallocated with either its old size or `new_size`. On `Ok(false)` or `Err`,
+/// the allocation is as it was.
+pub unsafe trait GrowInPlace: MemoryResource {
+    /// Grows the live allocation at `ptr` (of `size` bytes, asked for with `align`) to
+    /// `new_size` bytes without moving it, if the resource can; returns whether it did. `Err` only
+    /// for a failure of the memory below (a page that could not be mapped); no room after the
+    /// block is `Ok(false)`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `allocate` on this resource with `size` and `align` (or was grown to
+    /// `size` since) and was not deallocated; nothing but the caller uses the allocation past its
+    /// first `size` bytes.
+    unsafe fn grow_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        new_size: usize,
+        stream: StreamRef,
+    ) -> Result<bool>;
+}
+
+// SAFETY: forwards to `R`, whose promise holds for the same allocation.
+unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for &R {
+    unsafe fn grow_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        new_size: usize,
+        stream: StreamRef,
+    ) -> Result<bool> {
+        // SAFETY: the caller's promise, passed on unchanged.
+        unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
+    }
+}
+
+// SAFETY: forwards to `R`, whose promise holds for the same allocation.
+unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for Arc<R> {
+    unsafe fn grow_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        new_size: usize,
+        stream: StreamRef,
+    ) -> Result<bool> {
+        // SAFETY: the caller's promise, passed on unchanged.
+        unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
+    }
+}
+
 /// A configuration that wraps an upstream resource into an adaptor: what `resource_stack!`
 /// folds each line through.
 ///

@@ -4,8 +4,8 @@
 //! The choice rests only on what every run of the same log repeats, so that it cannot flip from
 //! one run to the next:
 //!
-//! 1. **Candidates**: the stacks with a capacity to give, `pool`, `tlsf`, `binning` and `arena`, that
-//!    replayed without an error and whose min capacity was found. `upstream` is the baseline (on
+//! 1. **Candidates**: the stacks with a capacity to give, `pool`, `tlsf`, `vmm`, `binning` and
+//!    `arena`, that replayed without an error and whose min capacity was found. `upstream` is the baseline (on
 //!    a GPU every op is a driver call) and `cuda-async` is the driver's own pool, with no
 //!    capacity to search.
 //! 2. **Footprint first**: the least min capacity (searched in log order over `Simulated`, the
@@ -23,12 +23,13 @@
 //!    to each other (a free on another thread than the allocation, as PyTorch's autograd and
 //!    main threads do): that orders them as the log does, and the log's order is the basis.
 //! 5. **Check**: the printed text config, its `cuda` leaf swapped for `simulated` with the same
-//!    capacity, replays the workload once in log order ([`check`]); a candidate that does not
-//!    complete gives way to the next.
+//!    capacity (`vmm`'s device pages for simulated ones), replays the workload once in log order
+//!    ([`check`]); a candidate that does not complete gives way to the next.
 //!
 //! The stacks printed are the presets of [`mrstack::replay::stacks`] that were measured: a pool
-//! whose initial size is its maximum (it reserves its capacity up front), binning over such a
-//! pool, an arena of that size.
+//! whose initial size is its maximum (it reserves its capacity up front), tlsf likewise, binning
+//! over such a pool, an arena of that size, and `VirtualMemory` over the device's pages with the
+//! capacity as its cap on mapped bytes and as its cache.
 
 use crate::{Report, StackReport};
 use mrstack::config::{StackBuilder, StackSpec};
@@ -50,12 +51,13 @@ pub const TIE_MARGIN_PERCENT: u32 = 5;
 
 /// The order of preference among candidates tied on footprint, for a log of one thread: on the
 /// H100 run of the README's footprint table binning was the fastest on every workload, tlsf next
-/// (faster than arena and pool on four of five), then arena and pool.
-pub const ONE_THREAD_ORDER: [&str; 4] = ["binning", "tlsf", "arena", "pool"];
+/// (faster than arena and pool on four of five), vmm next (85–104 ns/op: tlsf's index plus page
+/// counts), then arena and pool.
+pub const ONE_THREAD_ORDER: [&str; 5] = ["binning", "tlsf", "vmm", "arena", "pool"];
 
 /// The order of preference for a log of several threads: arena gives each thread an arena of its
-/// own, binning a cache per thread, while tlsf and pool have one lock.
-pub const THREADS_ORDER: [&str; 4] = ["arena", "binning", "tlsf", "pool"];
+/// own, binning a cache per thread, while tlsf, vmm and pool have one lock.
+pub const THREADS_ORDER: [&str; 5] = ["arena", "binning", "tlsf", "vmm", "pool"];
 
 /// The leaf of the printed `resource_stack!` block: the device memory the stacks were measured
 /// over on a GPU (`cuMemAlloc`), from a context `ctx` of `mrstack::cuda_context`.
@@ -288,9 +290,9 @@ fn why(
     lines.push(footprint);
 
     let reason = if order == THREADS_ORDER {
-        "arena gives each thread an arena of its own, binning a cache; tlsf and pool have one lock"
+        "arena gives each thread an arena of its own, binning a cache; tlsf, vmm and pool have one lock"
     } else {
-        "binning was the fastest on an H100, tlsf next, README \"Footprint\""
+        "binning was the fastest on an H100, tlsf next, then vmm, README \"Footprint\""
     };
     let mut choice = if candidates.len() == 1 {
         format!("choice: {name}, the only stack with a capacity that completed here")
@@ -338,8 +340,13 @@ fn why(
     } else {
         String::new()
     };
+    let leaf = if name == "vmm" {
+        format!("vmm(simulated={capacity}, …) for its device pages")
+    } else {
+        format!("simulated(capacity={capacity}) for its leaf")
+    };
     lines.push(format!(
-        "capacity: {capacity} = min capacity {}{scaled} + {HEADROOM_PERCENT}% headroom ({}), rounded up to two significant digits; checked: the text config below, over simulated(capacity={capacity}) for its leaf, completes this workload in log order",
+        "capacity: {capacity} = min capacity {}{scaled} + {HEADROOM_PERCENT}% headroom ({}), rounded up to two significant digits; checked: the text config below, over {leaf}, completes this workload in log order",
         Bytes::from(chosen.min),
         shown(with_headroom(basis)),
     ));
@@ -425,9 +432,31 @@ pub fn resource_stack_block(stack: &str, capacity: &str) -> Option<String> {
             format!("    Pool {{ initial: {capacity}, max: {capacity} }},\n    Binning,\n")
         }
         "arena" => format!("    Arena {{ size: {capacity} }},\n"),
+        // Not a layer over `Cuda` but a leaf of its own, over the device's pages; its config
+        // is a plain struct, so the capacity is written in bytes.
+        "vmm" => {
+            let bytes = u128::from(mrstack::units::parse_size(capacity).ok()?);
+            let n = grouped(bytes);
+            return Some(format!(
+                "resource_stack![\n    VirtualMemory::new(\n        DevicePages::new(&ctx)?,\n        VirtualMemoryConfig {{\n            max: {n}, // {capacity}\n            cache: {n},\n            ..Default::default()\n        }},\n    )?,\n]"
+            ));
+        }
         _ => return None,
     };
     Some(format!("resource_stack![\n    {LEAF_EXPR},\n{layers}]"))
+}
+
+/// `n` with `_` between groups of three digits, as rustfmt leaves a long literal readable.
+fn grouped(n: u128) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push('_');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The text config of preset `stack` with capacity `capacity` (as written), over
@@ -438,6 +467,8 @@ pub fn text_config(stack: &str, capacity: &str) -> Option<String> {
         "tlsf" => format!("tlsf(initial={capacity}, max={capacity})"),
         "binning" => format!("pool(initial={capacity}, max={capacity}) > binning"),
         "arena" => format!("arena(size={capacity})"),
+        // A leaf of its own, on device 0 as `cuda` is.
+        "vmm" => return Some(format!("vmm(max={capacity}, cache={capacity})")),
         _ => return None,
     };
     Some(format!("{LEAF_TEXT} > {layers}"))
@@ -454,7 +485,8 @@ pub fn check(config: &str, capacity: &str, workload: &Workload) -> Result<(), St
 }
 
 /// Builds text config `config` with its [`LEAF_TEXT`] leaf swapped for
-/// `simulated(capacity=capacity)`: the stack as printed, on any machine. `Err` says why not.
+/// `simulated(capacity=capacity)` (a `vmm` leaf's device pages for `simulated=capacity`): the
+/// stack as printed, on any machine. `Err` says why not.
 pub fn over_simulated(config: &str, capacity: &str) -> Result<AnyResource<()>, String> {
     let mut spec: StackSpec = config
         .parse()
@@ -465,7 +497,18 @@ pub fn over_simulated(config: &str, capacity: &str) -> Result<AnyResource<()>, S
         .map_err(|e| format!("`{leaf}` does not parse: {e}"))?;
     match (spec.items.first_mut(), simulated.items.into_iter().next()) {
         (Some(first), Some(sim)) if first.name == LEAF_TEXT => *first = sim,
-        _ => return Err(format!("`{config}` does not start with `{LEAF_TEXT}`")),
+        (Some(first), Some(mut sim)) if first.name == "vmm" => {
+            first.fields.retain(|f| f.name != "device");
+            if let Some(mut pages) = sim.fields.pop() {
+                pages.name = "simulated".to_owned();
+                first.fields.push(pages);
+            }
+        }
+        _ => {
+            return Err(format!(
+                "`{config}` does not start with `{LEAF_TEXT}` or `vmm`"
+            ))
+        }
     }
     StackBuilder::<()>::new()
         .build_spec(&spec)

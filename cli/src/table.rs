@@ -231,7 +231,7 @@ mod tests {
         // None of the stacks with a capacity ran: the report says so rather than recommend.
         assert!(
             t.ends_with(
-                "recommended: none: none of binning, tlsf, arena, pool was replayed, and they are the stacks with a capacity to recommend\n"
+                "recommended: none: none of binning, tlsf, vmm, arena, pool was replayed, and they are the stacks with a capacity to recommend\n"
             ),
             "{t}"
         );

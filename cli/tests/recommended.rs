@@ -35,7 +35,7 @@ const PEAK_LIVE: usize = 2_688_565_248;
 
 /// What the command recommends for [`WORKLOAD`] with each `--stack` choice (none: all stacks):
 /// the stack, its capacity as written, and the `resource_stack!` block it prints.
-const GOLDEN: [(&str, &str, &str, &str); 4] = [
+const GOLDEN: [(&str, &str, &str, &str); 5] = [
     (
         "",
         "tlsf",
@@ -59,6 +59,12 @@ const GOLDEN: [(&str, &str, &str, &str); 4] = [
         "binning",
         "3 GiB",
         include_str!("data/recommended_binning.rs"),
+    ),
+    (
+        "vmm",
+        "vmm",
+        "2.8 GiB",
+        include_str!("data/recommended_vmm.rs"),
     ),
 ];
 
@@ -193,6 +199,7 @@ fn the_printed_text_config_builds_and_allocates() {
         let names: Vec<&str> = spec.items.iter().map(|i| i.name.as_str()).collect();
         let expected: &[&str] = match stack {
             "binning" => &["cuda", "pool", "binning"],
+            "vmm" => &["vmm"],
             other => &["cuda", other],
         };
         assert_eq!(names, expected, "{config}");
@@ -209,21 +216,37 @@ fn the_printed_text_config_builds_and_allocates() {
             }
         }
 
-        // The text after the leaf unchanged, over a Simulated leaf far larger than the capacity.
-        let rest = config.strip_prefix("cuda ").unwrap();
-        let on_host = format!("simulated(capacity=1 TiB) {rest}");
+        // The text after the leaf unchanged, over a Simulated leaf far larger than the capacity
+        // (for vmm, its own fields over simulated pages).
+        let on_host = match config.strip_prefix("vmm(") {
+            Some(fields) => format!("vmm(simulated=1 TiB, {fields}"),
+            None => {
+                let rest = config.strip_prefix("cuda ").unwrap();
+                format!("simulated(capacity=1 TiB) {rest}")
+            }
+        };
         let mr = mrstack::config::build::<()>(&on_host).unwrap();
         exercise(&mr, bytes);
     }
 }
 
-/// Stands in for `mrstack::Cuda` so that the golden blocks run on a host: `Cuda::new(&ctx)?`,
-/// with `ctx` a number of bytes, builds a `Simulated` of that capacity.
+/// Stands in for `mrstack::Cuda` and `mrstack::DevicePages` so that the golden blocks run on a
+/// host: `Cuda::new(&ctx)?` and `DevicePages::new(&ctx)?`, with `ctx` a number of bytes, build a
+/// `Simulated` of that capacity (whose 2 MiB pages model the H100's).
 mod host_leaf {
     pub(crate) struct Cuda;
 
     impl Cuda {
         // Named as what it stands in for, it builds another type: that is its point.
+        #[allow(clippy::new_ret_no_self)]
+        pub(crate) fn new(capacity: &usize) -> Result<mrstack::Simulated, mrstack::AllocError> {
+            Ok(mrstack::Simulated::new(*capacity))
+        }
+    }
+
+    pub(crate) struct DevicePages;
+
+    impl DevicePages {
         #[allow(clippy::new_ret_no_self)]
         pub(crate) fn new(capacity: &usize) -> Result<mrstack::Simulated, mrstack::AllocError> {
             Ok(mrstack::Simulated::new(*capacity))
@@ -247,6 +270,10 @@ mod on_host {
     }
     pub(crate) fn binning(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
         Ok(include!("data/recommended_binning.rs"))
+    }
+    pub(crate) fn vmm(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
+        use super::host_leaf::DevicePages;
+        Ok(include!("data/recommended_vmm.rs"))
     }
 }
 
@@ -273,6 +300,10 @@ mod on_gpu {
         let ctx = mrstack::cuda_context(0)?;
         Ok(include!("data/recommended_binning.rs"))
     }
+    pub(crate) fn vmm() -> Result<impl MemoryResource, Box<dyn Error>> {
+        let ctx = mrstack::cuda_context(0)?;
+        Ok(include!("data/recommended_vmm.rs"))
+    }
 }
 
 fn capacity_of(stack: &str) -> usize {
@@ -288,6 +319,7 @@ fn the_golden_blocks_run_over_simulated() {
     exercise(&on_host::tlsf(below).unwrap(), capacity_of("tlsf"));
     exercise(&on_host::pool(below).unwrap(), capacity_of("pool"));
     exercise(&on_host::binning(below).unwrap(), capacity_of("binning"));
+    exercise(&on_host::vmm(below).unwrap(), capacity_of("vmm"));
     // The leaf is the stand-in's: with less below than the workload holds, the replay fails.
     let short = on_host::binning(PEAK_LIVE / 2).unwrap();
     let w = workload();
@@ -322,6 +354,10 @@ fn the_golden_blocks_run_on_a_gpu() {
         (
             "binning",
             on_gpu::binning().map(|mr| exercise(&mr, capacity_of("binning"))),
+        ),
+        (
+            "vmm",
+            on_gpu::vmm().map(|mr| exercise(&mr, capacity_of("vmm"))),
         ),
     ];
     for (name, result) in built {

@@ -1,6 +1,7 @@
-//! `DeviceVec<T, R>`: a fixed-length array of `T` in device-accessible memory, like
-//! `rmm::device_uvector`. Requires `R: Accessible<DeviceAccessible>`; host access to the elements
-//! (`as_host_slice`) exists only when `R` is host-accessible too (managed, pinned).
+//! `DeviceVec<T, R>`: an array of `T` in device-accessible memory, like `rmm::device_uvector`,
+//! that grows on request (in place where the resource can). Requires
+//! `R: Accessible<DeviceAccessible>`; host access to the elements (`as_host_slice`) exists only
+//! when `R` is host-accessible too (managed, pinned).
 
 use super::view::{checked_range, out_of_range};
 use super::{
@@ -8,7 +9,7 @@ use super::{
     PinnedVec, RawBuf,
 };
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
-use crate::resource::{AllocError, MemoryResource};
+use crate::resource::{AllocError, AllocErrorKind, GrowInPlace, MemoryResource};
 use cudarc::driver::{result, sys, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use std::ops::RangeBounds;
 use std::sync::Arc;
@@ -67,20 +68,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let () = AlignmentFits::<T, R>::CHECK;
         // SAFETY: every byte is set by the memset below before the vector is handed out.
         let mut v = unsafe { Self::uninit(len, resource, stream) }?;
-        let bytes = v.buf.bytes();
-        if bytes > 0 {
-            let name = v.buf.resource().name();
-            stream
-                .context()
-                .bind_to_thread()
-                .map_err(copy_error(name, bytes))?;
-            // A write, recorded as one: a use on another stream waits for it.
-            let (address, written) = v.buf.order_write(stream);
-            // SAFETY: the destination is `bytes` bytes of device-accessible memory of this buffer.
-            unsafe { result::memset_d8_async(address, 0, bytes, stream.cu_stream()) }
-                .map_err(copy_error(name, bytes))?;
-            drop(written);
-        }
+        v.zero_from(0)?;
         Ok(v)
     }
 
@@ -95,6 +83,103 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let mut v = unsafe { Self::uninit(host.len(), resource, stream) }?;
         v.copy_from(host)?;
         Ok(v)
+    }
+
+    /// Grows the vector to `new_len` values, the new ones zero, without moving it: the resource
+    /// extends the allocation in place ([`GrowInPlace`]: [`VirtualMemory`](crate::VirtualMemory)
+    /// maps pages after it, [`Tlsf`](crate::suballoc::Tlsf) takes the free block after it), so
+    /// nothing is copied and [`device_address`](Self::device_address) stays. `Ok(false)`, the
+    /// vector unchanged, where the bytes after it are not free on the vector's stream: then
+    /// [`grow_zeroed`](Self::grow_zeroed) moves it. The growth and the `memset` of the new values
+    /// are queued on the vector's stream after every use of the vector so far.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use mrstack::prelude::*;
+    /// use mrstack::leaf::DevicePages;
+    /// let ctx = mrstack::cuda_context(0)?;
+    /// let stream = ctx.new_stream()?;
+    /// let vm = VirtualMemory::new(DevicePages::new(&ctx)?, Default::default())?;
+    /// let mut v = DeviceVec::from_slice(&[1u32, 2, 3], &vm, &stream)?;
+    /// if !v.grow_zeroed_in_place(1 << 20)? {
+    ///     v.grow_zeroed(1 << 20)?; // no room after it: moved, with a copy
+    /// }
+    /// assert_eq!(v.to_vec()?[..4], [1, 2, 3, 0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// `Err` for a `new_len` below the length (naming it), or where the driver fails.
+    pub fn grow_zeroed_in_place(&mut self, new_len: usize) -> Result<bool, AllocError>
+    where
+        R: GrowInPlace,
+        T: ValidAsZeroBits,
+    {
+        let old = self.grow_check(new_len)?;
+        if new_len == self.len() {
+            return Ok(true);
+        }
+        if !self.buf.grow_in_place(new_len)? {
+            return Ok(false);
+        }
+        self.zero_from(old)?;
+        Ok(true)
+    }
+
+    /// Grows the vector to `new_len` values, the new ones zero, moving it: a new allocation from
+    /// the same resource, the values copied on the vector's stream after every use of the vector
+    /// so far, and the old memory given back after the copy. Works over any resource;
+    /// [`grow_zeroed_in_place`](Self::grow_zeroed_in_place) avoids the copy where the resource
+    /// can grow in place. `Err` for a `new_len` below the length (naming it), or where memory or
+    /// the driver fails; the vector is then as it was.
+    pub fn grow_zeroed(&mut self, new_len: usize) -> Result<(), AllocError>
+    where
+        T: ValidAsZeroBits,
+    {
+        let old = self.grow_check(new_len)?;
+        if new_len == self.len() {
+            return Ok(());
+        }
+        self.buf.reallocate(new_len)?;
+        self.zero_from(old)
+    }
+
+    /// The vector's bytes, or an error if `new_len` is below its length.
+    fn grow_check(&self, new_len: usize) -> Result<usize, AllocError> {
+        if new_len < self.len() {
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "a DeviceVec grows only: the new length is below its length",
+                ),
+                new_len,
+                std::mem::align_of::<T>(),
+                self.buf.resource().name(),
+            ));
+        }
+        Ok(self.buf.bytes())
+    }
+
+    /// Zeroes the bytes from `from` to the end, on the vector's stream, recorded as a write.
+    fn zero_from(&mut self, from: usize) -> Result<(), AllocError>
+    where
+        T: ValidAsZeroBits,
+    {
+        let bytes = self.buf.bytes() - from;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let stream = self.buf.stream().clone();
+        let name = self.buf.resource().name();
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(copy_error(name, bytes))?;
+        let (address, written) = self.buf.order_write(&stream);
+        // SAFETY: `from..from + bytes` lies in this buffer's device-accessible memory, ordered on
+        // `stream` after its earlier uses.
+        unsafe { result::memset_d8_async(address + from as u64, 0, bytes, stream.cu_stream()) }
+            .map_err(copy_error(name, bytes))?;
+        drop(written);
+        Ok(())
     }
 
     /// Copies `host` in (same length) on the vector's stream and waits for the copy, so `host`

@@ -264,62 +264,109 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         resource: R,
         stream: &Arc<CudaStream>,
     ) -> Result<Self, AllocError> {
-        let align = std::mem::align_of::<T>();
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or(AllocError::new(
-                AllocErrorKind::InvalidArgument("len * size_of::<T>() overflows usize"),
-                len,
-                align,
-                resource.name(),
-            ))?;
-        if crate::stream::is_per_thread(stream) {
-            // The container's memory is ordered on one stream; this handle names another stream
-            // on every thread the container might be used from.
-            return Err(AllocError::new(
-                AllocErrorKind::InvalidArgument(
-                    "cudarc's per-thread stream names a different stream on each thread: give the container a stream of its own (ctx.new_stream())",
-                ),
-                bytes,
-                align,
-                resource.name(),
-            ));
-        }
-        let ptr = resource.allocate(bytes, align, StreamRef::from(stream))?;
-        // cudarc unwraps the creation of the slice's two events: a failure there (the driver
-        // out of resources) becomes this error, and the block goes back.
-        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // SAFETY: `ptr` is a live allocation of `bytes` = `len * size_of::<T>()` bytes that
-            // this buffer owns until `Drop`, which takes the slice back with `leak` (so cudarc
-            // never frees it); the values are not read through the slice before a container has
-            // written them (every constructor initializes them, or is `unsafe`).
-            unsafe { stream.upgrade_device_ptr::<T>(ptr.as_ptr() as sys::CUdeviceptr, len) }
-        }));
-        let Ok(slice) = made else {
-            // SAFETY: just allocated from `resource` with these arguments, handed to no one.
-            unsafe { resource.deallocate(ptr, bytes, align, StreamRef::from(stream)) };
-            return Err(AllocError::new(
-                AllocErrorKind::InvalidArgument(
-                    "the CUDA driver could not create the container's read/write events",
-                ),
-                bytes,
-                align,
-                resource.name(),
-            ));
-        };
-        let mut slice = ManuallyDrop::new(slice);
-        // The block is usable on `stream` from here (a suballocator may hand out a block that
-        // work queued on `stream` still uses; a stream-ordered allocation exists only from here
-        // on `stream`): the write event records this point, which a use on another stream waits
-        // for, as for every later write.
-        drop(slice.device_ptr_mut(stream));
+        let (ptr, slice) = allocate_slice::<T, R>(len, &resource, stream)?;
         Ok(RawBuf {
             readers: Readers::new(stream.context().is_event_tracking()),
             slice,
-            ptr: ptr.cast(),
+            ptr,
             len,
             resource,
         })
+    }
+
+    /// Moves the values into a new allocation of `len` values (at least the old length) from the
+    /// same resource, copied on the buffer's stream after every use of the old memory, which
+    /// goes back after the copy; the values past the old length are not initialized. On `Err`
+    /// the buffer is as it was.
+    pub(crate) fn reallocate(&mut self, len: usize) -> Result<(), AllocError> {
+        let stream = self.stream().clone();
+        let old = self.bytes();
+        let (ptr, mut slice) = allocate_slice::<T, R>(len, &self.resource, &stream)?;
+        if old > 0 {
+            let (from, read) = self.order_read(&stream);
+            let (to, written) = slice.device_ptr_mut(&stream);
+            let name = self.resource.name();
+            let copied = stream
+                .context()
+                .bind_to_thread()
+                .map_err(copy_error(name, old))
+                .and_then(|()| {
+                    // SAFETY: `old` bytes of this buffer's live memory to the new allocation of
+                    // at least as many, both ordered on `stream` (the read after the last write,
+                    // the new memory after its allocation), which the guards record.
+                    unsafe { sys::cuMemcpyAsync(to, from, old, stream.cu_stream()) }
+                        .result()
+                        .map_err(copy_error(name, old))
+                });
+            drop((written, read));
+            if let Err(e) = copied {
+                let bytes = len * std::mem::size_of::<T>();
+                let _ = ManuallyDrop::into_inner(slice).leak();
+                // SAFETY: just allocated from this resource with these arguments, never handed
+                // out; the failed copy is queued before this free on the same stream, if at all.
+                unsafe {
+                    self.resource.deallocate(
+                        ptr.cast(),
+                        bytes,
+                        std::mem::align_of::<T>(),
+                        StreamRef::from(&stream),
+                    )
+                };
+                return Err(e);
+            }
+        }
+        // SAFETY: the old slice is taken here and replaced below before any other use.
+        unsafe { self.release() };
+        self.slice = slice;
+        self.ptr = ptr;
+        self.len = len;
+        self.readers = Readers::new(stream.context().is_event_tracking());
+        Ok(())
+    }
+
+    /// Grows the allocation in place to `len` values (at least the old length), if the resource
+    /// can: `Ok(false)`, the buffer as it was, where it cannot. The values past the old length are
+    /// not initialized. The new slice's write event records the growth on the buffer's stream,
+    /// after every use of the memory so far.
+    pub(crate) fn grow_in_place(&mut self, len: usize) -> Result<bool, AllocError>
+    where
+        R: crate::resource::GrowInPlace,
+    {
+        let stream = self.stream().clone();
+        let align = std::mem::align_of::<T>();
+        let bytes = len_bytes::<T>(len, self.resource.name())?;
+        // The growth comes after every use of the memory so far: the recorded reads and cudarc's
+        // events (the guard is forgotten: nothing new is written yet).
+        let managed = self.managed();
+        self.readers.wait_all(&stream);
+        std::mem::forget(self.slice.device_ptr_mut(&stream));
+        // SAFETY: `ptr` is this buffer's live allocation from `resource`, of `bytes()` bytes with
+        // `T`'s alignment (or grown to that by an earlier call), and only this buffer uses it.
+        let grown = unsafe {
+            self.resource.grow_in_place(
+                self.ptr.cast(),
+                self.bytes(),
+                align,
+                bytes,
+                StreamRef::from(&stream),
+            )
+        }?;
+        if !grown {
+            return Ok(false);
+        }
+        let Ok(slice) = new_slice::<T>(self.ptr, len, &stream) else {
+            // The allocation is larger now, but a `GrowInPlace` resource frees it by either
+            // size: the buffer keeps its old length.
+            return Err(no_events(bytes, align, self.resource.name()));
+        };
+        // SAFETY: the old slice is taken here and replaced at once; its memory is the new one's
+        // prefix, whose uses the stream waited for above.
+        let _ = unsafe { ManuallyDrop::take(&mut self.slice) }.leak();
+        self.readers.settle(&stream, managed);
+        self.slice = slice;
+        self.len = len;
+        drop(self.slice.device_ptr_mut(&stream));
+        Ok(true)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -417,9 +464,14 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     }
 }
 
-impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
-    fn drop(&mut self) {
-        // SAFETY: the slice is taken once, here, and not used again.
+impl<T, R: MemoryResource> RawBuf<T, R> {
+    /// Gives the memory back on the buffer's stream, after every use of it.
+    ///
+    /// # Safety
+    ///
+    /// The slice is taken: the caller replaces it, or the buffer is being dropped.
+    unsafe fn release(&mut self) {
+        // SAFETY: the caller's promise: the slice is taken once, here, and not used again.
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
         let stream = slice.stream().clone();
         // The container's stream waits for every recorded read, and for every use that cudarc
@@ -436,7 +488,8 @@ impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
                 record_in_context(&stream, e);
             }
         }
-        // SAFETY: ptr came from `allocate` on this resource with these bytes and T's alignment,
+        // SAFETY: ptr came from `allocate` on this resource with these bytes and T's alignment
+        // (or was grown in place to them, which a `GrowInPlace` resource frees by either size),
         // ordered on this stream, and is freed once.
         unsafe {
             self.resource.deallocate(
@@ -447,6 +500,89 @@ impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
             )
         }
     }
+}
+
+impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
+    fn drop(&mut self) {
+        // SAFETY: the buffer is being dropped: its slice is not used again.
+        unsafe { self.release() }
+    }
+}
+
+/// `len * size_of::<T>()`, or an error naming the resource where it overflows.
+fn len_bytes<T>(len: usize, resource: &'static str) -> Result<usize, AllocError> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or(AllocError::new(
+            AllocErrorKind::InvalidArgument("len * size_of::<T>() overflows usize"),
+            len,
+            std::mem::align_of::<T>(),
+            resource,
+        ))
+}
+
+fn no_events(bytes: usize, align: usize, resource: &'static str) -> AllocError {
+    AllocError::new(
+        AllocErrorKind::InvalidArgument(
+            "the CUDA driver could not create the container's read/write events",
+        ),
+        bytes,
+        align,
+        resource,
+    )
+}
+
+/// cudarc's slice over `len` values at `ptr`, or `Err` where the driver could not make its two
+/// events (cudarc unwraps their creation).
+fn new_slice<T>(
+    ptr: NonNull<T>,
+    len: usize,
+    stream: &Arc<CudaStream>,
+) -> Result<ManuallyDrop<CudaSlice<T>>, ()> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `ptr` is a live allocation of at least `len` values that the caller's buffer
+        // owns, which takes the slice back with `leak` (so cudarc never frees it); the values
+        // are not read through the slice before a container has written them (every constructor
+        // and growth initializes them, or is `unsafe`).
+        ManuallyDrop::new(unsafe {
+            stream.upgrade_device_ptr::<T>(ptr.as_ptr() as sys::CUdeviceptr, len)
+        })
+    }))
+    .map_err(|_| ())
+}
+
+/// Allocates `len` values from `resource` for `stream`, with cudarc's slice over them whose
+/// write event records the allocation on `stream`.
+fn allocate_slice<T, R: MemoryResource>(
+    len: usize,
+    resource: &R,
+    stream: &Arc<CudaStream>,
+) -> Result<(NonNull<T>, ManuallyDrop<CudaSlice<T>>), AllocError> {
+    let align = std::mem::align_of::<T>();
+    let bytes = len_bytes::<T>(len, resource.name())?;
+    if crate::stream::is_per_thread(stream) {
+        // The container's memory is ordered on one stream; this handle names another stream
+        // on every thread the container might be used from.
+        return Err(AllocError::new(
+            AllocErrorKind::InvalidArgument(
+                "cudarc's per-thread stream names a different stream on each thread: give the container a stream of its own (ctx.new_stream())",
+            ),
+            bytes,
+            align,
+            resource.name(),
+        ));
+    }
+    let ptr = resource.allocate(bytes, align, StreamRef::from(stream))?;
+    let Ok(mut slice) = new_slice::<T>(ptr.cast(), len, stream) else {
+        // SAFETY: just allocated from `resource` with these arguments, handed to no one.
+        unsafe { resource.deallocate(ptr, bytes, align, StreamRef::from(stream)) };
+        return Err(no_events(bytes, align, resource.name()));
+    };
+    // The block is usable on `stream` from here (a suballocator may hand out a block that
+    // work queued on `stream` still uses; a stream-ordered allocation exists only from here
+    // on `stream`): the write event records this point, which a use on another stream waits
+    // for, as for every later write.
+    drop(slice.device_ptr_mut(stream));
+    Ok((ptr.cast(), slice))
 }
 
 impl<T, R: MemoryResource + std::fmt::Debug> std::fmt::Debug for RawBuf<T, R> {

@@ -780,6 +780,26 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
     }
 }
 
+// SAFETY: `grow_in_place` extends a block only into the free range right after it on `stream`'s
+// own list (no other stream's work may use those bytes), maps and enables every page under the
+// grown block before returning `true`, and records the new size, by which `deallocate` frees
+// whatever size it is passed; on failure the block and its pages are as before.
+unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> {
+    unsafe fn grow_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        _align: usize,
+        new_size: usize,
+        stream: StreamRef,
+    ) -> Result<bool> {
+        if size == 0 {
+            return Ok(false);
+        }
+        VirtualMemory::grow_in_place(self, ptr, size, new_size, stream)
+    }
+}
+
 impl<P: PhysicalPages> Drop for VirtualMemory<P> {
     fn drop(&mut self) {
         let page = self.page;

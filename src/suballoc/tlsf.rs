@@ -268,6 +268,30 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
     }
 }
 
+// SAFETY: a block grows only into the free block right after it in its chunk, on `stream`'s own
+// list (so no work of another stream may still use those bytes), which leaves the free lists; the
+// index then records the block's new size, which `deallocate` frees whatever size it is passed.
+unsafe impl<U: MemoryResource> crate::resource::GrowInPlace for Tlsf<U> {
+    unsafe fn grow_in_place(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        _align: usize,
+        new_size: usize,
+        stream: StreamRef,
+    ) -> Result<bool> {
+        let (Some(old), Some(new)) = (align_up(size, GRANULE), align_up(new_size, GRANULE)) else {
+            return Ok(false);
+        };
+        let addr = ptr.as_ptr() as usize;
+        let mut st = self.lock();
+        if size == 0 || new < old || st.live_size(addr) != Some(old) {
+            return Ok(false);
+        }
+        Ok(new == old || st.grow_in_place(addr, new, stream))
+    }
+}
+
 has_upstream!(impl<U> for Tlsf<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Tlsf<U> {

@@ -3,7 +3,7 @@
 //! checked against the resource's own count and the device's free memory.
 
 use crate::support::{fill_and_check, gpu};
-use cudarc::driver::result;
+use cudarc::driver::{result, PushKernelArg};
 use mrstack::leaf::{DevicePages, PhysicalPages};
 use mrstack::prelude::*;
 
@@ -178,4 +178,78 @@ fn a_text_config_builds_virtual_memory_on_the_device() {
     assert_eq!(vm.usage().mapped, 12 << 20, "twelve MiB of 2 MiB pages");
     drop(v);
     assert_eq!(vm.usage().mapped, 0, "no cache: the pages went back");
+}
+
+/// The first `n` values are `fill`'s with `k`, the rest zero.
+fn filled_then_zero(n: usize, len: usize, k: u32) -> Vec<u32> {
+    let mut want = crate::support::expected_fill(n, k);
+    want.resize(len, 0);
+    want
+}
+
+#[test]
+fn a_device_vec_grows_in_place_on_virtual_memory_after_a_kernel_on_another_stream() {
+    let Some(ctx) = gpu() else { return };
+    let vm = VirtualMemory::new(
+        DevicePages::new(&ctx).unwrap(),
+        VirtualMemoryConfig::default(),
+    )
+    .unwrap();
+    let (own, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let n = 300_000;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, &vm, &own).unwrap();
+    let address = v.device_address();
+    // Still writing on `other` when the vector grows on `own`: the growth and its memset wait.
+    crate::slow_fill!(&ctx, &other, &mut v, n, 7);
+    let len = 5 << 20; // 20 MiB: pages mapped behind the first 1.2 MB
+    assert!(
+        v.grow_zeroed_in_place(len).unwrap(),
+        "the range after it is free"
+    );
+    assert_eq!(v.device_address(), address, "grown without moving");
+    assert_eq!(v.len(), len);
+    assert_eq!(v.to_vec().unwrap(), filled_then_zero(n, len, 7));
+    // The new pages serve kernels like the old.
+    fill_and_check(&ctx, &mut v, 11);
+    assert_eq!(vm.usage().allocated, len * 4);
+    drop(v);
+    assert_eq!(vm.usage().allocated, 0);
+}
+
+#[test]
+fn a_device_vec_moves_when_a_neighbour_blocks_it_and_keeps_its_values() {
+    let Some(ctx) = gpu() else { return };
+    let mr = resource_stack![Cuda::new(&ctx).unwrap(), Tlsf { initial: 64 MiB, max: 1 GiB }];
+    let (own, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let n = 100_000;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, &mr, &own).unwrap();
+    let mut neighbour = DeviceVec::<u32, _>::zeroed(1000, &mr, &own).unwrap();
+    assert_eq!(
+        neighbour.device_address(),
+        v.device_address() + (n * 4).next_multiple_of(256) as u64,
+        "Tlsf carves the next block right after"
+    );
+    crate::slow_fill!(&ctx, &other, &mut v, n, 5);
+    assert!(
+        !v.grow_zeroed_in_place(2 * n).unwrap(),
+        "the neighbour is live"
+    );
+    assert_eq!(v.len(), n, "a refused growth changes nothing");
+    let address = v.device_address();
+    v.grow_zeroed(4 * n).unwrap();
+    assert_ne!(v.device_address(), address, "moved");
+    assert_eq!(v.to_vec().unwrap(), filled_then_zero(n, 4 * n, 5));
+    fill_and_check(&ctx, &mut neighbour, 9);
+    // With the neighbour gone, the moved vector grows into what follows it.
+    drop(neighbour);
+    fill_and_check(&ctx, &mut v, 13);
+    assert!(v.grow_zeroed_in_place(5 * n).unwrap());
+    assert_eq!(
+        v.to_vec().unwrap(),
+        filled_then_zero(4 * n, 5 * n, 13),
+        "the values of the kernel before the growth, then zeros"
+    );
+    assert!(v.grow_zeroed(3 * n).is_err(), "a vector only grows");
+    drop(v);
+    assert_eq!(mr.usage().allocated, 0);
 }

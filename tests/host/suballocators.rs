@@ -1721,3 +1721,60 @@ fn binning_lets_a_retry_callback_free_through_it() {
     // SAFETY: got came from mr with this size and alignment.
     unsafe { mr.deallocate(nn(got), 64 << 10, 256, s) };
 }
+
+#[test]
+fn tlsf_grows_a_block_in_place_into_the_free_block_after_it() {
+    let mr = Tlsf::new(
+        System,
+        TlsfConfig {
+            initial: 1 << 20,
+            max: 1 << 20,
+        },
+    );
+    let s = StreamRef::DEFAULT;
+    let a = mr.allocate(1000, 8, s).unwrap();
+    // Every call below passes `a` live, with the size it has then.
+    let grow = |size, new, stream| {
+        // SAFETY: as said above.
+        unsafe { mr.grow_in_place(a, size, 8, new, stream) }.unwrap()
+    };
+    let b = mr.allocate(4096, 8, s).unwrap();
+    // SAFETY: live host allocations of these sizes.
+    unsafe {
+        std::ptr::write_bytes(a.as_ptr(), 0xA5, 1000);
+        std::ptr::write_bytes(b.as_ptr(), 0x5A, 4096);
+    }
+    assert!(!grow(1000, 2000, s), "b is in the way");
+    assert!(grow(1000, 1024, s), "within its granule");
+    // SAFETY: b is live, of this size.
+    unsafe { mr.deallocate(b, 4096, 8, s) };
+    assert!(
+        !grow(1024, 8192, StreamRef::simulated(3)),
+        "the bytes after it are free on another stream"
+    );
+    assert!(grow(1024, 8192, s));
+    assert_eq!(mr.usage().allocated, 8192);
+    // SAFETY: `a` is 8192 bytes now.
+    unsafe {
+        std::ptr::write_bytes(a.as_ptr().add(1024), 0x3C, 8192 - 1024);
+        let bytes = std::slice::from_raw_parts(a.as_ptr(), 8192);
+        assert!(
+            bytes[..1000].iter().all(|&x| x == 0xA5),
+            "the old bytes stayed"
+        );
+        assert!(bytes[1024..].iter().all(|&x| x == 0x3C));
+    }
+    let c = mr.allocate(256, 8, s).unwrap();
+    assert!(
+        c.as_ptr() as usize >= a.as_ptr() as usize + 8192,
+        "the grown block is not handed out again"
+    );
+    assert!(!grow(8192, 2 << 20, s), "beyond the chunk");
+    assert!(!grow(8192, 4096, s), "no shrinking");
+    // SAFETY: live; either size frees a grown block.
+    unsafe {
+        mr.deallocate(c, 256, 8, s);
+        mr.deallocate(a, 1000, 8, s);
+    }
+    assert_eq!(mr.usage().allocated, 0);
+}
