@@ -1,17 +1,19 @@
-//! The leaf resources text can name: `cuda`, `cuda_async`, `managed`, `pinned`, `system`,
-//! `simulated`, `vmm`.
+//! The leaf resources text can name: `cuda`, `cuda_async`, `cuda_async_view` (the device's
+//! default pool), `cuda_async_managed`, `managed`, `pinned`, `system`, `simulated`, `vmm`.
 
 use super::{ConfigError, ItemSpec};
 use crate::erased::{AnyResource, PropertySet};
 use crate::leaf::{
-    cuda_context, Cuda, CudaAsync, CudaAsyncOptions, DevicePages, Managed, Pinned, Simulated,
-    System, VirtualMemory, VirtualMemoryConfig,
+    cuda_context, Cuda, CudaAsync, CudaAsyncManaged, CudaAsyncOptions, CudaAsyncView,
+    DevicePages, Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
 };
 
 /// The leaf resources, by name.
 pub(super) const LEAVES: &[&str] = &[
     "cuda",
     "cuda_async",
+    "cuda_async_view",
+    "cuda_async_managed",
     "managed",
     "pinned",
     "system",
@@ -43,6 +45,17 @@ pub(super) fn leaf<P: PropertySet>(
             };
             let ctx = cuda_context(device()?).map_err(err)?;
             item.erase(CudaAsync::with_options(&ctx, options).map_err(err)?)
+        }
+        "cuda_async_view" => {
+            // Only the device's default pool: a foreign pool's handle is `unsafe` to take.
+            item.check_fields(&["device"])?;
+            item.check_gives::<P, CudaAsyncView>()?;
+            item.erase(CudaAsyncView::on_device(device()?).map_err(err)?)
+        }
+        "cuda_async_managed" => {
+            item.check_fields(&["device"])?;
+            item.check_gives::<P, CudaAsyncManaged>()?;
+            item.erase(CudaAsyncManaged::on_device(device()?).map_err(err)?)
         }
         "managed" => {
             item.check_fields(&["device"])?;

@@ -197,42 +197,13 @@ unsafe impl MemoryResource for CudaAsync {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
             return Ok(empty);
         }
-        let handle = super::stream_in(&self.ctx, stream, size, align, Self::NAME)?;
-        driver_allocate_checked(
-            &self.ctx,
-            size,
-            align,
-            Self::NAME,
-            |n| {
-                // SAFETY: the pool is live; `handle` is null, a special handle valid on this
-                // thread, or a live stream of this context (`stream_in` checked it; a StreamRef
-                // borrows its stream for the call).
-                unsafe { result::mem_pool::alloc_async(self.pool, n, handle) }.map(|p| p as usize)
-            },
-            // SAFETY: frees the pointer just allocated on the same stream.
-            |p| unsafe { result::free_async(p as _, handle) },
-        )
+        // SAFETY: the pool is ours and live until `self` drops.
+        unsafe { pool_allocate(&self.ctx, self.pool, size, align, stream, Self::NAME) }
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // A stream the pool cannot queue on (simulated, another thread's per-thread stream,
-        // another context's): wait for it on the host, then free on the null stream.
-        let handle = match super::stream_in(&self.ctx, stream, size, align, Self::NAME) {
-            Ok(handle) => handle,
-            Err(_) => {
-                super::record(&self.ctx, driver_synchronize(&self.ctx, stream, Self::NAME));
-                std::ptr::null_mut()
-            }
-        };
-        // SAFETY: the caller passes a live pointer from this pool; the free is ordered on
-        // `handle`, a stream of this context the work that used it was queued on, or the null
-        // stream after the host waited for that work.
-        driver_free(&self.ctx, || unsafe {
-            result::free_async(ptr.as_ptr() as _, handle)
-        });
+        // SAFETY: the caller's promise: a live pointer from this pool.
+        unsafe { pool_free(&self.ctx, ptr, size, align, stream, Self::NAME) }
     }
 
     context_leaf!(streams);
@@ -247,6 +218,70 @@ unsafe impl MemoryResource for CudaAsync {
         }
         item.finish()
     }
+}
+
+/// Allocates `size` bytes (checked already) from `pool` on `stream`, in `ctx`:
+/// `cuMemAllocFromPoolAsync`. Shared by the leaves over driver pools.
+///
+/// # Safety
+///
+/// `pool` is a live memory pool of `ctx`'s device, and stays live while the allocation does.
+pub(crate) unsafe fn pool_allocate(
+    ctx: &CudaContext,
+    pool: sys::CUmemoryPool,
+    size: usize,
+    align: usize,
+    stream: StreamRef,
+    name: &'static str,
+) -> Result<NonNull<u8>> {
+    let handle = super::stream_in(ctx, stream, size, align, name)?;
+    driver_allocate_checked(
+        ctx,
+        size,
+        align,
+        name,
+        |n| {
+            // SAFETY: the pool is live (the caller's promise); `handle` is null, a special handle
+            // valid on this thread, or a live stream of this context (`stream_in` checked it; a
+            // StreamRef borrows its stream for the call).
+            unsafe { result::mem_pool::alloc_async(pool, n, handle) }.map(|p| p as usize)
+        },
+        // SAFETY: frees the pointer just allocated on the same stream.
+        |p| unsafe { result::free_async(p as _, handle) },
+    )
+}
+
+/// Frees `ptr` (from [`pool_allocate`] in `ctx`) on `stream`: `cuMemFreeAsync`. On a stream the
+/// pool cannot queue on (simulated, another thread's per-thread stream, another context's), the
+/// host waits for it, then frees on the null stream.
+///
+/// # Safety
+///
+/// `ptr` came from [`pool_allocate`] in `ctx` with this size and was not freed since.
+pub(crate) unsafe fn pool_free(
+    ctx: &CudaContext,
+    ptr: NonNull<u8>,
+    size: usize,
+    align: usize,
+    stream: StreamRef,
+    name: &'static str,
+) {
+    if size == 0 {
+        return;
+    }
+    let handle = match super::stream_in(ctx, stream, size, align, name) {
+        Ok(handle) => handle,
+        Err(_) => {
+            super::record(ctx, driver_synchronize(ctx, stream, name));
+            std::ptr::null_mut()
+        }
+    };
+    // SAFETY: the caller passes a live pointer from a pool of this context; the free is ordered
+    // on `handle`, a stream of this context the work that used it was queued on, or the null
+    // stream after the host waited for that work.
+    driver_free(ctx, || unsafe {
+        result::free_async(ptr.as_ptr() as _, handle)
+    });
 }
 
 impl Drop for CudaAsync {

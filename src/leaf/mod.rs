@@ -1,6 +1,7 @@
 //! Leaf resources: the bottom of every stack, each backed by one kind of memory.
 //!
-//! The CUDA ones (`Cuda`, `CudaAsync`, `Managed`, `Pinned`) call the driver through cudarc's
+//! The CUDA ones (`Cuda`, `CudaAsync`, `CudaAsyncView`, `CudaAsyncManaged`, `Managed`, `Pinned`,
+//! `VirtualMemory` over `DevicePages`) call the driver through cudarc's
 //! dynamically loaded bindings, so the crate builds and runs with no CUDA toolkit: on a machine with
 //! no driver their constructors return [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver) instead of panicking.
 //! `System` is host memory, `Simulated` hands out address ranges and no memory, for tests and replay;
@@ -9,6 +10,8 @@
 pub mod callback;
 mod cuda;
 mod cuda_async;
+mod cuda_async_managed;
+mod cuda_async_view;
 mod driver;
 mod managed;
 pub(crate) mod pages;
@@ -20,6 +23,8 @@ mod virtual_memory;
 pub use callback::Callback;
 pub use cuda::Cuda;
 pub use cuda_async::{CudaAsync, CudaAsyncOptions};
+pub use cuda_async_managed::CudaAsyncManaged;
+pub use cuda_async_view::CudaAsyncView;
 pub use managed::Managed;
 pub use pages::{DevicePages, PhysicalPages};
 pub use pinned::Pinned;

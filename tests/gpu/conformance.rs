@@ -89,6 +89,26 @@ fn cuda_async() {
 }
 
 #[test]
+fn cuda_async_view_of_the_default_pool() {
+    let Some((ctx, streams, access)) = setup() else {
+        return;
+    };
+    let view = mrstack::leaf::CudaAsyncView::default_pool(&ctx).unwrap();
+    let report = conformance(view, &options(&streams, &access));
+    assert_eq!(report.refused_alignments, ABOVE_256);
+}
+
+#[test]
+fn cuda_async_managed() {
+    let Some((ctx, streams, access)) = setup() else {
+        return;
+    };
+    let mr = mrstack::leaf::CudaAsyncManaged::new(&ctx).unwrap();
+    let report = conformance(mr, &options(&streams, &access));
+    assert_eq!(report.refused_alignments, ABOVE_256);
+}
+
+#[test]
 fn managed() {
     let Some((ctx, streams, access)) = setup() else {
         return;

@@ -13,6 +13,7 @@ mod support;
 mod adaptors;
 mod conformance;
 mod containers;
+mod driver_pools;
 mod erased;
 mod hostile;
 mod soundness;

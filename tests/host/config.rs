@@ -163,6 +163,8 @@ fn cuda_leaves_without_a_driver_say_so() {
     for text in [
         "cuda",
         "cuda_async(initial=1MiB)",
+        "cuda_async_view",
+        "cuda_async_managed(device=0)",
         "managed",
         "pinned(device=0)",
     ] {
@@ -331,7 +333,7 @@ fn names_and_fields_are_checked() {
     let e = fails(
         "simulatd(capacity=1GiB)",
         1,
-        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, managed, pinned, system, simulated, vmm, pool,",
+        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, cuda_async_view, cuda_async_managed, managed, pinned, system, simulated, vmm, pool,",
     );
     assert!(matches!(e.kind, K::Unknown { .. }));
     assert!(e.to_string().ends_with(", count"), "{e}");
@@ -696,7 +698,8 @@ fn suballocators_from_text_reserve_now_or_fail() {
 fn fuzz_name() -> impl Strategy<Value = String> {
     prop_oneof![
         4 => prop::sample::select(vec![
-            "simulated", "system", "cuda", "cuda_async", "managed", "pinned", "pool", "binning",
+            "simulated", "system", "cuda", "cuda_async", "cuda_async_view", "cuda_async_managed",
+            "managed", "pinned", "pool", "binning",
             "fixed_size", "arena", "statistics", "tracking", "limiting", "aligned",
             "prefetch",
         ])

@@ -1,0 +1,168 @@
+//! `CudaAsyncManaged`: stream-ordered managed memory from the device's default managed memory
+//! pool (CUDA 13).
+
+use super::cuda_async::{pool_allocate, pool_free};
+use crate::resource::{
+    check_request, properties, AllocError, AllocErrorKind, MemoryResource, Result,
+};
+use crate::stream::StreamRef;
+use cudarc::driver::{sys, CudaContext};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use typenum::{B1, U256};
+
+/// Stream-ordered managed (unified) memory from a driver pool, as RMM's
+/// `cuda_async_managed_memory_resource`: `cuMemAllocFromPoolAsync` from the device's default pool
+/// of managed memory (`cuMemGetDefaultMemPool` with `CU_MEM_ALLOCATION_TYPE_MANAGED`, preferred
+/// location the device), `cuMemFreeAsync` on the stream.
+///
+/// The memory is reachable from host and device and migrates on demand or on prefetch
+/// ([`Prefetch`](crate::adaptor::Prefetch)): host + device + [`Migratable`](crate::Migratable) in
+/// its type, as [`Managed`](crate::Managed), but allocated and freed in stream order rather than
+/// with `cuMemAllocManaged` / `cuMemFree` (which synchronize the device).
+///
+/// # Cost
+///
+/// One driver call per operation, after making the context current. The pool belongs to the
+/// driver: what it keeps across synchronizations is its release threshold (0 unless someone set
+/// it), and this resource destroys nothing.
+///
+/// # Streams
+///
+/// As [`CudaAsync`](crate::CudaAsync): allocation and free are queued on the stream. The host may
+/// touch the memory only once the work queued before on that stream is done (containers wait for
+/// it before host access, as for [`Managed`](crate::Managed)).
+///
+/// # Upstream
+///
+/// None: a leaf over the CUDA driver (13.0 or later: managed memory pools), loaded at run time
+/// through cudarc. [`new`](Self::new) refuses with
+/// [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported) a device without
+/// concurrent managed access (the driver's condition for managed pools: Windows, WSL, some Tegra)
+/// and a driver without managed pools. Do not ask for more managed memory than the device has
+/// free: oversubscription can stall the whole GPU. 256-byte alignment; a larger one is refused.
+///
+/// # Examples
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+/// use mrstack::leaf::CudaAsyncManaged;
+///
+/// # fn main() -> Result<(), AllocError> {
+/// let ctx = mrstack::cuda_context(0)?;
+/// let mr = CudaAsyncManaged::new(&ctx)?;
+/// let stream = ctx.default_stream();
+/// let v = DeviceVec::<u32, _>::zeroed(1000, &mr, &stream)?;
+/// assert_eq!(v.as_host_slice()?[999], 0); // host access: managed memory
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct CudaAsyncManaged {
+    ctx: Arc<CudaContext>,
+    pool: sys::CUmemoryPool,
+}
+
+// SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronizes it.
+unsafe impl Send for CudaAsyncManaged {}
+// SAFETY: as above: every use is a driver call taking the handle by value.
+unsafe impl Sync for CudaAsyncManaged {}
+
+impl CudaAsyncManaged {
+    const NAME: &'static str = "CudaAsyncManaged";
+
+    /// The default managed memory pool of `ctx`'s device.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
+        let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
+        ctx.bind_to_thread().map_err(err)?;
+        let concurrent = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
+            .map_err(err)?;
+        if concurrent == 0 {
+            return Err(AllocError::new(
+                AllocErrorKind::Unsupported(
+                    "managed memory pools need a device with concurrent managed access",
+                ),
+                0,
+                0,
+                Self::NAME,
+            ));
+        }
+        let mut location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ctx.cu_device(),
+        };
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` and `location` are valid places; the location names the context's
+        // device. A driver without the entry point (before CUDA 13) fails to load it: cudarc's
+        // loader panics there, which is caught below.
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            sys::cuMemGetDefaultMemPool(
+                &mut pool,
+                &mut location,
+                sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
+            )
+        }));
+        match got {
+            Ok(r) => r.result().map_err(err)?,
+            Err(_) => {
+                return Err(AllocError::new(
+                    AllocErrorKind::Unsupported(
+                        "this CUDA driver has no managed memory pools (CUDA 13.0 or later)",
+                    ),
+                    0,
+                    0,
+                    Self::NAME,
+                ))
+            }
+        }
+        Ok(CudaAsyncManaged {
+            ctx: ctx.clone(),
+            pool,
+        })
+    }
+
+    /// The default managed pool of device `ordinal`; `Err(NoDriver)` on a machine without CUDA.
+    pub fn on_device(ordinal: usize) -> Result<Self, AllocError> {
+        Self::new(&super::cuda_context(ordinal)?)
+    }
+
+    /// The pool's handle.
+    pub fn pool_handle(&self) -> sys::CUmemoryPool {
+        self.pool
+    }
+
+    /// The context this resource allocates in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+// SAFETY: the default managed pool (which the driver keeps for the device's life) returns managed
+// memory, valid on host and device, usable by work on `stream` once queued, aligned to 256
+// (checked), until cuMemFreeAsync.
+unsafe impl MemoryResource for CudaAsyncManaged {
+    properties!(Host = B1, Device = B1, Managed = B1, Alignment = U256);
+
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
+            return Ok(empty);
+        }
+        // SAFETY: the driver's default managed pool lives as long as the device.
+        unsafe { pool_allocate(&self.ctx, self.pool, size, align, stream, Self::NAME) }
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        // SAFETY: the caller's promise: a live pointer from this pool.
+        unsafe { pool_free(&self.ctx, ptr, size, align, stream, Self::NAME) }
+    }
+
+    super::context_leaf!(streams);
+    super::context_leaf!(describe "cuda_async_managed");
+}
+
+static_assertions::assert_impl_all!(
+    CudaAsyncManaged: Send,
+    Sync,
+    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
+    crate::Accessible<crate::Migratable>
+);

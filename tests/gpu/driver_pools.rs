@@ -1,0 +1,131 @@
+//! GPU tests of the leaves over driver memory pools that mrstack does not create:
+//! `CudaAsyncView` (the device's default pool, a pool another library made) and
+//! `CudaAsyncManaged` (the device's default managed pool). Kernels write every value, the host
+//! checks every value, and the driver says which pool each pointer came from.
+
+use crate::support::{expected_fill, fill_and_check, gpu};
+use cudarc::driver::{result, sys, CudaContext, PushKernelArg};
+use mrstack::leaf::{CudaAsyncManaged, CudaAsyncView};
+use mrstack::prelude::*;
+use std::sync::Arc;
+
+/// A pointer attribute the driver reports as one `T` (a pool handle, a flag).
+fn attribute<T: Default>(ptr: u64, attribute: sys::CUpointer_attribute) -> T {
+    let mut value = T::default();
+    // SAFETY: `value` is a valid place of the attribute's type (the callers pass the right T).
+    unsafe { sys::cuPointerGetAttribute((&mut value as *mut T).cast(), attribute, ptr) }
+        .result()
+        .unwrap();
+    value
+}
+
+fn pool_of(ptr: u64) -> sys::CUmemoryPool {
+    attribute::<usize>(
+        ptr,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    ) as sys::CUmemoryPool
+}
+
+#[test]
+fn a_view_of_the_default_pool_allocates_from_it_and_destroys_nothing() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let mut default: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid place for the handle, the context's device.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut default, ctx.cu_device()) }
+        .result()
+        .unwrap();
+    for round in 0..2u32 {
+        // A second view after the first dropped: the pool is still there.
+        let view = CudaAsyncView::default_pool(&ctx).unwrap();
+        assert_eq!(view.pool_handle(), default);
+        assert_eq!(view.describe().to_string(), "cuda_async_view(device=0)");
+        let mut v = DeviceVec::<u32, _>::zeroed(1 << 20, &view, &stream).unwrap();
+        assert_eq!(pool_of(v.device_address()), default, "allocated from the default pool");
+        fill_and_check(&ctx, &mut v, 3 + round);
+    }
+    // The text config names the same pool.
+    let mr = mrstack::config::build::<DeviceAccessible>("cuda_async_view(device=0)").unwrap();
+    let v = DeviceVec::<u32, _>::from_slice(&[7, 8, 9], &mr, &stream).unwrap();
+    assert_eq!(pool_of(v.device_address()), default);
+    assert_eq!(v.to_vec().unwrap(), [7, 8, 9]);
+}
+
+/// A pool of device memory on `ctx`'s device, as another library would make one.
+fn foreign_pool(ctx: &Arc<CudaContext>) -> sys::CUmemoryPool {
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: all-zero CUmemPoolProps is its "no options" value; the fields set make it a
+    // device pool on the context's device.
+    let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = ctx.cu_device();
+    // SAFETY: props is initialized.
+    unsafe { result::mem_pool::create(&props) }.unwrap()
+}
+
+#[test]
+fn a_view_of_a_pool_another_library_made_leaves_it_to_its_owner() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let pool = foreign_pool(&ctx);
+    {
+        // SAFETY: a live device pool of this device, destroyed below after the view and its
+        // memory are gone.
+        let view = unsafe { CudaAsyncView::from_handle(&ctx, pool) };
+        assert_eq!(view.describe().to_string(), "cuda_async_view(device=0, pool=foreign)");
+        let mut a = DeviceVec::<u32, _>::zeroed(300_000, &view, &stream).unwrap();
+        let mut b = DeviceVec::<u32, _>::zeroed(1000, &view, &stream).unwrap();
+        assert_eq!(pool_of(a.device_address()), pool);
+        fill_and_check(&ctx, &mut a, 5);
+        fill_and_check(&ctx, &mut b, 6);
+    }
+    stream.synchronize().unwrap();
+    // The owner's pool still serves its owner.
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: the pool is live; the memory is freed on the same stream, then the pool destroyed
+    // once the stream is done.
+    unsafe {
+        let p = result::mem_pool::alloc_async(pool, 4096, stream.cu_stream()).unwrap();
+        result::memset_d8_async(p, 1, 4096, stream.cu_stream()).unwrap();
+        result::free_async(p, stream.cu_stream()).unwrap();
+        stream.synchronize().unwrap();
+        result::mem_pool::destroy(pool).unwrap();
+    }
+}
+
+#[test]
+fn the_managed_pool_gives_memory_kernels_and_the_host_both_use() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let mr = match CudaAsyncManaged::new(&ctx) {
+        Ok(mr) => mr,
+        Err(e) => panic!("the lent GPU has managed pools (CUDA 13): {e}"),
+    };
+    assert_eq!(mr.describe().to_string(), "cuda_async_managed(device=0)");
+    let n = 100_000;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap();
+    assert_eq!(pool_of(v.device_address()), mr.pool_handle());
+    let managed: u32 = attribute(
+        v.device_address(),
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+    );
+    assert_eq!(managed, 1, "managed memory");
+    // A kernel writes; the host reads in place (the vector waits for the kernel first).
+    crate::slow_fill!(&ctx, &stream, &mut v, n, 9);
+    assert_eq!(v.as_host_slice().unwrap(), &expected_fill(n, 9)[..]);
+    // The host writes in place; a copy on the device reads it back.
+    for (i, c) in v.as_host_cells().unwrap().iter().enumerate() {
+        c.set(i as u32 ^ 0xA5A5);
+    }
+    let want: Vec<u32> = (0..n as u32).map(|i| i ^ 0xA5A5).collect();
+    assert_eq!(v.to_vec().unwrap(), want);
+    fill_and_check(&ctx, &mut v, 4);
+    // From text, with the properties of managed memory.
+    let built = mrstack::config::build::<(HostAccessible, DeviceAccessible, Migratable)>(
+        "cuda_async_managed(device=0)",
+    )
+    .unwrap();
+    let w = DeviceVec::<u32, _>::from_slice(&[1, 2, 3], &built, &stream).unwrap();
+    assert_eq!(w.as_host_slice().unwrap(), [1, 2, 3]);
+}
