@@ -4,8 +4,8 @@
 use super::{ConfigError, ItemSpec};
 use crate::erased::{AnyResource, PropertySet};
 use crate::leaf::{
-    cuda_context, Cuda, CudaAsync, CudaAsyncManaged, CudaAsyncOptions, CudaAsyncView,
-    DevicePages, Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
+    cuda_context, Cuda, CudaAsync, CudaAsyncManaged, CudaAsyncOptions, CudaAsyncView, DevicePages,
+    Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
 };
 
 /// The leaf resources, by name.
@@ -37,11 +37,12 @@ pub(super) fn leaf<P: PropertySet>(
             item.erase(Cuda::on_device(device()?).map_err(err)?)
         }
         "cuda_async" => {
-            item.check_fields(&["device", "initial", "release_threshold"])?;
+            item.check_fields(&["device", "initial", "release_threshold", "exportable"])?;
             item.check_gives::<P, CudaAsync>()?;
             let options = CudaAsyncOptions {
                 initial_pool_size: item.size("initial")?,
                 release_threshold: item.size("release_threshold")?,
+                exportable: item.flag_or("exportable", false)?,
             };
             let ctx = cuda_context(device()?).map_err(err)?;
             item.erase(CudaAsync::with_options(&ctx, options).map_err(err)?)

@@ -16,6 +16,10 @@ pub struct CudaAsyncOptions {
     pub initial_pool_size: Option<usize>,
     /// Bytes of unused memory the pool keeps across synchronizations (default: device memory).
     pub release_threshold: Option<usize>,
+    /// Whether the pool can be shared with other processes: made with POSIX file descriptors as
+    /// its shareable handle type (RMM's `export_handle_type`), so that
+    /// [`CudaAsync::export_pool`] and [`CudaAsync::export_pointer`] work (Linux only).
+    pub exportable: bool,
 }
 
 /// Stream-ordered device memory from a driver memory pool owned by this resource, as RMM's
@@ -110,7 +114,11 @@ impl CudaAsync {
         // SAFETY: CUmemPoolProps is plain data; all-zero is its documented "no options" value.
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.handleTypes = if options.exportable {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        };
         props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         props.location.id = ctx.cu_device();
         // SAFETY: props is a valid, initialized CUmemPoolProps.
@@ -141,6 +149,67 @@ impl CudaAsync {
             this.synchronize(StreamRef::DEFAULT)?;
         }
         Ok(this)
+    }
+
+    /// The pool as a file descriptor another process can import
+    /// ([`ImportedPool::from_fd`](crate::leaf::ImportedPool::from_fd)), sent to it over a Unix
+    /// socket or inherited. `Unsupported` unless the pool was made
+    /// [`exportable`](CudaAsyncOptions::exportable).
+    #[cfg(unix)]
+    pub fn export_pool(&self) -> Result<std::os::fd::OwnedFd, AllocError> {
+        use std::os::fd::FromRawFd;
+        self.exportable()?;
+        let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
+        self.ctx.bind_to_thread().map_err(err)?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the pool is live; for POSIX file descriptors the handle written is an int.
+        unsafe {
+            sys::cuMemPoolExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                self.pool,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .result()
+        .map_err(err)?;
+        // SAFETY: the driver made `fd` for the caller, who owns it from here.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// What another process that imported the pool needs to map the allocation at `ptr`
+    /// ([`ImportedPool::import`](crate::leaf::ImportedPool::import)): 64 opaque bytes. Export
+    /// only after the allocation is complete on its stream (synchronize it first): the importer
+    /// may use it at once. The allocation must outlive every importer's use of it: the driver
+    /// frees it here whatever they still do. `Unsupported` unless the pool was made
+    /// [`exportable`](CudaAsyncOptions::exportable); a CUDA error for a pointer that is not a
+    /// live allocation of this pool.
+    pub fn export_pointer(&self, ptr: NonNull<u8>) -> Result<super::IpcPointer, AllocError> {
+        self.exportable()?;
+        let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
+        self.ctx.bind_to_thread().map_err(err)?;
+        // SAFETY: plain data, written by the driver below.
+        let mut data: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
+        // SAFETY: `data` is a valid place; the driver checks that `ptr` is an allocation of a
+        // pool it knows and fails otherwise.
+        unsafe { sys::cuMemPoolExportPointer(&mut data, ptr.as_ptr() as sys::CUdeviceptr) }
+            .result()
+            .map_err(err)?;
+        Ok(super::IpcPointer::from_bytes(data.reserved))
+    }
+
+    fn exportable(&self) -> Result<(), AllocError> {
+        if self.options.exportable {
+            return Ok(());
+        }
+        Err(AllocError::new(
+            crate::resource::AllocErrorKind::Unsupported(
+                "this CudaAsync's pool is not exportable: build it with CudaAsyncOptions { exportable: true, .. }",
+            ),
+            0,
+            0,
+            Self::NAME,
+        ))
     }
 
     /// The driver pool handle, for `cuMemPool*` calls this type does not wrap.
@@ -215,6 +284,9 @@ unsafe impl MemoryResource for CudaAsync {
         }
         if let Some(threshold) = self.options.release_threshold {
             item = item.size("release_threshold", threshold);
+        }
+        if self.options.exportable {
+            item = item.flag("exportable", true);
         }
         item.finish()
     }

@@ -38,6 +38,7 @@ fn stream_ordered_allocation_on_a_new_stream() {
         CudaAsyncOptions {
             initial_pool_size: Some(64 << 20),
             release_threshold: Some(256 << 20),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -41,7 +41,11 @@ fn a_view_of_the_default_pool_allocates_from_it_and_destroys_nothing() {
         assert_eq!(view.pool_handle(), default);
         assert_eq!(view.describe().to_string(), "cuda_async_view(device=0)");
         let mut v = DeviceVec::<u32, _>::zeroed(1 << 20, &view, &stream).unwrap();
-        assert_eq!(pool_of(v.device_address()), default, "allocated from the default pool");
+        assert_eq!(
+            pool_of(v.device_address()),
+            default,
+            "allocated from the default pool"
+        );
         fill_and_check(&ctx, &mut v, 3 + round);
     }
     // The text config names the same pool.
@@ -73,7 +77,10 @@ fn a_view_of_a_pool_another_library_made_leaves_it_to_its_owner() {
         // SAFETY: a live device pool of this device, destroyed below after the view and its
         // memory are gone.
         let view = unsafe { CudaAsyncView::from_handle(&ctx, pool) };
-        assert_eq!(view.describe().to_string(), "cuda_async_view(device=0, pool=foreign)");
+        assert_eq!(
+            view.describe().to_string(),
+            "cuda_async_view(device=0, pool=foreign)"
+        );
         let mut a = DeviceVec::<u32, _>::zeroed(300_000, &view, &stream).unwrap();
         let mut b = DeviceVec::<u32, _>::zeroed(1000, &view, &stream).unwrap();
         assert_eq!(pool_of(a.device_address()), pool);
@@ -128,4 +135,112 @@ fn the_managed_pool_gives_memory_kernels_and_the_host_both_use() {
     .unwrap();
     let w = DeviceVec::<u32, _>::from_slice(&[1, 2, 3], &built, &stream).unwrap();
     assert_eq!(w.as_host_slice().unwrap(), [1, 2, 3]);
+}
+
+/// Set in the child process of the IPC test: `fd,len,hex of the 64 exported bytes`.
+const IPC_CHILD: &str = "MRSTACK_IPC_CHILD";
+
+fn first_half(n: usize) -> Vec<u8> {
+    (0..n / 2).map(|i| (i * 7 + 1) as u8).collect()
+}
+
+fn second_half(n: usize) -> Vec<u8> {
+    (0..n / 2).map(|i| (i * 13 + 5) as u8).collect()
+}
+
+/// The child's side: import the pool and the allocation, check the first half the parent wrote,
+/// write the second half.
+fn ipc_child(spec: &str) {
+    use mrstack::leaf::{ImportedPool, IpcPointer};
+    use std::os::fd::FromRawFd;
+    let parts: Vec<&str> = spec.split(',').collect();
+    let (fd, n): (i32, usize) = (parts[0].parse().unwrap(), parts[1].parse().unwrap());
+    let mut bytes = [0u8; 64];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&parts[2][2 * i..2 * i + 2], 16).unwrap();
+    }
+    let ctx = mrstack::cuda_context(0).unwrap();
+    // SAFETY: the parent left this descriptor open across exec for this process, which owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let pool = ImportedPool::from_fd(&ctx, fd).unwrap();
+    let mut mem = pool.import(&IpcPointer::from_bytes(bytes)).unwrap();
+    assert!(mem.len() >= n, "{} < {n}", mem.len());
+    let mut first = vec![0u8; n / 2];
+    mem.copy_to_host(0, &mut first).unwrap();
+    assert_eq!(
+        first,
+        first_half(n),
+        "the child reads what the parent wrote"
+    );
+    mem.copy_from_host(n / 2, &second_half(n)).unwrap();
+    assert!(
+        mem.copy_from_host(mem.len() - 1, &[0, 0]).is_err(),
+        "past the end"
+    );
+    println!("ipc child: read {} bytes, wrote {}", n / 2, n / 2);
+}
+
+#[test]
+fn an_exported_pool_shares_an_allocation_with_another_process() {
+    if let Ok(spec) = std::env::var(IPC_CHILD) {
+        return ipc_child(&spec);
+    }
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let options = CudaAsyncOptions {
+        exportable: true,
+        ..Default::default()
+    };
+    let mr = CudaAsync::with_options(&ctx, options).unwrap();
+    assert_eq!(
+        mr.describe().to_string(),
+        "cuda_async(device=0, exportable=true)"
+    );
+    let n = 4 << 20;
+    let mut host = first_half(n);
+    host.resize(n, 0);
+    let v = DeviceVec::<u8, _>::from_slice(&host, &mr, &stream).unwrap();
+    // The allocation and the copy are done before another process may touch it.
+    v.synchronize().unwrap();
+    let ptr = std::ptr::NonNull::new(v.device_address() as *mut u8).unwrap();
+    let exported = mr.export_pointer(ptr).unwrap();
+    let fd = mr.export_pool().unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
+    assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
+    let hex: String = exported
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "driver_pools::an_exported_pool_shares_an_allocation_with_another_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(IPC_CHILD, format!("{},{n},{hex}", fd.as_raw_fd()))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed:\n{text}");
+    assert!(text.contains("ipc child: read"), "the child ran:\n{text}");
+    let back = v.to_vec().unwrap();
+    assert_eq!(&back[..n / 2], &first_half(n)[..]);
+    assert_eq!(
+        &back[n / 2..],
+        &second_half(n)[..],
+        "the parent reads what the child wrote"
+    );
+
+    // Not a pointer of the pool; a pool that was not made exportable.
+    let other = Cuda::new(&ctx).unwrap();
+    let w = DeviceVec::<u8, _>::zeroed(256, &other, &stream).unwrap();
+    let wptr = std::ptr::NonNull::new(w.device_address() as *mut u8).unwrap();
+    assert!(mr.export_pointer(wptr).is_err());
+    let plain = CudaAsync::new(&ctx).unwrap();
+    let e = plain.export_pool().unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::Unsupported(_)), "{e}");
 }

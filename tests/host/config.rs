@@ -328,7 +328,7 @@ fn names_and_fields_are_checked() {
     fails(
         "cuda_async(device=0, threshold=1GiB)",
         22,
-        "it takes device, initial, release_threshold",
+        "it takes device, initial, release_threshold, exportable",
     );
     let e = fails(
         "simulatd(capacity=1GiB)",

@@ -1,0 +1,229 @@
+//! `ImportedPool`: the import side of an exportable [`CudaAsync`](crate::CudaAsync) pool: another
+//! process's pool, and the allocations of it that process shares.
+
+use crate::resource::{AllocError, AllocErrorKind};
+use cudarc::driver::{result, sys, CudaContext};
+use std::sync::Arc;
+
+/// What names one allocation of an exported pool to the processes that imported the pool: the
+/// 64 opaque bytes of `cuMemPoolExportPointer`
+/// ([`CudaAsync::export_pointer`](crate::CudaAsync::export_pointer)), to send as bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct IpcPointer([u8; 64]);
+
+impl IpcPointer {
+    /// The bytes to send.
+    pub fn to_bytes(&self) -> [u8; 64] {
+        self.0
+    }
+
+    /// The pointer another process sent. Any bytes are accepted here: the driver checks them
+    /// when they are imported ([`ImportedPool::import`]).
+    pub fn from_bytes(bytes: [u8; 64]) -> Self {
+        IpcPointer(bytes)
+    }
+}
+
+impl std::fmt::Debug for IpcPointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IpcPointer(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("…)")
+    }
+}
+
+/// Another process's memory pool, imported from the file descriptor its
+/// [`CudaAsync::export_pool`](crate::CudaAsync::export_pool) made (PyTorch's and RMM's IPC
+/// handles): the allocations that process shares ([`import`](Self::import)) are then mapped here.
+///
+/// It allocates nothing (the driver allows no allocation from an imported pool), so it is not a
+/// `MemoryResource`. Dropping it destroys this process's import of the pool, not the pool.
+///
+/// # Cost and streams
+///
+/// An import is a driver call that maps the allocation (microseconds); copies in and out are
+/// synchronous (`cuMemcpy`), on no stream of this process: the exporter orders its own work and
+/// says when the memory is ready, through whatever channel the two processes share.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[cfg(unix)]
+/// # fn main() -> Result<(), mrstack::AllocError> {
+/// # let (fd, bytes, len): (std::os::fd::OwnedFd, [u8; 64], usize) = todo!();
+/// use mrstack::leaf::{ImportedPool, IpcPointer};
+/// let ctx = mrstack::cuda_context(0)?;
+/// let pool = ImportedPool::from_fd(&ctx, fd)?; // sent by the exporting process
+/// let mem = pool.import(&IpcPointer::from_bytes(bytes))?;
+/// let mut host = vec![0u8; len.min(mem.len())];
+/// mem.copy_to_host(0, &mut host)?;
+/// # Ok(()) }
+/// # #[cfg(not(unix))] fn main() {}
+/// ```
+#[derive(Debug)]
+pub struct ImportedPool {
+    ctx: Arc<CudaContext>,
+    pool: sys::CUmemoryPool,
+}
+
+// SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronizes it.
+unsafe impl Send for ImportedPool {}
+// SAFETY: as above: every use is a driver call taking the handle by value.
+unsafe impl Sync for ImportedPool {}
+
+const NAME: &str = "ImportedPool";
+
+impl ImportedPool {
+    /// Imports the pool another process exported as `fd`. A descriptor that is not an exported
+    /// pool is a CUDA error from the driver.
+    #[cfg(unix)]
+    pub fn from_fd(ctx: &Arc<CudaContext>, fd: std::os::fd::OwnedFd) -> Result<Self, AllocError> {
+        use std::os::fd::AsRawFd;
+        let err = |e| AllocError::cuda(e, 0, 0, NAME);
+        ctx.bind_to_thread().map_err(err)?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid place; for POSIX file descriptors the handle is the int
+        // itself, passed as a pointer-sized value. The driver checks what the descriptor is.
+        unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                &mut pool,
+                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .result()
+        .map_err(err)?;
+        // The driver holds what it needs of the descriptor now; `fd` closes here.
+        Ok(ImportedPool {
+            ctx: ctx.clone(),
+            pool,
+        })
+    }
+
+    /// Maps the allocation `ptr` names, which the exporting process shared after its allocation
+    /// completed. The memory stays mapped until the [`ImportedMemory`] drops, which frees it
+    /// here; the exporter must not free it before every importer is done (the driver then frees
+    /// it under them, and their copies fail with a CUDA error). A CUDA error for bytes that name
+    /// no allocation of this pool.
+    pub fn import(&self, ptr: &IpcPointer) -> Result<ImportedMemory<'_>, AllocError> {
+        let err = |e| AllocError::cuda(e, 0, 0, NAME);
+        self.ctx.bind_to_thread().map_err(err)?;
+        let mut data = sys::CUmemPoolPtrExportData {
+            reserved: ptr.to_bytes(),
+        };
+        let mut address: sys::CUdeviceptr = 0;
+        // SAFETY: valid places for both; the driver checks the data against the pool.
+        unsafe { sys::cuMemPoolImportPointer(&mut address, self.pool, &mut data) }
+            .result()
+            .map_err(err)?;
+        let mut base: sys::CUdeviceptr = 0;
+        let mut len: usize = 0;
+        // SAFETY: valid places; `address` was just mapped.
+        let range = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, address) }.result();
+        if let Err(e) = range {
+            // SAFETY: just imported here, used by nothing.
+            self.ctx
+                .record_err(unsafe { result::memory_free(address) }.map(drop));
+            return Err(err(e));
+        }
+        Ok(ImportedMemory {
+            pool: self,
+            address,
+            len: len - (address - base) as usize,
+        })
+    }
+}
+
+impl Drop for ImportedPool {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: this process's import of the pool, destroyed once; every allocation imported
+        // from it borrowed it and was freed first.
+        self.ctx
+            .record_err(unsafe { result::mem_pool::destroy(self.pool) });
+    }
+}
+
+/// Another process's allocation, mapped here by [`ImportedPool::import`]; freed here (not in
+/// the exporting process) when dropped.
+///
+/// Its bytes belong to both processes: the copies here are synchronous driver copies, bounded by
+/// the allocation's size as the driver reports it; what the other process does with the bytes
+/// meanwhile is theirs to order.
+#[derive(Debug)]
+pub struct ImportedMemory<'p> {
+    pool: &'p ImportedPool,
+    address: sys::CUdeviceptr,
+    len: usize,
+}
+
+impl ImportedMemory<'_> {
+    /// The device address of the allocation here (not the exporter's address).
+    pub fn device_address(&self) -> u64 {
+        self.address
+    }
+
+    /// The allocation's size in bytes, as the driver reports it.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the allocation is empty (never: the driver maps no empty allocation).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `host.len()` bytes from `offset` out, waiting for the copy. `Err` where they go
+    /// past the allocation's end.
+    pub fn copy_to_host(&self, offset: usize, host: &mut [u8]) -> Result<(), AllocError> {
+        let at = self.at(offset, host.len())?;
+        let n = host.len();
+        let err = move |e| AllocError::cuda(e, n, 1, NAME);
+        self.pool.ctx.bind_to_thread().map_err(err)?;
+        // SAFETY: `host.len()` bytes of the mapped allocation (checked) into a live slice; the
+        // copy is synchronous.
+        unsafe { result::memcpy_dtoh_sync(host, at) }.map_err(err)
+    }
+
+    /// Copies `host` in at `offset`, waiting for the copy. `Err` where it goes past the
+    /// allocation's end.
+    pub fn copy_from_host(&mut self, offset: usize, host: &[u8]) -> Result<(), AllocError> {
+        let at = self.at(offset, host.len())?;
+        let err = |e| AllocError::cuda(e, host.len(), 1, NAME);
+        self.pool.ctx.bind_to_thread().map_err(err)?;
+        // SAFETY: into `host.len()` bytes of the mapped allocation (checked), from a live slice;
+        // the copy is synchronous.
+        unsafe { result::memcpy_htod_sync(at, host) }.map_err(err)
+    }
+
+    /// The address of `len` bytes at `offset`, or an error where they go past the end.
+    fn at(&self, offset: usize, len: usize) -> Result<sys::CUdeviceptr, AllocError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.address + offset as u64),
+            _ => Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "the copy goes past the end of the imported allocation",
+                ),
+                len,
+                1,
+                NAME,
+            )),
+        }
+    }
+}
+
+impl Drop for ImportedMemory<'_> {
+    fn drop(&mut self) {
+        let ctx = &self.pool.ctx;
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: this process's mapping of the allocation, freed once; the copies above were
+        // synchronous, so nothing here uses it any more.
+        ctx.record_err(unsafe { result::memory_free(self.address) });
+    }
+}
+
+static_assertions::assert_impl_all!(ImportedPool: Send, Sync);
+static_assertions::assert_impl_all!(IpcPointer: Send, Sync, Copy);
