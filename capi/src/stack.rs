@@ -290,7 +290,9 @@ fn build_erased(
     let built = match spec.items.first().map(|i| i.name.as_str()) {
         Some("cuda" | "cuda_async" | "cuda_async_view") => with::<D>(&spec, device, log),
         Some("pinned") => with::<(H, D)>(&spec, device, log),
-        Some("managed" | "cuda_async_managed") => with::<(H, D, M)>(&spec, device, log),
+        Some("managed" | "cuda_async_managed" | "sam_headroom") => {
+            with::<(H, D, M)>(&spec, device, log)
+        }
         Some("system") => with::<H>(&spec, device, log),
         // Simulated memory gives nothing; anything else, the builder names the error.
         _ => with::<()>(&spec, device, log),

@@ -1,11 +1,12 @@
 //! The leaf resources text can name: `cuda`, `cuda_async`, `cuda_async_view` (the device's
-//! default pool), `cuda_async_managed`, `managed`, `pinned`, `system`, `simulated`, `vmm`.
+//! default pool), `cuda_async_managed`, `managed`, `pinned`, `sam_headroom`, `system`,
+//! `simulated`, `vmm`.
 
 use super::{ConfigError, ItemSpec};
 use crate::erased::{AnyResource, PropertySet};
 use crate::leaf::{
     cuda_context, Cuda, CudaAsync, CudaAsyncManaged, CudaAsyncOptions, CudaAsyncView, DevicePages,
-    Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
+    Managed, Pinned, SamHeadroom, Simulated, System, VirtualMemory, VirtualMemoryConfig,
 };
 
 /// The leaf resources, by name.
@@ -16,6 +17,7 @@ pub(super) const LEAVES: &[&str] = &[
     "cuda_async_managed",
     "managed",
     "pinned",
+    "sam_headroom",
     "system",
     "simulated",
     "vmm",
@@ -67,6 +69,12 @@ pub(super) fn leaf<P: PropertySet>(
             item.check_fields(&["device"])?;
             item.check_gives::<P, Pinned>()?;
             item.erase(Pinned::on_device(device()?).map_err(err)?)
+        }
+        "sam_headroom" => {
+            item.check_fields(&["device", "headroom"])?;
+            item.check_gives::<P, SamHeadroom>()?;
+            let headroom = item.required_size("headroom")?;
+            item.erase(SamHeadroom::on_device(device()?, headroom).map_err(err)?)
         }
         "system" => {
             item.check_fields(&[])?;

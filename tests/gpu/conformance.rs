@@ -109,6 +109,21 @@ fn cuda_async_managed() {
 }
 
 #[test]
+fn sam_headroom_where_supported() {
+    let Some((ctx, streams, access)) = setup() else {
+        return;
+    };
+    match mrstack::leaf::SamHeadroom::new(&ctx, 1 << 30) {
+        Ok(sam) => {
+            let report = conformance(sam, &options(&streams, &access));
+            assert!(report.refused_alignments.is_empty(), "up to 4 KiB: all met");
+        }
+        // Checked in sam_headroom.rs: refused exactly where the device says so.
+        Err(e) => println!("SamHeadroom not on this device: {e}"),
+    }
+}
+
+#[test]
 fn managed() {
     let Some((ctx, streams, access)) = setup() else {
         return;

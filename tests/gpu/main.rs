@@ -16,6 +16,7 @@ mod containers;
 mod driver_pools;
 mod erased;
 mod hostile;
+mod sam_headroom;
 mod soundness;
 mod streams;
 mod virtual_memory;

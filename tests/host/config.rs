@@ -165,6 +165,7 @@ fn cuda_leaves_without_a_driver_say_so() {
         "cuda_async(initial=1MiB)",
         "cuda_async_view",
         "cuda_async_managed(device=0)",
+        "sam_headroom(headroom=1 GiB)",
         "managed",
         "pinned(device=0)",
     ] {
@@ -333,7 +334,7 @@ fn names_and_fields_are_checked() {
     let e = fails(
         "simulatd(capacity=1GiB)",
         1,
-        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, cuda_async_view, cuda_async_managed, managed, pinned, system, simulated, vmm, pool,",
+        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, cuda_async_view, cuda_async_managed, managed, pinned, sam_headroom, system, simulated, vmm, pool,",
     );
     assert!(matches!(e.kind, K::Unknown { .. }));
     assert!(e.to_string().ends_with(", count"), "{e}");
