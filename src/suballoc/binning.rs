@@ -146,6 +146,42 @@ pub struct Binning<U: MemoryResource> {
     /// One per thread slot ([`shard::SLOTS`]), and the shared one.
     caches: Box<[shard::SlotLock<Cache>]>,
     meter: Meter,
+    /// The bins served by a resource of the user's ([`with_bin`](Binning::with_bin)), by bin
+    /// index, and a bit per such bin, so that the others pay one test.
+    own: Vec<Option<OwnBin>>,
+    own_mask: u64,
+}
+
+/// A resource serving one bin in place of its free list.
+struct OwnBin(Box<dyn BinResource>);
+
+impl std::fmt::Debug for OwnBin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.describe(f)
+    }
+}
+
+/// What `Binning` asks of a bin's own resource, object-safe: any `MemoryResource` with the
+/// upstream's properties is one.
+trait BinResource: Send + Sync {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>>;
+    /// # Safety
+    /// As `MemoryResource::deallocate`.
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
+    fn describe(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
+}
+
+impl<B: MemoryResource + Send + Sync> BinResource for B {
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        MemoryResource::allocate(self, size, align, stream)
+    }
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { MemoryResource::deallocate(self, ptr, size, align, stream) }
+    }
+    fn describe(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.describe_to(f)
+    }
 }
 
 impl<U: MemoryResource> Binning<U> {
@@ -174,7 +210,72 @@ impl<U: MemoryResource> Binning<U> {
                 .map(|_| shard::SlotLock::default())
                 .collect(),
             meter: Meter::default(),
+            own: Vec::new(),
+            own_mask: 0,
         }
+    }
+
+    /// This binning with the bin of block size `size` served by `resource` instead of its free
+    /// list (RMM's `add_bin(size, resource)`): every request that bin would take (of at most
+    /// `size` bytes, above the bin below it, aligned to at most 256) goes to `resource` as asked
+    /// (its alignment raised to 256), and comes back to it. `resource` must give the upstream's
+    /// properties, so that the binning's type stays true; it is dropped with the binning.
+    ///
+    /// It consumes the binning, so no block of that bin can be out when the bin changes hands
+    /// (a container over the binning borrows or owns it). `InvalidArgument` where `size` is not
+    /// one of [`bin_sizes`](Self::bin_sizes).
+    ///
+    /// ```
+    /// use mrstack::prelude::*;
+    /// use mrstack::adaptor::{BinningConfig, FixedSizeConfig};
+    ///
+    /// let sim = Simulated::new(1 << 30);
+    /// let slabs = std::sync::Arc::new(Simulated::new(64 << 20));
+    /// // 64 KiB requests from a fixed-size pool of their own, over memory of their own.
+    /// let config = FixedSizeConfig { block_size: 64 << 10, ..Default::default() };
+    /// let slab = FixedSize::new(slabs.clone(), config);
+    /// let mr = Binning::new(&sim, BinningConfig::default()).with_bin(64 << 10, slab)?;
+    /// let p = mr.allocate(40_000, 256, StreamRef::DEFAULT)?;
+    /// assert!(slabs.in_use() > 0);
+    /// // SAFETY: p came from mr with this size and alignment.
+    /// unsafe { mr.deallocate(p, 40_000, 256, StreamRef::DEFAULT) };
+    /// # Ok::<(), AllocError>(())
+    /// ```
+    pub fn with_bin<B>(mut self, size: usize, resource: B) -> Result<Self, AllocError>
+    where
+        B: MemoryResource<Host = U::Host, Device = U::Device, Managed = U::Managed>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let i = match self.bin(size, GRANULE) {
+            Some(i) if size.is_power_of_two() && 1 << (self.min_shift + i as u32) == size => i,
+            _ => {
+                return Err(AllocError::new(
+                    AllocErrorKind::InvalidArgument(
+                        "Binning::with_bin: the size is not one of the bins' block sizes",
+                    ),
+                    size,
+                    GRANULE,
+                    NAME,
+                ))
+            }
+        };
+        if self.own.len() <= i {
+            self.own.resize_with(i + 1, || None);
+        }
+        self.own[i] = Some(OwnBin(Box::new(resource)));
+        self.own_mask |= 1 << i;
+        Ok(self)
+    }
+
+    /// The resource serving bin `i`, if it has one of its own.
+    #[inline]
+    fn own_bin(&self, i: usize) -> Option<&dyn BinResource> {
+        if self.own_mask & (1 << i) == 0 {
+            return None;
+        }
+        self.own.get(i)?.as_ref().map(|b| &*b.0)
     }
 
     /// Bins from `config.min` to `config.max` over `upstream`, as [`new`](Self::new) builds
@@ -363,6 +464,9 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         let Some(i) = self.bin(size, align) else {
             return self.upstream.allocate(size, align.max(GRANULE), stream);
         };
+        if let Some(own) = self.own_bin(i) {
+            return own.allocate(size, align.max(GRANULE), stream);
+        }
         let cached = {
             let mut cache = self.cache();
             // Blocks of another stream go back to their bins, where this stream can take them
@@ -392,6 +496,13 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
             return;
         }
         match self.bin(size, align) {
+            Some(i) if self.own_mask & (1 << i) != 0 => {
+                if let Some(own) = self.own_bin(i) {
+                    // SAFETY: the same routing sent this request to this resource, with this
+                    // size and the alignment raised alike.
+                    unsafe { own.deallocate(ptr, size, align.max(GRANULE), stream) }
+                }
+            }
             Some(i) => {
                 let mut cache = self.cache();
                 self.switch_cache(&mut cache, stream);
@@ -417,10 +528,21 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
     }
 
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        ItemWriter::over(f, &self.upstream, "binning")
+        let item = ItemWriter::over(f, &self.upstream, "binning")
             .size("min", 1 << self.min_shift)
-            .size("max", self.max)
-            .finish()
+            .size("max", self.max);
+        if self.own_mask == 0 {
+            return item.finish();
+        }
+        // Text has no way to name a bin's own resource: the field names the bins, and a text
+        // config refuses it (rather than build a binning without them).
+        let sizes: Vec<String> = (0..self.own.len())
+            .filter(|&i| self.own_mask & (1 << i) != 0)
+            .map(|i| {
+                crate::units::ExactBytes::from(1usize << (self.min_shift + i as u32)).to_string()
+            })
+            .collect();
+        item.text("own_bins", &sizes.join(" + ")).finish()
     }
 
     fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
@@ -452,6 +574,12 @@ impl<U: MemoryResource> Drop for Binning<U> {
 impl FromItem for BinningConfig {
     /// `binning(min=…, max=…)`, with `min` at most `max`.
     fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        if let Some(f) = item.field("own_bins") {
+            return Err(item.bad_value(
+                f,
+                "nothing: bins with resources of their own have no text form (build them in Rust with Binning::with_bin)",
+            ));
+        }
         item.check_fields(&["min", "max"])?;
         let default = Self::default();
         let config = BinningConfig {

@@ -12,7 +12,7 @@ use mrstack::prelude::*;
 use std::sync::Arc;
 use typenum::U4096;
 
-use crate::support::gpu;
+use crate::support::{fill_and_check, gpu};
 
 const AFFINE: &str = r#"
 extern "C" __global__ void affine(float *out, const float *in, float a, float b, unsigned int n) {
@@ -213,4 +213,33 @@ fn five_adaptors_over_cuda_feed_a_kernel() {
     drop((x, y));
     assert_eq!(stats.upstream().outstanding_count(), 0);
     mr.flush().unwrap();
+}
+
+#[test]
+fn a_bin_of_its_own_resource_serves_kernels() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let own = Arc::new(CudaAsync::new(&ctx).unwrap());
+    let mr = Binning::new(
+        Pool::new(
+            Cuda::new(&ctx).unwrap(),
+            mrstack::adaptor::PoolConfig::default(),
+        ),
+        mrstack::adaptor::BinningConfig::default(),
+    )
+    .with_bin(64 << 10, own.clone())
+    .unwrap();
+    // 10,000 u32 = 40,000 bytes: the 64 KiB bin, served by the driver pool.
+    let mut binned = DeviceVec::<u32, _>::zeroed(10_000, &mr, &stream).unwrap();
+    let mut small = DeviceVec::<u32, _>::zeroed(100, &mr, &stream).unwrap();
+    let mut large = DeviceVec::<u32, _>::zeroed(1 << 20, &mr, &stream).unwrap();
+    assert!(
+        own.reserved_bytes().unwrap() > 0,
+        "the bin's pool holds memory"
+    );
+    fill_and_check(&ctx, &mut binned, 3);
+    fill_and_check(&ctx, &mut small, 4);
+    fill_and_check(&ctx, &mut large, 5);
+    drop((binned, small, large));
+    stream.synchronize().unwrap();
 }

@@ -175,6 +175,29 @@ fn binning_with_bins_and_the_upstream() {
 }
 
 #[test]
+fn binning_with_a_bin_of_its_own_resource() {
+    let rec = system();
+    let own = Arc::new(Recorder::new(System::new()));
+    // The 4 KiB bin's requests (2 KiB < size <= 4 KiB) go to a Pool over a recorder of its own.
+    let pool = Pool::new(own.clone(), PoolConfig::default());
+    let bins = Binning::new(
+        &rec,
+        BinningConfig {
+            min: 256,
+            max: 16 << 10,
+        },
+    )
+    .with_bin(4 << 10, pool)
+    .unwrap();
+    refused_none(conformance(bins, &over(&rec)));
+    assert!(
+        own.record().allocations() > 0,
+        "the bin's own resource served requests"
+    );
+    assert_eq!(own.record().in_use(), 0, "and got everything back");
+}
+
+#[test]
 fn arena_with_local_and_global_requests() {
     let rec = system();
     let arena = Arena::new(

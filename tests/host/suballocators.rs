@@ -9,6 +9,7 @@ use mrstack::testing::Recorder;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -1777,4 +1778,78 @@ fn tlsf_grows_a_block_in_place_into_the_free_block_after_it() {
         mr.deallocate(a, 1000, 8, s);
     }
     assert_eq!(mr.usage().allocated, 0);
+}
+
+#[test]
+fn binning_routes_a_bin_to_its_own_resource_and_only_that_bin() {
+    let main = Arc::new(Simulated::new(1 << 30));
+    let other = Arc::new(Simulated::new(64 << 20));
+    // Recorded, to see which requests reach it (FixedSize takes its chunk up front).
+    let slab = Arc::new(mrstack::testing::Recorder::new(FixedSize::new(
+        other.clone(),
+        FixedSizeConfig {
+            block_size: 64 << 10,
+            ..Default::default()
+        },
+    )));
+    let config = BinningConfig {
+        min: 256,
+        max: 1 << 20,
+    };
+    let mr = Binning::new(main.clone(), config.clone())
+        .with_bin(64 << 10, slab.clone())
+        .unwrap();
+    let s = StreamRef::DEFAULT;
+    let mut live = Vec::new();
+    for size in [100, 4000, 32_769, 40_000, 65_536, 65_537, 200_000, 2 << 20] {
+        let before = slab.record().allocations();
+        let p = mr.allocate(size, 256, s).unwrap();
+        let from_other = slab.record().allocations() != before;
+        assert_eq!(
+            from_other,
+            (32_769..=65_536).contains(&size),
+            "{size} bytes went to {}",
+            if from_other {
+                "the bin's own resource"
+            } else {
+                "the bins or the upstream"
+            }
+        );
+        live.push((p, size));
+    }
+    for (p, size) in live {
+        // SAFETY: allocated above with this size and alignment.
+        unsafe { mr.deallocate(p, size, 256, s) };
+    }
+    assert!(
+        mr.describe().to_string().ends_with("own_bins=64 KiB)"),
+        "{}",
+        mr.describe()
+    );
+    assert_eq!(
+        slab.record().in_use(),
+        0,
+        "the bin's requests went back to it"
+    );
+    drop((mr, slab));
+    assert_eq!(other.in_use(), 0, "everything went back");
+    assert_eq!(main.in_use(), 0);
+    // Not a bin size: refused, naming it.
+    for size in [1000, 48 << 10, 2 << 20] {
+        let e = Binning::new(main.clone(), config.clone())
+            .with_bin(size, Arc::new(Simulated::new(1 << 20)))
+            .map(drop);
+        assert!(e.is_err(), "{size}");
+    }
+}
+
+#[test]
+fn a_binning_with_own_bins_describes_itself_as_text_that_says_why_it_cannot_be_built() {
+    let sim = Arc::new(Simulated::new(1 << 30));
+    let mr = Binning::new(sim.clone(), BinningConfig::default())
+        .with_bin(1024, Arc::new(Simulated::new(1 << 20)))
+        .unwrap();
+    let text = mr.describe().to_string();
+    let e = mrstack::config::build::<()>(&text).unwrap_err().to_string();
+    assert!(e.contains("no text form") && e.contains("with_bin"), "{e}");
 }
