@@ -336,26 +336,30 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 /// [`VirtualMemory`](crate::VirtualMemory) grows into the free virtual range after a block and
 /// maps the pages it needs; [`Tlsf`](crate::suballoc::Tlsf) into the free block after it, within
 /// its chunk. Both only into free bytes on the request's stream, so the new bytes need no ordering
-/// after other streams.
+/// after other streams as long as the allocation is later freed on that stream (or after it): a
+/// `DeviceVec` grows and frees on its own stream.
 ///
 /// # Safety
 ///
 /// When [`grow_in_place`](Self::grow_in_place) returns `Ok(true)` for a live allocation of this
 /// resource, the allocation's first `new_size` bytes are memory with the resource's properties,
 /// still at `ptr`, that no other allocation overlaps, usable by work on `stream` at once, and the
-/// allocation may be deallocated with either its old size or `new_size`. On `Ok(false)` or `Err`,
-/// the allocation is as it was.
+/// allocation may be deallocated with any size it has had. On `Ok(false)` or `Err`, the
+/// allocation is as it was.
 pub unsafe trait GrowInPlace: MemoryResource {
     /// Grows the live allocation at `ptr` (of `size` bytes, asked for with `align`) to
     /// `new_size` bytes without moving it, if the resource can; returns whether it did. `Err` only
     /// for a failure of the memory below (a page that could not be mapped); no room after the
-    /// block is `Ok(false)`.
+    /// block is `Ok(false)`, and so is a `size` the resource does not find the allocation at.
     ///
     /// # Safety
     ///
-    /// `ptr` came from `allocate` on this resource with `size` and `align` (or was grown to
-    /// `size` since) and was not deallocated; nothing but the caller uses the allocation past its
-    /// first `size` bytes.
+    /// - `ptr` came from `allocate` on this resource with `align` and was not deallocated, and
+    ///   the caller owns it: `size` is a size it has had (asked for at `allocate`, or the
+    ///   `new_size` of an earlier growth that returned `Ok(true)`).
+    /// - Once grown, the allocation is deallocated on `stream`, or on a stream ordered after the
+    ///   work queued on `stream` until then: the new bytes were free on `stream`, and work queued
+    ///   on it before may still use them.
     unsafe fn grow_in_place(
         &self,
         ptr: NonNull<u8>,

@@ -89,9 +89,11 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     /// extends the allocation in place ([`GrowInPlace`]: [`VirtualMemory`](crate::VirtualMemory)
     /// maps pages after it, [`Tlsf`](crate::suballoc::Tlsf) takes the free block after it), so
     /// nothing is copied and [`device_address`](Self::device_address) stays. `Ok(false)`, the
-    /// vector unchanged, where the bytes after it are not free on the vector's stream: then
-    /// [`grow_zeroed`](Self::grow_zeroed) moves it. The growth and the `memset` of the new values
-    /// are queued on the vector's stream after every use of the vector so far.
+    /// vector unchanged, where the bytes after it are not free on the vector's stream (always for
+    /// an empty vector, which has no allocation to grow): then [`grow_zeroed`](Self::grow_zeroed)
+    /// moves it. The growth and the `memset` of the new values are queued on the vector's stream
+    /// after every use of the vector so far, and the new values are zero before the vector is
+    /// longer: on `Err` it keeps its length.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -114,15 +116,11 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         R: GrowInPlace,
         T: ValidAsZeroBits,
     {
-        let old = self.grow_check(new_len)?;
+        self.grow_check(new_len)?;
         if new_len == self.len() {
             return Ok(true);
         }
-        if !self.buf.grow_in_place(new_len)? {
-            return Ok(false);
-        }
-        self.zero_from(old)?;
-        Ok(true)
+        self.buf.grow_zeroed_in_place(new_len)
     }
 
     /// Grows the vector to `new_len` values, the new ones zero, moving it: a new allocation from
@@ -135,16 +133,15 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     where
         T: ValidAsZeroBits,
     {
-        let old = self.grow_check(new_len)?;
+        self.grow_check(new_len)?;
         if new_len == self.len() {
             return Ok(());
         }
-        self.buf.reallocate(new_len)?;
-        self.zero_from(old)
+        self.buf.reallocate_zeroed(new_len)
     }
 
-    /// The vector's bytes, or an error if `new_len` is below its length.
-    fn grow_check(&self, new_len: usize) -> Result<usize, AllocError> {
+    /// An error if `new_len` is below the vector's length.
+    fn grow_check(&self, new_len: usize) -> Result<(), AllocError> {
         if new_len < self.len() {
             return Err(AllocError::new(
                 AllocErrorKind::InvalidArgument(
@@ -155,7 +152,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
                 self.buf.resource().name(),
             ));
         }
-        Ok(self.buf.bytes())
+        Ok(())
     }
 
     /// Zeroes the bytes from `from` to the end, on the vector's stream, recorded as a write.

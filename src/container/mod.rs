@@ -275,77 +275,99 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     }
 
     /// Moves the values into a new allocation of `len` values (at least the old length) from the
-    /// same resource, copied on the buffer's stream after every use of the old memory, which
-    /// goes back after the copy; the values past the old length are not initialized. On `Err`
-    /// the buffer is as it was.
-    pub(crate) fn reallocate(&mut self, len: usize) -> Result<(), AllocError> {
+    /// same resource, copied on the buffer's stream after every write of the old memory; the
+    /// values past the old length are zero bytes. The new memory is in place, filled, before the
+    /// old goes back (after the copy). On `Err` the buffer is as it was.
+    pub(crate) fn reallocate_zeroed(&mut self, len: usize) -> Result<(), AllocError> {
         let stream = self.stream().clone();
         let old = self.bytes();
+        let name = self.resource.name();
+        let bytes = len_bytes::<T>(len, name)?;
         let (ptr, mut slice) = allocate_slice::<T, R>(len, &self.resource, &stream)?;
-        if old > 0 {
+        let filled = {
             let (from, read) = self.order_read(&stream);
             let (to, written) = slice.device_ptr_mut(&stream);
-            let name = self.resource.name();
-            let copied = stream
-                .context()
-                .bind_to_thread()
-                .map_err(copy_error(name, old))
-                .and_then(|()| {
-                    // SAFETY: `old` bytes of this buffer's live memory to the new allocation of
-                    // at least as many, both ordered on `stream` (the read after the last write,
-                    // the new memory after its allocation), which the guards record.
-                    unsafe { sys::cuMemcpyAsync(to, from, old, stream.cu_stream()) }
-                        .result()
-                        .map_err(copy_error(name, old))
-                });
+            let copied = if old == 0 {
+                Ok(())
+            } else {
+                stream
+                    .context()
+                    .bind_to_thread()
+                    .map_err(copy_error(name, old))
+                    .and_then(|()| {
+                        // SAFETY: `old` bytes of this buffer's live memory into the new
+                        // allocation of at least as many, both ordered on `stream` (the read
+                        // after the last write, the new memory after its allocation), which the
+                        // guards record.
+                        unsafe { sys::cuMemcpyAsync(to, from, old, stream.cu_stream()) }
+                            .result()
+                            .map_err(copy_error(name, old))
+                    })
+            };
+            // SAFETY: the new allocation's bytes past `old`, ordered on `stream` after the copy.
+            let zeroed =
+                copied.and_then(|()| unsafe { zero(&stream, to + old as u64, bytes - old, name) });
             drop((written, read));
-            if let Err(e) = copied {
-                let bytes = len * std::mem::size_of::<T>();
-                let _ = ManuallyDrop::into_inner(slice).leak();
-                // SAFETY: just allocated from this resource with these arguments, never handed
-                // out; the failed copy is queued before this free on the same stream, if at all.
-                unsafe {
-                    self.resource.deallocate(
-                        ptr.cast(),
-                        bytes,
-                        std::mem::align_of::<T>(),
-                        StreamRef::from(&stream),
-                    )
-                };
-                return Err(e);
-            }
+            zeroed
+        };
+        if let Err(e) = filled {
+            let _ = ManuallyDrop::into_inner(slice).leak();
+            // SAFETY: just allocated from this resource with these arguments, never handed
+            // out; what was queued on it is queued before this free on the same stream.
+            unsafe {
+                self.resource.deallocate(
+                    ptr.cast(),
+                    bytes,
+                    std::mem::align_of::<T>(),
+                    StreamRef::from(&stream),
+                )
+            };
+            return Err(e);
         }
-        // SAFETY: the old slice is taken here and replaced below before any other use.
-        unsafe { self.release() };
-        self.slice = slice;
-        self.ptr = ptr;
+        // The new memory is the buffer's before the old is freed: a panic in the resource's
+        // free leaves a whole buffer behind.
+        let old_slice = std::mem::replace(&mut self.slice, slice);
+        let old_ptr = std::mem::replace(&mut self.ptr, ptr);
+        let old_readers = std::mem::replace(
+            &mut self.readers,
+            Readers::new(stream.context().is_event_tracking()),
+        );
         self.len = len;
-        self.readers = Readers::new(stream.context().is_event_tracking());
+        free_memory::<T, R>(
+            &self.resource,
+            ManuallyDrop::into_inner(old_slice),
+            old_ptr,
+            old,
+            &old_readers,
+        );
         Ok(())
     }
 
     /// Grows the allocation in place to `len` values (at least the old length), if the resource
-    /// can: `Ok(false)`, the buffer as it was, where it cannot. The values past the old length are
-    /// not initialized. The new slice's write event records the growth on the buffer's stream,
-    /// after every use of the memory so far.
-    pub(crate) fn grow_in_place(&mut self, len: usize) -> Result<bool, AllocError>
+    /// can, the values past the old length zero bytes: `Ok(false)`, the buffer as it was, where
+    /// it cannot. The growth and the zeroing are queued on the buffer's stream after every use of
+    /// the memory so far; the new slice's write event records them. On `Err` the buffer keeps
+    /// its old length (its allocation may be larger, which a `GrowInPlace` resource allows).
+    pub(crate) fn grow_zeroed_in_place(&mut self, len: usize) -> Result<bool, AllocError>
     where
         R: crate::resource::GrowInPlace,
     {
         let stream = self.stream().clone();
         let align = std::mem::align_of::<T>();
-        let bytes = len_bytes::<T>(len, self.resource.name())?;
+        let name = self.resource.name();
+        let (old, bytes) = (self.bytes(), len_bytes::<T>(len, name)?);
         // The growth comes after every use of the memory so far: the recorded reads and cudarc's
-        // events (the guard is forgotten: nothing new is written yet).
+        // events (the guard is forgotten: the write event is recorded below, after the zeroing).
         let managed = self.managed();
         self.readers.wait_all(&stream);
         std::mem::forget(self.slice.device_ptr_mut(&stream));
-        // SAFETY: `ptr` is this buffer's live allocation from `resource`, of `bytes()` bytes with
-        // `T`'s alignment (or grown to that by an earlier call), and only this buffer uses it.
+        // SAFETY: `ptr` is this buffer's live allocation from `resource`, of `old` bytes with
+        // `T`'s alignment (or grown to that by an earlier call), only this buffer uses it, and it
+        // is freed on `stream`, as the growth is asked on.
         let grown = unsafe {
             self.resource.grow_in_place(
                 self.ptr.cast(),
-                self.bytes(),
+                old,
                 align,
                 bytes,
                 StreamRef::from(&stream),
@@ -354,17 +376,17 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         if !grown {
             return Ok(false);
         }
+        // Zeroed before any slice covers the new bytes: on failure no one can read them.
+        // SAFETY: the grown allocation's bytes past `old`, ordered on `stream`.
+        unsafe { zero(&stream, self.address() + old as u64, bytes - old, name) }?;
         let Ok(slice) = new_slice::<T>(self.ptr, len, &stream) else {
-            // The allocation is larger now, but a `GrowInPlace` resource frees it by either
-            // size: the buffer keeps its old length.
-            return Err(no_events(bytes, align, self.resource.name()));
+            return Err(no_events(bytes, align, name));
         };
-        // SAFETY: the old slice is taken here and replaced at once; its memory is the new one's
-        // prefix, whose uses the stream waited for above.
-        let _ = unsafe { ManuallyDrop::take(&mut self.slice) }.leak();
-        self.readers.settle(&stream, managed);
-        self.slice = slice;
+        let old_slice = std::mem::replace(&mut self.slice, slice);
         self.len = len;
+        // Its memory is the new slice's prefix, whose uses the stream waited for above.
+        let _ = ManuallyDrop::into_inner(old_slice).leak();
+        self.readers.settle(&stream, managed);
         drop(self.slice.device_ptr_mut(&stream));
         Ok(true)
     }
@@ -464,49 +486,72 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     }
 }
 
-impl<T, R: MemoryResource> RawBuf<T, R> {
-    /// Gives the memory back on the buffer's stream, after every use of it.
-    ///
-    /// # Safety
-    ///
-    /// The slice is taken: the caller replaces it, or the buffer is being dropped.
-    unsafe fn release(&mut self) {
-        // SAFETY: the caller's promise: the slice is taken once, here, and not used again.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        let stream = slice.stream().clone();
-        // The container's stream waits for every recorded read, and for every use that cudarc
-        // recorded on the slice's events (on any stream: where events are not kept, uses on
-        // other streams were waited for when queued); the memory is not freed by cudarc.
-        let managed = stream.context().is_managing_stream_synchronization();
-        self.readers.wait_all(&stream);
-        let _ = slice.leak();
-        self.readers.settle(&stream, managed);
-        // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on
-        // the stream: wait for the kernels and copies that may still touch it.
-        if <R::Host as typenum::Bit>::BOOL && self.bytes() > 0 {
-            if let Err(e) = self.resource.synchronize(StreamRef::from(&stream)) {
-                record_in_context(&stream, e);
-            }
+/// Gives a buffer's memory (`bytes` at `ptr`, under `slice`, read by `readers`) back to
+/// `resource` on the slice's stream, after every use of it.
+fn free_memory<T, R: MemoryResource>(
+    resource: &R,
+    slice: CudaSlice<T>,
+    ptr: NonNull<T>,
+    bytes: usize,
+    readers: &Readers,
+) {
+    let stream = slice.stream().clone();
+    // The container's stream waits for every recorded read, and for every use that cudarc
+    // recorded on the slice's events (on any stream: where events are not kept, uses on other
+    // streams were waited for when queued); the memory is not freed by cudarc.
+    let managed = stream.context().is_managing_stream_synchronization();
+    readers.wait_all(&stream);
+    let _ = slice.leak();
+    readers.settle(&stream, managed);
+    // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on
+    // the stream: wait for the kernels and copies that may still touch it.
+    if <R::Host as typenum::Bit>::BOOL && bytes > 0 {
+        if let Err(e) = resource.synchronize(StreamRef::from(&stream)) {
+            record_in_context(&stream, e);
         }
-        // SAFETY: ptr came from `allocate` on this resource with these bytes and T's alignment
-        // (or was grown in place to them, which a `GrowInPlace` resource frees by either size),
-        // ordered on this stream, and is freed once.
-        unsafe {
-            self.resource.deallocate(
-                self.ptr.cast(),
-                self.bytes(),
-                std::mem::align_of::<T>(),
-                StreamRef::from(&stream),
-            )
-        }
+    }
+    // SAFETY: the caller passes a buffer's allocation from `resource` with these bytes and T's
+    // alignment (or grown in place to them, which a `GrowInPlace` resource frees by any size it
+    // had), ordered on this stream, given up by the buffer: freed once.
+    unsafe {
+        resource.deallocate(
+            ptr.cast(),
+            bytes,
+            std::mem::align_of::<T>(),
+            StreamRef::from(&stream),
+        )
     }
 }
 
 impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
     fn drop(&mut self) {
-        // SAFETY: the buffer is being dropped: its slice is not used again.
-        unsafe { self.release() }
+        // SAFETY: the buffer is being dropped: its slice is taken once, here.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        free_memory::<T, R>(&self.resource, slice, self.ptr, self.bytes(), &self.readers);
     }
+}
+
+/// Queues zero bytes over `[address, address + bytes)` on `stream`, with its context current.
+///
+/// # Safety
+///
+/// The range is device-accessible memory the caller owns, ordered on `stream`.
+unsafe fn zero(
+    stream: &CudaStream,
+    address: sys::CUdeviceptr,
+    bytes: usize,
+    name: &'static str,
+) -> Result<(), AllocError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(copy_error(name, bytes))?;
+    // SAFETY: the caller's promise.
+    unsafe { cudarc::driver::result::memset_d8_async(address, 0, bytes, stream.cu_stream()) }
+        .map_err(copy_error(name, bytes))
 }
 
 /// `len * size_of::<T>()`, or an error naming the resource where it overflows.

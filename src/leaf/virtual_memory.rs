@@ -361,46 +361,6 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         before - st.mapped
     }
 
-    /// Grows the live allocation at `ptr` from `size` to `new_size` bytes without moving it, when
-    /// the range right after it is free on `stream` (mapping the pages it needs); returns whether
-    /// it did. The new bytes are usable by work on `stream` at once, as `allocate`'s are. The allocation is then `new_size` bytes (deallocate it with either size). `false`
-    /// for a pointer that is not a live allocation of this resource, a smaller `new_size`, or a
-    /// neighbour that is allocated or freed on another stream.
-    pub fn grow_in_place(
-        &self,
-        ptr: NonNull<u8>,
-        size: usize,
-        new_size: usize,
-        stream: StreamRef,
-    ) -> Result<bool> {
-        let addr = ptr.as_ptr() as usize;
-        let (Some(old), Some(new)) = (align_up(size, GRANULE), align_up(new_size, GRANULE)) else {
-            return Ok(false);
-        };
-        let mut st = self.lock();
-        let Some(r) = st.region_of(addr) else {
-            return Ok(false);
-        };
-        if st.index.live_size(addr) != Some(old) || new > self.config.max.min(self.pages.capacity())
-        {
-            return Ok(false);
-        }
-        if new == old {
-            return Ok(true);
-        }
-        // The index must have room for a record for the way back, should mapping fail.
-        if new < old || !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
-            return Ok(false);
-        }
-        if let Err(e) = self.extend(&mut st, r, addr, old, new) {
-            // Back to the old size: the index gives the tail back to the free range after it
-            // (it has room for the record: checked above), on `stream`.
-            st.index.shrink(addr, old, stream);
-            return Err(e);
-        }
-        Ok(true)
-    }
-
     fn lock(&self) -> MutexGuard<'_, State<P::Page>> {
         // Every update completes before the next call to the page source, the only thing that may
         // panic inside the lock (a test source catching a broken contract): the state behind a
@@ -780,11 +740,17 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
     }
 }
 
-// SAFETY: `grow_in_place` extends a block only into the free range right after it on `stream`'s
-// own list (no other stream's work may use those bytes), maps and enables every page under the
-// grown block before returning `true`, and records the new size, by which `deallocate` frees
-// whatever size it is passed; on failure the block and its pages are as before.
+// SAFETY: a block grows only into the free range right after it on `stream`'s own list (the
+// caller frees it on `stream` or after it, so the work that freed those bytes on `stream` is
+// ordered before any other use), every page under the grown block is mapped and enabled before
+// `true` is returned, and the index records the new size, by which `deallocate` frees whatever
+// size it is passed; on failure the block and its pages are as before.
 unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> {
+    /// Grows into the free virtual range right after the block, on the same stream, mapping the
+    /// pages it needs. `Ok(false)` for a pointer that is not a live allocation of this resource
+    /// of `size`, a smaller `new_size`, a `new_size` beyond the cap, or a neighbour that is
+    /// allocated or free on another stream; `Err` where a page cannot be mapped (then the block
+    /// is as it was).
     unsafe fn grow_in_place(
         &self,
         ptr: NonNull<u8>,
@@ -796,7 +762,32 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
         if size == 0 {
             return Ok(false);
         }
-        VirtualMemory::grow_in_place(self, ptr, size, new_size, stream)
+        let addr = ptr.as_ptr() as usize;
+        let (Some(old), Some(new)) = (align_up(size, GRANULE), align_up(new_size, GRANULE)) else {
+            return Ok(false);
+        };
+        let mut st = self.lock();
+        let Some(r) = st.region_of(addr) else {
+            return Ok(false);
+        };
+        if st.index.live_size(addr) != Some(old) || new > self.config.max.min(self.pages.capacity())
+        {
+            return Ok(false);
+        }
+        if new == old {
+            return Ok(true);
+        }
+        // The index must have room for a record for the way back, should mapping fail.
+        if new < old || !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
+            return Ok(false);
+        }
+        if let Err(e) = self.extend(&mut st, r, addr, old, new) {
+            // Back to the old size: the index gives the tail back to the free range after it
+            // (it has room for the record: checked above), on `stream`.
+            st.index.shrink(addr, old, stream);
+            return Err(e);
+        }
+        Ok(true)
     }
 }
 
@@ -1015,7 +1006,11 @@ mod tests {
             vm.deallocate(u, P, 256, s);
             vm.deallocate(d0, P, 256, d);
         }
-        assert!(vm.grow_in_place(a, P, 4 * P, s).is_err());
+        let grown = {
+            // SAFETY: `a` is live, owned here, freed on `s`.
+            unsafe { crate::resource::GrowInPlace::grow_in_place(&vm, a, P, 256, 4 * P, s) }
+        };
+        assert!(grown.is_err());
         vm.release();
         assert!(
             synced_before_unmap(&rec.log(), base + 3 * P, s),

@@ -129,7 +129,8 @@ fn grow_in_place_keeps_the_values_and_maps_the_rest() {
         result::memcpy_htod_async(p.as_ptr() as u64, &host, stream.cu_stream()).unwrap();
     }
     stream.synchronize().unwrap();
-    assert!(vm.grow_in_place(p, n * 4, grown * 4, raw).unwrap());
+    // SAFETY: `p` is live, owned here, and freed on `raw` below.
+    assert!(unsafe { vm.grow_in_place(p, n * 4, 256, grown * 4, raw) }.unwrap());
     let tail: Vec<u32> = (0..(grown - n) as u32).map(|i| !i).collect();
     let mut back = vec![0u32; grown];
     // SAFETY: the allocation is now grown * 4 bytes; the copies complete before the reads.

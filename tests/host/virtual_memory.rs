@@ -11,6 +11,23 @@ use std::ptr::NonNull;
 
 const PAGE: usize = 64 << 10;
 
+/// Grows `p` (live in `vm`, of `size` bytes, aligned to 256) to `new` bytes in place.
+///
+/// # Safety
+///
+/// The caller owns `p` and, once grown, frees it on `stream` (simulated streams have no work,
+/// but the contract is kept anyway).
+unsafe fn grow(
+    vm: &VirtualMemory<&Simulated>,
+    p: NonNull<u8>,
+    size: usize,
+    new: usize,
+    stream: StreamRef,
+) -> Result<bool, AllocError> {
+    // SAFETY: the caller's promise.
+    unsafe { GrowInPlace::grow_in_place(vm, p, size, 256, new, stream) }
+}
+
 fn vm(sim: &Simulated, cache: usize) -> VirtualMemory<&Simulated> {
     VirtualMemory::new(
         sim,
@@ -83,6 +100,8 @@ proptest! {
         let vm = vm(&sim, cache);
         let mut live: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
         let mut order: Vec<usize> = Vec::new();
+        // The stream each grown block grew on, which frees it.
+        let mut grown_on: BTreeMap<usize, u32> = BTreeMap::new();
         let mut empty = Vec::new();
         for op in ops {
             match op {
@@ -117,9 +136,13 @@ proptest! {
                         let a = order[pick.index(order.len())];
                         let (size, align) = live[&a];
                         let p = NonNull::new(a as *mut u8).unwrap();
-                        let grown = vm.grow_in_place(p, size, size + by, StreamRef::simulated(stream));
+                        let on = grown_on.get(&a).copied().unwrap_or(stream);
+                        // SAFETY: live, owned by this test, freed on `on` (the stream of its
+                        // first growth: every growth of it uses that stream).
+                        let grown = unsafe { grow(&vm, p, size, size + by, StreamRef::simulated(on)) };
                         match grown {
                             Ok(true) => {
+                                grown_on.insert(a, on);
                                 if let Some((&b, _)) = live.range(a + 1..).next() {
                                     prop_assert!(a + size + by <= b, "grew over a live block");
                                 }
@@ -135,7 +158,9 @@ proptest! {
                         let a = order.swap_remove(pick.index(order.len()));
                         let (size, align) = live.remove(&a).unwrap();
                         let p = NonNull::new(a as *mut u8).unwrap();
-                        // SAFETY: live, from vm, with this size and alignment.
+                        let stream = grown_on.remove(&a).unwrap_or(stream);
+                        // SAFETY: live, from vm, with this size and alignment; a grown block on
+                        // the stream it grew on.
                         unsafe { vm.deallocate(p, size, align, StreamRef::simulated(stream)) };
                     }
                 }
@@ -255,24 +280,25 @@ fn grows_in_place_while_the_range_after_is_free() {
     let s = StreamRef::DEFAULT;
     let a = vm.allocate(PAGE / 2, 256, s).unwrap();
     assert_eq!(sim.mapped(), PAGE);
-    assert!(vm.grow_in_place(a, PAGE / 2, 3 * PAGE, s).unwrap());
+    let g = |p, size, new, stream| {
+        // SAFETY: the callers below pass live blocks of this test, freed on `s` at the end (a
+        // growth on stream 7 is refused).
+        unsafe { grow(&vm, p, size, new, stream) }
+    };
+    assert!(g(a, PAGE / 2, 3 * PAGE, s).unwrap());
     assert_eq!(sim.mapped(), 3 * PAGE, "the new pages are mapped");
     let b = vm.allocate(PAGE, 256, s).unwrap();
     assert_eq!(b.as_ptr() as usize, a.as_ptr() as usize + 3 * PAGE);
+    assert!(!g(a, 3 * PAGE, 4 * PAGE, s).unwrap(), "b is in the way");
     assert!(
-        !vm.grow_in_place(a, 3 * PAGE, 4 * PAGE, s).unwrap(),
-        "b is in the way"
-    );
-    assert!(
-        !vm.grow_in_place(b, PAGE, 2 * PAGE, StreamRef::simulated(7))
-            .unwrap(),
+        !g(b, PAGE, 2 * PAGE, StreamRef::simulated(7)).unwrap(),
         "another stream's range"
     );
     assert!(
-        !vm.grow_in_place(b, PAGE, 20 * PAGE, s).unwrap(),
+        !g(b, PAGE, 20 * PAGE, s).unwrap(),
         "more than the capacity is refused at once"
     );
-    let err = vm.grow_in_place(b, PAGE, 14 * PAGE, s).unwrap_err();
+    let err = g(b, PAGE, 14 * PAGE, s).unwrap_err();
     assert!(err.is_out_of_memory(), "no physical memory for it: {err}");
     assert_eq!(sim.mapped(), 4 * PAGE, "the failed growth mapped nothing");
     // SAFETY: live with these sizes (a grew to 3 pages).
