@@ -84,6 +84,10 @@ pub struct CudaAsync {
     pool: sys::CUmemoryPool,
     /// What it was built with, for its description.
     options: CudaAsyncOptions,
+    /// An exportable pool's first export, kept open: the driver exports no allocation of a pool
+    /// that was never exported itself (`cuMemPoolExportPointer` fails with `INVALID_VALUE`).
+    #[cfg(unix)]
+    _armed: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronizes it.
@@ -123,11 +127,29 @@ impl CudaAsync {
         props.location.id = ctx.cu_device();
         // SAFETY: props is a valid, initialized CUmemPoolProps.
         let pool = unsafe { result::mem_pool::create(&props) }.map_err(err)?;
-        let this = CudaAsync {
+        #[allow(unused_mut)] // the export below is Unix only
+        let mut this = CudaAsync {
             ctx: ctx.clone(),
             pool,
             options,
+            #[cfg(unix)]
+            _armed: None,
         };
+        if options.exportable {
+            #[cfg(unix)]
+            {
+                this._armed = Some(this.export_pool()?);
+            }
+            #[cfg(not(unix))]
+            return Err(AllocError::new(
+                crate::resource::AllocErrorKind::Unsupported(
+                    "exportable pools share POSIX file descriptors: Linux only",
+                ),
+                0,
+                0,
+                Self::NAME,
+            ));
+        }
         let threshold = match options.release_threshold {
             Some(t) => t,
             None => ctx.total_mem().map_err(err)?,
