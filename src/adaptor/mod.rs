@@ -25,6 +25,6 @@ pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
 pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
 
 pub use crate::suballoc::{
-    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, Pool, PoolConfig, Tlsf,
-    TlsfConfig, Usage,
+    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, HostDevicePair,
+    HostDevicePairConfig, Pool, PoolConfig, Storage, Tlsf, TlsfConfig, Usage,
 };

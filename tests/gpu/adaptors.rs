@@ -243,3 +243,59 @@ fn a_bin_of_its_own_resource_serves_kernels() {
     drop((binned, small, large));
     stream.synchronize().unwrap();
 }
+
+#[test]
+fn a_host_device_pair_serves_each_container_from_its_own_pool() {
+    use mrstack::adaptor::{HostDevicePair, HostDevicePairConfig, PoolConfig, Storage};
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let pair = HostDevicePair::new(
+        &ctx,
+        HostDevicePairConfig {
+            host: PoolConfig {
+                initial: 8 << 20,
+                max: 16 << 20,
+            },
+            device: PoolConfig {
+                initial: 64 << 20,
+                max: 128 << 20,
+            },
+        },
+    )
+    .unwrap();
+    assert_eq!(pair.host().usage().held, 8 << 20);
+    assert_eq!(pair.device().usage().held, 64 << 20);
+    let n = 1 << 20;
+    let mut data = DeviceVec::<u32, _>::zeroed(n, pair.device(), &stream).unwrap();
+    let mut staging = PinnedVec::<u32, _>::zeroed(n, pair.host(), &stream).unwrap();
+    fill_and_check(&ctx, &mut data, 7);
+    data.copy_to_async(&mut staging).unwrap();
+    // The host reads the pinned side in place once the copy is done (Deref waits for it).
+    assert_eq!(&staging[..], &crate::support::expected_fill(n, 7)[..]);
+    assert_eq!(pair.host().usage().allocated, n * 4);
+    assert_eq!(pair.device().usage().allocated, n * 4);
+    // Each pool keeps to its own maximum.
+    let e = DeviceVec::<u8, _>::zeroed(100 << 20, pair.device(), &stream).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let e = PinnedVec::<u8, _>::zeroed(16 << 20, pair.host(), &stream).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    // The choice at run time.
+    let s = StreamRef::from(&stream);
+    let h = pair.allocate(Storage::Host, 4096, 256, s).unwrap();
+    // SAFETY: pinned memory of the host pool, 4096 bytes, not in use by the device.
+    unsafe { h.as_ptr().write_bytes(0x5A, 4096) };
+    // SAFETY: as above; the bytes were just written.
+    assert!(unsafe { std::slice::from_raw_parts(h.as_ptr(), 4096) }
+        .iter()
+        .all(|&b| b == 0x5A));
+    let d = pair.allocate(Storage::Device, 4096, 256, s).unwrap();
+    assert_eq!(pair.device().usage().allocated, n * 4 + 4096);
+    // SAFETY: each from this pair with this storage, size and alignment.
+    unsafe {
+        pair.deallocate(Storage::Host, h, 4096, 256, s);
+        pair.deallocate(Storage::Device, d, 4096, 256, s);
+    }
+    drop((data, staging));
+    assert_eq!(pair.host().usage().allocated, 0);
+    assert_eq!(pair.device().usage().allocated, 0);
+}

@@ -1,0 +1,13 @@
+// A HostDevicePair's device side is device memory: a PinnedVec (host + device) over it is refused.
+use mrstack::adaptor::{HostDevicePair, Pool};
+use mrstack::prelude::*;
+use std::sync::Arc;
+
+fn staging<'a>(
+    pair: &'a HostDevicePair<Pinned, Cuda>,
+    stream: &Arc<cudarc::driver::CudaStream>,
+) -> PinnedVec<f32, &'a Pool<Cuda>> {
+    PinnedVec::zeroed(16, pair.device(), stream).unwrap()
+}
+
+fn main() {}
