@@ -6,6 +6,7 @@ pub use crate::adaptor::AlignedConfig as Aligned;
 pub use crate::adaptor::ArenaConfig as Arena;
 pub use crate::adaptor::BinningConfig as Binning;
 pub use crate::adaptor::FixedSizeConfig as FixedSize;
+pub use crate::adaptor::GraphPoolsConfig as GraphPools;
 pub use crate::adaptor::LimitingConfig as Limiting;
 pub use crate::adaptor::LoggingConfig as Logging;
 pub use crate::adaptor::PoolConfig as Pool;

@@ -9,11 +9,12 @@ use syn::{braced, AngleBracketedGenericArguments, Expr, Ident, Token};
 
 /// The configurations of `mrstack::layer`: such a name first in the list is a layer where the leaf
 /// should be.
-const LAYERS: [&str; 12] = [
+const LAYERS: [&str; 13] = [
     "Aligned",
     "Arena",
     "Binning",
     "FixedSize",
+    "GraphPools",
     "Limiting",
     "Logging",
     "Pool",

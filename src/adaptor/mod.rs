@@ -4,6 +4,7 @@
 //! own, are in [`suballoc`](crate::suballoc) and re-exported here under their former paths.
 
 mod aligned;
+mod graph_pools;
 mod limiting;
 mod logging;
 mod prefetch;
@@ -15,6 +16,7 @@ mod tracking;
 pub use crate::replay::rmm_log::HEADER as LOG_HEADER;
 pub(crate) use aligned::aligned_from_item;
 pub use aligned::{Aligned, AlignedConfig};
+pub use graph_pools::{CapturedGraph, GraphPools, GraphPoolsConfig};
 pub use limiting::{Limiting, LimitingConfig};
 pub(crate) use logging::logging_from_item;
 pub use logging::{LogWriter, Logging, LoggingConfig};

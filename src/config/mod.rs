@@ -199,6 +199,7 @@ impl<P: PropertySet> StackBuilder<P> {
             .with_layer::<layer::Statistics>("statistics")
             .with_layer::<layer::Tracking>("tracking")
             .with_layer::<layer::Limiting>("limiting")
+            .with_layer::<layer::GraphPools>("graph_pools")
             // Logging keeps its file's path, which its configuration has no room for.
             .with_adaptor("logging", crate::adaptor::logging_from_item)
             // The alignment is a type parameter and prefetch needs a property of what is below:

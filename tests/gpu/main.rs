@@ -15,6 +15,7 @@ mod conformance;
 mod containers;
 mod driver_pools;
 mod erased;
+mod graphs;
 mod hostile;
 mod sam_headroom;
 mod soundness;

@@ -198,6 +198,19 @@ fn binning_with_a_bin_of_its_own_resource() {
 }
 
 #[test]
+fn graph_pools_outside_captures() {
+    let rec = system();
+    // No stream here captures: every call is the upstream's.
+    let mr = mrstack::adaptor::GraphPools::new(&rec);
+    refused_none(conformance(mr, &over(&rec)));
+    let text = mrstack::config::build::<()>("simulated(capacity=1 GiB) > graph_pools").unwrap();
+    assert_eq!(
+        text.describe().to_string(),
+        "simulated(capacity=1 GiB) > graph_pools"
+    );
+}
+
+#[test]
 fn arena_with_local_and_global_requests() {
     let rec = system();
     let arena = Arena::new(

@@ -1,0 +1,470 @@
+//! `GraphPools`: allocations made while a stream captures a CUDA graph come from a pool private to
+//! that capture, kept until the graph is dropped (PyTorch's graph memory pools).
+
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{check_request, AllocError, AllocErrorKind, Layer, MemoryResource, Result};
+use crate::stack::{has_upstream, ItemWriter};
+use crate::stream::{StreamHandle, StreamRef};
+use crate::suballoc::{Pool, PoolConfig};
+use cudarc::driver::{sys, CudaGraph, CudaStream};
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+const NAME: &str = "GraphPools";
+
+/// The configuration of a [`GraphPools`]; `resource_stack!` builds one from `GraphPools`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphPoolsConfig {}
+
+impl<U: MemoryResource> Layer<U> for GraphPoolsConfig {
+    type Resource = GraphPools<U>;
+    fn layer(self, upstream: U) -> GraphPools<U> {
+        GraphPools::new(upstream)
+    }
+}
+
+impl FromItem for GraphPoolsConfig {
+    /// `graph_pools` (no fields).
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&[])?;
+        Ok(GraphPoolsConfig {})
+    }
+}
+
+/// One capture's memory.
+#[derive(Debug)]
+struct Private<U: MemoryResource> {
+    /// What the capture allocated: a pool of its own over the shared upstream, whose blocks a
+    /// free during the capture makes reusable by the capture alone.
+    pool: Arc<Pool<Arc<U>>>,
+    /// Blocks allocated outside the capture and freed on a capturing stream: the graph's work
+    /// may still use them on every replay, so they go back only with the graph.
+    kept: Vec<(NonNull<u8>, usize, usize, StreamHandle)>,
+    /// Set when the graph is gone: the pool goes back to the upstream once its blocks are all
+    /// free; until then nothing allocates from it (a capture's id is never reused).
+    released: bool,
+}
+
+#[derive(Debug)]
+struct State<U: MemoryResource> {
+    captures: HashMap<u64, Private<U>>,
+    /// Every live block a capture's pool handed out, and that capture.
+    owner: HashMap<usize, u64, crate::hash::FastHash>,
+}
+
+/// Stream-ordered memory that CUDA graphs can keep: allocations made while their stream is
+/// capturing a graph come from a pool private to that capture, and stay out of every other use
+/// until the graph is dropped, so that a graph replayed a hundred times never finds its memory
+/// handed to someone else (PyTorch's graph memory pools; RMM leaves graphs out of scope).
+///
+/// Outside a capture every call goes to the upstream unchanged. Inside one (the stream's
+/// `cuStreamGetCaptureInfo` says so):
+///
+/// * an allocation comes from the capture's own [`Pool`] over the upstream;
+/// * a free of such a block makes it reusable by that capture only (the work captured before the
+///   free is ordered before the reuse, in the graph as on the stream);
+/// * a free of a block allocated outside the capture keeps it until the graph is dropped: the
+///   graph's replays use it up to that free.
+///
+/// After the capture, a block it allocated that is freed goes back to the capture's pool, not to
+/// the upstream, and the pool goes back to the upstream when the graph is gone and its blocks are
+/// all free. [`capture`](Self::capture) runs a capture and returns the graph as a
+/// [`CapturedGraph`] that borrows this resource and gives the capture's memory back when dropped
+/// (after waiting for its replays). A capture begun with cudarc's `begin_capture` directly is
+/// served too, but nothing tells when its graph is gone: its memory stays for the life of this
+/// resource and is leaked, not freed, when it drops (a graph may outlive it).
+///
+/// # Cost
+///
+/// Each call asks the driver whether the stream is capturing (`cuStreamGetCaptureInfo`, a
+/// fraction of a microsecond), and a free looks the block up in a map of the captures' blocks
+/// under a mutex: meant for the allocations of a captured step, over a suballocator below it
+/// for the rest. A capture's pool grows by the upstream's allocations during the capture: over
+/// `Cuda` (`cuMemAlloc`, which global capture mode forbids) capture in relaxed mode, or give
+/// [`capture`](Self::capture) a `reserve` taken before the capture begins.
+///
+/// # Streams
+///
+/// A capture's pool keeps free blocks per stream, as `Pool` does; streams that join the capture
+/// (forked through events) share its pool. Calls outside captures keep their stream.
+/// `synchronize` and `order_after` go to the upstream.
+///
+/// # Upstream
+///
+/// Any resource that allocates without queueing work on the stream (`Cuda`, `Pool` or `Binning`
+/// over it): a stream-ordered upstream (`CudaAsync`) would make its allocations graph nodes of
+/// their own. The memory has the upstream's properties.
+///
+/// # Examples
+///
+/// ```no_run
+/// use mrstack::prelude::*;
+/// use mrstack::adaptor::GraphPools;
+/// use cudarc::driver::sys::CUstreamCaptureMode;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = mrstack::cuda_context(0)?;
+/// let mr = resource_stack![Cuda::new(&ctx)?, GraphPools];
+/// let stream = ctx.new_stream()?;
+/// let mut out = DeviceVec::<f32, _>::zeroed(1 << 20, &mr, &stream)?;
+/// let (graph, ()) = mr.capture(&stream, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED, 64 << 20, || {
+///     // Work queued here is recorded, not run; scratch allocated here is the graph's.
+///     let scratch = DeviceVec::<f32, _>::zeroed(1 << 20, &mr, &stream).expect("scratch");
+///     drop(scratch);
+/// })?;
+/// for _ in 0..100 {
+///     graph.launch()?;
+/// }
+/// # drop(out);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct GraphPools<U: MemoryResource> {
+    upstream: Arc<U>,
+    state: Mutex<State<U>>,
+}
+
+impl<U: MemoryResource> GraphPools<U> {
+    /// Graph pools over `upstream`.
+    pub fn new(upstream: U) -> Self {
+        GraphPools {
+            upstream: Arc::new(upstream),
+            state: Mutex::new(State {
+                captures: HashMap::new(),
+                owner: HashMap::default(),
+            }),
+        }
+    }
+
+    /// The resource below.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// The captures whose memory is held now (their graphs alive, or begun outside
+    /// [`capture`](Self::capture)), and the bytes their pools hold.
+    pub fn held(&self) -> (usize, usize) {
+        let st = self.lock();
+        let bytes = st.captures.values().map(|p| p.pool.usage().held).sum();
+        (st.captures.len(), bytes)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<U>> {
+        // Every update completes before the next upstream call: the state behind a poisoned
+        // lock is consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Captures the work `f` queues on `stream` (and on streams that join it) into a graph, in
+    /// capture `mode` (`RELAXED` lets the capture's pool grow with `cuMemAlloc`), with `reserve`
+    /// bytes taken for the capture's pool before the capture begins. Returns the graph, which
+    /// gives the capture's memory back when dropped, and what `f` returned.
+    ///
+    /// `Err` where the capture cannot begin or end (the driver's error; a capture that `f`
+    /// invalidated ends without a graph: `InvalidArgument`). Memory the capture allocated is
+    /// given back once its blocks are free, as when a graph drops.
+    pub fn capture<R>(
+        &self,
+        stream: &Arc<CudaStream>,
+        mode: sys::CUstreamCaptureMode,
+        reserve: usize,
+        f: impl FnOnce() -> R,
+    ) -> Result<(CapturedGraph<'_, U>, R), AllocError> {
+        let err = |e| AllocError::cuda(e, reserve, 0, NAME);
+        let pool = Pool::try_new(
+            self.upstream.clone(),
+            PoolConfig {
+                initial: reserve,
+                max: usize::MAX,
+            },
+        )?;
+        stream.begin_capture(mode).map_err(err)?;
+        let id = match capture_id(StreamRef::from(stream)) {
+            Ok(Some(id)) => id,
+            other => {
+                let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                return Err(match other {
+                    Err(e) => e,
+                    _ => not_captured(),
+                });
+            }
+        };
+        self.lock().captures.insert(
+            id,
+            Private {
+                pool: Arc::new(pool),
+                kept: Vec::new(),
+                released: false,
+            },
+        );
+        let out = f();
+        match stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
+            Ok(Some(graph)) => Ok((
+                CapturedGraph {
+                    graph: Some(graph),
+                    stream: stream.clone(),
+                    pools: self,
+                    id,
+                },
+                out,
+            )),
+            // No graph: nothing can replay the capture's work, but what it queued may still
+            // run on the stream (an invalidated capture), so the stream is waited for.
+            failed => {
+                let _ = stream.synchronize();
+                self.release(id);
+                Err(match failed {
+                    Err(e) => err(e),
+                    _ => not_captured(),
+                })
+            }
+        }
+    }
+
+    /// The graph of capture `id` is gone and its work done: what it kept goes back, and its pool
+    /// once its blocks are all free.
+    fn release(&self, id: u64) {
+        let mut st = self.lock();
+        let Some(private) = st.captures.get_mut(&id) else {
+            return;
+        };
+        private.released = true;
+        let kept = std::mem::take(&mut private.kept);
+        let done = private.pool.usage().allocated == 0;
+        let pool = done.then(|| st.captures.remove(&id)).flatten();
+        drop(st);
+        for (ptr, size, align, stream) in kept {
+            // SAFETY: a block of the upstream, freed by its owner during the capture with this
+            // size and alignment, kept since; the graph that used it is gone and its work done.
+            unsafe { self.upstream.deallocate(ptr, size, align, stream.as_ref()) };
+        }
+        // The pool drops here, outside the lock, giving its chunks back.
+        drop(pool);
+    }
+}
+
+fn not_captured() -> AllocError {
+    AllocError::new(
+        AllocErrorKind::InvalidArgument(
+            "the stream was not capturing a graph (the capture was invalidated)",
+        ),
+        0,
+        0,
+        NAME,
+    )
+}
+
+/// The id of the capture `stream` is part of, if it is capturing now.
+fn capture_id(stream: StreamRef) -> Result<Option<u64>> {
+    if stream.is_simulated() || !stream.usable_here() {
+        return Ok(None);
+    }
+    // The legacy default stream cannot capture; a stream with no cudarc context is that one or
+    // a raw handle, which `StreamRef::from_raw`'s caller vouched for.
+    let Some(ctx) = stream.context() else {
+        return Ok(None);
+    };
+    let err = |e| AllocError::cuda(e, 0, 0, NAME);
+    ctx.bind_to_thread().map_err(err)?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: u64 = 0;
+    // SAFETY: a live stream of `ctx` (a StreamRef borrows it); valid places for the status and
+    // id; null for the outputs not asked for.
+    let r = unsafe {
+        #[cfg(not(feature = "cuda-12020"))]
+        {
+            sys::cuStreamGetCaptureInfo_v3(
+                stream.as_raw(),
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+        #[cfg(feature = "cuda-12020")]
+        {
+            sys::cuStreamGetCaptureInfo_v2(
+                stream.as_raw(),
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    r.result().map_err(err)?;
+    Ok(match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
+        // Active or invalidated: either way the work belongs to that capture.
+        _ => Some(id),
+    })
+}
+
+// SAFETY: outside captures every call is the upstream's, unchanged. A capture's blocks come from
+// its own Pool over the same upstream (disjoint from everything else the upstream hands out) and
+// go back only to that pool, which serves only that capture and returns its memory to the upstream
+// only after the graph is gone and its replays done; blocks freed during a capture that it did not
+// allocate go back to the upstream only then too. The memory is the upstream's.
+unsafe impl<U: MemoryResource> MemoryResource for GraphPools<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        if let Some(p) = check_request::<Self>(size, align, NAME)? {
+            return Ok(p);
+        }
+        let Some(id) = capture_id(stream)? else {
+            return self.upstream.allocate(size, align, stream);
+        };
+        let pool = {
+            let mut st = self.lock();
+            let private = st.captures.entry(id).or_insert_with(|| Private {
+                pool: Arc::new(Pool::new(self.upstream.clone(), PoolConfig::default())),
+                kept: Vec::new(),
+                released: false,
+            });
+            private.pool.clone()
+        };
+        // No lock of ours across the upstream's calls (a `Retry` callback may free through
+        // this resource).
+        let ptr = pool.allocate(size, align, stream)?;
+        self.lock().owner.insert(ptr.as_ptr() as usize, id);
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        let capturing = capture_id(stream).ok().flatten();
+        let mut st = self.lock();
+        if let Some(id) = st.owner.remove(&(ptr.as_ptr() as usize)) {
+            let Some(pool) = st.captures.get(&id).map(|p| p.pool.clone()) else {
+                return;
+            };
+            drop(st);
+            // SAFETY: the caller's promise: the block this capture's pool handed out, with this
+            // size and alignment.
+            unsafe { pool.deallocate(ptr, size, align, stream) };
+            drop(pool);
+            let mut st = self.lock();
+            let done = st
+                .captures
+                .get(&id)
+                .is_some_and(|p| p.released && p.pool.usage().allocated == 0);
+            let private = done.then(|| st.captures.remove(&id)).flatten();
+            drop(st);
+            // The pool's chunks go back here, outside the lock.
+            drop(private);
+            return;
+        }
+        if let Some(id) = capturing {
+            if let Some(private) = st.captures.get_mut(&id) {
+                private.kept.push((ptr, size, align, stream.to_handle()));
+                return;
+            }
+        }
+        drop(st);
+        // SAFETY: the caller's promise: a block of the upstream with this size and alignment.
+        unsafe { self.upstream.deallocate(ptr, size, align, stream) }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        self.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ItemWriter::over(f, &*self.upstream, "graph_pools").finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&*self.upstream)
+    }
+}
+
+has_upstream!(impl<U> for GraphPools<U> where U: MemoryResource);
+
+impl<U: MemoryResource> Drop for GraphPools<U> {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        // Captures begun outside `capture` may have graphs that outlive this resource: their
+        // memory is leaked, never handed out again. (Those of `capture` are released already:
+        // their graphs borrowed this resource.)
+        for (_, private) in st.captures.drain() {
+            std::mem::forget(private);
+        }
+    }
+}
+
+/// A graph [`GraphPools::capture`] made, which keeps the capture's memory until it is dropped.
+///
+/// Dropping it destroys the graph, waits for its replays (on its stream), then gives the memory
+/// back to the capture's pool and the pool to the upstream once its blocks are free.
+pub struct CapturedGraph<'a, U: MemoryResource> {
+    graph: Option<CudaGraph>,
+    stream: Arc<CudaStream>,
+    pools: &'a GraphPools<U>,
+    id: u64,
+}
+
+impl<U: MemoryResource> std::fmt::Debug for CapturedGraph<'_, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapturedGraph")
+            .field("capture", &self.id)
+            .field("graph", &self.graph.is_some())
+            .finish()
+    }
+}
+
+impl<U: MemoryResource> CapturedGraph<'_, U> {
+    /// Replays the graph on the stream it was captured on.
+    pub fn launch(&self) -> Result<(), AllocError> {
+        match &self.graph {
+            Some(graph) => graph.launch(),
+            None => Ok(()),
+        }
+        .map_err(|e| AllocError::cuda(e, 0, 0, NAME))
+    }
+
+    /// The graph, for cudarc's other calls (`upload`).
+    pub fn graph(&self) -> Option<&CudaGraph> {
+        self.graph.as_ref()
+    }
+}
+
+impl<U: MemoryResource> Drop for CapturedGraph<'_, U> {
+    fn drop(&mut self) {
+        drop(self.graph.take());
+        if self.stream.synchronize().is_err() {
+            // The replays may still run: the memory stays (held until the resource drops, then
+            // leaked) rather than be handed out under them.
+            return;
+        }
+        self.pools.release(self.id);
+    }
+}
+
+// SAFETY: `Private` holds blocks (raw pointers) only this resource touches, under its mutex.
+unsafe impl<U: MemoryResource + Send + Sync> Send for GraphPools<U> {}
+// SAFETY: as above: every access to the state is under the mutex.
+unsafe impl<U: MemoryResource + Send + Sync> Sync for GraphPools<U> {}
+
+static_assertions::assert_impl_all!(GraphPools<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(GraphPools<crate::Cuda>: crate::Accessible<crate::HostAccessible>);

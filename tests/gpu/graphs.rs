@@ -1,0 +1,110 @@
+//! GPU test of `GraphPools`: a graph captured once, with scratch memory allocated and freed inside
+//! the capture, replayed 100 times with new input each time, every result checked, while other
+//! work allocates from the same shared pool below and writes its blocks between replays. The
+//! scratch never goes to that work, and comes back only when the graph is dropped.
+
+use crate::support::{gpu, kernel};
+use cudarc::driver::sys::CUstreamCaptureMode;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use mrstack::adaptor::{GraphPools, PoolConfig};
+use mrstack::prelude::*;
+
+#[test]
+fn a_graph_replayed_a_hundred_times_keeps_its_memory_while_other_work_allocates() {
+    let Some(ctx) = gpu() else { return };
+    // One stream, no cudarc events: the capture records the kernels and the memsets only (an
+    // event recorded outside a capture cannot be waited for inside it).
+    // SAFETY: this test's own context object; every use below is on one stream, or synchronous.
+    unsafe { ctx.disable_event_tracking() };
+    let scale = kernel(&ctx, "scale");
+    let fill = kernel(&ctx, "fill");
+    let stream = ctx.new_stream().unwrap();
+    let other = ctx.new_stream().unwrap();
+    // The shared pool below: a block the capture freed would be the first this pool hands out
+    // again, were it given back.
+    let shared = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let mr = GraphPools::new(&shared);
+    let n = 1 << 20;
+    let mut input = DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap();
+    let mut out = DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap();
+    let cfg = LaunchConfig::for_num_elems(n as u32);
+    let n32 = n as u32;
+    let (graph, scratch_at) = mr
+        .capture(
+            &stream,
+            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            0,
+            || {
+                let mut scratch = DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap();
+                // SAFETY: `scale` takes (const unsigned*, unsigned*, unsigned) over n values.
+                unsafe {
+                    stream
+                        .launch_builder(&scale)
+                        .arg(&input)
+                        .arg(&mut scratch)
+                        .arg(&n32)
+                        .launch(cfg)
+                        .unwrap();
+                    stream
+                        .launch_builder(&scale)
+                        .arg(&scratch)
+                        .arg(&mut out)
+                        .arg(&n32)
+                        .launch(cfg)
+                        .unwrap();
+                }
+                let at = scratch.device_address();
+                drop(scratch); // freed inside the capture: the graph's, not the shared pool's
+                at
+            },
+        )
+        .unwrap();
+    assert_eq!(mr.held().0, 1, "the capture's pool is held");
+    let scratch = scratch_at..scratch_at + (n * 4) as u64;
+    for round in 0..100u32 {
+        let host: Vec<u32> = (0..n as u32)
+            .map(|i| i ^ round.wrapping_mul(2654435761))
+            .collect();
+        input.copy_from(&host).unwrap();
+        graph.launch().unwrap();
+        // Other work allocates from the shared pool and writes its blocks, on another stream.
+        let mut noise = DeviceVec::<u32, _>::zeroed(n, &mr, &other).unwrap();
+        let at = noise.device_address();
+        assert!(
+            !scratch.contains(&at) && !scratch.contains(&(at + (n * 4) as u64 - 1)),
+            "round {round}: the graph's scratch was handed to other work"
+        );
+        // SAFETY: `fill` takes (unsigned*, unsigned, unsigned) over n values.
+        unsafe {
+            other
+                .launch_builder(&fill)
+                .arg(&mut noise)
+                .arg(&n32)
+                .arg(&round)
+                .launch(cfg)
+                .unwrap();
+        }
+        other.synchronize().unwrap();
+        drop(noise);
+        let want: Vec<u32> = host
+            .iter()
+            .map(|&x| 4u32.wrapping_mul(x).wrapping_add(21))
+            .collect();
+        assert!(out.to_vec().unwrap() == want, "round {round}: wrong values");
+    }
+    // The graph gone, its memory goes back to the shared pool.
+    let before = shared.usage().allocated;
+    drop(graph);
+    assert_eq!(mr.held(), (0, 0));
+    assert!(
+        shared.usage().allocated + n * 4 <= before,
+        "the capture's chunk went back: {before} -> {}",
+        shared.usage().allocated
+    );
+    drop((input, out));
+    stream.synchronize().unwrap();
+    other.synchronize().unwrap();
+    assert_eq!(shared.usage().allocated, 0);
+    // SAFETY: turned back on for this context object, whose streams are idle.
+    unsafe { ctx.enable_event_tracking() };
+}
