@@ -266,7 +266,7 @@ fn capture_id(stream: StreamRef) -> Result<Option<u64>> {
         return Ok(None);
     };
     let err = |e| AllocError::cuda(e, 0, 0, NAME);
-    ctx.bind_to_thread().map_err(err)?;
+    let _current = crate::leaf::make_current(ctx).map_err(err)?;
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id: u64 = 0;
     // SAFETY: a live stream of `ctx` (a StreamRef borrows it); valid places for the status and

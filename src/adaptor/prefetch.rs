@@ -103,7 +103,7 @@ impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
         let Ok(handle) = crate::leaf::stream_in(ctx, stream, size, align, Self::NAME) else {
             return Ok(());
         };
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let location = sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: self.device as i32,

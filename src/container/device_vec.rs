@@ -166,10 +166,8 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         }
         let stream = self.buf.stream().clone();
         let name = self.buf.resource().name();
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(copy_error(name, bytes))?;
+        let _current =
+            crate::leaf::make_current(stream.context()).map_err(copy_error(name, bytes))?;
         let (address, written) = self.buf.order_write(&stream);
         // SAFETY: `from..from + bytes` lies in this buffer's device-accessible memory, ordered on
         // `stream` after its earlier uses.
@@ -385,7 +383,7 @@ fn copy_and_wait(
     copy: impl FnOnce(sys::CUstream) -> Result<(), DriverError>,
 ) -> Result<(), AllocError> {
     let err = || copy_error(name, bytes);
-    stream.context().bind_to_thread().map_err(err())?;
+    let _current = crate::leaf::make_current(stream.context()).map_err(err())?;
     copy(stream.cu_stream()).map_err(err())?;
     stream.synchronize().map_err(err())
 }
@@ -400,7 +398,7 @@ fn queue_copy(
     from: sys::CUdeviceptr,
 ) -> Result<(), AllocError> {
     let err = || copy_error(name, bytes);
-    stream.context().bind_to_thread().map_err(err())?;
+    let _current = crate::leaf::make_current(stream.context()).map_err(err())?;
     // SAFETY: both ranges are `bytes` bytes of live allocations that the caller's containers
     // own and borrow for the call (the destination mutably); the copy is ordered on `stream`
     // after their earlier uses and recorded on their events by the caller, and neither is freed

@@ -287,23 +287,19 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         let filled = {
             let (from, read) = self.order_read(&stream);
             let (to, written) = slice.device_ptr_mut(&stream);
-            let copied = if old == 0 {
-                Ok(())
-            } else {
-                stream
-                    .context()
-                    .bind_to_thread()
+            let current =
+                crate::leaf::make_current(stream.context()).map_err(copy_error(name, old));
+            let copied = current.and_then(|_current| {
+                if old == 0 {
+                    return Ok(());
+                }
+                // SAFETY: `old` bytes of this buffer's live memory into the new allocation of at
+                // least as many, both ordered on `stream` (the read after the last write, the new
+                // memory after its allocation), which the guards record.
+                unsafe { sys::cuMemcpyAsync(to, from, old, stream.cu_stream()) }
+                    .result()
                     .map_err(copy_error(name, old))
-                    .and_then(|()| {
-                        // SAFETY: `old` bytes of this buffer's live memory into the new
-                        // allocation of at least as many, both ordered on `stream` (the read
-                        // after the last write, the new memory after its allocation), which the
-                        // guards record.
-                        unsafe { sys::cuMemcpyAsync(to, from, old, stream.cu_stream()) }
-                            .result()
-                            .map_err(copy_error(name, old))
-                    })
-            };
+            });
             // SAFETY: the new allocation's bytes past `old`, ordered on `stream` after the copy.
             let zeroed =
                 copied.and_then(|()| unsafe { zero(&stream, to + old as u64, bytes - old, name) });
@@ -545,10 +541,7 @@ unsafe fn zero(
     if bytes == 0 {
         return Ok(());
     }
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(copy_error(name, bytes))?;
+    let _current = crate::leaf::make_current(stream.context()).map_err(copy_error(name, bytes))?;
     // SAFETY: the caller's promise.
     unsafe { cudarc::driver::result::memset_d8_async(address, 0, bytes, stream.cu_stream()) }
         .map_err(copy_error(name, bytes))

@@ -114,7 +114,7 @@ impl CudaAsync {
         options: CudaAsyncOptions,
     ) -> Result<Self, AllocError> {
         let err = |e| AllocError::cuda(e, options.initial_pool_size.unwrap_or(0), 0, Self::NAME);
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         // SAFETY: CUmemPoolProps is plain data; all-zero is its documented "no options" value.
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -182,7 +182,7 @@ impl CudaAsync {
         use std::os::fd::FromRawFd;
         self.exportable()?;
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        self.ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: the pool is live; for POSIX file descriptors the handle written is an int.
         unsafe {
@@ -209,7 +209,7 @@ impl CudaAsync {
     pub fn export_pointer(&self, ptr: NonNull<u8>) -> Result<super::IpcPointer, AllocError> {
         self.exportable()?;
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        self.ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;
         // SAFETY: plain data, written by the driver below.
         let mut data: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
         // SAFETY: `data` is a valid place; the driver checks that `ptr` is an allocation of a
@@ -263,7 +263,7 @@ impl CudaAsync {
     /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`): what the pool cost at its peak.
     pub fn reserved_high(&self) -> Result<usize, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        self.ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;
         let mut value: u64 = 0;
         // SAFETY: the pool is live (it is destroyed only when self drops), and
         // RESERVED_MEM_HIGH writes a cuuint64_t, which `value` is.
@@ -380,7 +380,7 @@ pub(crate) unsafe fn pool_free(
 
 impl Drop for CudaAsync {
     fn drop(&mut self) {
-        self.ctx.record_err(self.ctx.bind_to_thread());
+        let _current = crate::leaf::make_current_or_record(&self.ctx);
         // SAFETY: the pool is ours and destroyed once; the driver defers the release of memory
         // still referenced by queued frees.
         self.ctx

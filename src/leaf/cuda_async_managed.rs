@@ -73,7 +73,7 @@ impl CudaAsyncManaged {
     /// The default managed memory pool of `ctx`'s device.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let concurrent = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
             .map_err(err)?;

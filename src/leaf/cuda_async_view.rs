@@ -74,7 +74,7 @@ impl CudaAsyncView {
     /// the device's life.
     pub fn default_pool(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `pool` is a valid place for the handle; the device is the context's.
         unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
@@ -97,7 +97,7 @@ impl CudaAsyncView {
     /// [`from_handle`](Self::from_handle) for what viewing it asks.
     pub fn current_pool_handle(ctx: &Arc<CudaContext>) -> Result<sys::CUmemoryPool, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `pool` is a valid place for the handle; the device is the context's.
         unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) }

@@ -38,6 +38,48 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
 }
 
+/// A context made current for a call of the crate's, until dropped: then the context that was
+/// current on the thread before (none included) is current again, so that a stack of one device
+/// never leaves the caller's thread on another device's context.
+#[must_use = "the context is current only while the guard lives"]
+pub(crate) struct Current(Option<sys::CUcontext>);
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if let Some(prev) = self.0 {
+            // SAFETY: `prev` was current on this thread before (or null, which unbinds), and a
+            // context current on a thread stays alive while it is (the driver's reference).
+            let _ = unsafe { result::ctx::set_current(prev) };
+        }
+    }
+}
+
+/// Makes `ctx` current on this thread until the guard drops (see [`Current`]); an error the
+/// context recorded since (`CudaContext::check_err`) comes first, as cudarc's `bind_to_thread`
+/// does.
+pub(crate) fn make_current(ctx: &CudaContext) -> Result<Current, DriverError> {
+    ctx.check_err()?;
+    let prev = result::ctx::get_current()?;
+    if prev == Some(ctx.cu_ctx()) {
+        return Ok(Current(None));
+    }
+    // SAFETY: the CudaContext holds its context alive.
+    unsafe { result::ctx::set_current(ctx.cu_ctx()) }?;
+    Ok(Current(Some(prev.unwrap_or(std::ptr::null_mut()))))
+}
+
+/// [`make_current`] for a call that cannot return an error (a free, a drop): the error goes to
+/// the context (`CudaContext::check_err`), and the call goes on.
+pub(crate) fn make_current_or_record(ctx: &CudaContext) -> Option<Current> {
+    match make_current(ctx) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            ctx.record_err::<()>(Err(e));
+            None
+        }
+    }
+}
+
 /// Checks the request for resource `R` (size 0 is answered without the driver), makes `ctx`
 /// current on this thread, then runs one allocating driver call, checking the pointer it returns
 /// against the alignment asked. Shared by the CUDA leaves, whose guarantee is 256 bytes.
@@ -75,8 +117,7 @@ pub(crate) fn driver_allocate_checked(
             name,
         ));
     }
-    ctx.bind_to_thread()
-        .map_err(|e| AllocError::cuda(e, size, align, name))?;
+    let _current = make_current(ctx).map_err(|e| AllocError::cuda(e, size, align, name))?;
     let addr = alloc(size).map_err(|e| AllocError::cuda(e, size, align, name))?;
     match NonNull::new(addr as *mut u8) {
         Some(ptr) if addr % align == 0 => Ok(ptr),
@@ -97,7 +138,7 @@ pub(crate) fn driver_allocate_checked(
 /// Frees through one driver call with `ctx` current; a failure is recorded in the context
 /// (`CudaContext::check_err`), since `deallocate` cannot return it.
 pub(crate) fn driver_free(ctx: &CudaContext, free: impl FnOnce() -> Result<(), DriverError>) {
-    ctx.record_err(ctx.bind_to_thread());
+    let _current = crate::leaf::make_current_or_record(ctx);
     ctx.record_err(free());
 }
 
@@ -160,7 +201,7 @@ pub(crate) fn driver_synchronize(
     let err = |e| AllocError::cuda(e, 0, 0, name);
     match locate(ctx, stream) {
         Some((c, handle)) => {
-            c.bind_to_thread().map_err(err)?;
+            let _current = crate::leaf::make_current(c).map_err(err)?;
             // SAFETY: `handle` is null, a special handle valid on this thread, or a live stream
             // of `c`: a StreamRef borrows its stream for the call (or was made by `from_raw`,
             // whose caller promised it live).
@@ -168,7 +209,7 @@ pub(crate) fn driver_synchronize(
         }
         None => {
             let c = stream.context().map_or(ctx, |c| &**c);
-            c.bind_to_thread().map_err(err)?;
+            let _current = crate::leaf::make_current(c).map_err(err)?;
             result::ctx::synchronize().map_err(err)
         }
     }
@@ -201,14 +242,14 @@ pub(crate) fn driver_order_after(
         return Ok(());
     }
     let err = |e| AllocError::cuda(e, 0, 0, name);
-    ac.bind_to_thread().map_err(err)?;
+    let _current = crate::leaf::make_current(ac).map_err(err)?;
     let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
     // SAFETY: the event was just created in `ac`, current; `a` is null, a special handle valid on
     // this thread, or a live stream of `ac` (a StreamRef borrows its stream for the call, or was
     // made by `from_raw`, whose caller promised it live).
     let recorded = unsafe { result::event::record(event, a) };
     let waited = recorded.and_then(|()| {
-        sc.bind_to_thread()?;
+        let _in_sc = make_current(sc)?;
         // SAFETY: as above for `s` in `sc`; a stream may wait on an event of another context.
         unsafe {
             result::stream::wait_event(s, event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
@@ -248,7 +289,7 @@ macro_rules! context_leaf {
             pub fn new(
                 ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
             ) -> Result<Self, $crate::resource::AllocError> {
-                ctx.bind_to_thread()
+                let _current = $crate::leaf::make_current(ctx)
                     .map_err(|e| $crate::resource::AllocError::cuda(e, 0, 0, Self::NAME))?;
                 Ok($T { ctx: ctx.clone() })
             }

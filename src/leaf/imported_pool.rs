@@ -82,7 +82,7 @@ impl ImportedPool {
     pub fn from_fd(ctx: &Arc<CudaContext>, fd: std::os::fd::OwnedFd) -> Result<Self, AllocError> {
         use std::os::fd::AsRawFd;
         let err = |e| AllocError::cuda(e, 0, 0, NAME);
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `pool` is a valid place; for POSIX file descriptors the handle is the int
         // itself, passed as a pointer-sized value. The driver checks what the descriptor is.
@@ -110,7 +110,7 @@ impl ImportedPool {
     /// no allocation of this pool.
     pub fn import(&self, ptr: &IpcPointer) -> Result<ImportedMemory<'_>, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, NAME);
-        self.ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;
         let mut data = sys::CUmemPoolPtrExportData {
             reserved: ptr.to_bytes(),
         };
@@ -139,7 +139,7 @@ impl ImportedPool {
 
 impl Drop for ImportedPool {
     fn drop(&mut self) {
-        self.ctx.record_err(self.ctx.bind_to_thread());
+        let _current = crate::leaf::make_current_or_record(&self.ctx);
         // SAFETY: this process's import of the pool, destroyed once; every allocation imported
         // from it borrowed it and was freed first.
         self.ctx
@@ -182,7 +182,7 @@ impl ImportedMemory<'_> {
         let at = self.at(offset, host.len())?;
         let n = host.len();
         let err = move |e| AllocError::cuda(e, n, 1, NAME);
-        self.pool.ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(&self.pool.ctx).map_err(err)?;
         // SAFETY: `host.len()` bytes of the mapped allocation (checked) into a live slice; the
         // copy is synchronous.
         unsafe { result::memcpy_dtoh_sync(host, at) }.map_err(err)
@@ -193,7 +193,7 @@ impl ImportedMemory<'_> {
     pub fn copy_from_host(&mut self, offset: usize, host: &[u8]) -> Result<(), AllocError> {
         let at = self.at(offset, host.len())?;
         let err = |e| AllocError::cuda(e, host.len(), 1, NAME);
-        self.pool.ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(&self.pool.ctx).map_err(err)?;
         // SAFETY: into `host.len()` bytes of the mapped allocation (checked), from a live slice;
         // the copy is synchronous.
         unsafe { result::memcpy_htod_sync(at, host) }.map_err(err)
@@ -218,7 +218,7 @@ impl ImportedMemory<'_> {
 impl Drop for ImportedMemory<'_> {
     fn drop(&mut self) {
         let ctx = &self.pool.ctx;
-        ctx.record_err(ctx.bind_to_thread());
+        let _current = crate::leaf::make_current_or_record(ctx);
         // SAFETY: this process's mapping of the allocation, freed once; the copies above were
         // synchronous, so nothing here uses it any more.
         ctx.record_err(unsafe { result::memory_free(self.address) });

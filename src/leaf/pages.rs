@@ -192,7 +192,7 @@ impl DevicePages {
     /// granularity itself).
     pub fn with_page_size(ctx: &Arc<CudaContext>, page: usize) -> Result<Self> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let supported = ctx
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
@@ -296,7 +296,7 @@ unsafe impl PhysicalPages for DevicePages {
         let size = size
             .checked_next_multiple_of(self.page)
             .ok_or(AllocError::out_of_memory(size, self.page, Self::NAME))?;
-        self.ctx.bind_to_thread().map_err(&err)?;
+        let _current = crate::leaf::make_current(&self.ctx).map_err(&err)?;
         let mut addr: sys::CUdeviceptr = 0;
         // SAFETY: `addr` is a valid out pointer; no fixed address is asked for.
         unsafe { sys::cuMemAddressReserve(&mut addr, size, self.page, 0, 0) }
@@ -306,7 +306,7 @@ unsafe impl PhysicalPages for DevicePages {
     }
 
     unsafe fn unreserve(&self, addr: usize, size: usize) {
-        self.ctx.record_err(self.ctx.bind_to_thread());
+        let _current = crate::leaf::make_current_or_record(&self.ctx);
         // SAFETY: the caller passes a reservation of this source with nothing mapped in it.
         let r = unsafe { sys::cuMemAddressFree(addr as sys::CUdeviceptr, size) }.result();
         self.ctx.record_err(r);
@@ -314,7 +314,7 @@ unsafe impl PhysicalPages for DevicePages {
 
     unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
         let err = self.err(size);
-        self.ctx.bind_to_thread().map_err(&err)?;
+        let _current = crate::leaf::make_current(&self.ctx).map_err(&err)?;
         let prop = Self::prop(&self.ctx);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: `prop` describes device memory of this device; `handle` is a valid out pointer;
@@ -338,7 +338,7 @@ unsafe impl PhysicalPages for DevicePages {
 
     unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
         let err = self.err(size);
-        self.ctx.bind_to_thread().map_err(&err)?;
+        let _current = crate::leaf::make_current(&self.ctx).map_err(&err)?;
         // SAFETY: CUmemAccessDesc is plain data.
         let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
         desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
@@ -352,7 +352,7 @@ unsafe impl PhysicalPages for DevicePages {
     }
 
     unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
-        self.ctx.record_err(self.ctx.bind_to_thread());
+        let _current = crate::leaf::make_current_or_record(&self.ctx);
         // SAFETY: one mapping of this source that nothing uses any more (the caller's contract).
         let r = unsafe { sys::cuMemUnmap(addr as sys::CUdeviceptr, size) }.result();
         self.ctx.record_err(r);

@@ -76,7 +76,7 @@ impl SamHeadroom {
     /// migrations. `Unsupported` where the device does not report pageable memory access.
     pub fn new(ctx: &Arc<CudaContext>, headroom: usize) -> Result<Self, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        ctx.bind_to_thread().map_err(err)?;
+        let _current = crate::leaf::make_current(ctx).map_err(err)?;
         if !Self::supported(ctx)? {
             return Err(AllocError::new(
                 AllocErrorKind::Unsupported(
@@ -160,8 +160,7 @@ unsafe impl MemoryResource for SamHeadroom {
             return Err(too_aligned());
         }
         let layout = Self::layout(size, align).ok_or_else(too_aligned)?;
-        self.ctx
-            .bind_to_thread()
+        let _current = super::make_current(&self.ctx)
             .map_err(|e| AllocError::cuda(e, size, align, Self::NAME))?;
         let (free, _) =
             result::mem_get_info().map_err(|e| AllocError::cuda(e, size, align, Self::NAME))?;
