@@ -151,6 +151,7 @@ pub use replay::rmm_log as trace;
 
 pub use container::{DeviceBox, DeviceVec, DeviceView, DeviceViewMut, HostAllocator, PinnedVec};
 pub use erased::{AnyResource, PropertySet, ResourceRef};
+pub use leaf::enable_peer_access;
 pub use leaf::{
     cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,
     Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,

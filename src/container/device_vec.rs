@@ -241,6 +241,45 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         Ok(())
     }
 
+    /// Copies `src` in (same length) from a vector on any device, queued on this vector's stream
+    /// (`cuMemcpyPeerAsync`): direct over NVLink or PCIe where peer access is enabled
+    /// ([`enable_peer_access`](crate::enable_peer_access)), staged by the driver otherwise. The
+    /// copy comes after the writes of `src` and the uses of this vector queued before it, on any
+    /// stream: where `src` is on a stream of another context (another device), this vector's
+    /// stream first waits for `src`'s, and the host waits for the copy once it is queued, as for
+    /// any use across contexts.
+    pub fn copy_from_device<S>(&mut self, src: &DeviceVec<T, S>) -> Result<(), AllocError>
+    where
+        S: MemoryResource + Accessible<DeviceAccessible>,
+    {
+        self.check_len(src.len())?;
+        let bytes = self.buf.bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let stream = self.buf.stream().clone();
+        let name = self.buf.resource().name();
+        let err = || copy_error(name, bytes);
+        let (dst_ctx, src_ctx) = (stream.context().cu_ctx(), src.stream().context().cu_ctx());
+        src.touched();
+        let (from, read) = src.buf.order_read(&stream);
+        let (to, written) = self.buf.order_write(&stream);
+        let copied = crate::leaf::make_current(stream.context())
+            .map_err(err())
+            .and_then(|_current| {
+                // SAFETY: `bytes` bytes of two live device allocations of the same length (checked),
+                // each in its context; the copy is ordered on `stream` after their earlier uses,
+                // and the guards record it.
+                unsafe {
+                    sys::cuMemcpyPeerAsync(to, dst_ctx, from, src_ctx, bytes, stream.cu_stream())
+                }
+                .result()
+                .map_err(err())
+            });
+        drop((written, read));
+        copied
+    }
+
     /// Copies the values out into `dst`, queued on the vector's stream, without waiting: `dst`
     /// records the copy, so its next host access (`Deref`, `as_cells`) first waits for it.
     /// Device-to-host staging that overlaps with the host's work (where events order the two

@@ -30,6 +30,49 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>, AllocError> {
     CudaContext::new(ordinal).map_err(|e| AllocError::cuda(e, 0, 0, "CudaContext"))
 }
 
+/// Lets kernels and copies on `ctx`'s device reach memory that `cuMemAlloc` (and the other
+/// context-bound allocations: `Cuda`, `Pinned`) made on `peer`'s device: `cuCtxEnablePeerAccess`.
+/// Explicit, one direction, and idempotent: a second call is `Ok`. Driver pools and
+/// `VirtualMemory` grant access their own way (`CudaAsync::grant_access`,
+/// `VirtualMemory::grant_access`). `Unsupported` where the two devices cannot reach each other
+/// (`cuDeviceCanAccessPeer`), or for one device with itself.
+///
+/// No type changes: a container's `DeviceAccessible` means its own device, and a use from
+/// another device is the caller's to allow with this call.
+pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<(), AllocError> {
+    const NAME: &str = "enable_peer_access";
+    let err = |e| AllocError::cuda(e, 0, 0, NAME);
+    let unsupported = |why| {
+        Err(AllocError::new(
+            AllocErrorKind::Unsupported(why),
+            0,
+            0,
+            NAME,
+        ))
+    };
+    if ctx.cu_device() == peer.cu_device() {
+        return unsupported("a device reaches its own memory: no peer access to enable");
+    }
+    let mut can: std::ffi::c_int = 0;
+    // SAFETY: a valid place for the answer; both devices are live handles of their contexts.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer.cu_device()) }
+        .result()
+        .map_err(err)?;
+    if can == 0 {
+        return unsupported(
+            "these two devices cannot access each other's memory (cuDeviceCanAccessPeer)",
+        );
+    }
+    let _current = make_current(ctx).map_err(err)?;
+    // SAFETY: `peer` holds its context alive; flags must be 0.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) } {
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+            Ok(())
+        }
+        other => Err(err(DriverError(other))),
+    }
+}
+
 /// The number of CUDA devices, 0 without a driver.
 pub fn device_count() -> usize {
     if !driver_available() {

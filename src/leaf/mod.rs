@@ -40,4 +40,4 @@ pub(crate) use driver::{
     context_leaf, driver_allocate, driver_allocate_checked, driver_free, driver_order_after,
     driver_synchronize, make_current, make_current_or_record, record, stream_in,
 };
-pub use driver::{cuda_context, device_count, driver_available};
+pub use driver::{cuda_context, device_count, driver_available, enable_peer_access};

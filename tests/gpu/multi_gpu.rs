@@ -1,0 +1,261 @@
+//! GPU tests for several GPUs of one host: each device's stack allocates on its device whatever
+//! context is current on the thread and leaves that context current; copies between devices
+//! (staged, then direct once peer access is enabled) keep the ordering rules; peer access is
+//! explicit and idempotent, for context memory and for driver pools; the per-device registry
+//! under threads on both devices never serves a device from another's stack. The tests that need
+//! two GPUs say so and return on a machine with one; the first runs on one GPU too (the thread
+//! then has no context current).
+
+use crate::slow_fill;
+use crate::support::{expected_fill, fill_and_check, gpu, kernel};
+use cudarc::driver::{result, sys, CudaContext, LaunchConfig, PushKernelArg};
+use mrstack::adaptor::PoolConfig;
+use mrstack::leaf::{CudaAsyncView, DevicePages};
+use mrstack::prelude::*;
+use std::sync::Arc;
+
+/// The device a pointer's memory is on, from the driver.
+fn device_of(ptr: u64) -> i32 {
+    let mut ordinal: i32 = -1;
+    // SAFETY: a 4-byte place for this attribute of a live allocation.
+    unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    }
+    .result()
+    .unwrap();
+    ordinal
+}
+
+fn current() -> sys::CUcontext {
+    result::ctx::get_current()
+        .unwrap()
+        .unwrap_or(std::ptr::null_mut())
+}
+
+fn set_current(ctx: sys::CUcontext) {
+    // SAFETY: a live context (held by the caller's CudaContext) or null.
+    unsafe { result::ctx::set_current(ctx) }.unwrap();
+}
+
+/// Contexts of devices 0 and 1, or `None` with a line saying why.
+fn two_gpus() -> Option<(Arc<CudaContext>, Arc<CudaContext>)> {
+    gpu()?;
+    let n = mrstack::device_count();
+    if n < 2 {
+        println!("skipping: this test needs 2 GPUs and this machine has {n}");
+        return None;
+    }
+    Some((
+        mrstack::cuda_context(0).unwrap(),
+        mrstack::cuda_context(1).unwrap(),
+    ))
+}
+
+/// Allocates through `mr` (of device `d`) with `other` current, and checks the device and that
+/// `other` is still current after each call.
+fn allocates_on<R: MemoryResource>(
+    name: &str,
+    mr: &R,
+    d: i32,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    other: sys::CUcontext,
+) {
+    let s = StreamRef::from(stream);
+    set_current(other);
+    let p = mr.allocate(3 << 20, 256, s).unwrap();
+    assert_eq!(
+        current(),
+        other,
+        "{name}: allocate left the thread on its context"
+    );
+    assert_eq!(
+        device_of(p.as_ptr() as u64),
+        d,
+        "{name}: memory on the wrong device"
+    );
+    // SAFETY: from mr with this size and alignment, unused.
+    unsafe { mr.deallocate(p, 3 << 20, 256, s) };
+    assert_eq!(
+        current(),
+        other,
+        "{name}: deallocate left the thread on its context"
+    );
+    mr.synchronize(s).unwrap();
+    assert_eq!(
+        current(),
+        other,
+        "{name}: synchronize left the thread on its context"
+    );
+}
+
+#[test]
+fn each_devices_stack_allocates_there_and_leaves_the_threads_context_alone() {
+    let Some(_) = gpu() else { return };
+    let n = mrstack::device_count();
+    println!("devices: {n}");
+    let contexts: Vec<_> = (0..n).map(|d| mrstack::cuda_context(d).unwrap()).collect();
+    for (d, ctx) in contexts.iter().enumerate() {
+        // Another device's context, or none where there is one GPU.
+        let other = if n > 1 {
+            contexts[(d + 1) % n].cu_ctx()
+        } else {
+            std::ptr::null_mut()
+        };
+        let stream = ctx.new_stream().unwrap();
+        set_current(other);
+        let cuda = Cuda::new(ctx).unwrap();
+        let pool = Pool::new(Cuda::new(ctx).unwrap(), PoolConfig::default());
+        let tlsf = resource_stack![Cuda::new(ctx).unwrap(), Tlsf];
+        let cuda_async = CudaAsync::new(ctx).unwrap();
+        let view = CudaAsyncView::default_pool(ctx).unwrap();
+        let vm = VirtualMemory::new(DevicePages::new(ctx).unwrap(), Default::default()).unwrap();
+        assert_eq!(
+            current(),
+            other,
+            "a constructor left the thread on its context"
+        );
+        let d = d as i32;
+        allocates_on("Cuda", &cuda, d, &stream, other);
+        allocates_on("Pool", &pool, d, &stream, other);
+        allocates_on("Tlsf", &tlsf, d, &stream, other);
+        allocates_on("CudaAsync", &cuda_async, d, &stream, other);
+        allocates_on("CudaAsyncView", &view, d, &stream, other);
+        allocates_on("VirtualMemory", &vm, d, &stream, other);
+        let mut v = DeviceVec::<u32, _>::zeroed(1000, &pool, &stream).unwrap();
+        assert_eq!(device_of(v.device_address()), d);
+        fill_and_check(ctx, &mut v, 3 + d as u32);
+    }
+}
+
+#[test]
+fn copies_between_devices_wait_for_the_writes_staged_or_direct() {
+    let Some((c0, c1)) = two_gpus() else { return };
+    let (s0, s1) = (c0.new_stream().unwrap(), c1.new_stream().unwrap());
+    let (mr0, mr1) = (Cuda::new(&c0).unwrap(), Cuda::new(&c1).unwrap());
+    let n = 1 << 20;
+    for round in 0..2u32 {
+        if round == 1 {
+            // Direct copies from here: peer access, enabled explicitly, twice (idempotent).
+            for _ in 0..2 {
+                mrstack::enable_peer_access(&c0, &c1).unwrap();
+                mrstack::enable_peer_access(&c1, &c0).unwrap();
+            }
+        }
+        let mut v1 = DeviceVec::<u32, _>::zeroed(n, &mr1, &s1).unwrap();
+        let mut v0 = DeviceVec::<u32, _>::zeroed(n, &mr0, &s0).unwrap();
+        // Still writing on device 1 when device 0 copies it.
+        slow_fill!(&c1, &s1, &mut v1, n, 3 + round);
+        v0.copy_from_device(&v1).unwrap();
+        assert_eq!(
+            v0.to_vec().unwrap(),
+            expected_fill(n, 3 + round),
+            "round {round}"
+        );
+        // And back, after a kernel on device 0.
+        slow_fill!(&c0, &s0, &mut v0, n, 5 + round);
+        v1.copy_from_device(&v0).unwrap();
+        assert_eq!(
+            v1.to_vec().unwrap(),
+            expected_fill(n, 5 + round),
+            "round {round}"
+        );
+        assert_eq!(device_of(v0.device_address()), 0);
+        assert_eq!(device_of(v1.device_address()), 1);
+    }
+    let e = mrstack::enable_peer_access(&c0, &c0).unwrap_err();
+    assert!(matches!(e.kind, AllocErrorKind::Unsupported(_)), "{e}");
+}
+
+#[test]
+fn a_kernel_reads_another_devices_memory_once_access_is_granted() {
+    let Some((c0, c1)) = two_gpus() else { return };
+    let (s0, s1) = (c0.new_stream().unwrap(), c1.new_stream().unwrap());
+    let scale = kernel(&c0, "scale");
+    let n = 1 << 16;
+    let host: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2654435761)).collect();
+    let want: Vec<u32> = host
+        .iter()
+        .map(|&x| 2u32.wrapping_mul(x).wrapping_add(7))
+        .collect();
+    let mr0 = Cuda::new(&c0).unwrap();
+    // Context memory of device 1: cuCtxEnablePeerAccess from device 0.
+    mrstack::enable_peer_access(&c0, &c1).unwrap();
+    let cuda1 = Cuda::new(&c1).unwrap();
+    // A driver pool of device 1: cuMemPoolSetAccess for device 0.
+    let pool1 = CudaAsync::new(&c1).unwrap();
+    pool1.grant_access(&c0).unwrap();
+    pool1.grant_access(&c0).unwrap(); // idempotent
+    let from_cuda = DeviceVec::from_slice(&host, &cuda1, &s1).unwrap();
+    let from_pool = DeviceVec::from_slice(&host, &pool1, &s1).unwrap();
+    for (name, input) in [
+        ("Cuda", from_cuda.device_address()),
+        ("CudaAsync", from_pool.device_address()),
+    ] {
+        s1.synchronize().unwrap();
+        let mut out = DeviceVec::<u32, _>::zeroed(n, &mr0, &s0).unwrap();
+        let n32 = n as u32;
+        // SAFETY: `scale` takes (const unsigned*, unsigned*, unsigned); `input` is n values of
+        // device 1 that device 0 may read (access granted above), written and synchronized.
+        unsafe {
+            s0.launch_builder(&scale)
+                .arg(&input)
+                .arg(&mut out)
+                .arg(&n32)
+                .launch(LaunchConfig::for_num_elems(n32))
+                .unwrap();
+        }
+        assert_eq!(
+            out.to_vec().unwrap(),
+            want,
+            "{name} memory of device 1 read on device 0"
+        );
+    }
+}
+
+#[test]
+fn the_registry_under_threads_on_both_devices_serves_each_device_its_own() {
+    let Some((c0, c1)) = two_gpus() else { return };
+    let contexts = [c0, c1];
+    std::thread::scope(|scope| {
+        // One thread keeps swapping each device's resource for a pool of that device and back.
+        let swapper = scope.spawn(|| {
+            for i in 0..200 {
+                let d = i % 2;
+                let pool = Pool::new(Cuda::new(&contexts[d]).unwrap(), PoolConfig::default());
+                mrstack::registry::set_per_device_resource(d, AnyResource::new(pool)).unwrap();
+                if i % 3 == 0 {
+                    mrstack::registry::reset_per_device_resource(d).unwrap();
+                }
+            }
+        });
+        for t in 0..8usize {
+            let contexts = &contexts;
+            scope.spawn(move || {
+                let streams: Vec<_> = contexts.iter().map(|c| c.new_stream().unwrap()).collect();
+                for i in 0..100usize {
+                    let d = (t + i) % 2;
+                    // The thread sits on the other device's context: the stream decides.
+                    set_current(contexts[1 - d].cu_ctx());
+                    let mut v =
+                        DeviceVec::<u32, _>::zeroed_in_current(4096 + i, &streams[d]).unwrap();
+                    assert_eq!(
+                        device_of(v.device_address()),
+                        d as i32,
+                        "thread {t}, step {i}"
+                    );
+                    if i % 10 == 0 {
+                        fill_and_check(&contexts[d], &mut v, (t * 100 + i) as u32);
+                    }
+                }
+            });
+        }
+        swapper.join().unwrap();
+    });
+    for d in 0..2 {
+        mrstack::registry::reset_per_device_resource(d).unwrap();
+    }
+}
