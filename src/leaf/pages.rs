@@ -170,13 +170,29 @@ unsafe impl<P: PhysicalPages + ?Sized> PhysicalPages for &P {
 /// unsafe { vm.deallocate(p, 3 << 20, 256, StreamRef::DEFAULT) };
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DevicePages {
     ctx: Arc<CudaContext>,
     page: usize,
     /// The device's allocation granularity, which `page` is a multiple of.
     granularity: usize,
     total: usize,
+    /// Other devices granted access to every page mapped from now on
+    /// ([`VirtualMemory::grant_access`](crate::VirtualMemory::grant_access)).
+    peers: std::sync::Mutex<Vec<sys::CUdevice>>,
+}
+
+impl Clone for DevicePages {
+    /// The same device's pages, with the peers granted so far.
+    fn clone(&self) -> Self {
+        DevicePages {
+            ctx: self.ctx.clone(),
+            page: self.page,
+            granularity: self.granularity,
+            total: self.total,
+            peers: std::sync::Mutex::new(self.peers()),
+        }
+    }
 }
 
 impl DevicePages {
@@ -234,6 +250,7 @@ impl DevicePages {
             page,
             granularity,
             total,
+            peers: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -245,6 +262,60 @@ impl DevicePages {
     /// The context the pages are made in.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// The peers granted access so far.
+    fn peers(&self) -> Vec<sys::CUdevice> {
+        self.peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether `peer` was granted access already.
+    pub(crate) fn has_peer(&self, peer: sys::CUdevice) -> bool {
+        self.peers().contains(&peer)
+    }
+
+    /// Adds `peer` to the devices every later `enable` grants access to.
+    pub(crate) fn add_peer(&self, peer: sys::CUdevice) {
+        let mut peers = self
+            .peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !peers.contains(&peer) {
+            peers.push(peer);
+        }
+    }
+
+    /// Grants `devices` read-write access to `[addr, addr + size)`.
+    ///
+    /// # Safety
+    ///
+    /// The range is mapped pages of this source.
+    pub(crate) unsafe fn set_access(
+        &self,
+        addr: usize,
+        size: usize,
+        devices: &[sys::CUdevice],
+    ) -> Result<()> {
+        let err = self.err(size);
+        let _current = crate::leaf::make_current(&self.ctx).map_err(&err)?;
+        let descs: Vec<sys::CUmemAccessDesc> = devices
+            .iter()
+            .map(|&id| sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id,
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: the range is mapped pages of this source (the caller's promise); the
+        // descriptors are valid for the call.
+        unsafe { sys::cuMemSetAccess(addr as sys::CUdeviceptr, size, descs.as_ptr(), descs.len()) }
+            .result()
+            .map_err(err)
     }
 
     fn prop(ctx: &CudaContext) -> sys::CUmemAllocationProp {
@@ -265,9 +336,9 @@ impl sealed::Sealed for DevicePages {}
 
 // SAFETY: reservations come from cuMemAddressReserve (page-aligned, disjoint from every other
 // mapping and reservation of the process); each `map` backs its range with a new physical
-// allocation of this device (cuMemCreate) and `enable` grants this device read-write access, so
-// the range is device memory until cuMemUnmap. Only this device is granted access: device, not
-// host, not managed. Streams go to the driver as every CUDA leaf's do.
+// allocation of this device (cuMemCreate) and `enable` grants this device read-write access (and
+// the peers granted so far), so the range is device memory until cuMemUnmap. No host access:
+// device, not host, not managed. Streams go to the driver as every CUDA leaf's do.
 unsafe impl PhysicalPages for DevicePages {
     type Host = B0;
     type Device = B1;
@@ -337,18 +408,10 @@ unsafe impl PhysicalPages for DevicePages {
     }
 
     unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
-        let err = self.err(size);
-        let _current = crate::leaf::make_current(&self.ctx).map_err(&err)?;
-        // SAFETY: CUmemAccessDesc is plain data.
-        let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        desc.location.id = self.ctx.cu_device();
-        desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        // SAFETY: the range is the caller's mapping (this function's contract); one descriptor,
-        // a valid pointer for the call.
-        unsafe { sys::cuMemSetAccess(addr as sys::CUdeviceptr, size, &desc, 1) }
-            .result()
-            .map_err(err)
+        let mut devices = vec![self.ctx.cu_device()];
+        devices.extend(self.peers());
+        // SAFETY: the range is the caller's mapping (this function's contract).
+        unsafe { self.set_access(addr, size, &devices) }
     }
 
     unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {

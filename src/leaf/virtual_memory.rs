@@ -791,6 +791,61 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
     }
 }
 
+impl VirtualMemory<super::DevicePages> {
+    /// Lets kernels and copies on `peer`'s device read and write this resource's memory: the
+    /// pages mapped now (`cuMemSetAccess` over each run of them) and every page mapped later.
+    /// Idempotent; the pages' own device always has access. `Unsupported` where the two devices
+    /// cannot reach each other. The type does not change: `DeviceAccessible` means the pages'
+    /// own device, and uses from `peer` are the caller's to make.
+    pub fn grant_access(&self, peer: &cudarc::driver::CudaContext) -> Result<()> {
+        let own = self.pages.context();
+        if peer.cu_device() == own.cu_device() {
+            return Ok(());
+        }
+        let mut can: std::ffi::c_int = 0;
+        // SAFETY: a valid place for the answer; both devices are live handles.
+        unsafe {
+            cudarc::driver::sys::cuDeviceCanAccessPeer(&mut can, peer.cu_device(), own.cu_device())
+        }
+        .result()
+        .map_err(|e| AllocError::cuda(e, 0, 0, NAME))?;
+        if can == 0 {
+            return Err(AllocError::new(
+                crate::resource::AllocErrorKind::Unsupported(
+                    "the peer device cannot access these pages' device (cuDeviceCanAccessPeer)",
+                ),
+                0,
+                0,
+                NAME,
+            ));
+        }
+        // Under the lock, so that no page is mapped between the two steps without the grant.
+        let st = self.lock();
+        if self.pages.has_peer(peer.cu_device()) {
+            return Ok(());
+        }
+        for region in &st.regions {
+            let mut p = 0;
+            while p < region.mapped.0.len() * 64 {
+                if !region.mapped.get(p) {
+                    p += 1;
+                    continue;
+                }
+                let start = p;
+                while p < region.mapped.0.len() * 64 && region.mapped.get(p) {
+                    p += 1;
+                }
+                let (addr, len) = (region.base + start * self.page, (p - start) * self.page);
+                // SAFETY: pages `start..p` of this region are mapped by these pages' source.
+                unsafe { self.pages.set_access(addr, len, &[peer.cu_device()]) }?;
+            }
+        }
+        // Last: a failure above leaves the peer out, to be granted again in full.
+        self.pages.add_peer(peer.cu_device());
+        Ok(())
+    }
+}
+
 impl<P: PhysicalPages> Drop for VirtualMemory<P> {
     fn drop(&mut self) {
         let page = self.page;

@@ -189,11 +189,28 @@ fn a_kernel_reads_another_devices_memory_once_access_is_granted() {
     let pool1 = CudaAsync::new(&c1).unwrap();
     pool1.grant_access(&c0).unwrap();
     pool1.grant_access(&c0).unwrap(); // idempotent
+                                      // Virtual memory of device 1: a page mapped before the grant, and one after.
+    let vm1 = VirtualMemory::new(DevicePages::new(&c1).unwrap(), Default::default()).unwrap();
+    let before = DeviceVec::from_slice(&host, &vm1, &s1).unwrap();
+    vm1.grant_access(&c0).unwrap();
+    vm1.grant_access(&c0).unwrap(); // idempotent
+    // Past the 2 MiB page `before` is on: `after` is on pages mapped after the grant.
+    let spacer = DeviceVec::<u8, _>::zeroed(3 << 20, &vm1, &s1).unwrap();
+    let after = DeviceVec::from_slice(&host, &vm1, &s1).unwrap();
+    assert!(after.device_address() >= before.device_address() + (2 << 20));
     let from_cuda = DeviceVec::from_slice(&host, &cuda1, &s1).unwrap();
     let from_pool = DeviceVec::from_slice(&host, &pool1, &s1).unwrap();
     for (name, input) in [
         ("Cuda", from_cuda.device_address()),
         ("CudaAsync", from_pool.device_address()),
+        (
+            "VirtualMemory, mapped before the grant",
+            before.device_address(),
+        ),
+        (
+            "VirtualMemory, mapped after the grant",
+            after.device_address(),
+        ),
     ] {
         s1.synchronize().unwrap();
         let mut out = DeviceVec::<u32, _>::zeroed(n, &mr0, &s0).unwrap();
