@@ -231,6 +231,7 @@ fn a_kernel_reads_another_devices_memory_once_access_is_granted() {
             "{name} memory of device 1 read on device 0"
         );
     }
+    drop(spacer);
 }
 
 #[test]
