@@ -194,7 +194,7 @@ fn a_kernel_reads_another_devices_memory_once_access_is_granted() {
     let before = DeviceVec::from_slice(&host, &vm1, &s1).unwrap();
     vm1.grant_access(&c0).unwrap();
     vm1.grant_access(&c0).unwrap(); // idempotent
-    // Past the 2 MiB page `before` is on: `after` is on pages mapped after the grant.
+                                    // Past the 2 MiB page `before` is on: `after` is on pages mapped after the grant.
     let spacer = DeviceVec::<u8, _>::zeroed(3 << 20, &vm1, &s1).unwrap();
     let after = DeviceVec::from_slice(&host, &vm1, &s1).unwrap();
     assert!(after.device_address() >= before.device_address() + (2 << 20));
@@ -275,5 +275,44 @@ fn the_registry_under_threads_on_both_devices_serves_each_device_its_own() {
     });
     for d in 0..2 {
         mrstack::registry::reset_per_device_resource(d).unwrap();
+    }
+}
+
+#[test]
+fn logs_recorded_on_two_devices_replay_per_device() {
+    use mrstack::replay::rmm_log::{self, OnError};
+    use mrstack::replay::{simulated_streams, Replayer};
+    let Some((c0, c1)) = two_gpus() else { return };
+    // One log per device: RMM's format has no device column, so each device's stack logs to a
+    // writer of its own (README, "Several GPUs").
+    let logged: Vec<_> = [&c0, &c1]
+        .iter()
+        .map(|c| Logging::new(Cuda::new(c).unwrap(), Vec::new()))
+        .collect();
+    let streams = [c0.new_stream().unwrap(), c1.new_stream().unwrap()];
+    for round in 0..3usize {
+        for (d, (mr, stream)) in logged.iter().zip(&streams).enumerate() {
+            // Device 1 allocates twice as much as device 0, so the logs differ.
+            let vs: Vec<_> = (0..(d + 1) * 2)
+                .map(|i| DeviceVec::<u32, _>::zeroed(1000 * (i + 1) + round, mr, stream).unwrap())
+                .collect();
+            for v in &vs {
+                assert_eq!(device_of(v.device_address()), d as i32);
+            }
+        }
+    }
+    for (d, mr) in logged.into_iter().enumerate() {
+        let (_, bytes) = mr.into_parts().unwrap();
+        let trace = rmm_log::read_from(&bytes[..], format!("device {d}"), OnError::Stop).unwrap();
+        let w = trace.workload;
+        assert_eq!(w.allocations(), 3 * (d + 1) * 2, "device {d}'s log");
+        let sim = Simulated::new(1 << 30);
+        let mut r = Replayer::new(&sim, &w, simulated_streams(w.stream_count())).unwrap();
+        r.pass().unwrap();
+        assert_eq!(
+            sim.in_use(),
+            0,
+            "device {d}'s log replays and frees everything"
+        );
     }
 }
