@@ -6,6 +6,9 @@ use crate::resource::{check_request, AllocError, AllocErrorKind, Layer, MemoryRe
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamHandle, StreamRef};
 use crate::suballoc::{Pool, PoolConfig};
+
+/// What a capture's pool guarantees and is asked for at least.
+const GRANULE: usize = 256;
 use cudarc::driver::{sys, CudaGraph, CudaStream};
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -32,18 +35,110 @@ impl FromItem for GraphPoolsConfig {
     }
 }
 
+/// The upstream as a capture's pool sees it: the pool's chunks go back to the upstream only once
+/// the capture's graph is gone. Before that, a chunk the pool gives up (a `Pool` releases wholly
+/// free chunks when its upstream runs out) is held here: the graph's replays may still use it.
+#[derive(Debug)]
+struct Keep<U: MemoryResource> {
+    upstream: Arc<U>,
+    /// The chunks given up while the graph may live, and whether it is gone.
+    held: Mutex<(Vec<Block>, bool)>,
+}
+
+/// A block to give back to the upstream later: address, size, alignment, stream.
+type Block = (NonNull<u8>, usize, usize, StreamHandle);
+
+impl<U: MemoryResource> Keep<U> {
+    /// The graph is gone and its work done: what was held goes back, and later chunks at once.
+    fn let_go(&self) {
+        let held = {
+            let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            h.1 = true;
+            std::mem::take(&mut h.0)
+        };
+        for (ptr, size, align, stream) in held {
+            // SAFETY: a chunk of the upstream the pool gave up with these arguments, held since;
+            // the graph that used it is gone and its work done.
+            unsafe { self.upstream.deallocate(ptr, size, align, stream.as_ref()) };
+        }
+    }
+}
+
+// SAFETY: the raw pointers held are chunks only this `Keep` gives back, under its mutex.
+unsafe impl<U: MemoryResource + Send + Sync> Send for Keep<U> {}
+// SAFETY: as above; the upstream is shared as `U: Sync` allows.
+unsafe impl<U: MemoryResource + Send + Sync> Sync for Keep<U> {}
+
+// SAFETY: every call goes to the upstream unchanged, but a deallocation, which waits (held, not
+// reused by anyone) until the graph that may use the memory is gone.
+unsafe impl<U: MemoryResource> MemoryResource for Keep<U> {
+    type Host = U::Host;
+    type Device = U::Device;
+    type Managed = U::Managed;
+    type Alignment = U::Alignment;
+
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        self.upstream.allocate(size, align, stream)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        {
+            let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            if !h.1 {
+                h.0.push((ptr, size, align, stream.to_handle()));
+                return;
+            }
+        }
+        // SAFETY: the caller's promise (a chunk of the upstream, given up after the graph).
+        unsafe { self.upstream.deallocate(ptr, size, align, stream) }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        self.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        self.upstream.order_after(stream, after)
+    }
+}
+
+/// A block freed on a capturing stream that the capture did not allocate: the graph uses it up
+/// to that free, so it goes back only with the graph, to where it came from.
+#[derive(Debug)]
+enum Kept {
+    /// A block of the upstream.
+    Upstream(Block),
+    /// A block of another capture's pool (that capture's id).
+    Capture(u64, Block),
+}
+
 /// One capture's memory.
 #[derive(Debug)]
 struct Private<U: MemoryResource> {
-    /// What the capture allocated: a pool of its own over the shared upstream, whose blocks a
-    /// free during the capture makes reusable by the capture alone.
-    pool: Arc<Pool<Arc<U>>>,
-    /// Blocks allocated outside the capture and freed on a capturing stream: the graph's work
-    /// may still use them on every replay, so they go back only with the graph.
-    kept: Vec<(NonNull<u8>, usize, usize, StreamHandle)>,
+    /// What the capture allocated: a pool of its own, whose blocks a free during the capture
+    /// makes reusable by the capture alone, over the upstream through a `Keep`.
+    pool: Arc<Pool<Arc<Keep<U>>>>,
+    keep: Arc<Keep<U>>,
+    /// Blocks allocated outside the capture and freed on a capturing stream.
+    kept: Vec<Kept>,
     /// Set when the graph is gone: the pool goes back to the upstream once its blocks are all
     /// free; until then nothing allocates from it (a capture's id is never reused).
     released: bool,
+}
+
+impl<U: MemoryResource> Private<U> {
+    fn new(upstream: &Arc<U>) -> Self {
+        let keep = Arc::new(Keep {
+            upstream: upstream.clone(),
+            held: Mutex::new((Vec::new(), false)),
+        });
+        Private {
+            pool: Arc::new(Pool::new(keep.clone(), PoolConfig::default())),
+            keep,
+            kept: Vec::new(),
+            released: false,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -74,6 +169,10 @@ struct State<U: MemoryResource> {
 /// (after waiting for its replays). A capture begun with cudarc's `begin_capture` directly is
 /// served too, but nothing tells when its graph is gone: its memory stays for the life of this
 /// resource and is leaked, not freed, when it drops (a graph may outlive it).
+///
+/// What this resource cannot keep: memory allocated *before* the capture that the graph reads or
+/// writes, freed *after* it, goes back when its owner frees it. Keep the graph's inputs and
+/// outputs alive as long as the graph (a `CapturedGraph` borrows this resource, not them).
 ///
 /// # Cost
 ///
@@ -158,12 +257,14 @@ impl<U: MemoryResource> GraphPools<U> {
 
     /// Captures the work `f` queues on `stream` (and on streams that join it) into a graph, in
     /// capture `mode` (`RELAXED` lets the capture's pool grow with `cuMemAlloc`), with `reserve`
-    /// bytes taken for the capture's pool before the capture begins. Returns the graph, which
-    /// gives the capture's memory back when dropped, and what `f` returned.
+    /// bytes taken for the capture's pool on `stream` before the capture begins. Returns the
+    /// graph, which gives the capture's memory back when dropped, and what `f` returned.
     ///
     /// `Err` where the capture cannot begin or end (the driver's error; a capture that `f`
-    /// invalidated ends without a graph: `InvalidArgument`). Memory the capture allocated is
-    /// given back once its blocks are free, as when a graph drops.
+    /// invalidated ends without a graph: `InvalidArgument`), and where `f` ended the capture
+    /// itself: its graph is then the caller's, so the capture's memory stays held for the life
+    /// of this resource (and is leaked with it). If `f` panics, the capture is ended and its
+    /// memory given back before the panic goes on.
     pub fn capture<R>(
         &self,
         stream: &Arc<CudaStream>,
@@ -172,33 +273,60 @@ impl<U: MemoryResource> GraphPools<U> {
         f: impl FnOnce() -> R,
     ) -> Result<(CapturedGraph<'_, U>, R), AllocError> {
         let err = |e| AllocError::cuda(e, reserve, 0, NAME);
-        let pool = Pool::try_new(
-            self.upstream.clone(),
-            PoolConfig {
-                initial: reserve,
-                max: usize::MAX,
-            },
-        )?;
+        let private = Private::new(&self.upstream);
+        if reserve > 0 {
+            // Taken and freed on `stream` before it captures, so the capture finds it on its own
+            // stream's list (a block of another stream would need an event from outside).
+            let s = StreamRef::from(stream);
+            let p = private.pool.allocate(reserve, GRANULE, s)?;
+            // SAFETY: just allocated from this pool with these arguments, unused.
+            unsafe { private.pool.deallocate(p, reserve, GRANULE, s) };
+        }
         stream.begin_capture(mode).map_err(err)?;
         let id = match capture_id(StreamRef::from(stream)) {
             Ok(Some(id)) => id,
             other => {
                 let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                private.keep.let_go();
                 return Err(match other {
                     Err(e) => e,
                     _ => not_captured(),
                 });
             }
         };
-        self.lock().captures.insert(
+        {
+            let mut st = self.lock();
+            match st.captures.entry(id) {
+                // Another thread allocated on this stream first: its pool serves the capture, and
+                // the reserve, which no graph uses, goes back.
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    drop(st);
+                    private.keep.let_go();
+                    drop(private);
+                }
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(private);
+                }
+            }
+        }
+        let unwinding = Unwind {
+            pools: self,
+            stream,
             id,
-            Private {
-                pool: Arc::new(pool),
-                kept: Vec::new(),
-                released: false,
-            },
-        );
+        };
         let out = f();
+        std::mem::forget(unwinding);
+        if !matches!(capture_id(StreamRef::from(stream)), Ok(Some(x)) if x == id) {
+            // `f` ended the capture (and may hold its graph): nothing may be given back.
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "the closure ended the capture itself: its memory stays held for the life of the GraphPools",
+                ),
+                0,
+                0,
+                NAME,
+            ));
+        }
         match stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
             Ok(Some(graph)) => Ok((
                 CapturedGraph {
@@ -212,8 +340,10 @@ impl<U: MemoryResource> GraphPools<U> {
             // No graph: nothing can replay the capture's work, but what it queued may still
             // run on the stream (an invalidated capture), so the stream is waited for.
             failed => {
-                let _ = stream.synchronize();
-                self.release(id);
+                let synced = stream.synchronize();
+                if synced.is_ok() {
+                    self.release(id);
+                }
                 Err(match failed {
                     Err(e) => err(e),
                     _ => not_captured(),
@@ -222,25 +352,76 @@ impl<U: MemoryResource> GraphPools<U> {
         }
     }
 
-    /// The graph of capture `id` is gone and its work done: what it kept goes back, and its pool
-    /// once its blocks are all free.
+    /// The graph of capture `id` is gone and its work done: what it kept goes back, the chunks
+    /// its pool gave up too, and its pool once its blocks are all free.
     fn release(&self, id: u64) {
-        let mut st = self.lock();
-        let Some(private) = st.captures.get_mut(&id) else {
+        let (kept, keep, done) = {
+            let mut st = self.lock();
+            let Some(private) = st.captures.get_mut(&id) else {
+                return;
+            };
+            private.released = true;
+            let kept = std::mem::take(&mut private.kept);
+            let keep = private.keep.clone();
+            let done = (private.pool.usage().allocated == 0)
+                .then(|| st.captures.remove(&id))
+                .flatten();
+            (kept, keep, done)
+        };
+        keep.let_go();
+        for k in kept {
+            match k {
+                Kept::Upstream((ptr, size, align, stream)) => {
+                    // SAFETY: a block of the upstream, freed by its owner during the capture with
+                    // this size and alignment, kept since; the graph is gone and its work done.
+                    unsafe { self.upstream.deallocate(ptr, size, align, stream.as_ref()) };
+                }
+                Kept::Capture(owner, block) => self.free_into(owner, block),
+            }
+        }
+        // The pool drops here, outside the lock, giving its chunks back through its `Keep`.
+        drop(done);
+    }
+
+    /// Frees `block` into the pool of capture `owner`, which allocated it, and gives that pool
+    /// back if its graph is gone and it is empty now.
+    fn free_into(&self, owner: u64, (ptr, size, align, stream): Block) {
+        let Some(pool) = self.lock().captures.get(&owner).map(|p| p.pool.clone()) else {
             return;
         };
-        private.released = true;
-        let kept = std::mem::take(&mut private.kept);
-        let done = private.pool.usage().allocated == 0;
-        let pool = done.then(|| st.captures.remove(&id)).flatten();
-        drop(st);
-        for (ptr, size, align, stream) in kept {
-            // SAFETY: a block of the upstream, freed by its owner during the capture with this
-            // size and alignment, kept since; the graph that used it is gone and its work done.
-            unsafe { self.upstream.deallocate(ptr, size, align, stream.as_ref()) };
-        }
-        // The pool drops here, outside the lock, giving its chunks back.
+        // SAFETY: a block this pool handed out with this size and alignment (the pool's
+        // alignment as `allocate` raised it), freed by its owner, not yet given back.
+        unsafe { pool.deallocate(ptr, size, align, stream.as_ref()) };
         drop(pool);
+        let done = {
+            let mut st = self.lock();
+            let empty = st
+                .captures
+                .get(&owner)
+                .is_some_and(|p| p.released && p.pool.usage().allocated == 0);
+            empty.then(|| st.captures.remove(&owner)).flatten()
+        };
+        drop(done);
+    }
+}
+
+/// Ends a capture whose closure panicked, gives its memory back once the stream is done, and lets
+/// the panic go on. Only if the capture is still the one `capture` began.
+struct Unwind<'a, U: MemoryResource> {
+    pools: &'a GraphPools<U>,
+    stream: &'a Arc<CudaStream>,
+    id: u64,
+}
+
+impl<U: MemoryResource> Drop for Unwind<'_, U> {
+    fn drop(&mut self) {
+        if !matches!(capture_id(StreamRef::from(self.stream)), Ok(Some(x)) if x == self.id) {
+            return;
+        }
+        drop(self.stream.end_capture(sys::CUgraphInstantiate_flags(0)));
+        if self.stream.synchronize().is_ok() {
+            self.pools.release(self.id);
+        }
     }
 }
 
@@ -253,6 +434,12 @@ fn not_captured() -> AllocError {
         0,
         NAME,
     )
+}
+
+/// The alignment a capture's pool is asked for: what `U` guarantees, which this resource promises
+/// in its type, or more.
+fn pool_align<U: MemoryResource>(align: usize) -> usize {
+    align.max(<U::Alignment as typenum::Unsigned>::USIZE)
 }
 
 /// The id of the capture `stream` is part of, if it is capturing now.
@@ -324,16 +511,15 @@ unsafe impl<U: MemoryResource> MemoryResource for GraphPools<U> {
         };
         let pool = {
             let mut st = self.lock();
-            let private = st.captures.entry(id).or_insert_with(|| Private {
-                pool: Arc::new(Pool::new(self.upstream.clone(), PoolConfig::default())),
-                kept: Vec::new(),
-                released: false,
-            });
+            let private = st
+                .captures
+                .entry(id)
+                .or_insert_with(|| Private::new(&self.upstream));
             private.pool.clone()
         };
         // No lock of ours across the upstream's calls (a `Retry` callback may free through
-        // this resource).
-        let ptr = pool.allocate(size, align, stream)?;
+        // this resource). The pool guarantees 256 bytes: it is asked for what `U` guarantees.
+        let ptr = pool.allocate(size, pool_align::<U>(align), stream)?;
         self.lock().owner.insert(ptr.as_ptr() as usize, id);
         Ok(ptr)
     }
@@ -344,35 +530,38 @@ unsafe impl<U: MemoryResource> MemoryResource for GraphPools<U> {
         }
         let capturing = capture_id(stream).ok().flatten();
         let mut st = self.lock();
-        if let Some(id) = st.owner.remove(&(ptr.as_ptr() as usize)) {
-            let Some(pool) = st.captures.get(&id).map(|p| p.pool.clone()) else {
-                return;
-            };
-            drop(st);
-            // SAFETY: the caller's promise: the block this capture's pool handed out, with this
-            // size and alignment.
-            unsafe { pool.deallocate(ptr, size, align, stream) };
-            drop(pool);
-            let mut st = self.lock();
-            let done = st
-                .captures
-                .get(&id)
-                .is_some_and(|p| p.released && p.pool.usage().allocated == 0);
-            let private = done.then(|| st.captures.remove(&id)).flatten();
-            drop(st);
-            // The pool's chunks go back here, outside the lock.
-            drop(private);
-            return;
-        }
-        if let Some(id) = capturing {
-            if let Some(private) = st.captures.get_mut(&id) {
-                private.kept.push((ptr, size, align, stream.to_handle()));
-                return;
+        let owner = st.owner.remove(&(ptr.as_ptr() as usize));
+        let block = || (ptr, size, align, stream.to_handle());
+        match (owner, capturing) {
+            // Freed during another capture than its own: that graph uses it up to the free.
+            (Some(a), Some(b)) if a != b => {
+                let block = (ptr, size, pool_align::<U>(align), stream.to_handle());
+                st.captures
+                    .entry(b)
+                    .or_insert_with(|| Private::new(&self.upstream))
+                    .kept
+                    .push(Kept::Capture(a, block));
+            }
+            // Back to its capture's pool: reusable by that capture only (its graph is the only
+            // user of the pool), or waiting there for the graph to go.
+            (Some(a), _) => {
+                drop(st);
+                self.free_into(a, (ptr, size, pool_align::<U>(align), stream.to_handle()));
+            }
+            // An outside block freed during a capture: kept until that graph is gone.
+            (None, Some(b)) => {
+                st.captures
+                    .entry(b)
+                    .or_insert_with(|| Private::new(&self.upstream))
+                    .kept
+                    .push(Kept::Upstream(block()));
+            }
+            (None, None) => {
+                drop(st);
+                // SAFETY: the caller's promise: a block of the upstream with these arguments.
+                unsafe { self.upstream.deallocate(ptr, size, align, stream) }
             }
         }
-        drop(st);
-        // SAFETY: the caller's promise: a block of the upstream with this size and alignment.
-        unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
@@ -434,8 +623,20 @@ impl<U: MemoryResource> std::fmt::Debug for CapturedGraph<'_, U> {
 }
 
 impl<U: MemoryResource> CapturedGraph<'_, U> {
-    /// Replays the graph on the stream it was captured on.
+    /// Replays the graph on the stream it was captured on. Refused while that stream captures
+    /// another graph: the launch would become part of that graph, which could then outlive this
+    /// one and the memory it holds. (The `CudaGraph` itself is not handed out, for that reason.)
     pub fn launch(&self) -> Result<(), AllocError> {
+        if capture_id(StreamRef::from(&self.stream))?.is_some() {
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "a CapturedGraph is not launched into another capture (that graph would outlive this one's memory)",
+                ),
+                0,
+                0,
+                NAME,
+            ));
+        }
         match &self.graph {
             Some(graph) => graph.launch(),
             None => Ok(()),
@@ -443,9 +644,13 @@ impl<U: MemoryResource> CapturedGraph<'_, U> {
         .map_err(|e| AllocError::cuda(e, 0, 0, NAME))
     }
 
-    /// The graph, for cudarc's other calls (`upload`).
-    pub fn graph(&self) -> Option<&CudaGraph> {
-        self.graph.as_ref()
+    /// Uploads the graph to the device ahead of its first launch (`cuGraphUpload`).
+    pub fn upload(&self) -> Result<(), AllocError> {
+        match &self.graph {
+            Some(graph) => graph.upload(),
+            None => Ok(()),
+        }
+        .map_err(|e| AllocError::cuda(e, 0, 0, NAME))
     }
 }
 

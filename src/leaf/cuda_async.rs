@@ -200,13 +200,18 @@ impl CudaAsync {
     }
 
     /// What another process that imported the pool needs to map the allocation at `ptr`
-    /// ([`ImportedPool::import`](crate::leaf::ImportedPool::import)): 64 opaque bytes. Export
-    /// only after the allocation is complete on its stream (synchronize it first): the importer
-    /// may use it at once. The allocation must outlive every importer's use of it: the driver
-    /// frees it here whatever they still do. `Unsupported` unless the pool was made
-    /// [`exportable`](CudaAsyncOptions::exportable); a CUDA error for a pointer that is not a
-    /// live allocation of this pool.
-    pub fn export_pointer(&self, ptr: NonNull<u8>) -> Result<super::IpcPointer, AllocError> {
+    /// ([`ImportedPool::import`](crate::leaf::ImportedPool::import)): 64 opaque bytes.
+    /// `Unsupported` unless the pool was made [`exportable`](CudaAsyncOptions::exportable); a
+    /// CUDA error for a pointer that is not a live allocation of this pool.
+    ///
+    /// # Safety
+    ///
+    /// Whoever imports the allocation may write any bytes into it, at any time: every value
+    /// this process reads from it must be valid for any bytes (integers and floats, not `bool`
+    /// or enums), or the importers must write only valid ones. Export only once the allocation
+    /// is complete on its stream (synchronize it first), and keep it allocated until every
+    /// importer is done with it: the driver frees it under them otherwise.
+    pub unsafe fn export_pointer(&self, ptr: NonNull<u8>) -> Result<super::IpcPointer, AllocError> {
         self.exportable()?;
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
         let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;

@@ -66,6 +66,9 @@ impl std::fmt::Debug for IpcPointer {
 pub struct ImportedPool {
     ctx: Arc<CudaContext>,
     pool: sys::CUmemoryPool,
+    /// The addresses imported and not freed: a second import of one allocation is refused, so
+    /// that no two `ImportedMemory` free one mapping.
+    live: std::sync::Mutex<Vec<sys::CUdeviceptr>>,
 }
 
 // SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronizes it.
@@ -100,14 +103,16 @@ impl ImportedPool {
         Ok(ImportedPool {
             ctx: ctx.clone(),
             pool,
+            live: std::sync::Mutex::new(Vec::new()),
         })
     }
 
     /// Maps the allocation `ptr` names, which the exporting process shared after its allocation
     /// completed. The memory stays mapped until the [`ImportedMemory`] drops, which frees it
-    /// here; the exporter must not free it before every importer is done (the driver then frees
-    /// it under them, and their copies fail with a CUDA error). A CUDA error for bytes that name
-    /// no allocation of this pool.
+    /// here; the exporter must not free it before every importer is done (the CUDA documentation
+    /// leaves what happens then undefined: the exporter's `export_pointer` is `unsafe` for that).
+    /// A CUDA error for bytes that name no allocation of this pool; `InvalidArgument` for an
+    /// allocation imported already and not dropped.
     pub fn import(&self, ptr: &IpcPointer) -> Result<ImportedMemory<'_>, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, NAME);
         let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;
@@ -119,11 +124,31 @@ impl ImportedPool {
         unsafe { sys::cuMemPoolImportPointer(&mut address, self.pool, &mut data) }
             .result()
             .map_err(err)?;
+        {
+            let mut live = self
+                .live
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if live.contains(&address) {
+                // The same allocation again: the driver's count of imports is its own business,
+                // and the mapping is freed once, by the first `ImportedMemory`.
+                return Err(AllocError::new(
+                    AllocErrorKind::InvalidArgument(
+                        "this allocation is imported already (one ImportedMemory per allocation)",
+                    ),
+                    0,
+                    0,
+                    NAME,
+                ));
+            }
+            live.push(address);
+        }
         let mut base: sys::CUdeviceptr = 0;
         let mut len: usize = 0;
         // SAFETY: valid places; `address` was just mapped.
         let range = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, address) }.result();
         if let Err(e) = range {
+            self.forget(address);
             // SAFETY: just imported here, used by nothing.
             self.ctx
                 .record_err(unsafe { result::memory_free(address) }.map(drop));
@@ -134,6 +159,16 @@ impl ImportedPool {
             address,
             len: len - (address - base) as usize,
         })
+    }
+}
+
+impl ImportedPool {
+    /// `address` is not imported any more.
+    fn forget(&self, address: sys::CUdeviceptr) {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|&a| a != address);
     }
 }
 
@@ -219,9 +254,10 @@ impl Drop for ImportedMemory<'_> {
     fn drop(&mut self) {
         let ctx = &self.pool.ctx;
         let _current = crate::leaf::make_current_or_record(ctx);
-        // SAFETY: this process's mapping of the allocation, freed once; the copies above were
-        // synchronous, so nothing here uses it any more.
+        // SAFETY: this process's mapping of the allocation, freed once (a second import of it
+        // was refused); the copies above were synchronous, so nothing here uses it any more.
         ctx.record_err(unsafe { result::memory_free(self.address) });
+        self.pool.forget(self.address);
     }
 }
 

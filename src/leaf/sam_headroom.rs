@@ -159,7 +159,8 @@ unsafe impl MemoryResource for SamHeadroom {
         if align > PAGE {
             return Err(too_aligned());
         }
-        let layout = Self::layout(size, align).ok_or_else(too_aligned)?;
+        let layout =
+            Self::layout(size, align).ok_or(AllocError::out_of_memory(size, align, Self::NAME))?;
         let _current = super::make_current(&self.ctx)
             .map_err(|e| AllocError::cuda(e, size, align, Self::NAME))?;
         let (free, _) =

@@ -221,9 +221,11 @@ impl<U: MemoryResource> Binning<U> {
     /// (its alignment raised to 256), and comes back to it. `resource` must give the upstream's
     /// properties, so that the binning's type stays true; it is dropped with the binning.
     ///
-    /// It consumes the binning, so no block of that bin can be out when the bin changes hands
-    /// (a container over the binning borrows or owns it). `InvalidArgument` where `size` is not
-    /// one of [`bin_sizes`](Self::bin_sizes).
+    /// It consumes the binning, so no container's block of that bin can be out when the bin
+    /// changes hands (a container over the binning borrows or owns it); a block taken with raw
+    /// `allocate` before must not be freed after (it would go to `resource`). `synchronize` and
+    /// `order_after` go to the upstream only: `resource` orders its own blocks. `InvalidArgument`
+    /// where `size` is not one of [`bin_sizes`](Self::bin_sizes).
     ///
     /// ```
     /// use mrstack::prelude::*;

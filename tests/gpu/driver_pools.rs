@@ -165,6 +165,10 @@ fn ipc_child(spec: &str) {
     let pool = ImportedPool::from_fd(&ctx, fd).unwrap();
     let mut mem = pool.import(&IpcPointer::from_bytes(bytes)).unwrap();
     assert!(mem.len() >= n, "{} < {n}", mem.len());
+    assert!(
+        pool.import(&IpcPointer::from_bytes(bytes)).is_err(),
+        "a second import of one allocation is refused"
+    );
     let mut first = vec![0u8; n / 2];
     mem.copy_to_host(0, &mut first).unwrap();
     assert_eq!(
@@ -203,7 +207,9 @@ fn an_exported_pool_shares_an_allocation_with_another_process() {
     // The allocation and the copy are done before another process may touch it.
     v.synchronize().unwrap();
     let ptr = std::ptr::NonNull::new(v.device_address() as *mut u8).unwrap();
-    let exported = mr.export_pointer(ptr).unwrap();
+    // SAFETY: u8 values, valid for any bytes; exported after the copy completed, and `v` lives
+    // until the child is done.
+    let exported = unsafe { mr.export_pointer(ptr) }.unwrap();
     let fd = mr.export_pool().unwrap();
     use std::os::fd::AsRawFd;
     // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
@@ -239,7 +245,8 @@ fn an_exported_pool_shares_an_allocation_with_another_process() {
     let other = Cuda::new(&ctx).unwrap();
     let w = DeviceVec::<u8, _>::zeroed(256, &other, &stream).unwrap();
     let wptr = std::ptr::NonNull::new(w.device_address() as *mut u8).unwrap();
-    assert!(mr.export_pointer(wptr).is_err());
+    // SAFETY: refused before anything is shared.
+    assert!(unsafe { mr.export_pointer(wptr) }.is_err());
     let plain = CudaAsync::new(&ctx).unwrap();
     let e = plain.export_pool().unwrap_err();
     assert!(matches!(e.kind, AllocErrorKind::Unsupported(_)), "{e}");

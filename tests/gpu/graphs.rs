@@ -108,3 +108,85 @@ fn a_graph_replayed_a_hundred_times_keeps_its_memory_while_other_work_allocates(
     // SAFETY: turned back on for this context object, whose streams are idle.
     unsafe { ctx.enable_event_tracking() };
 }
+
+#[test]
+fn graph_pools_hold_against_a_hostile_closure() {
+    let Some(ctx) = gpu() else { return };
+    // SAFETY: this test's own context object; every use below is on one stream, or synchronous.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().unwrap();
+    let shared = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let mr = GraphPools::new(&shared);
+    let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let n = 1 << 18;
+
+    // A block of capture A, freed inside capture B: B's graph uses it up to that free, so A's
+    // memory stays held until B's graph is gone too.
+    let (g1, buf) = mr
+        .capture(&stream, relaxed, 1 << 20, || {
+            DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap()
+        })
+        .unwrap();
+    let (g2, ()) = mr.capture(&stream, relaxed, 0, || drop(buf)).unwrap();
+    g1.launch().unwrap();
+    g2.launch().unwrap();
+    drop(g1);
+    assert_eq!(mr.held().0, 2, "A's pool is kept for B's graph");
+    drop(g2);
+    assert_eq!(mr.held(), (0, 0), "both gone once both graphs are");
+
+    // A launch into another capture is refused (the other graph would outlive this memory).
+    let (g3, ()) = mr
+        .capture(&stream, relaxed, 0, || {
+            drop(DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap())
+        })
+        .unwrap();
+    stream.begin_capture(relaxed).unwrap();
+    assert!(g3.launch().is_err());
+    drop(stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)));
+    drop(g3);
+
+    // A closure that ends the capture itself: an error, and the memory stays held.
+    let mut theirs = None;
+    let e = mr
+        .capture(&stream, relaxed, 0, || {
+            drop(DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap());
+            theirs = stream
+                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+                .unwrap();
+        })
+        .map(drop)
+        .unwrap_err();
+    assert!(e.to_string().contains("ended the capture"), "{e}");
+    assert!(theirs.is_some());
+    assert_eq!(
+        mr.held().0,
+        1,
+        "the capture's memory is held: its graph is the closure's"
+    );
+    theirs.unwrap().launch().unwrap();
+    stream.synchronize().unwrap();
+
+    // A closure that panics: the capture is ended, and the stream works again.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = mr.capture(&stream, relaxed, 0, || {
+            let _v = DeviceVec::<u32, _>::zeroed(n, &mr, &stream).unwrap();
+            panic!("inside the capture");
+        });
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(
+        stream.capture_status().unwrap(),
+        cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    );
+    let v = DeviceVec::<u32, _>::from_slice(&[1, 2, 3], &mr, &stream).unwrap();
+    assert_eq!(v.to_vec().unwrap(), [1, 2, 3]);
+    assert_eq!(
+        mr.held().0,
+        1,
+        "only the capture the closure ended is still held"
+    );
+    drop(v);
+    // SAFETY: turned back on for this context object, whose streams are idle.
+    unsafe { ctx.enable_event_tracking() };
+}
