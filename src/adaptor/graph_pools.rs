@@ -454,41 +454,46 @@ fn capture_id(stream: StreamRef) -> Result<Option<u64>> {
     };
     let err = |e| AllocError::cuda(e, 0, 0, NAME);
     let _current = crate::leaf::make_current(ctx).map_err(err)?;
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: u64 = 0;
+    /// `cuStreamGetCaptureInfo_v2(stream, status, id, graph, dependencies, count)`, which every
+    /// driver since CUDA 11.3 exports whatever version the bindings are (the status as its
+    /// number: 0 none, 1 active, 2 invalidated).
+    type CaptureInfo = unsafe extern "C" fn(
+        sys::CUstream,
+        *mut std::ffi::c_uint,
+        *mut u64,
+        *mut sys::CUgraph,
+        *mut *const sys::CUgraphNode,
+        *mut usize,
+    ) -> sys::CUresult;
+    static INFO: std::sync::OnceLock<Option<CaptureInfo>> = std::sync::OnceLock::new();
+    // SAFETY: the signature of cuStreamGetCaptureInfo_v2, a NUL-terminated name.
+    let info = *INFO.get_or_init(|| unsafe {
+        crate::leaf::driver_symbol::<CaptureInfo>(b"cuStreamGetCaptureInfo_v2\0")
+    });
+    let Some(info) = info else {
+        return Err(AllocError::new(
+            AllocErrorKind::Unsupported("this CUDA driver cannot say whether a stream captures"),
+            0,
+            0,
+            NAME,
+        ));
+    };
+    let (mut status, mut id): (std::ffi::c_uint, u64) = (0, 0);
     // SAFETY: a live stream of `ctx` (a StreamRef borrows it); valid places for the status and
     // id; null for the outputs not asked for.
     let r = unsafe {
-        #[cfg(not(feature = "cuda-12020"))]
-        {
-            sys::cuStreamGetCaptureInfo_v3(
-                stream.as_raw(),
-                &mut status,
-                &mut id,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
-        #[cfg(feature = "cuda-12020")]
-        {
-            sys::cuStreamGetCaptureInfo_v2(
-                stream.as_raw(),
-                &mut status,
-                &mut id,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
+        info(
+            stream.as_raw(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
     };
     r.result().map_err(err)?;
-    Ok(match status {
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
-        // Active or invalidated: either way the work belongs to that capture.
-        _ => Some(id),
-    })
+    // Active (1) or invalidated (2): either way the work belongs to that capture.
+    Ok((status != 0).then_some(id))
 }
 
 // SAFETY: outside captures every call is the upstream's, unchanged. A capture's blocks come from

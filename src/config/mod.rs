@@ -190,10 +190,11 @@ impl<P: PropertySet> StackBuilder<P> {
     /// unknown adaptor.
     fn with_crate_adaptors(self) -> Self {
         use crate::layer;
-        use crate::suballoc::{Arena, Binning, FixedSize, Pool, Tlsf};
+        use crate::suballoc::{Arena, FixedSize, Pool, Tlsf};
         self.with_suballocator("pool", Pool::try_new)
             .with_suballocator("tlsf", Tlsf::try_new)
-            .with_suballocator("binning", Binning::try_new)
+            // Its `bins` are stacks of their own, built here too.
+            .with_adaptor("binning", crate::suballoc::binning_from_item)
             .with_suballocator("fixed_size", FixedSize::try_new)
             .with_suballocator("arena", Arena::try_new)
             .with_layer::<layer::Statistics>("statistics")

@@ -92,29 +92,32 @@ impl CudaAsyncManaged {
             id: ctx.cu_device(),
         };
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        /// `cuMemGetDefaultMemPool(pool, location, type)`; the type is passed as its number
+        /// (`CU_MEM_ALLOCATION_TYPE_MANAGED` = 2), which CUDA 12's bindings do not name.
+        type GetDefault = unsafe extern "C" fn(
+            *mut sys::CUmemoryPool,
+            *mut sys::CUmemLocation,
+            std::ffi::c_uint,
+        ) -> sys::CUresult;
+        const MANAGED: std::ffi::c_uint = 2;
+        // SAFETY: the signature of cuMemGetDefaultMemPool (CUDA 13), a NUL-terminated name.
+        let Some(get) =
+            (unsafe { super::driver_symbol::<GetDefault>(b"cuMemGetDefaultMemPool\0") })
+        else {
+            return Err(AllocError::new(
+                AllocErrorKind::Unsupported(
+                    "this CUDA driver has no managed memory pools (CUDA 13.0 or later)",
+                ),
+                0,
+                0,
+                Self::NAME,
+            ));
+        };
         // SAFETY: `pool` and `location` are valid places; the location names the context's
-        // device. A driver without the entry point (before CUDA 13) fails to load it: cudarc's
-        // loader panics there, which is caught below.
-        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-            sys::cuMemGetDefaultMemPool(
-                &mut pool,
-                &mut location,
-                sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
-            )
-        }));
-        match got {
-            Ok(r) => r.result().map_err(err)?,
-            Err(_) => {
-                return Err(AllocError::new(
-                    AllocErrorKind::Unsupported(
-                        "this CUDA driver has no managed memory pools (CUDA 13.0 or later)",
-                    ),
-                    0,
-                    0,
-                    Self::NAME,
-                ))
-            }
-        }
+        // device; MANAGED is the driver's value for managed memory.
+        unsafe { get(&mut pool, &mut location, MANAGED) }
+            .result()
+            .map_err(err)?;
         Ok(CudaAsyncManaged {
             ctx: ctx.clone(),
             pool,

@@ -73,6 +73,21 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<(), A
     }
 }
 
+/// A driver entry point looked up by name at run time, for the calls whose bindings depend on the
+/// CUDA version cudarc was built for (a program beside its own cudarc may pick 12.2, whose
+/// bindings lack CUDA 13's calls); `None` where the driver lacks it (or there is no driver).
+///
+/// # Safety
+///
+/// `F` is the entry point's C signature (an `unsafe extern "C" fn`), and `name` ends with a NUL.
+pub(crate) unsafe fn driver_symbol<F: Copy>(name: &[u8]) -> Option<F> {
+    if !driver_available() {
+        return None;
+    }
+    // SAFETY: the library is loaded (checked above), and the caller's `F` is the symbol's type.
+    unsafe { sys::culib().get::<F>(name).ok().map(|f| *f) }
+}
+
 /// The number of CUDA devices, 0 without a driver.
 pub fn device_count() -> usize {
     if !driver_available() {

@@ -536,15 +536,19 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         if self.own_mask == 0 {
             return item.finish();
         }
-        // Text has no way to name a bin's own resource: the field names the bins, and a text
-        // config refuses it (rather than build a binning without them).
-        let sizes: Vec<String> = (0..self.own.len())
-            .filter(|&i| self.own_mask & (1 << i) != 0)
-            .map(|i| {
-                crate::units::ExactBytes::from(1usize << (self.min_shift + i as u32)).to_string()
+        // `bins="64 KiB = cuda_async(device=0); …"`: each bin's size and its resource's own
+        // description, which text builds back (a resource text cannot name fails there, naming
+        // itself).
+        let bins: Vec<String> = self
+            .own
+            .iter()
+            .enumerate()
+            .filter_map(|(i, own)| {
+                let size = crate::units::ExactBytes::from(1usize << (self.min_shift + i as u32));
+                own.as_ref().map(|own| format!("{size} = {own:?}"))
             })
             .collect();
-        item.text("own_bins", &sizes.join(" + ")).finish()
+        item.text("bins", &bins.join("; ")).finish()
     }
 
     fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
@@ -574,15 +578,10 @@ impl<U: MemoryResource> Drop for Binning<U> {
 }
 
 impl FromItem for BinningConfig {
-    /// `binning(min=…, max=…)`, with `min` at most `max`.
+    /// `binning(min=…, max=…)`, with `min` at most `max`; `bins` (bins of resources of their own)
+    /// is read by the text builder, which builds them ([`binning_from_item`]).
     fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        if let Some(f) = item.field("own_bins") {
-            return Err(item.bad_value(
-                f,
-                "nothing: bins with resources of their own have no text form (build them in Rust with Binning::with_bin)",
-            ));
-        }
-        item.check_fields(&["min", "max"])?;
+        item.check_fields(&["min", "max", "bins"])?;
         let default = Self::default();
         let config = BinningConfig {
             min: item.size_or("min", default.min)?,
@@ -591,6 +590,48 @@ impl FromItem for BinningConfig {
         item.check_order(("min", config.min), ("max", config.max))?;
         Ok(config)
     }
+}
+
+/// Builds `binning(min=…, max=…, bins="64 KiB = cuda_async; 1 MiB = cuda > fixed_size(…)")` over
+/// `below`: each entry of `bins` a bin's block size and the text config of the resource that
+/// serves it, built like the whole stack (its leaf on device 0 unless it names one). One level
+/// deep: a bin's resource has no `bins` of its own (the nesting of quoted text is bounded so).
+pub(crate) fn binning_from_item<P: crate::erased::PropertySet>(
+    item: &ItemSpec,
+    below: crate::erased::AnyResource<P>,
+) -> Result<crate::erased::AnyResource<P>, ConfigError> {
+    let config = BinningConfig::from_item(item)?;
+    let mut binning = Binning::try_new(below, config).map_err(|e| item.resource_error(e))?;
+    if let Some(field) = item.field("bins") {
+        let expected = "`size = stack; …`, a bin's block size and the text config of the resource that serves it, e.g. bins=\"64 KiB = cuda_async\"";
+        for entry in field.value.split(';').filter(|e| !e.trim().is_empty()) {
+            let (size, stack) = entry
+                .split_once('=')
+                .ok_or_else(|| item.bad_value(field, expected))?;
+            let size = crate::units::parse_size(size.trim())
+                .ok()
+                .and_then(|s| usize::try_from(s).ok())
+                .ok_or_else(|| item.bad_value(field, expected))?;
+            let spec: crate::config::StackSpec = stack.trim().parse().map_err(|e| {
+                item.bad_value(field, &format!("a stack for the {size}-byte bin: {e}"))
+            })?;
+            if spec.items.iter().any(|i| i.field("bins").is_some()) {
+                return Err(item.bad_value(
+                    field,
+                    "bins whose resources have no `bins` of their own (one level deep)",
+                ));
+            }
+            let resource = crate::config::StackBuilder::<P>::new()
+                .build_spec(&spec)
+                .map_err(|e| {
+                    item.bad_value(field, &format!("a stack for the {size}-byte bin: {e}"))
+                })?;
+            binning = binning
+                .with_bin(size, resource)
+                .map_err(|e| item.bad_value(field, &format!("a bin size: {e}")))?;
+        }
+    }
+    item.erase(binning)
 }
 
 static_assertions::assert_impl_all!(

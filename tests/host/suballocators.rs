@@ -1821,11 +1821,8 @@ fn binning_routes_a_bin_to_its_own_resource_and_only_that_bin() {
         // SAFETY: allocated above with this size and alignment.
         unsafe { mr.deallocate(p, size, 256, s) };
     }
-    assert!(
-        mr.describe().to_string().ends_with("own_bins=64 KiB)"),
-        "{}",
-        mr.describe()
-    );
+    let text = mr.describe().to_string();
+    assert!(text.contains("bins=\"64 KiB = "), "{text}");
     assert_eq!(
         slab.record().in_use(),
         0,
@@ -1844,12 +1841,49 @@ fn binning_routes_a_bin_to_its_own_resource_and_only_that_bin() {
 }
 
 #[test]
-fn a_binning_with_own_bins_describes_itself_as_text_that_says_why_it_cannot_be_built() {
+fn a_binning_with_own_bins_describes_itself_as_text_that_builds_it_back() {
     let sim = Arc::new(Simulated::new(1 << 30));
     let mr = Binning::new(sim.clone(), BinningConfig::default())
         .with_bin(1024, Arc::new(Simulated::new(1 << 20)))
+        .unwrap()
+        .with_bin(64 << 10, Arc::new(Simulated::new(4 << 20)))
         .unwrap();
     let text = mr.describe().to_string();
-    let e = mrstack::config::build::<()>(&text).unwrap_err().to_string();
-    assert!(e.contains("no text form") && e.contains("with_bin"), "{e}");
+    assert_eq!(
+        text,
+        "simulated(capacity=1 GiB) > binning(min=256 B, max=1 MiB, bins=\"1 KiB = simulated(capacity=1 MiB); 64 KiB = simulated(capacity=4 MiB)\")"
+    );
+    let built = mrstack::config::build::<()>(&text).unwrap();
+    assert_eq!(built.describe().to_string(), text, "the round trip");
+    // The 1 KiB bin's resource holds 1 MiB: it runs out after about 1,000 requests of 1,000
+    // bytes, while the binning's other bins (over 1 GiB) still serve.
+    let s = StreamRef::DEFAULT;
+    let mut small = Vec::new();
+    while let Ok(p) = built.allocate(1000, 256, s) {
+        small.push(p);
+        assert!(small.len() <= 1 << 20, "bounded by the bin's 1 MiB");
+    }
+    assert!((1000..=1048).contains(&small.len()), "{}", small.len());
+    let other = built.allocate(300, 256, s).unwrap();
+    // SAFETY: each allocated above with these arguments.
+    unsafe {
+        built.deallocate(other, 300, 256, s);
+        for p in small {
+            built.deallocate(p, 1000, 256, s);
+        }
+    }
+    // Bad input, each named.
+    for (bins, says) in [
+        ("oops", "size = stack"),
+        ("3 KiB = simulated(capacity=1 MiB)", "a bin size"),
+        ("1 KiB = frobnicate", "a stack for the 1024-byte bin"),
+        (
+            "1 KiB = simulated(capacity=1 MiB) > binning(bins=\\\"1 KiB = system\\\")",
+            "one level deep",
+        ),
+    ] {
+        let text = format!("simulated(capacity=1 GiB) > binning(bins=\"{bins}\")");
+        let e = mrstack::config::build::<()>(&text).unwrap_err().to_string();
+        assert!(e.contains(says), "{text}: {e}");
+    }
 }
