@@ -242,6 +242,12 @@ fn a_bin_of_its_own_resource_serves_kernels() {
     fill_and_check(&ctx, &mut large, 5);
     drop((binned, small, large));
     stream.synchronize().unwrap();
+    // The same from text: the bin's resource a stack of its own.
+    let text = "cuda(device=0) > pool > binning(min=256 B, max=1 MiB, bins=\"64 KiB = cuda_async(device=0)\")";
+    let built = mrstack::config::build::<DeviceAccessible>(text).unwrap();
+    assert_eq!(built.describe().to_string(), text);
+    let mut v = DeviceVec::<u32, _>::zeroed(10_000, &built, &stream).unwrap();
+    fill_and_check(&ctx, &mut v, 9);
 }
 
 #[test]
