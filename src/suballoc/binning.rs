@@ -579,7 +579,7 @@ impl<U: MemoryResource> Drop for Binning<U> {
 
 impl FromItem for BinningConfig {
     /// `binning(min=…, max=…)`, with `min` at most `max`; `bins` (bins of resources of their own)
-    /// is read by the text builder, which builds them ([`binning_from_item`]).
+    /// is read by the text builder, which builds each bin's stack.
     fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
         item.check_fields(&["min", "max", "bins"])?;
         let default = Self::default();
