@@ -261,15 +261,20 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let name = self.buf.resource().name();
         let err = || copy_error(name, bytes);
         let (dst_ctx, src_ctx) = (stream.context().cu_ctx(), src.stream().context().cu_ctx());
+        // Across the guards' drops too (their host waits are cudarc's).
+        let _parked = (
+            crate::leaf::park_error(stream.context()),
+            crate::leaf::park_error(src.stream().context()),
+        );
         src.touched();
         let (from, read) = src.buf.order_read(&stream);
         let (to, written) = self.buf.order_write(&stream);
         let copied = crate::leaf::make_current(stream.context())
             .map_err(err())
             .and_then(|_current| {
-                // SAFETY: `bytes` bytes of two live device allocations of the same length (checked),
-                // each in its context; the copy is ordered on `stream` after their earlier uses,
-                // and the guards record it.
+                // SAFETY: `bytes` bytes of two live device allocations of the same length
+                // (checked), found by their addresses (unified addressing); the copy is ordered
+                // on `stream` after their earlier uses, and the guards record it.
                 unsafe {
                     sys::cuMemcpyPeerAsync(to, dst_ctx, from, src_ctx, bytes, stream.cu_stream())
                 }

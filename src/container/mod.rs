@@ -198,6 +198,11 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     readers: &'a Readers,
     stream: &'a CudaStream,
 ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+    // An error someone recorded in a context would make cudarc skip the waits below.
+    let _parked = (
+        crate::leaf::park_error(stream.context()),
+        crate::leaf::park_error(view.stream().context()),
+    );
     let own: &'a CudaStream = view.stream();
     // `stream` waits for the write event; cudarc's read event is not recorded (see `Readers`).
     let (ptr, cudarc_read) = view.device_ptr(stream);
@@ -228,6 +233,12 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
     readers: &Readers,
     stream: &'a CudaStream,
 ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+    // An error someone recorded in a context would make cudarc skip the waits below.
+    let own_ctx = view.stream().context().clone();
+    let _parked = (
+        crate::leaf::park_error(stream.context()),
+        crate::leaf::park_error(&own_ctx),
+    );
     readers.wait_all(stream);
     let tracked = readers.tracked(view.stream(), stream);
     if !tracked {
@@ -247,6 +258,7 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
 /// the kernel, which waits for the write event where cudarc keeps events, comes after them.
 pub(crate) fn before_kernel_write<T, V: DevicePtrMut<T>>(view: &mut V, readers: &Readers) {
     let own = view.stream().clone();
+    let _parked = crate::leaf::park_error(own.context());
     readers.note_kernel(&own);
     readers.wait_all(&own);
     drop(view.device_ptr_mut(&own));
@@ -492,6 +504,9 @@ fn free_memory<T, R: MemoryResource>(
     readers: &Readers,
 ) {
     let stream = slice.stream().clone();
+    // An error someone recorded in the context would make cudarc skip the waits below, and the
+    // memory would go back in use.
+    let _parked = crate::leaf::park_error(stream.context());
     // The container's stream waits for every recorded read, and for every use that cudarc
     // recorded on the slice's events (on any stream: where events are not kept, uses on other
     // streams were waited for when queued); the memory is not freed by cudarc.

@@ -407,10 +407,11 @@ pub(crate) unsafe fn pool_free(
     }
     let handle = match super::stream_in(ctx, stream, size, align, name) {
         Ok(handle) => handle,
-        Err(_) => {
-            super::record(ctx, driver_synchronize(ctx, stream, name));
-            std::ptr::null_mut()
-        }
+        Err(_) => match driver_synchronize(ctx, stream, name) {
+            Ok(()) => std::ptr::null_mut(),
+            // Not waited for: the block may still be in use, so it is leaked, not freed.
+            Err(e) => return super::record(ctx, Err(e)),
+        },
     };
     // SAFETY: the caller passes a live pointer from a pool of this context; the free is ordered
     // on `handle`, a stream of this context the work that used it was queued on, or the null

@@ -30,8 +30,9 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>, AllocError> {
     CudaContext::new(ordinal).map_err(|e| AllocError::cuda(e, 0, 0, "CudaContext"))
 }
 
-/// Lets kernels and copies on `ctx`'s device reach memory that `cuMemAlloc` (and the other
-/// context-bound allocations: `Cuda`, `Pinned`) made on `peer`'s device: `cuCtxEnablePeerAccess`.
+/// Lets kernels and copies on `ctx`'s device reach memory that `cuMemAlloc` (`Cuda`, and the
+/// suballocators over it) made on `peer`'s device: `cuCtxEnablePeerAccess`. (Pinned host memory
+/// needs none: every device reaches it.)
 /// Explicit, one direction, and idempotent: a second call is `Ok`. Driver pools and
 /// `VirtualMemory` grant access their own way (`CudaAsync::grant_access`,
 /// `VirtualMemory::grant_access`). `Unsupported` where the two devices cannot reach each other
@@ -98,37 +99,64 @@ pub fn device_count() -> usize {
 
 /// A context made current for a call of the crate's, until dropped: then the context that was
 /// current on the thread before (none included) is current again, so that a stack of one device
-/// never leaves the caller's thread on another device's context.
+/// never leaves the caller's thread on another device's context. The switch is a push onto the
+/// thread's context stack and a pop (`cuCtxPushCurrent` / `cuCtxPopCurrent`): the driver keeps
+/// the previous context, which the guard never names again.
+///
+/// An error recorded in the context (`CudaContext::record_err`, which anyone may call) is parked
+/// meanwhile and recorded again at the end: cudarc's calls inside the guard, which check it first,
+/// would otherwise skip their waits and binds for it.
 #[must_use = "the context is current only while the guard lives"]
-pub(crate) struct Current(Option<sys::CUcontext>);
+pub(crate) struct Current<'a> {
+    ctx: &'a CudaContext,
+    pushed: bool,
+    parked: Option<DriverError>,
+}
 
-impl Drop for Current {
+impl Drop for Current<'_> {
     fn drop(&mut self) {
-        if let Some(prev) = self.0 {
-            // SAFETY: `prev` was current on this thread before (or null, which unbinds), and a
-            // context current on a thread stays alive while it is (the driver's reference).
-            let _ = unsafe { result::ctx::set_current(prev) };
+        if self.pushed {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops what `make_current` pushed on this thread (the guard is not `Send`,
+            // and guards drop in the reverse order they were made).
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+        if let Some(e) = self.parked.take() {
+            self.ctx.record_err::<()>(Err(e));
         }
     }
 }
 
-/// Makes `ctx` current on this thread until the guard drops (see [`Current`]); an error the
-/// context recorded since (`CudaContext::check_err`) comes first, as cudarc's `bind_to_thread`
-/// does.
-pub(crate) fn make_current(ctx: &CudaContext) -> Result<Current, DriverError> {
-    ctx.check_err()?;
-    let prev = result::ctx::get_current()?;
-    if prev == Some(ctx.cu_ctx()) {
-        return Ok(Current(None));
+/// Makes `ctx` current on this thread until the guard drops (see [`Current`]).
+pub(crate) fn make_current(ctx: &CudaContext) -> Result<Current<'_>, DriverError> {
+    let parked = ctx.check_err().err();
+    let mut guard = Current {
+        ctx,
+        pushed: false,
+        parked,
+    };
+    if result::ctx::get_current()? != Some(ctx.cu_ctx()) {
+        // SAFETY: the CudaContext holds its context alive; it is popped when the guard drops.
+        unsafe { sys::cuCtxPushCurrent_v2(ctx.cu_ctx()) }.result()?;
+        guard.pushed = true;
     }
-    // SAFETY: the CudaContext holds its context alive.
-    unsafe { result::ctx::set_current(ctx.cu_ctx()) }?;
-    Ok(Current(Some(prev.unwrap_or(std::ptr::null_mut()))))
+    Ok(guard)
+}
+
+/// Parks the error recorded in `ctx` (see [`Current`]) while the guard lives, for calls that
+/// order memory through cudarc (its waits check that error first and skip their work for it):
+/// a container's drop, its uses on other streams.
+pub(crate) fn park_error(ctx: &CudaContext) -> Current<'_> {
+    Current {
+        ctx,
+        pushed: false,
+        parked: ctx.check_err().err(),
+    }
 }
 
 /// [`make_current`] for a call that cannot return an error (a free, a drop): the error goes to
 /// the context (`CudaContext::check_err`), and the call goes on.
-pub(crate) fn make_current_or_record(ctx: &CudaContext) -> Option<Current> {
+pub(crate) fn make_current_or_record(ctx: &CudaContext) -> Option<Current<'_>> {
     match make_current(ctx) {
         Ok(c) => Some(c),
         Err(e) => {

@@ -374,3 +374,32 @@ fn a_pinned_vec_written_by_a_kernel_on_a_stream_dropped_since_is_waited_for() {
     assert!(!ctx.is_managing_stream_synchronization());
     assert_eq!(&pinned[..], &expected_fill(n, 101)[..]);
 }
+
+/// Anyone may record an error in a context (`CudaContext::record_err` is safe), and cudarc's waits
+/// check it first and skip their work for it. A vector written on stream `t` behind slow work is
+/// dropped with such an error pending: its drop must still wait for `t` before the block goes
+/// back, or the block's next owner (on stream `s`) sees `t`'s late writes.
+#[test]
+fn a_pending_context_error_does_not_skip_the_drops_wait() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let n = 1 << 20;
+    let address = {
+        let mut old = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+        slow_fill!(&ctx, &t, &mut old, n, 3); // `t` still writing when `old` drops
+        ctx.record_err::<()>(Err(cudarc::driver::DriverError(
+            cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN,
+        )));
+        old.device_address()
+    };
+    let new = DeviceVec::from_slice(&vec![11u32; n], &pool, &s).unwrap();
+    assert_eq!(new.device_address(), address, "the pool reused the block");
+    assert_eq!(
+        new.to_vec().unwrap(),
+        vec![11u32; n],
+        "t's writes came first"
+    );
+    // The error is still there for whoever checks the context.
+    assert!(ctx.check_err().is_err());
+}
