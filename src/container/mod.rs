@@ -591,6 +591,8 @@ fn new_slice<T>(
     len: usize,
     stream: &Arc<CudaStream>,
 ) -> Result<ManuallyDrop<CudaSlice<T>>, ()> {
+    // cudarc makes the events after checking the context's recorded error, which anyone may set.
+    let _parked = crate::leaf::park_error(stream.context());
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: `ptr` is a live allocation of at least `len` values that the caller's buffer
         // owns, which takes the slice back with `leak` (so cudarc never frees it); the values
