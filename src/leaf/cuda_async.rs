@@ -1,7 +1,7 @@
 //! `CudaAsync`: stream-ordered device memory from a driver memory pool of its own.
 
-use super::{context_leaf, driver_allocate_checked, driver_free, driver_synchronize};
-use crate::resource::{check_request, properties, AllocError, MemoryResource, Result};
+use super::{driver_allocate_checked, driver_free, driver_synchronize};
+use crate::resource::{properties, AllocError, MemoryResource, Result};
 use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
@@ -326,20 +326,7 @@ impl CudaAsync {
 unsafe impl MemoryResource for CudaAsync {
     properties!(Host = B0, Device = B1, Managed = B0, Alignment = U256);
 
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
-            return Ok(empty);
-        }
-        // SAFETY: the pool is ours and live until `self` drops.
-        unsafe { pool_allocate(&self.ctx, self.pool, size, align, stream, Self::NAME) }
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        // SAFETY: the caller's promise: a live pointer from this pool.
-        unsafe { pool_free(&self.ctx, ptr, size, align, stream, Self::NAME) }
-    }
-
-    context_leaf!(streams);
+    super::context_leaf!(pool);
 
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut item = ItemWriter::leaf(f, "cuda_async").number("device", self.ctx.ordinal());

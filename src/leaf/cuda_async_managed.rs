@@ -1,13 +1,8 @@
 //! `CudaAsyncManaged`: stream-ordered managed memory from the device's default managed memory
 //! pool (CUDA 13).
 
-use super::cuda_async::{pool_allocate, pool_free};
-use crate::resource::{
-    check_request, properties, AllocError, AllocErrorKind, MemoryResource, Result,
-};
-use crate::stream::StreamRef;
+use crate::resource::{properties, AllocError, AllocErrorKind, MemoryResource, Result};
 use cudarc::driver::{sys, CudaContext};
-use std::ptr::NonNull;
 use std::sync::Arc;
 use typenum::{B1, U256};
 
@@ -146,20 +141,7 @@ impl CudaAsyncManaged {
 unsafe impl MemoryResource for CudaAsyncManaged {
     properties!(Host = B1, Device = B1, Managed = B1, Alignment = U256);
 
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
-            return Ok(empty);
-        }
-        // SAFETY: the driver's default managed pool lives as long as the device.
-        unsafe { pool_allocate(&self.ctx, self.pool, size, align, stream, Self::NAME) }
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        // SAFETY: the caller's promise: a live pointer from this pool.
-        unsafe { pool_free(&self.ctx, ptr, size, align, stream, Self::NAME) }
-    }
-
-    super::context_leaf!(streams);
+    super::context_leaf!(pool);
     super::context_leaf!(describe "cuda_async_managed");
 }
 

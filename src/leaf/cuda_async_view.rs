@@ -1,12 +1,9 @@
 //! `CudaAsyncView`: stream-ordered device memory from a driver memory pool this resource does not
 //! own: the device's default pool, or one another library made.
 
-use super::cuda_async::{pool_allocate, pool_free};
-use crate::resource::{check_request, properties, AllocError, MemoryResource, Result};
+use crate::resource::{properties, AllocError, MemoryResource, Result};
 use crate::stack::ItemWriter;
-use crate::stream::StreamRef;
 use cudarc::driver::{sys, CudaContext};
-use std::ptr::NonNull;
 use std::sync::Arc;
 use typenum::{B0, B1, U256};
 
@@ -139,20 +136,7 @@ impl CudaAsyncView {
 unsafe impl MemoryResource for CudaAsyncView {
     properties!(Host = B0, Device = B1, Managed = B0, Alignment = U256);
 
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
-            return Ok(empty);
-        }
-        // SAFETY: the pool is live while the view is (see the impl's SAFETY).
-        unsafe { pool_allocate(&self.ctx, self.pool, size, align, stream, Self::NAME) }
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        // SAFETY: the caller's promise: a live pointer from this view's pool.
-        unsafe { pool_free(&self.ctx, ptr, size, align, stream, Self::NAME) }
-    }
-
-    super::context_leaf!(streams);
+    super::context_leaf!(pool);
 
     /// `cuda_async_view(device=N)`; a pool from a raw handle, which text cannot name, adds
     /// `pool=foreign`.

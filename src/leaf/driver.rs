@@ -363,7 +363,9 @@ pub(crate) const CUDA_ALIGNMENT: usize = 256;
 
 /// Writes what the leaves over one context (a field `ctx: Arc<CudaContext>`) share:
 /// `context_leaf!(Type, "what it allocates")` the constructors, `context_leaf!(streams)` the
-/// stream calls of its `MemoryResource` impl, which go to the driver in that context, and
+/// stream calls of its `MemoryResource` impl, which go to the driver in that context,
+/// `context_leaf!(pool)` those and `allocate`/`deallocate` for a leaf over a driver pool (a field
+/// `pool: CUmemoryPool`, live while the leaf is), and
 /// `context_leaf!(describe "name")` its description, `name(device=N)` as text configurations
 /// write it.
 macro_rules! context_leaf {
@@ -411,6 +413,35 @@ macro_rules! context_leaf {
         fn name(&self) -> &'static str {
             Self::NAME
         }
+    };
+    (pool) => {
+        fn allocate(
+            &self,
+            size: usize,
+            align: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<std::ptr::NonNull<u8>> {
+            if let Some(empty) = $crate::resource::check_request::<Self>(size, align, Self::NAME)? {
+                return Ok(empty);
+            }
+            // SAFETY: the leaf's pool lives as long as the leaf (its impl's SAFETY says why).
+            unsafe {
+                $crate::leaf::pool_allocate(&self.ctx, self.pool, size, align, stream, Self::NAME)
+            }
+        }
+
+        unsafe fn deallocate(
+            &self,
+            ptr: std::ptr::NonNull<u8>,
+            size: usize,
+            align: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) {
+            // SAFETY: the caller's promise: a live pointer from this leaf's pool.
+            unsafe { $crate::leaf::pool_free(&self.ctx, ptr, size, align, stream, Self::NAME) }
+        }
+
+        $crate::leaf::context_leaf!(streams);
     };
     (describe $text:literal) => {
         fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -24,6 +24,7 @@ mod virtual_memory;
 
 pub use callback::Callback;
 pub use cuda::Cuda;
+pub(crate) use cuda_async::{pool_allocate, pool_free};
 pub use cuda_async::{CudaAsync, CudaAsyncOptions};
 pub use cuda_async_managed::CudaAsyncManaged;
 pub use cuda_async_view::CudaAsyncView;
