@@ -2,13 +2,13 @@
 //! that capture, kept until the graph is dropped (PyTorch's graph memory pools).
 
 use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::resource::{check_request, AllocError, AllocErrorKind, Layer, MemoryResource, Result};
+use crate::resource::{
+    check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource, Result,
+};
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamHandle, StreamRef};
+use crate::suballoc::growth::GRANULE;
 use crate::suballoc::{Pool, PoolConfig};
-
-/// What a capture's pool guarantees and is asked for at least.
-const GRANULE: usize = 256;
 use cudarc::driver::{sys, CudaGraph, CudaStream};
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -72,10 +72,7 @@ unsafe impl<U: MemoryResource + Send + Sync> Sync for Keep<U> {}
 // SAFETY: every call goes to the upstream unchanged, but a deallocation, which waits (held, not
 // reused by anyone) until the graph that may use the memory is gone.
 unsafe impl<U: MemoryResource> MemoryResource for Keep<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
-    type Alignment = U::Alignment;
+    forward_upstream!(U, upstream);
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         self.upstream.allocate(size, align, stream)
@@ -91,14 +88,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Keep<U> {
         }
         // SAFETY: the caller's promise (a chunk of the upstream, given up after the graph).
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
-    }
-
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.upstream.order_after(stream, after)
     }
 }
 
@@ -118,7 +107,6 @@ struct Private<U: MemoryResource> {
     /// What the capture allocated: a pool of its own, whose blocks a free during the capture
     /// makes reusable by the capture alone, over the upstream through a `Keep`.
     pool: Arc<Pool<Arc<Keep<U>>>>,
-    keep: Arc<Keep<U>>,
     /// Blocks allocated outside the capture and freed on a capturing stream.
     kept: Vec<Kept>,
     /// Set when the graph is gone: the pool goes back to the upstream once its blocks are all
@@ -133,8 +121,7 @@ impl<U: MemoryResource> Private<U> {
             held: Mutex::new((Vec::new(), false)),
         });
         Private {
-            pool: Arc::new(Pool::new(keep.clone(), PoolConfig::default())),
-            keep,
+            pool: Arc::new(Pool::new(keep, PoolConfig::default())),
             kept: Vec::new(),
             released: false,
         }
@@ -287,7 +274,7 @@ impl<U: MemoryResource> GraphPools<U> {
             Ok(Some(id)) => id,
             other => {
                 let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-                private.keep.let_go();
+                private.pool.upstream().let_go();
                 return Err(match other {
                     Err(e) => e,
                     _ => not_captured(),
@@ -301,7 +288,7 @@ impl<U: MemoryResource> GraphPools<U> {
                 // the reserve, which no graph uses, goes back.
                 std::collections::hash_map::Entry::Occupied(_) => {
                     drop(st);
-                    private.keep.let_go();
+                    private.pool.upstream().let_go();
                     drop(private);
                 }
                 std::collections::hash_map::Entry::Vacant(v) => {
@@ -362,7 +349,7 @@ impl<U: MemoryResource> GraphPools<U> {
             };
             private.released = true;
             let kept = std::mem::take(&mut private.kept);
-            let keep = private.keep.clone();
+            let keep = private.pool.upstream().clone();
             let done = (private.pool.usage().allocated == 0)
                 .then(|| st.captures.remove(&id))
                 .flatten();
@@ -502,10 +489,7 @@ fn capture_id(stream: StreamRef) -> Result<Option<u64>> {
 // only after the graph is gone and its replays done; blocks freed during a capture that it did not
 // allocate go back to the upstream only then too. The memory is the upstream's.
 unsafe impl<U: MemoryResource> MemoryResource for GraphPools<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
-    type Alignment = U::Alignment;
+    forward_upstream!(U, upstream);
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
@@ -567,14 +551,6 @@ unsafe impl<U: MemoryResource> MemoryResource for GraphPools<U> {
                 unsafe { self.upstream.deallocate(ptr, size, align, stream) }
             }
         }
-    }
-
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.upstream.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.upstream.order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {

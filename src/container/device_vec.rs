@@ -5,8 +5,8 @@
 
 use super::view::{checked_range, out_of_range};
 use super::{
-    copy_error, cudarc_interop, length_mismatch, AlignmentFits, DeviceView, DeviceViewMut,
-    PinnedVec, RawBuf,
+    copy_error, cudarc_interop, length_mismatch, queue_copy, zero, AlignmentFits, DeviceView,
+    DeviceViewMut, PinnedVec, RawBuf,
 };
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
 use crate::resource::{AllocError, AllocErrorKind, GrowInPlace, MemoryResource};
@@ -166,13 +166,10 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         }
         let stream = self.buf.stream().clone();
         let name = self.buf.resource().name();
-        let _current =
-            crate::leaf::make_current(stream.context()).map_err(copy_error(name, bytes))?;
         let (address, written) = self.buf.order_write(&stream);
         // SAFETY: `from..from + bytes` lies in this buffer's device-accessible memory, ordered on
         // `stream` after its earlier uses.
-        unsafe { result::memset_d8_async(address + from as u64, 0, bytes, stream.cu_stream()) }
-            .map_err(copy_error(name, bytes))?;
+        unsafe { zero(&stream, address + from as u64, bytes, name) }?;
         drop(written);
         Ok(())
     }
@@ -235,7 +232,9 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         src.touched();
         let (from, read) = src.buf.order_read(&stream);
         let (to, written) = self.buf.order_write(&stream);
-        queue_copy(&stream, name, bytes, to, from)?;
+        // SAFETY: `bytes` bytes of the two vectors' live memory (same length, checked),
+        // ordered on `stream` after their earlier uses; the guards record the copy.
+        unsafe { queue_copy(&stream, name, bytes, to, from) }?;
         // The guards record the copy on the two slices' events, after it was queued.
         drop((written, read));
         Ok(())
@@ -302,7 +301,9 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         dst.touched_mut();
         let (from, read) = self.buf.order_read(stream);
         let (to, written) = dst.buf.order_write(stream);
-        queue_copy(stream, self.buf.resource().name(), bytes, to, from)?;
+        // SAFETY: `bytes` bytes of the two vectors' live memory (same length, checked),
+        // ordered on `stream` after their earlier uses; the guards record the copy.
+        unsafe { queue_copy(stream, self.buf.resource().name(), bytes, to, from) }?;
         drop((written, read));
         Ok(())
     }
@@ -430,26 +431,6 @@ fn copy_and_wait(
     let _current = crate::leaf::make_current(stream.context()).map_err(err())?;
     copy(stream.cu_stream()).map_err(err())?;
     stream.synchronize().map_err(err())
-}
-
-/// Queues a copy of `bytes` from `from` to `to` (device or host-and-device memory, one unified
-/// address space) on `stream`.
-fn queue_copy(
-    stream: &Arc<CudaStream>,
-    name: &'static str,
-    bytes: usize,
-    to: sys::CUdeviceptr,
-    from: sys::CUdeviceptr,
-) -> Result<(), AllocError> {
-    let err = || copy_error(name, bytes);
-    let _current = crate::leaf::make_current(stream.context()).map_err(err())?;
-    // SAFETY: both ranges are `bytes` bytes of live allocations that the caller's containers
-    // own and borrow for the call (the destination mutably); the copy is ordered on `stream`
-    // after their earlier uses and recorded on their events by the caller, and neither is freed
-    // before the events it records have passed (the containers' drops wait for them).
-    unsafe { sys::cuMemcpyAsync(to, from, bytes, stream.cu_stream()) }
-        .result()
-        .map_err(err())
 }
 
 static_assertions::assert_impl_all!(DeviceVec<f32, crate::Cuda>: Send, Sync);

@@ -299,19 +299,13 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         let filled = {
             let (from, read) = self.order_read(&stream);
             let (to, written) = slice.device_ptr_mut(&stream);
-            let current =
-                crate::leaf::make_current(stream.context()).map_err(copy_error(name, old));
-            let copied = current.and_then(|_current| {
-                if old == 0 {
-                    return Ok(());
-                }
+            let copied = match old {
+                0 => Ok(()),
                 // SAFETY: `old` bytes of this buffer's live memory into the new allocation of at
                 // least as many, both ordered on `stream` (the read after the last write, the new
                 // memory after its allocation), which the guards record.
-                unsafe { sys::cuMemcpyAsync(to, from, old, stream.cu_stream()) }
-                    .result()
-                    .map_err(copy_error(name, old))
-            });
+                _ => unsafe { queue_copy(&stream, name, old, to, from) },
+            };
             // SAFETY: the new allocation's bytes past `old`, ordered on `stream` after the copy.
             let zeroed =
                 copied.and_then(|()| unsafe { zero(&stream, to + old as u64, bytes - old, name) });
@@ -542,12 +536,35 @@ impl<T, R: MemoryResource> Drop for RawBuf<T, R> {
     }
 }
 
+/// Queues a copy of `bytes` from `from` to `to` (device or host-and-device memory, one unified
+/// address space) on `stream`, with its context current.
+///
+/// # Safety
+///
+/// Both ranges are `bytes` bytes of live allocations the caller's containers own (the
+/// destination borrowed mutably), the copy is ordered on `stream` after their earlier uses and
+/// recorded by the caller, and neither is freed before what it records has passed.
+pub(super) unsafe fn queue_copy(
+    stream: &CudaStream,
+    name: &'static str,
+    bytes: usize,
+    to: sys::CUdeviceptr,
+    from: sys::CUdeviceptr,
+) -> Result<(), AllocError> {
+    let err = || copy_error(name, bytes);
+    let _current = crate::leaf::make_current(stream.context()).map_err(err())?;
+    // SAFETY: the caller's promise.
+    unsafe { sys::cuMemcpyAsync(to, from, bytes, stream.cu_stream()) }
+        .result()
+        .map_err(err())
+}
+
 /// Queues zero bytes over `[address, address + bytes)` on `stream`, with its context current.
 ///
 /// # Safety
 ///
 /// The range is device-accessible memory the caller owns, ordered on `stream`.
-unsafe fn zero(
+pub(super) unsafe fn zero(
     stream: &CudaStream,
     address: sys::CUdeviceptr,
     bytes: usize,

@@ -50,17 +50,22 @@ impl std::fmt::Debug for IpcPointer {
 /// # Examples
 ///
 /// ```no_run
-/// # #[cfg(unix)]
-/// # fn main() -> Result<(), mrstack::AllocError> {
-/// # let (fd, bytes, len): (std::os::fd::OwnedFd, [u8; 64], usize) = todo!();
 /// use mrstack::leaf::{ImportedPool, IpcPointer};
-/// let ctx = mrstack::cuda_context(0)?;
-/// let pool = ImportedPool::from_fd(&ctx, fd)?; // sent by the exporting process
-/// let mem = pool.import(&IpcPointer::from_bytes(bytes))?;
-/// let mut host = vec![0u8; len.min(mem.len())];
-/// mem.copy_to_host(0, &mut host)?;
-/// # Ok(()) }
-/// # #[cfg(not(unix))] fn main() {}
+///
+/// /// Reads an allocation another process shares: `fd` is its pool's descriptor and `bytes` what
+/// /// its `export_pointer` gave, both sent here (a Unix socket, an inherited descriptor).
+/// #[cfg(unix)]
+/// fn read_shared(
+///     fd: std::os::fd::OwnedFd,
+///     bytes: [u8; 64],
+/// ) -> Result<Vec<u8>, mrstack::AllocError> {
+///     let ctx = mrstack::cuda_context(0)?;
+///     let pool = ImportedPool::from_fd(&ctx, fd)?;
+///     let mem = pool.import(&IpcPointer::from_bytes(bytes))?;
+///     let mut host = vec![0u8; mem.len()];
+///     mem.copy_to_host(0, &mut host)?;
+///     Ok(host)
+/// }
 /// ```
 #[derive(Debug)]
 pub struct ImportedPool {

@@ -1,7 +1,7 @@
 //! `VirtualMemory`: blocks carved from a reserved virtual range, with physical pages mapped only where live blocks are.
 
 use super::pages::PhysicalPages;
-use crate::resource::{align_up, check_request, AllocError, MemoryResource, Result};
+use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::stack::ItemWriter;
 use crate::stream::{Held, StreamRef};
 use crate::suballoc::tlsf_index::{TlsfIndex, ALL_STREAMS, GRANULE};
@@ -662,10 +662,7 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
-        // check_request bounds size by isize::MAX - align, so neither sum overflows.
-        let align = align.max(GRANULE);
-        let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
-        let need = block + (align - GRANULE);
+        let (align, block, need) = crate::suballoc::growth::block_of(size, align);
         let oom = || AllocError::out_of_memory(size, align, NAME);
         // More than could ever be mapped, or a placement further into a range than twice that
         // (a huge alignment): refused before a range or a page table is sized for it, so the
@@ -759,26 +756,21 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
         new_size: usize,
         stream: StreamRef,
     ) -> Result<bool> {
-        if size == 0 {
-            return Ok(false);
-        }
         let addr = ptr.as_ptr() as usize;
-        let (Some(old), Some(new)) = (align_up(size, GRANULE), align_up(new_size, GRANULE)) else {
-            return Ok(false);
-        };
         let mut st = self.lock();
-        let Some(r) = st.region_of(addr) else {
+        let (Some(r), Some((old, new))) =
+            (st.region_of(addr), st.index.growth(addr, size, new_size))
+        else {
             return Ok(false);
         };
-        if st.index.live_size(addr) != Some(old) || new > self.config.max.min(self.pages.capacity())
-        {
+        if new > self.config.max.min(self.pages.capacity()) {
             return Ok(false);
         }
         if new == old {
             return Ok(true);
         }
         // The index must have room for a record for the way back, should mapping fail.
-        if new < old || !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
+        if !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
             return Ok(false);
         }
         if let Err(e) = self.extend(&mut st, r, addr, old, new) {

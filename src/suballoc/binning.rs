@@ -147,9 +147,9 @@ pub struct Binning<U: MemoryResource> {
     caches: Box<[shard::SlotLock<Cache>]>,
     meter: Meter,
     /// The bins served by a resource of the user's ([`with_bin`](Binning::with_bin)), by bin
-    /// index, and a bit per such bin, so that the others pay one test.
+    /// index, up to the highest such bin (empty where there is none: a binned call then pays one
+    /// length test).
     own: Vec<Option<OwnBin>>,
-    own_mask: u64,
 }
 
 /// A resource serving one bin in place of its free list.
@@ -211,7 +211,6 @@ impl<U: MemoryResource> Binning<U> {
                 .collect(),
             meter: Meter::default(),
             own: Vec::new(),
-            own_mask: 0,
         }
     }
 
@@ -267,16 +266,12 @@ impl<U: MemoryResource> Binning<U> {
             self.own.resize_with(i + 1, || None);
         }
         self.own[i] = Some(OwnBin(Box::new(resource)));
-        self.own_mask |= 1 << i;
         Ok(self)
     }
 
     /// The resource serving bin `i`, if it has one of its own.
     #[inline]
     fn own_bin(&self, i: usize) -> Option<&dyn BinResource> {
-        if self.own_mask & (1 << i) == 0 {
-            return None;
-        }
         self.own.get(i)?.as_ref().map(|b| &*b.0)
     }
 
@@ -497,15 +492,13 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         if size == 0 {
             return;
         }
-        match self.bin(size, align) {
-            Some(i) if self.own_mask & (1 << i) != 0 => {
-                if let Some(own) = self.own_bin(i) {
-                    // SAFETY: the same routing sent this request to this resource, with this
-                    // size and the alignment raised alike.
-                    unsafe { own.deallocate(ptr, size, align.max(GRANULE), stream) }
-                }
-            }
-            Some(i) => {
+        match self.bin(size, align).map(|i| (i, self.own_bin(i))) {
+            // SAFETY: the same routing sent this request to this resource, with this size and
+            // the alignment raised alike.
+            Some((_, Some(own))) => unsafe {
+                own.deallocate(ptr, size, align.max(GRANULE), stream)
+            },
+            Some((i, None)) => {
                 let mut cache = self.cache();
                 self.switch_cache(&mut cache, stream);
                 let blocks = &mut cache.blocks[i];
@@ -533,7 +526,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         let item = ItemWriter::over(f, &self.upstream, "binning")
             .size("min", 1 << self.min_shift)
             .size("max", self.max);
-        if self.own_mask == 0 {
+        if self.own.is_empty() {
             return item.finish();
         }
         // `bins="64 KiB = cuda_async(device=0); …"`: each bin's size and its resource's own

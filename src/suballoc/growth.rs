@@ -135,6 +135,16 @@ unsafe fn give_back<U: MemoryResource>(upstream: &U, c: &FreeChunk, streams: &St
     }
 }
 
+/// The block a request of `size` bytes at `align` takes: `(align, block, need)`, the alignment
+/// raised to the granule, the size rounded up to it, and the bytes a free range must hold to
+/// place such a block at that alignment (ranges start at granule multiples). For a request
+/// `check_request` accepted, which bounds `size` by `isize::MAX - align`: nothing overflows.
+pub(crate) fn block_of(size: usize, align: usize) -> (usize, usize, usize) {
+    let align = align.max(GRANULE);
+    let block = size.next_multiple_of(GRANULE);
+    (align, block, block + (align - GRANULE))
+}
+
 /// A request that [`grow`] serves from `upstream`.
 pub(super) struct Request<'s> {
     /// Bytes the new chunk must hold for the request's block (with its alignment slack).

@@ -28,7 +28,7 @@ mod arena;
 mod binning;
 mod fixed_size;
 mod free_list;
-mod growth;
+pub(crate) mod growth;
 mod host_device_pair;
 mod pool;
 mod pool_state;

@@ -225,10 +225,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
-        // check_request bounds size by isize::MAX - align, so neither sum overflows.
-        let align = align.max(GRANULE);
-        let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
-        let need = block + (align - GRANULE);
+        let (align, block, need) = growth::block_of(size, align);
         let mut st = self.lock();
         let addr = match st.take(stream, block, align) {
             Some(addr) => addr,

@@ -206,10 +206,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
-        // check_request bounds size by isize::MAX - align, so neither sum overflows.
-        let align = align.max(GRANULE);
-        let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
-        let need = block + (align - GRANULE);
+        let (align, block, need) = growth::block_of(size, align);
         let mut st = self.lock();
         let stolen = st.take_or_steal(stream, block, align, |after| {
             self.upstream.order_after(stream, after)
@@ -280,14 +277,11 @@ unsafe impl<U: MemoryResource> crate::resource::GrowInPlace for Tlsf<U> {
         new_size: usize,
         stream: StreamRef,
     ) -> Result<bool> {
-        let (Some(old), Some(new)) = (align_up(size, GRANULE), align_up(new_size, GRANULE)) else {
-            return Ok(false);
-        };
         let addr = ptr.as_ptr() as usize;
         let mut st = self.lock();
-        if size == 0 || new < old || st.live_size(addr) != Some(old) {
+        let Some((old, new)) = st.growth(addr, size, new_size) else {
             return Ok(false);
-        }
+        };
         Ok(new == old || st.grow_in_place(addr, new, stream))
     }
 }

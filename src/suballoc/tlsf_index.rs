@@ -540,6 +540,22 @@ impl TlsfIndex {
         self.live.get(&addr).map(|&i| self.blocks[i as usize].size)
     }
 
+    /// The granule sizes `(old, new)` of growing the allocated block at `addr` from `size` to
+    /// `new_size` bytes: `None` unless a block starts there with `size` (rounded up) and
+    /// `new_size` is not below it (nor `size` zero, nor either size overflowing).
+    pub(crate) fn growth(
+        &self,
+        addr: usize,
+        size: usize,
+        new_size: usize,
+    ) -> Option<(usize, usize)> {
+        let (old, new) = (
+            crate::resource::align_up(size, GRANULE)?,
+            crate::resource::align_up(new_size, GRANULE)?,
+        );
+        (size > 0 && new >= old && self.live_size(addr) == Some(old)).then_some((old, new))
+    }
+
     /// Grows the allocated block at `addr` to `new_size` bytes (a granule multiple) in place, if
     /// the free block right after it is on `stream` and large enough; returns whether it did.
     pub(crate) fn grow_in_place(
