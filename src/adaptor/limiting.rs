@@ -89,7 +89,10 @@ impl<U> Limiting<U> {
         self.limit
     }
 
-    /// Bytes allocated through the adaptor now.
+    /// Bytes allocated through the adaptor now: the sum of the threads' shards, exact when no
+    /// call is in flight on another thread (read while others allocate and free, it may count a
+    /// block one thread freed and another took again, and read above the cap, which is never
+    /// passed).
     pub fn in_use(&self) -> usize {
         usize::try_from(self.in_use.read(0).current).unwrap_or(usize::MAX)
     }
