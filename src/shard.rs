@@ -65,7 +65,7 @@ impl Drop for Exit {
 }
 
 /// A shard set that gives back what a thread's slot holds when the thread exits.
-trait Flush: Send + Sync {
+pub(crate) trait Flush: Send + Sync {
     fn flush(&self, slot: usize);
 }
 
@@ -121,7 +121,7 @@ fn claim() -> u64 {
 
 /// Registers `set` to be flushed when this thread exits. Returns false when this thread's
 /// thread-locals are gone (it then has no slot of its own either).
-fn on_exit(set: Weak<dyn Flush>) -> bool {
+pub(crate) fn on_exit(set: Weak<dyn Flush>) -> bool {
     EXIT.try_with(|e| {
         let mut hooks = e.hooks.borrow_mut();
         // Sets dropped since go, so that a thread using many short-lived sets holds few.

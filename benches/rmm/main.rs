@@ -14,7 +14,8 @@
 //! threads each on a stream of its own; `8-one`: 8 threads on the default stream; `N-logged`: a log
 //! of several threads or streams as it was recorded), and `manifest.tsv` listing them, layout by
 //! layout (every workload's `1-own`, then every workload's `1-one`, …) in the order of `--threads`.
-//! A log of fewer than `--min-ops` ops (default 100,000) is repeated until it has that many
+//! A log, or the random workload, of fewer than `--min-ops` ops (default 100,000) is repeated
+//! until it has that many
 //! ([`ops::repeat`]: each copy frees what the previous left live, so the peak stays the log's),
 //! so that starting and waking threads is a small part of a pass at every thread count.
 //!
@@ -30,7 +31,9 @@
 //! driver's pool), `pool` (`Pool` with initial = max = capacity), `binning` (`Binning` over that
 //! pool, bins of 256 B to 1 MiB: mrstack's default), `binning-rmm` (bins of 256 KiB to 4 MiB, as
 //! RMM's examples build them), `arena` (`Arena` of the capacity), `binning+arena` (`Binning` over
-//! the arena), and `cuda` (raw `cuMemAlloc`, only when asked for: slow).
+//! the arena), and `cuda` (raw `cuMemAlloc`, only when asked for: slow). Two have no RMM
+//! counterpart, and RMM's side skips them: `tlsf` (`Tlsf` with initial = max = capacity) and
+//! `tlsf+cache` (a `ThreadCache` of a quarter of the capacity over that `Tlsf`).
 //!
 //! Run alone (`cargo bench --bench rmm`, which passes `--bench`) it says that it needs a command.
 //! Its format tests run in the host tests (`tests/host`, module `rmm_ops`).
@@ -51,9 +54,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Stacks run when `--stacks` is not given, in this order.
-const DEFAULT_STACKS: [&str; 6] = [
+const DEFAULT_STACKS: [&str; 8] = [
     "cuda_async",
     "pool",
+    "tlsf",
+    "tlsf+cache",
     "binning",
     "binning-rmm",
     "arena",
@@ -153,7 +158,7 @@ fn write_ops(args: &[String]) -> Result<(), String> {
             config.allocations = n;
         }
         sources.push(Source {
-            workload: replay::random(&config),
+            workload: ops::repeat(&replay::random(&config), min_ops)?,
             stream_ids: vec![0],
         });
     }
@@ -314,6 +319,36 @@ fn stacks<U: MemoryResource + Send + Sync + 'static>(
                     up,
                     Pool { initial: cap, max: cap },
                     Binning { min: 256 KiB, max: 4 MiB }
+                ])
+            }),
+        ),
+        (
+            "tlsf",
+            "Tlsf { initial: cap, max: cap }",
+            stack("tlsf", |up: U, cap| {
+                Ok(resource_stack![
+                    up,
+                    Tlsf {
+                        initial: cap,
+                        max: cap
+                    }
+                ])
+            }),
+        ),
+        (
+            "tlsf+cache",
+            "Tlsf { initial: cap, max: cap } > ThreadCache { bytes: cap / 4, max_block: cap / 4 }",
+            stack("tlsf+cache", |up: U, cap| {
+                Ok(resource_stack![
+                    up,
+                    Tlsf {
+                        initial: cap,
+                        max: cap
+                    },
+                    ThreadCache {
+                        bytes: cap / 4,
+                        max_block: cap / 4
+                    }
                 ])
             }),
         ),

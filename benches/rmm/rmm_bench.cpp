@@ -665,7 +665,8 @@ void run_stack(std::string const& name, op_file const& f, std::vector<cudaStream
       binning_memory_resource mr{arena, 8, 20};
       m = measure(mr, f, streams, o);
     } else {
-      emit(f, name, "", nullptr, "unknown resource");
+      // A stack only mrstack has (its thread caches, its TLSF): nothing to pair, no line.
+      std::fprintf(stderr, "rmm: no resource named %s here: skipped\n", name.c_str());
       return;
     }
     emit(f, name, what, &m, "");

@@ -13,6 +13,8 @@ import json
 import sys
 
 PAIRS = ["cuda_async", "pool", "binning", "binning-rmm", "arena", "binning+arena", "cuda"]
+# mrstack's stacks with no RMM counterpart: rows of their own, no ratio.
+MRSTACK_ONLY = ["tlsf", "tlsf+cache"]
 LEGEND = {
     "cuda_async": "mrstack `CudaAsync` / RMM `cuda_async_memory_resource` (the driver's pool)",
     "pool": "`Pool { initial: cap, max: cap }` / `pool_memory_resource(cuda, cap, cap)`",
@@ -21,6 +23,8 @@ LEGEND = {
     "arena": "`Arena { size: cap }` / `arena_memory_resource(cuda, cap)`",
     "binning+arena": "`Binning` 256 B..1 MiB over the arena / `binning_memory_resource(arena, 8, 20)`",
     "cuda": "raw `cuMemAlloc` / `cuda_memory_resource` (cudaMalloc)",
+    "tlsf": "`Tlsf { initial: cap, max: cap }` / none (RMM has no TLSF)",
+    "tlsf+cache": "`ThreadCache { bytes: cap / 4, max_block: cap / 4 }` over that Tlsf / none",
     "best": "the fastest stack of each library in that row's workload and layout",
 }
 
@@ -99,8 +103,8 @@ def main_table(grid, workloads):
             libs = grid[(w, layout)]
             m, r = libs.get("mrstack", {}), libs.get("rmm", {})
             threads, _, streams = layout.partition("-")
-            names = [p for p in PAIRS if p in m or p in r]
-            names += sorted(n for n in set(m) | set(r) if n not in PAIRS)
+            names = [p for p in PAIRS + MRSTACK_ONLY if p in m or p in r]
+            names += sorted(n for n in set(m) | set(r) if n not in PAIRS + MRSTACK_ONLY)
             for name in names:
                 a, b = m.get(name), r.get(name)
                 lines.append([w, threads, streams, name, cell(a), cell(b), ratio(a, b)])
@@ -129,7 +133,7 @@ def scaling_table(grid, workloads):
         for streams in ["own", "one"]:
             for lib in ["mrstack", "rmm"]:
                 one = grid.get((w, f"1-{streams}"), {}).get(lib, {})
-                for name in [p for p in PAIRS if p in one]:
+                for name in [p for p in PAIRS + MRSTACK_ONLY if p in one]:
                     base = one[name]
                     row = [w, streams, lib, name]
                     for n in counts:
@@ -194,7 +198,7 @@ def main(argv):
             )
             f.write(table + "\n\n")
             f.write("Pairs (mrstack / RMM), cap = the op file's capacity:\n\n")
-            for name in PAIRS + ["best"]:
+            for name in PAIRS + MRSTACK_ONLY + ["best"]:
                 f.write(f"- `{name}`: {LEGEND[name]}\n")
             f.write("\n## Throughput with N threads over one thread (ns/op at 1 / ns/op at N)\n\n")
             f.write(scaling_table(grid, workloads) + "\n")

@@ -9,7 +9,7 @@ use syn::{braced, AngleBracketedGenericArguments, Expr, Ident, Token};
 
 /// The configurations of `mrstack::layer`: such a name first in the list is a layer where the leaf
 /// should be.
-const LAYERS: [&str; 13] = [
+const LAYERS: [&str; 14] = [
     "Aligned",
     "Arena",
     "Binning",
@@ -21,6 +21,7 @@ const LAYERS: [&str; 13] = [
     "Prefetch",
     "Retry",
     "Statistics",
+    "ThreadCache",
     "Tlsf",
     "Tracking",
 ];

@@ -7,7 +7,7 @@ use syn::parse::ParseStream;
 use syn::{Expr, Ident, Lit, LitFloat, LitInt, LitStr, Token};
 
 /// The fields that hold bytes, by configuration: a number there needs a unit.
-const SIZES: [(&str, &str); 10] = [
+const SIZES: [(&str, &str); 12] = [
     ("Pool", "initial"),
     ("Pool", "max"),
     ("Tlsf", "initial"),
@@ -18,6 +18,8 @@ const SIZES: [(&str, &str); 10] = [
     ("Arena", "superblock"),
     ("FixedSize", "block_size"),
     ("Limiting", "limit"),
+    ("ThreadCache", "bytes"),
+    ("ThreadCache", "max_block"),
 ];
 
 /// The `usize` fields that count something other than bytes: a unit there is a mistake.
@@ -322,8 +324,9 @@ pub(crate) fn unit_in(tokens: TokenStream2) -> Option<syn::Error> {
 }
 
 /// Fields of a configuration whose first may not exceed its second: `(configuration, low, high)`.
-const ORDERED: [(&str, &str, &str); 3] = [
+const ORDERED: [(&str, &str, &str); 4] = [
     ("Pool", "initial", "max"),
+    ("ThreadCache", "max_block", "bytes"),
     ("Tlsf", "initial", "max"),
     ("Binning", "min", "max"),
 ];

@@ -10,6 +10,7 @@ mod logging;
 mod prefetch;
 mod retry;
 mod statistics;
+mod thread_cache;
 mod tracking;
 
 /// The header line `Logging` writes first: [`rmm_log::HEADER`](crate::replay::rmm_log::HEADER).
@@ -24,6 +25,7 @@ pub(crate) use prefetch::prefetch_from_item;
 pub use prefetch::{Prefetch, PrefetchConfig};
 pub use retry::{Retry, RetryCallback, RetryConfig};
 pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
+pub use thread_cache::{ThreadCache, ThreadCacheConfig};
 pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
 
 pub use crate::suballoc::{

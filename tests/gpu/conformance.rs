@@ -212,3 +212,18 @@ fn tlsf_over_cuda() {
     let report = conformance(resource_stack![&rec, Tlsf { max: 1 GiB }], &options);
     assert_eq!(report.refused_alignments, [] as [usize; 0]);
 }
+
+#[test]
+fn thread_cache_over_tlsf_over_cuda() {
+    let Some((ctx, streams, access)) = setup() else {
+        return;
+    };
+    let rec = Recorder::new(Cuda::new(&ctx).unwrap());
+    let options = Options {
+        upstream: Some(rec.record()),
+        ..options(&streams, &access)
+    };
+    let mr = resource_stack![&rec, Tlsf { max: 1 GiB }, ThreadCache { bytes: 1 MiB }];
+    let report = conformance(mr, &options);
+    assert_eq!(report.refused_alignments, [] as [usize; 0]);
+}

@@ -198,6 +198,21 @@ fn binning_with_a_bin_of_its_own_resource() {
 }
 
 #[test]
+fn thread_cache_over_system_and_over_tlsf() {
+    use mrstack::adaptor::{ThreadCache, ThreadCacheConfig};
+    let rec = system();
+    // A budget of 256 KiB: the battery's threads fill it, so blocks also spill and pass through.
+    let config = ThreadCacheConfig {
+        bytes: 256 << 10,
+        max_block: 32 << 10,
+    };
+    refused_none(conformance(ThreadCache::new(&rec, config), &over(&rec)));
+    let rec = system();
+    let tlsf = mrstack::adaptor::Tlsf::new(&rec, TlsfConfig::default());
+    refused_none(conformance(ThreadCache::new(tlsf, config), &over(&rec)));
+}
+
+#[test]
 fn graph_pools_outside_captures() {
     let rec = system();
     // No stream here captures: every call is the upstream's.
