@@ -489,6 +489,15 @@ impl<T> SlotLock<T> {
         SlotGuard(self, PhantomData)
     }
 
+    /// Takes the lock if it is free.
+    #[inline]
+    pub(crate) fn try_lock(&self) -> Option<SlotGuard<'_, T>> {
+        self.taken
+            .compare_exchange(false, true, Acquire, Relaxed)
+            .is_ok()
+            .then(|| SlotGuard(self, PhantomData))
+    }
+
     #[cold]
     fn wait(&self) {
         let mut looks = 0u32;

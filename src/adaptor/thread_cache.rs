@@ -104,7 +104,8 @@ impl Central {
         let at = self.lists.iter().position(|(s, _)| s.id() == stream.id())?;
         let addr = self.lists[at].1.pop();
         if self.lists[at].1.is_empty() {
-            self.lists.swap_remove(at);
+            // `remove`, not `swap_remove`: the lists stay oldest first, for `push`.
+            self.lists.remove(at);
         }
         addr
     }
@@ -115,15 +116,16 @@ impl Central {
         &mut self,
         stream: StreamRef,
         blocks: impl Iterator<Item = usize>,
-    ) -> Option<(StreamHandle, Vec<usize>)> {
+    ) -> Vec<(StreamHandle, Vec<usize>)> {
         match self.lists.iter_mut().find(|(s, _)| s.id() == stream.id()) {
             Some((_, list)) => {
                 list.extend(blocks);
-                None
+                Vec::new()
             }
             None => {
                 self.lists.push((stream.to_handle(), blocks.collect()));
-                (self.lists.len() > STREAMS_PER_CLASS).then(|| self.lists.remove(0))
+                let over = self.lists.len().saturating_sub(STREAMS_PER_CLASS);
+                self.lists.drain(..over).collect()
             }
         }
     }
@@ -176,14 +178,15 @@ fn class_size(i: usize) -> usize {
 /// # Cost
 ///
 /// A hit is a pop from the calling thread's own vector, under a lock only that thread takes (one
-/// compare-and-swap: the first 64 live threads get a cache each, later ones share one); a free
-/// is a push. A thread's miss looks in its class's shared list next (a mutex per class), then
+/// compare-and-swap); a free is a push. The first 64 live threads get a cache each; later ones
+/// cache nothing, and their frees go to the shared lists. A thread's miss looks in its class's shared list next (a mutex per class), then
 /// asks the upstream, with no lock of this resource held.
 ///
 /// The caches and the shared lists keep at most [`ThreadCacheConfig::bytes`] together. A cache
 /// reserves room in that budget a piece at a time (1/64 of it, one atomic operation per piece)
 /// and gives back what it does not use beyond two pieces; once the budget has been found full,
-/// caches keep no unused room until half of it is free again. A thread that finds no room gives
+/// the unused room of every cache whose thread is not in a call is taken back at once, and
+/// caches keep no unused room until half of the budget is free again. A thread that finds no room gives
 /// the older half of each of its classes to the shared lists, or to the upstream where they have
 /// no room either. A thread that exits hands its blocks to the shared lists and its room back.
 /// When the upstream is out of memory, every cache and list is emptied into it and the request
@@ -248,6 +251,10 @@ struct Shared {
     caches: Box<[shard::SlotLock<Cache>]>,
     /// One per size class up to `max_block`'s, each under its own lock.
     central: Box<[Mutex<Central>]>,
+    /// Lists an exit hook pushed out of `central` (their bytes still reserved), for the next call
+    /// to give back; `has_orphans` says there are some.
+    orphans: Mutex<Vec<(StreamHandle, usize, Vec<usize>)>>,
+    has_orphans: AtomicBool,
 }
 
 fn lock(central: &Mutex<Central>) -> MutexGuard<'_, Central> {
@@ -257,16 +264,37 @@ fn lock(central: &Mutex<Central>) -> MutexGuard<'_, Central> {
 }
 
 impl Shared {
-    /// Takes `n` bytes of the budget, if that many are left; on a refusal the caches turn tight.
-    fn reserve(&self, n: usize) -> bool {
-        let ok = self
-            .unreserved
+    /// Takes `n` bytes of the budget, if that many are left.
+    fn take(&self, n: usize) -> bool {
+        self.unreserved
             .fetch_update(Relaxed, Relaxed, |left| left.checked_sub(n))
-            .is_ok();
-        if !ok {
-            self.tight.store(true, Relaxed);
+            .is_ok()
+    }
+
+    /// [`take`](Self::take), and on a refusal the caches turn tight: the first refusal also
+    /// takes back the unused room of every cache whose thread is not in a call (an idle thread
+    /// makes no call that would give it back), and tries once more. The caller's own cache, if
+    /// it holds it, is locked, so `try_lock` passes it by and nothing waits.
+    fn reserve(&self, n: usize) -> bool {
+        if self.take(n) {
+            return true;
         }
-        ok
+        if self.tight.swap(true, Relaxed) {
+            return false;
+        }
+        for cache in self.caches.iter() {
+            if let Some(mut c) = cache.try_lock() {
+                let room = c.quota - c.held;
+                c.quota -= room;
+                self.release_quiet(room);
+            }
+        }
+        self.take(n)
+    }
+
+    /// Gives `n` reserved bytes back without touching `tight`.
+    fn release_quiet(&self, n: usize) {
+        self.unreserved.fetch_add(n, Relaxed);
     }
 
     /// Gives `n` reserved bytes back to the budget.
@@ -291,7 +319,7 @@ impl Shared {
         if cache.held > cache.quota {
             let need = cache.held - cache.quota;
             let want = need.max(piece);
-            if want > need && self.reserve(want) {
+            if want > need && self.take(want) {
                 cache.quota += want;
             } else if self.reserve(need) {
                 cache.quota += need;
@@ -323,7 +351,7 @@ impl Shared {
             let class = run[0].1;
             let pushed =
                 lock(&self.central[class_of(class).0]).push(stream, run.iter().map(|b| b.0));
-            if let Some((old, list)) = pushed {
+            for (old, list) in pushed {
                 self.release(list.len() * class);
                 out.push((old, class, list));
             }
@@ -348,16 +376,15 @@ impl shard::Flush for Shared {
         self.release(std::mem::take(&mut cache.quota) - held);
         let Some(stream) = stream else { return };
         for run in blocks.chunk_by(|a, b| a.1 == b.1) {
-            let mut central = lock(&self.central[class_of(run[0].1).0]);
-            match central
-                .lists
-                .iter_mut()
-                .find(|(s, _)| s.id() == stream.id())
-            {
-                Some((_, list)) => list.extend(run.iter().map(|b| b.0)),
-                None => central
-                    .lists
-                    .push((stream.clone(), run.iter().map(|b| b.0).collect())),
+            let class = run[0].1;
+            let pushed = lock(&self.central[class_of(class).0])
+                .push(stream.as_ref(), run.iter().map(|b| b.0));
+            if !pushed.is_empty() {
+                // No upstream here: the next free (or `empty`) on any thread gives them back,
+                // their bytes reserved until then.
+                let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
+                orphans.extend(pushed.into_iter().map(|(s, l)| (s, class, l)));
+                self.has_orphans.store(true, Relaxed);
             }
         }
     }
@@ -385,6 +412,8 @@ impl<U: MemoryResource> ThreadCache<U> {
                 central: (0..=class_of(max_block.max(1)).0)
                     .map(|_| Mutex::default())
                     .collect(),
+                orphans: Mutex::default(),
+                has_orphans: AtomicBool::new(false),
             }),
         }
     }
@@ -398,7 +427,15 @@ impl<U: MemoryResource> ThreadCache<U> {
         let central: usize = (self.shared.central.iter().enumerate())
             .map(|(i, c)| lock(c).bytes(class_size(i)))
             .sum();
-        threads + central
+        let orphans: usize = (self
+            .shared
+            .orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
+        .iter()
+        .map(|(_, class, l)| class * l.len())
+        .sum();
+        threads + central + orphans
     }
 
     /// Gives every cached block back to the upstream (what an out-of-memory request does first).
@@ -416,6 +453,7 @@ impl<U: MemoryResource> ThreadCache<U> {
             };
             self.give_back(&blocks, stream.as_ref().map(StreamHandle::as_ref));
         }
+        self.give_back_orphans();
         for (i, central) in shared.central.iter().enumerate() {
             let lists = std::mem::take(&mut lock(central).lists);
             for (stream, list) in lists {
@@ -437,19 +475,25 @@ impl<U: MemoryResource> ThreadCache<U> {
         (size <= self.max_block && align <= GRANULE).then(|| class_of(size))
     }
 
-    /// The calling thread's cache, its exit hooked to hand the blocks on.
+    /// The calling thread's cache, its exit hooked to hand the blocks on; `None` for a thread
+    /// with no slot of its own (beyond 64 live threads, or one whose exit hooks have run): no
+    /// hook would hand its blocks on, so such threads cache nothing.
     #[inline]
-    fn cache(&self) -> shard::SlotGuard<'_, Cache> {
+    fn cache(&self) -> Option<shard::SlotGuard<'_, Cache>> {
         let token = shard::token();
         let slot = shard::slot_of(token);
-        let mut cache = self.shared.caches[slot].lock();
-        if slot < shard::SLOTS && cache.hooked != token {
-            let shared: Arc<dyn shard::Flush> = self.shared.clone();
-            if shard::on_exit(Arc::downgrade(&shared) as Weak<dyn shard::Flush>) {
-                cache.hooked = token;
-            }
+        if slot >= shard::SLOTS {
+            return None;
         }
-        cache
+        let mut cache = self.shared.caches[slot].lock();
+        if cache.hooked != token {
+            let shared: Arc<dyn shard::Flush> = self.shared.clone();
+            if !shard::on_exit(Arc::downgrade(&shared) as Weak<dyn shard::Flush>) {
+                return None;
+            }
+            cache.hooked = token;
+        }
+        Some(cache)
     }
 
     /// Puts `blocks` freed on `stream` (unreserved) on the shared lists as far as the budget has
@@ -463,6 +507,26 @@ impl<U: MemoryResource> ThreadCache<U> {
                 self.give_back(run, Some(stream));
             }
         }
+    }
+
+    /// Frees the lists exit hooks pushed out, releasing their reservation.
+    fn give_back_orphans(&self) {
+        if !self.shared.has_orphans.load(Relaxed) {
+            return;
+        }
+        let lists = {
+            let mut o = self
+                .shared
+                .orphans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.shared.has_orphans.store(false, Relaxed);
+            std::mem::take(&mut *o)
+        };
+        for (_, class, list) in &lists {
+            self.shared.release(list.len() * class);
+        }
+        self.give_back_lists(lists);
     }
 
     /// Frees lists the shared lists pushed out, each on its stream.
@@ -505,9 +569,8 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
         let Some((i, class)) = self.class(size, align) else {
             return self.upstream.allocate(size, align.max(GRANULE), stream);
         };
-        let cached = {
-            let mut cache = self.cache();
-            if cache.holds(stream) {
+        let cached = match self.cache() {
+            Some(mut cache) if cache.holds(stream) => {
                 let addr = cache.classes.get_mut(i).and_then(Vec::pop);
                 if addr.is_some() {
                     cache.held -= class;
@@ -516,9 +579,8 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
                     self.shared.fit(&mut cache, &mut Vec::new());
                 }
                 addr
-            } else {
-                None
             }
+            _ => None,
         };
         // Then a block another thread of this stream gave up.
         let cached = cached.or_else(|| {
@@ -555,10 +617,15 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
             };
             return;
         };
+        self.give_back_orphans();
+        let Some(mut cache) = self.cache() else {
+            // No slot of its own, so no exit hook: the block goes to the shared lists.
+            self.give_up(&[(ptr.as_ptr().expose_provenance(), class)], stream);
+            return;
+        };
         // Vectors grow only when blocks leave: a plain free allocates nothing.
         let (mut switched, mut spilled) = (Vec::new(), Vec::new());
         let old = {
-            let mut cache = self.cache();
             let old = if cache.holds(stream) {
                 None
             } else {
