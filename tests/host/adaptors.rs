@@ -1480,6 +1480,36 @@ mod thread_cache {
     }
 
     #[test]
+    fn a_full_class_gives_up_its_oldest_stream() {
+        let rec = Recorder::new(System::new());
+        let mr = ThreadCache::new(&rec, config(256 << 20, 16 << 20));
+        // An allocation and a free on stream k: the free moves this thread's cache, stream k-1's
+        // block, to the shared list.
+        let round = |k: usize| {
+            let p = mr.allocate(256, 256, stream(k)).unwrap();
+            // SAFETY: p came from mr with this size and alignment.
+            unsafe { mr.deallocate(p, 256, 256, stream(k)) };
+        };
+        (1..=9).for_each(round); // lists of streams 1..=8, oldest first
+        round(1); // takes stream 1's list's block (the list goes), gives stream 9's: 2..=9
+        round(10); // gives stream 1's: nine lists, so the oldest, stream 2's, goes upstream
+        let made = rec.record().allocations();
+        let p = mr.allocate(256, 256, stream(8)).unwrap();
+        assert_eq!(
+            rec.record().allocations(),
+            made,
+            "stream 8's block is still kept"
+        );
+        let q = mr.allocate(256, 256, stream(2)).unwrap();
+        assert_eq!(rec.record().allocations(), made + 1, "stream 2's went");
+        // SAFETY: p and q came from mr with this size and alignment.
+        unsafe {
+            mr.deallocate(p, 256, 256, stream(8));
+            mr.deallocate(q, 256, 256, stream(2));
+        }
+    }
+
+    #[test]
     fn streams_used_once_do_not_pile_up_on_the_shared_lists() {
         let rec = Recorder::new(System::new());
         let mr = ThreadCache::new(&rec, config(256 << 20, 16 << 20));
