@@ -66,7 +66,10 @@ layer_by_new!(TlsfConfig => Tlsf);
 /// As [`Pool`](crate::suballoc::Pool): a block freed on stream `S` is handed out again at once to work on
 /// `S`; another stream `T` takes it only after `upstream.order_after(T, S)`, and then takes all of
 /// `S`'s free blocks (the one wait orders them all; O(blocks moved), no search), so that free
-/// blocks do not stay split among streams that no longer allocate. Chunks belong to the stream of
+/// blocks do not stay split among streams that no longer allocate. When no one stream has a block
+/// that fits but neighbouring blocks freed on several streams do together, `T` is ordered after
+/// each of those streams and takes just those blocks, merged (before growing; O(blocks) to find
+/// them). Chunks belong to the stream of
 /// the request they were grown for, and go back on it after it is ordered behind the streams that
 /// freed blocks inside them. Every stream a free block or chunk names is kept alive, and forgotten
 /// when nothing names it.

@@ -360,24 +360,84 @@ impl TlsfIndex {
     /// Carves a block of `size` bytes at `align` for `stream` from its own list or, failing
     /// that, from the list of another stream with a fit, after `order_after(that stream)` orders
     /// `stream` behind it (all of that stream's free blocks then move to `stream`: the one wait
-    /// orders them all). `Ok(None)` when no stream has a fit: the caller grows.
+    /// orders them all). Failing that, from a run of neighbouring free blocks freed on several
+    /// streams that together fit: `stream` is ordered after each of those streams and the run's
+    /// blocks (only they) move to it and merge. `Ok(None)` when nothing fits even so, or an
+    /// `order_after` for such a run failed: the caller grows.
     pub(crate) fn take_or_steal(
         &mut self,
         stream: StreamRef,
         size: usize,
         align: usize,
-        order_after: impl FnOnce(StreamRef<'static>) -> Result<(), AllocError>,
+        mut order_after: impl FnMut(StreamRef<'static>) -> Result<(), AllocError>,
     ) -> Result<Option<usize>, AllocError> {
         if let Some(addr) = self.take(stream, size, align) {
             return Ok(Some(addr));
         }
         let need = size.saturating_add(align - GRANULE);
-        let Some(other) = self.other_with_fit(stream, need) else {
+        if let Some(other) = self.other_with_fit(stream, need) {
+            order_after(self.streams.get(other))?;
+            self.merge(other, stream);
+            return Ok(self.take(stream, size, align));
+        }
+        // Blocks freed on different streams do not merge, so memory freed by several streams
+        // can lie in pieces no one request fits. Only on the way to growing: O(blocks).
+        let Some(run) = self.free_run(need) else {
             return Ok(None);
         };
-        order_after(self.streams.get(other))?;
-        self.merge(other, stream);
+        let own = self.streams.find(stream);
+        let mut others: Vec<Held> = (run.iter())
+            .map(|&i| self.blocks[i as usize].stream)
+            .filter(|&held| Some(held) != own)
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        // Every wait first: one that fails leaves the index as it was, and the caller grows.
+        for &other in &others {
+            if order_after(self.streams.get(other)).is_err() {
+                return Ok(None);
+            }
+        }
+        // Held first, so that the list cannot go while blocks move into it.
+        let to = self.list_for(stream);
+        // Off their lists first, so that none is merged (and its record recycled) before its
+        // turn; then the run becomes its first block, which merges with what lies beyond.
+        for &i in &run {
+            self.unlink(i);
+            self.blocks[i as usize].stream = to;
+        }
+        for &i in &run[1..] {
+            self.absorb(run[0], i);
+        }
+        self.coalesce_and_push(run[0], to);
+        for other in others {
+            self.drop_if_empty(other);
+        }
         Ok(self.take(stream, size, align))
+    }
+
+    /// The first run of neighbouring free blocks in one chunk, of any streams, that hold `need`
+    /// bytes together, in address order.
+    fn free_run(&self, need: usize) -> Option<Vec<u32>> {
+        for chunk in self.chunks.values() {
+            let (mut run, mut bytes) = (Vec::new(), 0usize);
+            let mut i = chunk.first;
+            while i != NIL {
+                let b = &self.blocks[i as usize];
+                if b.free {
+                    run.push(i);
+                    bytes += b.size;
+                    if bytes >= need {
+                        return Some(run);
+                    }
+                } else {
+                    run.clear();
+                    bytes = 0;
+                }
+                i = b.next;
+            }
+        }
+        None
     }
 
     /// Carves a block of `size` bytes (a granule multiple) at `align` (at least a granule) out
@@ -767,6 +827,68 @@ mod tests {
         ix.merge(other, t);
         assert_eq!((ix.free_blocks(), ix.lists()), (1, 1), "all on t, merged");
         assert_eq!(ix.take(t, 4096, 256), Some(1 << 20));
+    }
+
+    #[test]
+    fn neighbours_freed_on_several_streams_serve_a_request_none_fits_alone() {
+        let mut ix = TlsfIndex::default();
+        let (s, t, u) = (
+            StreamRef::DEFAULT,
+            StreamRef::simulated(1),
+            StreamRef::simulated(2),
+        );
+        assert!(ix.add_chunk(1 << 20, 5120, s));
+        let b: Vec<usize> = (0..5).map(|_| ix.take(s, 1024, 256).unwrap()).collect();
+        // Free on t, u, t, then the last two stay: [t][u][t][live][live].
+        for (&addr, stream) in b.iter().zip([t, u, t]) {
+            ix.free(addr, stream).unwrap();
+        }
+        let ordered = std::cell::RefCell::new(Vec::new());
+        let wait = |after: StreamRef<'static>| {
+            ordered.borrow_mut().push(after.id());
+            Ok(())
+        };
+        // 4 KiB: no run of free neighbours holds it; nothing is ordered, nothing moves.
+        assert_eq!(ix.take_or_steal(s, 4096, 256, &wait).unwrap(), None);
+        assert!(
+            ordered.borrow().is_empty(),
+            "no wait for a run that cannot help"
+        );
+        assert_eq!((ix.free_blocks(), ix.lists()), (3, 2));
+        // 3 KiB: the three neighbours, ordered after t and u once each, merged on s.
+        assert_eq!(
+            ix.take_or_steal(s, 3072, 256, &wait).unwrap(),
+            Some(1 << 20)
+        );
+        let ordered = ordered.into_inner();
+        assert_eq!(ordered.len(), 2);
+        assert!(ordered.contains(&t.id()) && ordered.contains(&u.id()));
+        assert_eq!((ix.free_blocks(), ix.lists()), (0, 0));
+        // A wait that fails: the caller grows, and the index is as it was.
+        ix.free(1 << 20, t).unwrap();
+        ix.free(b[3], u).unwrap();
+        let refuse = |_: StreamRef<'static>| Err(AllocError::out_of_memory(0, 256, "test"));
+        assert_eq!(ix.take_or_steal(s, 4096, 256, refuse).unwrap(), None);
+        assert_eq!((ix.free_blocks(), ix.lists()), (2, 2));
+        // A run with blocks of the asking stream in it: [t][s][t] merge into one block on s.
+        let mut ix = TlsfIndex::default();
+        assert!(ix.add_chunk(1 << 20, 4096, s));
+        let b: Vec<usize> = (0..4).map(|_| ix.take(s, 1024, 256).unwrap()).collect();
+        for (&addr, stream) in b.iter().zip([t, s, t]) {
+            ix.free(addr, stream).unwrap();
+        }
+        assert_eq!(
+            ix.take_or_steal(s, 3072, 256, |_| Ok(())).unwrap(),
+            Some(1 << 20)
+        );
+        ix.free(1 << 20, s).unwrap();
+        ix.free(b[3], s).unwrap();
+        assert_eq!(
+            (ix.free_blocks(), ix.lists()),
+            (1, 1),
+            "the chunk whole again"
+        );
+        assert_eq!(ix.take(s, 4096, 256), Some(1 << 20));
     }
 
     #[test]
