@@ -235,6 +235,10 @@ pub struct ThreadCache<U: MemoryResource> {
     shared: Arc<Shared>,
 }
 
+/// A stream's list of blocks of one class leaving the shared lists for the upstream: the
+/// stream they were freed on, the class size, the addresses. Their bytes are still reserved.
+type Evicted = (StreamHandle, usize, Vec<usize>);
+
 /// The caches, the shared lists and the budget.
 #[derive(Debug)]
 struct Shared {
@@ -253,7 +257,7 @@ struct Shared {
     central: Box<[Mutex<Central>]>,
     /// Lists an exit hook pushed out of `central` (their bytes still reserved), for the next call
     /// to give back; `has_orphans` says there are some.
-    orphans: Mutex<Vec<(StreamHandle, usize, Vec<usize>)>>,
+    orphans: Mutex<Vec<Evicted>>,
     has_orphans: AtomicBool,
 }
 
@@ -339,22 +343,15 @@ impl Shared {
 
     /// Puts `blocks` (address, class size; a class's blocks side by side, as [`Cache`] takes
     /// them out), whose bytes are already reserved, on their classes' shared lists for
-    /// `stream`. Returns what the lists pushed out for the upstream (reservation released).
+    /// `stream`. Returns the lists that pushed out, for the upstream.
     #[must_use]
-    fn keep(
-        &self,
-        blocks: &[(usize, usize)],
-        stream: StreamRef,
-    ) -> Vec<(StreamHandle, usize, Vec<usize>)> {
+    fn keep(&self, blocks: &[(usize, usize)], stream: StreamRef) -> Vec<Evicted> {
         let mut out = Vec::new();
         for run in blocks.chunk_by(|a, b| a.1 == b.1) {
             let class = run[0].1;
             let pushed =
                 lock(&self.central[class_of(class).0]).push(stream, run.iter().map(|b| b.0));
-            for (old, list) in pushed {
-                self.release(list.len() * class);
-                out.push((old, class, list));
-            }
+            out.extend(pushed.into_iter().map(|(old, list)| (old, class, list)));
         }
         out
     }
@@ -375,17 +372,13 @@ impl shard::Flush for Shared {
         let held: usize = blocks.iter().map(|b| b.1).sum();
         self.release(std::mem::take(&mut cache.quota) - held);
         let Some(stream) = stream else { return };
-        for run in blocks.chunk_by(|a, b| a.1 == b.1) {
-            let class = run[0].1;
-            let pushed = lock(&self.central[class_of(class).0])
-                .push(stream.as_ref(), run.iter().map(|b| b.0));
-            if !pushed.is_empty() {
-                // No upstream here: the next free (or `empty`) on any thread gives them back,
-                // their bytes reserved until then.
-                let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
-                orphans.extend(pushed.into_iter().map(|(s, l)| (s, class, l)));
-                self.has_orphans.store(true, Relaxed);
-            }
+        let evicted = self.keep(&blocks, stream.as_ref());
+        if !evicted.is_empty() {
+            // No upstream here: the next free (or `empty`) on any thread gives them back, their
+            // bytes reserved until then.
+            let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
+            orphans.extend(evicted);
+            self.has_orphans.store(true, Relaxed);
         }
     }
 }
@@ -451,16 +444,15 @@ impl<U: MemoryResource> ThreadCache<U> {
                 shared.release(std::mem::take(&mut cache.quota));
                 stream
             };
-            self.give_back(&blocks, stream.as_ref().map(StreamHandle::as_ref));
+            // A cache without a stream holds no block.
+            if let Some(stream) = stream {
+                self.give_back(&blocks, stream.as_ref());
+            }
         }
         self.give_back_orphans();
         for (i, central) in shared.central.iter().enumerate() {
             let lists = std::mem::take(&mut lock(central).lists);
-            for (stream, list) in lists {
-                shared.release(list.len() * class_size(i));
-                let blocks: Vec<_> = list.into_iter().map(|a| (a, class_size(i))).collect();
-                self.give_back(&blocks, Some(stream.as_ref()));
-            }
+            self.drop_lists(lists.into_iter().map(|(s, list)| (s, class_size(i), list)));
         }
     }
 
@@ -502,9 +494,9 @@ impl<U: MemoryResource> ThreadCache<U> {
         for run in blocks.chunk_by(|a, b| a.1 == b.1) {
             let class = run[0].1;
             if self.shared.reserve(run.len() * class) {
-                self.give_back_lists(self.shared.keep(run, stream));
+                self.drop_lists(self.shared.keep(run, stream));
             } else {
-                self.give_back(run, Some(stream));
+                self.give_back(run, stream);
             }
         }
     }
@@ -523,34 +515,37 @@ impl<U: MemoryResource> ThreadCache<U> {
             self.shared.has_orphans.store(false, Relaxed);
             std::mem::take(&mut *o)
         };
-        for (_, class, list) in &lists {
-            self.shared.release(list.len() * class);
-        }
-        self.give_back_lists(lists);
+        self.drop_lists(lists);
     }
 
-    /// Frees lists the shared lists pushed out, each on its stream.
-    fn give_back_lists(&self, lists: Vec<(StreamHandle, usize, Vec<usize>)>) {
+    /// Lists leaving the shared lists: their reservation goes back to the budget and their
+    /// blocks to the upstream, each on its stream.
+    fn drop_lists(&self, lists: impl IntoIterator<Item = Evicted>) {
         for (stream, class, list) in lists {
-            let blocks: Vec<_> = list.into_iter().map(|a| (a, class)).collect();
-            self.give_back(&blocks, Some(stream.as_ref()));
+            self.shared.release(list.len() * class);
+            for addr in list {
+                self.give_back_one(addr, class, stream.as_ref());
+            }
         }
     }
 
     /// Frees `blocks` (address, class size) to the upstream on `stream`. Called with no cache
     /// lock held: the upstream may run the user's code, which may come back here.
-    fn give_back(&self, blocks: &[(usize, usize)], stream: Option<StreamRef>) {
-        let Some(stream) = stream else { return };
+    fn give_back(&self, blocks: &[(usize, usize)], stream: StreamRef) {
         for &(addr, size) in blocks {
-            // Cached addresses come from `NonNull`s: never null.
-            let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(addr)) else {
-                continue;
-            };
-            // SAFETY: a block the upstream gave for a request of `size` bytes at GRANULE
-            // alignment (its class's), freed to this cache on `stream` and taken out of it, so
-            // it is given back once.
-            unsafe { self.upstream.deallocate(ptr, size, GRANULE, stream) };
+            self.give_back_one(addr, size, stream);
         }
+    }
+
+    fn give_back_one(&self, addr: usize, size: usize, stream: StreamRef) {
+        // Cached addresses come from `NonNull`s: never null.
+        let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(addr)) else {
+            return;
+        };
+        // SAFETY: a block the upstream gave for a request of `size` bytes at GRANULE alignment
+        // (its class's), freed to this resource on `stream` and taken out of its cache or list,
+        // so it is given back once.
+        unsafe { self.upstream.deallocate(ptr, size, GRANULE, stream) };
     }
 }
 
@@ -645,7 +640,7 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
         };
         // Each on the stream it was freed on.
         if let Some(old) = old {
-            self.give_back_lists(self.shared.keep(&switched, old.as_ref()));
+            self.drop_lists(self.shared.keep(&switched, old.as_ref()));
         }
         self.give_up(&spilled, stream);
     }
