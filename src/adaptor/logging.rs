@@ -28,23 +28,129 @@ const NAP: Duration = Duration::from_micros(50);
 /// Empty sweeps before the writer sleeps until a logging thread wakes it: 10 ms without a line.
 const IDLE: u32 = 200;
 
+/// The clock records are stamped with: the processor's time-stamp counter where the kernel
+/// itself keeps time with it (x86-64 Linux, clocksource `tsc`: then the counter is invariant and
+/// synchronized across cores, and an ordered read of it is what `clock_gettime` does, without
+/// the seqlock and the scaling), else [`Instant`]. Stamps are ticks, compared as they are and
+/// turned into time only by the writer.
+#[derive(Debug)]
+struct Clock {
+    epoch: Instant,
+    /// The counter at `epoch`, when the counter is the clock.
+    tsc: Option<u64>,
+}
+
+impl Clock {
+    fn new() -> Self {
+        let tsc = tsc::usable().then(tsc::read);
+        Clock {
+            epoch: Instant::now(),
+            tsc,
+        }
+    }
+
+    /// Ticks since the clock was made. An ordered read: it happens after every earlier
+    /// instruction of this thread completed (a lock taken before it included), as
+    /// `clock_gettime`'s does, so that a stamp read after taking a lock is later than any read
+    /// before that lock was last released.
+    #[inline]
+    fn now(&self) -> u64 {
+        match self.tsc {
+            Some(start) => tsc::read().wrapping_sub(start),
+            None => u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Nanoseconds per tick, measured now over the clock's whole life (exact for `Instant`;
+    /// for the counter, within ~25 ns over however long the log has run).
+    fn nanos_per_tick(&self) -> f64 {
+        if self.tsc.is_none() {
+            return 1.0;
+        }
+        let (ticks, nanos) = (self.now(), self.epoch.elapsed().as_nanos());
+        if ticks == 0 {
+            return 1.0;
+        }
+        nanos as f64 / ticks as f64
+    }
+}
+
+/// The time-stamp counter, where it keeps time.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod tsc {
+    /// True when the kernel keeps time with the counter: it checked at boot that the counter
+    /// is invariant and synchronized across cores, and would have switched away otherwise.
+    pub(super) fn usable() -> bool {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|s| s.trim() == "tsc")
+    }
+
+    /// The counter, read after every earlier instruction completed (`lfence; rdtsc`, the
+    /// kernel's `rdtsc_ordered`).
+    #[inline]
+    pub(super) fn read() -> u64 {
+        use std::arch::x86_64::{_mm_lfence, _rdtsc};
+        // SAFETY: `lfence` (SSE2) and `rdtsc` are in every x86-64 processor, touch no memory,
+        // and only read the counter; user space may run them (the kernel leaves CR4.TSD clear
+        // wherever it picked the counter as its clocksource, which `usable` checked first).
+        unsafe {
+            _mm_lfence();
+            _rdtsc()
+        }
+    }
+}
+
+/// No counter elsewhere: [`Instant`] it is.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod tsc {
+    pub(super) fn usable() -> bool {
+        false
+    }
+    pub(super) fn read() -> u64 {
+        0
+    }
+}
+
 /// One event, as the logging thread records it: no formatting on that thread.
 #[derive(Debug, Clone, Copy)]
 struct Record {
-    /// Nanoseconds since the adaptor was made (a monotonic clock, read under the slot's lock).
-    nanos: u64,
+    /// Ticks of the adaptor's [`Clock`], read under the slot's lock; never below the slot's
+    /// previous record's, so that a thread's records keep their order in a stable sort.
+    stamp: u64,
     thread: u64,
-    action: &'static str,
     ptr: usize,
     size: usize,
     stream: u64,
+    action: Action,
 }
 
-/// One thread slot's records not yet taken by the writer: the batch filling and the sealed ones.
+/// What a line records (a byte in the record rather than the text: records stay 48 bytes).
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Allocate,
+    AllocateFailure,
+    Free,
+}
+
+impl Action {
+    fn text(self) -> &'static str {
+        match self {
+            Action::Allocate => rmm_log::ALLOCATE,
+            Action::AllocateFailure => rmm_log::ALLOCATE_FAILURE,
+            Action::Free => rmm_log::FREE,
+        }
+    }
+}
+
+/// One thread slot's records not yet taken by the writer: the batch filling and the sealed ones,
+/// and emptied batches the writer gave back, so that a logging thread rarely allocates.
 #[derive(Debug, Default)]
 struct Slot {
     filling: Vec<Record>,
     sealed: Vec<Vec<Record>>,
+    spare: Vec<Vec<Record>>,
+    /// The stamp of the slot's last record.
+    last: u64,
 }
 
 /// What the logging threads and the writer share.
@@ -52,8 +158,8 @@ struct Slot {
 struct Shared {
     /// One per thread slot ([`shard::SLOTS`]), and the shared one.
     slots: Box<[shard::SlotLock<Slot>]>,
-    epoch: Instant,
-    /// Microseconds since the Unix epoch at `epoch`.
+    clock: Clock,
+    /// Microseconds since the Unix epoch when `clock` was made.
     epoch_micros: u64,
     /// Set while the writer sleeps until woken.
     idle: AtomicBool,
@@ -66,8 +172,9 @@ struct Shared {
 }
 
 impl Shared {
+    #[inline]
     fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.clock.now()
     }
 }
 
@@ -76,34 +183,81 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The writer's side: the buffered writer, the first write error since the last flush, and the
-/// records taken but not yet written (sorted by time).
+/// The writer's side: the buffered writer, the first write error since the last flush, the
+/// records taken but not yet written (sorted by time), and emptied batches for the slots.
 struct Sink<W: Write> {
     out: BufWriter<W>,
     error: Option<io::Error>,
     pending: Vec<Record>,
+    /// Batches taken in a sweep, each sorted by time (scratch, kept for its capacity).
+    runs: Vec<Vec<Record>>,
+    /// Empty batches, handed to slots as their next ones (at most [`SPARE_BATCHES`]).
+    spare: Vec<Vec<Record>>,
 }
 
+/// Empty batches the writer keeps for the slots: enough for 8 busy threads' next batches, and
+/// a bound on what the log holds beyond its records.
+const SPARE_BATCHES: usize = 16;
+
 impl<W: Write> Sink<W> {
+    fn new(out: BufWriter<W>) -> Self {
+        Sink {
+            out,
+            error: None,
+            pending: Vec::new(),
+            runs: Vec::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// An empty batch with room for [`BATCH`] records.
+    fn empty_batch(&mut self) -> Vec<Record> {
+        self.spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BATCH))
+    }
+
     /// Takes every slot's records and writes, in time order, those older than the sweep's
     /// start: a record made later than a slot's visit is newer than the start, so none older
     /// can still come. Answers the flushes asked before the start. Returns the records taken.
     fn sweep(&mut self, shared: &Shared) -> usize {
         let start = shared.now();
         let mut taken = 0;
+        let mut runs = std::mem::take(&mut self.runs);
+        // The records left from the last sweep are older than any taken now from the same slot:
+        // first among equal times.
+        if !self.pending.is_empty() {
+            runs.push(std::mem::take(&mut self.pending));
+        }
         for slot in shared.slots.iter() {
             let mut slot = slot.lock();
+            if slot.sealed.is_empty() && slot.filling.is_empty() {
+                continue;
+            }
             for batch in slot.sealed.drain(..) {
                 taken += batch.len();
-                self.pending.extend(batch);
+                runs.push(batch);
             }
-            taken += slot.filling.len();
-            self.pending.append(&mut slot.filling);
+            if !slot.filling.is_empty() {
+                taken += slot.filling.len();
+                let next = self.empty_batch();
+                runs.push(std::mem::replace(&mut slot.filling, next));
+            }
+            // A busy slot gets its next batch ready, so that its thread does not allocate.
+            if slot.spare.is_empty() {
+                if let Some(batch) = self.spare.pop() {
+                    slot.spare.push(batch);
+                }
+            }
         }
-        // Stable: a thread's records of one nanosecond keep their order.
-        self.pending.sort_by_key(|r| r.nanos);
-        let due = self.pending.partition_point(|r| r.nanos < start);
-        self.write(shared, due);
+        self.write_runs(shared, &mut runs, start);
+        for mut run in runs.drain(..) {
+            run.clear();
+            if run.capacity() >= BATCH && self.spare.len() < SPARE_BATCHES {
+                self.spare.push(run);
+            }
+        }
+        self.runs = runs;
         let asked: Vec<_> = {
             let mut flushes = lock(&shared.flushes);
             let (now, later) = flushes.drain(..).partition(|(at, _)| *at < start);
@@ -122,39 +276,85 @@ impl<W: Write> Sink<W> {
         taken
     }
 
-    /// Writes the first `n` pending records.
-    fn write(&mut self, shared: &Shared, n: usize) {
-        for r in self.pending.drain(..n) {
-            // By hand rather than `writeln!`: the writer must keep up with every logging thread.
-            let mut line = [0u8; 128];
-            let mut at = 0;
-            let mut put = |bytes: &[u8]| {
-                line[at..at + bytes.len()].copy_from_slice(bytes);
-                at += bytes.len();
-            };
-            put(decimal(r.thread, &mut [0; 20]));
-            put(b",");
-            put(decimal(shared.epoch_micros + r.nanos / 1000, &mut [0; 20]));
-            put(b",");
-            put(r.action.as_bytes());
-            put(b",0x");
-            put(hex(r.ptr as u64, &mut [0; 16]));
-            put(b",");
-            put(decimal(r.size as u64, &mut [0; 20]));
-            put(b",");
-            put(decimal(r.stream, &mut [0; 20]));
-            put(b"\n");
-            if let Err(e) = self.out.write_all(&line[..at]) {
-                self.error.get_or_insert(e);
+    /// Writes the records of `runs` (each sorted by time) older than `until`, merged in time
+    /// order (equal times in the order of the runs), and keeps the others in `pending`.
+    fn write_runs(&mut self, shared: &Shared, runs: &mut [Vec<Record>], until: u64) {
+        let scale = shared.clock.nanos_per_tick();
+        match runs {
+            [] => {}
+            // One thread logging: its records are in order already.
+            [run] => {
+                let due = run.partition_point(|r| r.stamp < until);
+                for r in &run[..due] {
+                    self.write(shared, r, scale);
+                }
+                self.pending.extend_from_slice(&run[due..]);
             }
+            _ => {
+                use std::cmp::Reverse;
+                let mut heads: std::collections::BinaryHeap<Reverse<(u64, usize, usize)>> = runs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, run)| run.first().map(|r| Reverse((r.stamp, k, 0))))
+                    .collect();
+                while let Some(Reverse((_, k, mut i))) = heads.pop() {
+                    // This run's records go out while they come before every other run's head,
+                    // without a trip through the heap each.
+                    let bound = heads.peek().map(|Reverse((stamp, j, _))| (*stamp, *j));
+                    loop {
+                        let r = runs[k][i];
+                        if r.stamp < until {
+                            self.write(shared, &r, scale);
+                        } else {
+                            self.pending.push(r);
+                        }
+                        i += 1;
+                        let Some(next) = runs[k].get(i) else {
+                            break;
+                        };
+                        if bound.is_some_and(|b| (next.stamp, k) > b) {
+                            heads.push(Reverse((next.stamp, k, i)));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes one record's line.
+    fn write(&mut self, shared: &Shared, r: &Record, nanos_per_tick: f64) {
+        // By hand rather than `writeln!`: the writer must keep up with every logging thread.
+        let mut line = [0u8; 128];
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            line[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        let micros = (r.stamp as f64 * nanos_per_tick / 1000.0) as u64;
+        put(decimal(r.thread, &mut [0; 20]));
+        put(b",");
+        put(decimal(shared.epoch_micros + micros, &mut [0; 20]));
+        put(b",");
+        put(r.action.text().as_bytes());
+        put(b",0x");
+        put(hex(r.ptr as u64, &mut [0; 16]));
+        put(b",");
+        put(decimal(r.size as u64, &mut [0; 20]));
+        put(b",");
+        put(decimal(r.stream, &mut [0; 20]));
+        put(b"\n");
+        if let Err(e) = self.out.write_all(&line[..at]) {
+            self.error.get_or_insert(e);
         }
     }
 
     /// Takes and writes everything: the last sweep.
     fn finish(&mut self, shared: &Shared) {
         self.sweep(shared);
-        let n = self.pending.len();
-        self.write(shared, n);
+        let mut rest = [std::mem::take(&mut self.pending)];
+        self.write_runs(shared, &mut rest, u64::MAX);
+        self.pending.clear();
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -284,18 +484,21 @@ enum Writer<W: Write> {
 ///
 /// # Cost
 ///
-/// The logging thread formats nothing: it reads a monotonic clock and appends a 48-byte record to
-/// a buffer of its own (under a mutex only it takes, but for the writer's visits: the first 64
-/// live threads get one, later ones share one). A writer thread of the adaptor's own visits every
-/// buffer each 50 µs while lines come (sleeping until woken after 10 ms without one), sorts what
-/// it took by time and formats the lines into a `BufWriter`, whose I/O happens when it fills, on
-/// [`flush`](Self::flush) and on drop. A thread with 4,096 records waiting waits for the writer:
-/// no line is lost, and what waits is bounded (~220 KiB per thread).
+/// The logging thread formats nothing: it reads a monotonic clock (the time-stamp counter where
+/// the kernel keeps time with it: x86-64 Linux on clocksource `tsc`; `Instant` elsewhere) and
+/// appends a 48-byte record to a buffer of its own (under a spin lock only it takes, but for
+/// the writer's visits: the first 64 live threads get one, later ones share one); its next
+/// buffers are ones the writer emptied. A writer thread of the adaptor's own visits every buffer
+/// each 50 µs while lines come (sleeping until woken after 10 ms without one), merges what it
+/// took by time (each buffer is in order already) and formats the lines into a `BufWriter`,
+/// whose I/O happens when it fills, on [`flush`](Self::flush) and on drop. A thread with 4,096
+/// records waiting waits for the writer: no line is lost, and what waits is bounded (~200 KiB
+/// per thread, and 16 empty buffers the writer keeps).
 ///
 /// # Order
 ///
-/// Lines are in the order of their times (a monotonic clock, nanoseconds where the platform
-/// gives them: on a coarser clock, two threads' lines in one tick keep the order of their
+/// Lines are in the order of their times (a monotonic clock, read in order with the lock taken
+/// before it; on a coarse clock, two threads' lines in one tick keep the order of their
 /// buffers), which are read under each buffer's lock: each thread's
 /// lines keep its order, and a `free` logged before an address is reused on another thread
 /// precedes that `allocate` (the free is logged before the upstream has the block back, the
@@ -344,11 +547,7 @@ impl<U: MemoryResource, W: Write + Send + 'static> Logging<U, W> {
     /// the adaptor's own. The header goes into the buffer like every line; a failure to write it
     /// shows in the next [`flush`](Self::flush).
     pub fn new(upstream: U, writer: W) -> Self {
-        let mut sink = Sink {
-            out: BufWriter::with_capacity(64 << 10, writer),
-            error: None,
-            pending: Vec::new(),
-        };
+        let mut sink = Sink::new(BufWriter::with_capacity(64 << 10, writer));
         if let Err(e) = writeln!(sink.out, "{}", rmm_log::HEADER) {
             sink.error = Some(e);
         }
@@ -356,7 +555,7 @@ impl<U: MemoryResource, W: Write + Send + 'static> Logging<U, W> {
             slots: (0..=shard::SLOTS)
                 .map(|_| shard::SlotLock::default())
                 .collect(),
-            epoch: Instant::now(),
+            clock: Clock::new(),
             epoch_micros: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64),
@@ -412,15 +611,17 @@ impl<U, W: Write> Logging<U, W> {
     const NAME: &'static str = "Logging";
 
     #[inline]
-    fn log(&self, action: &'static str, ptr: usize, size: usize, stream: StreamRef) {
+    fn log(&self, action: Action, ptr: usize, size: usize, stream: StreamRef) {
         let shared = &*self.shared;
         let index = shard::slot();
         let thread = thread_number();
         let stream = stream.id().get();
         let mut slot = shared.slots[index].lock();
         // The time is read under the slot's lock: what the writer's sweep relies on.
+        let stamp = shared.now().max(slot.last);
+        slot.last = stamp;
         slot.filling.push(Record {
-            nanos: shared.now(),
+            stamp,
             thread,
             action,
             ptr,
@@ -429,7 +630,11 @@ impl<U, W: Write> Logging<U, W> {
         });
         let full = slot.filling.len() >= BATCH;
         if full {
-            let batch = std::mem::replace(&mut slot.filling, Vec::with_capacity(BATCH));
+            let next = slot
+                .spare
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(BATCH));
+            let batch = std::mem::replace(&mut slot.filling, next);
             slot.sealed.push(batch);
         }
         let waiting = slot.sealed.len();
@@ -600,11 +805,11 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
         }
         match self.upstream.allocate(size, align, stream) {
             Ok(ptr) => {
-                self.log(rmm_log::ALLOCATE, ptr.as_ptr() as usize, size, stream);
+                self.log(Action::Allocate, ptr.as_ptr() as usize, size, stream);
                 Ok(ptr)
             }
             Err(e) => {
-                self.log(rmm_log::ALLOCATE_FAILURE, 0, size, stream);
+                self.log(Action::AllocateFailure, 0, size, stream);
                 Err(e)
             }
         }
@@ -614,7 +819,7 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
         if size == 0 {
             return;
         }
-        self.log(rmm_log::FREE, ptr.as_ptr() as usize, size, stream);
+        self.log(Action::Free, ptr.as_ptr() as usize, size, stream);
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }

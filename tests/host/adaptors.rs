@@ -639,6 +639,44 @@ fn logging_keeps_every_line_and_each_threads_order() {
     }
 }
 
+#[test]
+fn logging_times_are_the_wall_clock_in_microseconds() {
+    // Stamps are clock ticks (the time-stamp counter where the kernel keeps time with it): the
+    // writer turns them into microseconds since the Unix epoch.
+    let micros = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let before = micros();
+    let mr = Logging::new(System::new(), Vec::new());
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        times.push(micros());
+        let p = mr.allocate(256, 16, S).unwrap();
+        // SAFETY: p came from mr with this size and alignment.
+        unsafe { mr.deallocate(p, 256, 16, S) };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let after = micros();
+    let (_, log) = mr.into_parts().unwrap();
+    let events = parse_log(&String::from_utf8(log).unwrap());
+    assert_eq!(events.len(), 6);
+    for (k, e) in events.iter().enumerate() {
+        assert!(
+            (before.saturating_sub(1000)..=after + 1000).contains(&e.time),
+            "line {k} at {} µs, outside [{before}, {after}]",
+            e.time
+        );
+    }
+    // 20 ms between the pairs, as the wall clock saw them (to a millisecond).
+    for (w, pair) in events.chunks(2).collect::<Vec<_>>().windows(2).zip(times.windows(2)) {
+        let (logged, seen) = (w[1][0].time - w[0][0].time, pair[1] - pair[0]);
+        assert!(logged.abs_diff(seen) < 2000, "{logged} µs logged, {seen} µs seen");
+    }
+}
+
 /// A writer that panics on its first write.
 struct Panics;
 
