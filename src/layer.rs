@@ -14,5 +14,6 @@ pub use crate::adaptor::PrefetchConfig as Prefetch;
 pub use crate::adaptor::RetryConfig as Retry;
 pub use crate::adaptor::StatisticsConfig as Statistics;
 pub use crate::adaptor::ThreadCacheConfig as ThreadCache;
+pub use crate::adaptor::ThreadHeapsConfig as ThreadHeaps;
 pub use crate::adaptor::TlsfConfig as Tlsf;
 pub use crate::adaptor::TrackingConfig as Tracking;

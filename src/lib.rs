@@ -222,7 +222,7 @@ pub use typenum;
 pub mod prelude {
     pub use crate::adaptor::{
         Aligned, Arena, Binning, FixedSize, Limiting, Logging, Pool, Prefetch, Retry, Statistics,
-        ThreadCache, Tlsf, Tracking,
+        ThreadCache, ThreadHeaps, Tlsf, Tracking,
     };
     pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
     pub use crate::erased::{AnyResource, ResourceRef};

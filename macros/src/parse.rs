@@ -9,7 +9,7 @@ use syn::{braced, AngleBracketedGenericArguments, Expr, Ident, Token};
 
 /// The configurations of `mrstack::layer`: such a name first in the list is a layer where the leaf
 /// should be.
-const LAYERS: [&str; 14] = [
+const LAYERS: [&str; 15] = [
     "Aligned",
     "Arena",
     "Binning",
@@ -22,6 +22,7 @@ const LAYERS: [&str; 14] = [
     "Retry",
     "Statistics",
     "ThreadCache",
+    "ThreadHeaps",
     "Tlsf",
     "Tracking",
 ];

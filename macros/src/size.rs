@@ -7,7 +7,7 @@ use syn::parse::ParseStream;
 use syn::{Expr, Ident, Lit, LitFloat, LitInt, LitStr, Token};
 
 /// The fields that hold bytes, by configuration: a number there needs a unit.
-const SIZES: [(&str, &str); 12] = [
+const SIZES: [(&str, &str); 13] = [
     ("Pool", "initial"),
     ("Pool", "max"),
     ("Tlsf", "initial"),
@@ -20,6 +20,7 @@ const SIZES: [(&str, &str); 12] = [
     ("Limiting", "limit"),
     ("ThreadCache", "bytes"),
     ("ThreadCache", "max_block"),
+    ("ThreadHeaps", "max"),
 ];
 
 /// The `usize` fields that count something other than bytes: a unit there is a mistake.

@@ -30,5 +30,6 @@ pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
 
 pub use crate::suballoc::{
     Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, HostDevicePair,
-    HostDevicePairConfig, Pool, PoolConfig, Storage, Tlsf, TlsfConfig, Usage,
+    HostDevicePairConfig, Pool, PoolConfig, Storage, ThreadHeaps, ThreadHeapsConfig, Tlsf,
+    TlsfConfig, Usage,
 };

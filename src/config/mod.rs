@@ -44,7 +44,7 @@
 //! |---|---|
 //! | `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated` | [`Cuda`](crate::Cuda), [`CudaAsync`](crate::CudaAsync), [`Managed`](crate::Managed), [`Pinned`](crate::Pinned), [`System`](crate::System), [`Simulated`](crate::Simulated) |
 //! | `vmm(device=…)`, `vmm(simulated=…)` | `VirtualMemory<DevicePages>`, `VirtualMemory<Simulated>` ([`leaf`](crate::leaf)) |
-//! | `pool`, `tlsf`, `binning`, `fixed_size`, `arena` | `Pool<AnyResource<P>>`, `Tlsf<…>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>` ([`suballoc`](crate::suballoc)) |
+//! | `pool`, `tlsf`, `binning`, `fixed_size`, `arena`, `thread_heaps` | `Pool<AnyResource<P>>`, `Tlsf<…>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>`, `ThreadHeaps<…>` ([`suballoc`](crate::suballoc)) |
 //! | `statistics`, `tracking`, `limiting`, `thread_cache`, `graph_pools` | `Statistics<AnyResource<P>>`, `Tracking<…>`, `Limiting<…>`, `ThreadCache<…>`, `GraphPools<…>` ([`adaptor`](crate::adaptor)) |
 //! | `logging` | `Logging<AnyResource<P>>` (its writer is the boxed [`LogWriter`](crate::adaptor::LogWriter)) |
 //! | `aligned(alignment=4096)` | `Aligned<U4096, AnyResource<P>>` (`U256`, `U512`, `U1024`, `U4096`) |
@@ -202,6 +202,7 @@ impl<P: PropertySet> StackBuilder<P> {
             .with_layer::<layer::Limiting>("limiting")
             .with_layer::<layer::GraphPools>("graph_pools")
             .with_layer::<layer::ThreadCache>("thread_cache")
+            .with_layer::<layer::ThreadHeaps>("thread_heaps")
             // Logging keeps its file's path, which its configuration has no room for.
             .with_adaptor("logging", crate::adaptor::logging_from_item)
             // The alignment is a type parameter and prefetch needs a property of what is below:

@@ -10,6 +10,7 @@
 //! * [`Binning`]: power-of-two bins of fixed-size blocks over an upstream that serves the rest,
 //!   the fastest.
 //! * [`Arena`]: per-thread and per-stream arenas over a global one, for many threads.
+//! * [`ThreadHeaps`]: a `Tlsf` per thread, for threads that free what they allocate.
 
 /// `impl Layer<U> for Config` that builds `Resource::new(upstream, config)`: every suballocator's
 /// configuration wraps its upstream that way.
@@ -32,6 +33,7 @@ pub(crate) mod growth;
 mod host_device_pair;
 mod pool;
 mod pool_state;
+mod thread_heaps;
 mod tlsf;
 pub(crate) mod tlsf_index;
 mod usage;
@@ -42,5 +44,6 @@ pub use binning::{Binning, BinningConfig};
 pub use fixed_size::{FixedSize, FixedSizeConfig};
 pub use host_device_pair::{HostDevicePair, HostDevicePairConfig, Storage};
 pub use pool::{Pool, PoolConfig};
+pub use thread_heaps::{ThreadHeaps, ThreadHeapsConfig};
 pub use tlsf::{Tlsf, TlsfConfig};
 pub use usage::Usage;

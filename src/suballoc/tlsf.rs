@@ -191,6 +191,13 @@ impl<U: MemoryResource> Tlsf<U> {
         growth::release(&self.upstream, st)
     }
 
+    /// Frees the block at `ptr` on `stream` if this pool handed it out and it is live; false
+    /// (nothing done) otherwise. For [`ThreadHeaps`](crate::suballoc::ThreadHeaps), whose free
+    /// asks the calling thread's own heap first.
+    pub(crate) fn free_if_owned(&self, ptr: NonNull<u8>, stream: StreamRef) -> bool {
+        self.lock().free(ptr.as_ptr() as usize, stream).is_some()
+    }
+
     fn lock(&self) -> MutexGuard<'_, TlsfIndex> {
         // Every update of the index completes before the next upstream call, which is the only
         // thing that may panic inside the lock, so the index behind a poisoned lock is consistent.

@@ -344,3 +344,49 @@ fn thread_caches_serve_kernels_on_eight_threads_and_streams() {
     mr.empty();
     assert_eq!(mr.upstream().usage().allocated, 0);
 }
+
+#[test]
+fn thread_heaps_serve_kernels_on_eight_threads_and_take_blocks_back_across_them() {
+    use crate::support::expected_fill;
+    let Some(ctx) = gpu() else { return };
+    let mr = resource_stack![Cuda::new(&ctx).unwrap(), ThreadHeaps { max: 2 GiB }];
+    let kept = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..8u32)
+            .map(|t| {
+                let (mr, ctx) = (&mr, &ctx);
+                s.spawn(move || {
+                    // A stream of its own: the thread's heap serves it, block after block.
+                    let stream = ctx.new_stream().unwrap();
+                    for round in 0..6u32 {
+                        let k = t * 100 + round;
+                        let mut small =
+                            DeviceVec::<u32, _>::zeroed(1000 + t as usize, mr, &stream).unwrap();
+                        let mut large =
+                            DeviceVec::<u32, _>::zeroed((1 << 20) + 7 * t as usize, mr, &stream)
+                                .unwrap();
+                        fill_and_check(ctx, &mut small, k);
+                        fill_and_check(ctx, &mut large, k + 1);
+                    }
+                    // One vector outlives the thread's loop, for the main thread to read and free.
+                    let mut kept =
+                        DeviceVec::<u32, _>::zeroed(3000 + t as usize, mr, &stream).unwrap();
+                    fill_and_check(ctx, &mut kept, 7000 + t);
+                    (t, kept)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(mr.heaps() >= 2, "{} heaps", mr.heaps());
+    // Read here, then freed here: each block goes back to the heap of the thread that made it.
+    for (t, kept) in &kept {
+        assert_eq!(kept.to_vec().unwrap(), expected_fill(kept.len(), 7000 + t));
+    }
+    drop(kept);
+    assert_eq!(mr.usage().allocated, 0);
+    let held = mr.usage().held;
+    assert_eq!(mr.release(), held, "every chunk wholly free");
+}

@@ -1,5 +1,6 @@
 //! The conformance battery (`mrstack::testing`) over every CUDA leaf, `VirtualMemory` over the
-//! driver's pages, `Tlsf` over `Cuda` and a `ThreadCache` over that, `Prefetch<Managed>` over a
+//! driver's pages, `Tlsf` over `Cuda` and a `ThreadCache` over that, `ThreadHeaps` over `Cuda`,
+//! `Prefetch<Managed>` over a
 //! recording upstream, and a full stack over `Cuda`. Host-accessible memory (pinned, managed) is
 //! written and read by the battery itself; device memory through the driver (a memset, then a copy
 //! back compared on the host). Requests go to two streams of the context and the default stream.
@@ -214,5 +215,19 @@ fn tlsf_and_a_thread_cache_over_it_over_cuda() {
     // Over the same record, which the first stack left empty.
     let mr = resource_stack![&rec, Tlsf { max: 1 GiB }, ThreadCache { bytes: 1 MiB }];
     let report = conformance(mr, &options);
+    assert_eq!(report.refused_alignments, [] as [usize; 0]);
+}
+
+#[test]
+fn thread_heaps_over_cuda() {
+    let Some((ctx, streams, access)) = setup() else {
+        return;
+    };
+    let rec = Recorder::new(Cuda::new(&ctx).unwrap());
+    let options = Options {
+        upstream: Some(rec.record()),
+        ..options(&streams, &access)
+    };
+    let report = conformance(resource_stack![&rec, ThreadHeaps { max: 1 GiB }], &options);
     assert_eq!(report.refused_alignments, [] as [usize; 0]);
 }

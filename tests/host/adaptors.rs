@@ -671,9 +671,17 @@ fn logging_times_are_the_wall_clock_in_microseconds() {
         );
     }
     // 20 ms between the pairs, as the wall clock saw them (to a millisecond).
-    for (w, pair) in events.chunks(2).collect::<Vec<_>>().windows(2).zip(times.windows(2)) {
+    for (w, pair) in events
+        .chunks(2)
+        .collect::<Vec<_>>()
+        .windows(2)
+        .zip(times.windows(2))
+    {
         let (logged, seen) = (w[1][0].time - w[0][0].time, pair[1] - pair[0]);
-        assert!(logged.abs_diff(seen) < 2000, "{logged} µs logged, {seen} µs seen");
+        assert!(
+            logged.abs_diff(seen) < 2000,
+            "{logged} µs logged, {seen} µs seen"
+        );
     }
 }
 

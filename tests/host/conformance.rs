@@ -126,6 +126,19 @@ fn tlsf_over_simulated_with_an_initial_chunk() {
 }
 
 #[test]
+fn thread_heaps_over_system_and_over_simulated() {
+    use mrstack::adaptor::{ThreadHeaps, ThreadHeapsConfig};
+    let rec = system();
+    refused_none(conformance(
+        ThreadHeaps::new(&rec, ThreadHeapsConfig::default()),
+        &over(&rec),
+    ));
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig { max: 512 * MIB });
+    refused_none(conformance(heaps, &over(&rec)));
+}
+
+#[test]
 fn virtual_memory_over_simulated_pages() {
     let sim = Simulated::with_page_size(1 << 30, 64 << 10);
     let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();

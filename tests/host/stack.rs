@@ -206,6 +206,11 @@ fn text_stacks_round_trip_through_their_description() {
                 .to_string(),
         ),
         (
+            "simulated(capacity=1GiB) > thread_heaps(max=512MiB) > statistics",
+            "simulated(capacity=1 GiB) > thread_heaps(max=512 MiB) > statistics".to_string(),
+        ),
+        ("system > thread_heaps", "system > thread_heaps".to_string()),
+        (
             &*format!("system > statistics > logging(path={})", log.text()),
             format!("system > statistics > logging(path={})", log.text()),
         ),
@@ -262,6 +267,7 @@ fn item() -> impl Strategy<Value = String> {
             .clone()
             .prop_map(|(a, b)| format!("pool(initial={a}, max={b})")),
         size.clone().prop_map(|m| format!("pool(max={m})")),
+        size.clone().prop_map(|m| format!("thread_heaps(max={m})")),
         sizes
             .clone()
             .prop_map(|(a, b)| format!("binning(min={a}, max={b})")),

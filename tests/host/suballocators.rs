@@ -1,8 +1,9 @@
-//! Host tests of the suballocators `Pool`, `Tlsf`, `FixedSize` and `Binning`: model-based property tests
-//! over `Simulated` (exact accounting) and `System` (real bytes, pattern checks), stream ordering
-//! with a recording upstream, out of memory and recovery, and a 16-thread stress test.
+//! Host tests of the suballocators `Pool`, `Tlsf`, `ThreadHeaps`, `FixedSize` and `Binning`:
+//! model-based property tests over `Simulated` (exact accounting) and `System` (real bytes,
+//! pattern checks), stream ordering with a recording upstream, out of memory and recovery, and a
+//! 16-thread stress test.
 
-use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
+use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig, ThreadHeapsConfig, TlsfConfig};
 use mrstack::prelude::*;
 use mrstack::resource::align_up;
 use mrstack::testing::Recorder;
@@ -133,6 +134,18 @@ impl<U: MemoryResource> Coalescing for Tlsf<U> {
     }
     fn release(&self) -> usize {
         Tlsf::release(self)
+    }
+}
+
+impl<U: MemoryResource> Coalescing for ThreadHeaps<U> {
+    fn usage(&self) -> mrstack::suballoc::Usage {
+        ThreadHeaps::usage(self)
+    }
+    fn max_size(&self) -> usize {
+        ThreadHeaps::max_size(self)
+    }
+    fn release(&self) -> usize {
+        ThreadHeaps::release(self)
     }
 }
 
@@ -281,6 +294,12 @@ proptest! {
         let sim = Simulated::new(capacity);
         coalescing_model(Tlsf::new(&sim, TlsfConfig { initial, max }), &sim, capacity, ops)?;
     }
+
+    #[test]
+    fn thread_heaps_model((_, max, capacity) in pool_config(), ops in ops(1 << 20)) {
+        let sim = Simulated::new(capacity);
+        coalescing_model(ThreadHeaps::new(&sim, ThreadHeapsConfig { max }), &sim, capacity, ops)?;
+    }
 }
 
 proptest! {
@@ -296,6 +315,12 @@ proptest! {
     fn tlsf_system_patterns(max in pattern_max(), ops in ops(256 << 10)) {
         let rec = Recorder::new(System::new());
         coalescing_patterns(Tlsf::new(&rec, TlsfConfig { initial: 0, max }), &rec, ops)?;
+    }
+
+    #[test]
+    fn thread_heaps_system_patterns(max in pattern_max(), ops in ops(256 << 10)) {
+        let rec = Recorder::new(System::new());
+        coalescing_patterns(ThreadHeaps::new(&rec, ThreadHeapsConfig { max }), &rec, ops)?;
     }
 }
 
@@ -823,6 +848,206 @@ fn tlsf_forgets_idle_streams() {
         lists <= 3 && held <= 3,
         "{lists} lists, {held} streams held"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// ThreadHeaps
+
+#[test]
+fn thread_heaps_sixteen_threads_nothing_overlaps_nothing_is_lost() {
+    let rec = Recorder::new(System::new());
+    let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig { max: 1 << 30 });
+    sixteen_threads(&heaps, &rec, 0x6A09_E667_F3BC_C908);
+    assert!(heaps.heaps() >= 2, "the threads had heaps of their own");
+}
+
+impl<P: Coalescing> Coalescing for &P {
+    fn usage(&self) -> mrstack::suballoc::Usage {
+        (**self).usage()
+    }
+    fn max_size(&self) -> usize {
+        (**self).max_size()
+    }
+    fn release(&self) -> usize {
+        (**self).release()
+    }
+}
+
+/// What a worker thread of [`on_workers`] is asked to do.
+enum Job {
+    Alloc(usize, usize, usize),
+    Free(usize, usize, usize, usize),
+}
+
+/// Runs `body` with a function that has worker thread `t` (of `n`) run a job on `mr` and
+/// returns the address it allocated (0 for a failure or a free).
+fn on_workers<R: MemoryResource + Sync>(
+    mr: &R,
+    n: usize,
+    body: impl FnOnce(&dyn Fn(usize, Job) -> Result<usize, AllocError>),
+) {
+    use std::sync::mpsc;
+    std::thread::scope(|s| {
+        let mut senders = Vec::new();
+        for _ in 0..n {
+            let (tx, rx) = mpsc::channel::<(Job, mpsc::Sender<Result<usize, AllocError>>)>();
+            senders.push(tx);
+            s.spawn(move || {
+                for (job, answer) in rx {
+                    let r = match job {
+                        Job::Alloc(size, align, st) => mr
+                            .allocate(size, align, stream(st))
+                            .map(|p| p.as_ptr() as usize),
+                        Job::Free(addr, size, align, st) => {
+                            // SAFETY: the caller frees a live block of `mr` with its size and
+                            // alignment.
+                            unsafe { mr.deallocate(nn(addr), size, align, stream(st)) };
+                            Ok(0)
+                        }
+                    };
+                    answer.send(r).unwrap();
+                }
+            });
+        }
+        let run = |t: usize, job: Job| {
+            let (tx, rx) = mpsc::channel();
+            senders[t].send((job, tx)).unwrap();
+            rx.recv().unwrap()
+        };
+        body(&run);
+        drop(senders);
+    });
+}
+
+/// Random sequences whose operations run on three threads, each with a heap of its own, a block
+/// freed by any of them: no two live blocks overlap, the heaps' accounting agrees with the model
+/// and with the upstream's, the cap holds, and everything returns to the upstream.
+fn thread_heaps_threads_model(
+    max: usize,
+    capacity: usize,
+    ops: Vec<(usize, Op)>,
+) -> Result<(), TestCaseError> {
+    let sim = Simulated::new(capacity);
+    let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig { max });
+    let mut result = Ok(());
+    on_workers(&heaps, 3, |run| {
+        result = (|| {
+            let mut live: Vec<Block> = Vec::new();
+            let mut extents = Live::default();
+            for (t, op) in ops {
+                match op {
+                    Op::Alloc {
+                        size,
+                        align,
+                        stream: s,
+                    } => match run(t, Job::Alloc(size, align, s)) {
+                        Ok(addr) => {
+                            prop_assert_eq!(addr % align.max(256), 0);
+                            if size > 0 {
+                                extents.insert(addr, size);
+                            }
+                            live.push(Block { addr, size, align });
+                        }
+                        Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
+                    },
+                    Op::Free { pick, stream: s } => {
+                        if !live.is_empty() {
+                            let b = live.swap_remove(pick.index(live.len()));
+                            if b.size > 0 {
+                                extents.remove(b.addr);
+                            }
+                            run(t, Job::Free(b.addr, b.size, b.align, s)).unwrap();
+                        }
+                    }
+                }
+                let u = heaps.usage();
+                let allocated: usize = live.iter().map(|b| align_up(b.size, 256).unwrap()).sum();
+                prop_assert_eq!(u.allocated, allocated);
+                prop_assert_eq!(u.held, sim.in_use());
+                prop_assert_eq!(u.chunks, sim.live());
+                prop_assert!(u.held <= heaps.max_size());
+            }
+            for (i, b) in live.into_iter().enumerate() {
+                run(i % 3, Job::Free(b.addr, b.size, b.align, 0)).unwrap();
+            }
+            Ok(())
+        })();
+    });
+    result?;
+    prop_assert_eq!(heaps.usage().allocated, 0);
+    let held = heaps.usage().held;
+    prop_assert_eq!(heaps.release(), held, "every chunk came back whole");
+    drop(heaps);
+    prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(cases(1_000))]
+
+    #[test]
+    fn thread_heaps_threads_match_the_model(
+        (_, max, capacity) in pool_config(),
+        ops in ops(1 << 20).prop_flat_map(|ops| {
+            let n = ops.len();
+            (Just(ops), prop::collection::vec(0..3usize, n))
+        }).prop_map(|(ops, threads)| threads.into_iter().zip(ops).collect::<Vec<_>>()),
+    ) {
+        thread_heaps_threads_model(max, capacity, ops)?;
+    }
+}
+
+#[test]
+fn thread_heaps_give_a_block_back_to_the_heap_it_came_from() {
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig::default());
+    on_workers(&heaps, 1, |run| {
+        let a = run(0, Job::Alloc(4096, 256, 0)).unwrap();
+        // Freed here, on this thread (whose heap is made by its own request first).
+        let mine = heaps.allocate(4096, 256, StreamRef::DEFAULT).unwrap();
+        // SAFETY: live blocks of `heaps` with this size.
+        unsafe { heaps.deallocate(nn(a), 4096, 256, StreamRef::DEFAULT) };
+        assert_eq!(heaps.heaps(), 2);
+        // The worker's heap has it back: its next request of that size gets it, with no
+        // ordering (same stream) and no new chunk.
+        let chunks = rec.record().live();
+        assert_eq!(run(0, Job::Alloc(4096, 256, 0)).unwrap(), a);
+        assert_eq!(rec.record().live(), chunks);
+        run(0, Job::Free(a, 4096, 256, 0)).unwrap();
+        // SAFETY: as above.
+        unsafe { heaps.deallocate(mine, 4096, 256, StreamRef::DEFAULT) };
+    });
+    assert_eq!(heaps.usage().allocated, 0);
+    drop(heaps);
+    assert_eq!(rec.record().in_use(), 0);
+}
+
+#[test]
+fn thread_heaps_take_back_other_heaps_free_chunks_at_the_cap() {
+    let sim = Simulated::new(1 << 30);
+    let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig { max: 8 << 20 });
+    on_workers(&heaps, 1, |run| {
+        // The worker's heap keeps a chunk of 6 MiB or more (its growth rule), wholly free.
+        let a = run(0, Job::Alloc(6 << 20, 256, 0)).unwrap();
+        run(0, Job::Free(a, 6 << 20, 256, 0)).unwrap();
+        assert!(heaps.usage().held >= 6 << 20);
+        // This thread's heap needs 6 MiB too: only once the worker's chunk went back.
+        let b = heaps.allocate(6 << 20, 256, StreamRef::DEFAULT).unwrap();
+        assert!(sim.in_use() <= 8 << 20);
+        // Over the cap with everything live: out of memory, named.
+        let err = run(0, Job::Alloc(4 << 20, 256, 0)).unwrap_err();
+        assert!(err.is_out_of_memory());
+        assert!(
+            err.to_string().contains("ThreadHeaps: out of memory"),
+            "{err}"
+        );
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(b, 6 << 20, 256, StreamRef::DEFAULT) };
+        let c = run(0, Job::Alloc(4 << 20, 256, 0)).unwrap();
+        run(0, Job::Free(c, 4 << 20, 256, 0)).unwrap();
+    });
+    drop(heaps);
+    assert_eq!(sim.in_use(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,379 @@
+//! `ThreadHeaps`: a [`Tlsf`] heap per thread over one upstream, so that threads that free their
+//! own blocks share no lock.
+
+use super::tlsf::{Tlsf, TlsfConfig};
+use super::usage::Usage;
+use crate::config::{ConfigError, FromItem, ItemSpec};
+use crate::resource::{check_request, forward_upstream, AllocError, MemoryResource, Result};
+use crate::shard;
+use crate::stack::{HasUpstream, ItemWriter};
+use crate::stream::StreamRef;
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use typenum::U256;
+
+const NAME: &str = "ThreadHeaps";
+
+/// The configuration of a [`ThreadHeaps`]; `resource_stack!` builds one from
+/// `ThreadHeaps { max: 8 GiB }`.
+#[derive(Debug, Clone, Copy)]
+pub struct ThreadHeapsConfig {
+    /// The most bytes all heaps hold from the upstream together; `usize::MAX` (the default) for
+    /// no cap.
+    pub max: usize,
+}
+
+impl Default for ThreadHeapsConfig {
+    fn default() -> Self {
+        ThreadHeapsConfig { max: usize::MAX }
+    }
+}
+
+layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
+
+/// A [`Tlsf`] heap for each thread, over one upstream `U`: a thread allocates from its own heap
+/// and frees into the heap the block came from, so that threads that free what they allocated
+/// (each worker of a server, each data-loader thread) never take a lock another thread takes.
+/// The per-thread heaps of jemalloc and mimalloc, or RMM's arenas, for blocks of every size.
+///
+/// Each of the first 64 live threads has a heap of its own, made at its first request; later
+/// threads share one more. A heap outlives its thread: the next thread to take the slot takes
+/// the heap as it is, free blocks and all. Each heap grows and gives back chunks as a `Tlsf`
+/// does (doubling from 2 MiB), and merges a freed block with its free neighbours at once, so a
+/// heap needs what its thread holds at its peak and a few percent more; all heaps together need
+/// the sum of their threads' peaks, not the peak of the sum.
+///
+/// # Cost
+///
+/// An allocation is a `Tlsf` allocation in the calling thread's heap: its mutex, taken by no
+/// other thread while no other thread frees into that heap, and O(1) bookkeeping. A free first
+/// asks the calling thread's heap, which frees the block if it holds it (one lock, one hash-map
+/// lookup); a block of another heap costs a look-up of its chunk in a map shared by all threads
+/// (a mutex, O(log chunks)) and that heap's lock. Upstream calls happen when a heap grows or
+/// gives a chunk back: each one updates the shared chunk map. When the upstream (or `max`) is
+/// out of room, every heap gives back its wholly free chunks and the request is tried once more.
+///
+/// # Streams
+///
+/// Within a heap, as [`Tlsf`]: a block freed on stream `S` goes again at once to work on `S`,
+/// and to another stream `T` only after `upstream.order_after(T, S)`. A block freed by another
+/// thread goes back to its own heap, under the stream of the free.
+///
+/// # Upstream
+///
+/// Any [`MemoryResource`] that honours a 256-byte alignment request and may be called from
+/// several threads at once (each heap grows from it on its own thread). The heaps give the
+/// upstream's properties and guarantee 256-byte alignment.
+///
+/// # Examples
+///
+/// ```
+/// use mrstack::prelude::*;
+///
+/// let sim = Simulated::new(1 << 30);
+/// let heaps = resource_stack![&sim, ThreadHeaps { max: 512 MiB }];
+/// std::thread::scope(|s| {
+///     for _ in 0..4 {
+///         s.spawn(|| {
+///             // Each thread allocates from a heap of its own.
+///             let a = heaps.allocate(1 << 20, 256, StreamRef::DEFAULT).unwrap();
+///             // SAFETY: a came from heaps with this size and alignment.
+///             unsafe { heaps.deallocate(a, 1 << 20, 256, StreamRef::DEFAULT) };
+///         });
+///     }
+/// });
+/// assert!(heaps.heaps() >= 1);
+/// assert_eq!(heaps.usage().allocated, 0);
+/// drop(heaps);
+/// assert_eq!(sim.in_use(), 0); // every chunk went back
+/// ```
+#[derive(Debug)]
+pub struct ThreadHeaps<U: MemoryResource> {
+    /// One per thread slot ([`shard::SLOTS`]) and the shared one, made at first use. Declared
+    /// first: dropped (their chunks given back) before `shared`'s last reference can go.
+    heaps: Box<[OnceLock<Tlsf<HeapUpstream<U>>>]>,
+    shared: Arc<Shared<U>>,
+}
+
+/// What the heaps share: the upstream, the cap and which heap owns each chunk.
+#[derive(Debug)]
+struct Shared<U> {
+    upstream: U,
+    max: usize,
+    /// Bytes all heaps hold from the upstream.
+    held: AtomicUsize,
+    /// The most `held` has been.
+    peak: AtomicUsize,
+    /// Each chunk a heap holds: its start, its end and the heap's slot.
+    owners: Mutex<BTreeMap<usize, (usize, usize)>>,
+}
+
+impl<U> Shared<U> {
+    fn owners(&self) -> MutexGuard<'_, BTreeMap<usize, (usize, usize)>> {
+        // Every update is one insert or remove, which completes or does not happen.
+        self.owners.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The slot of the heap whose chunk holds `addr`.
+    fn owner_of(&self, addr: usize) -> Option<usize> {
+        let owners = self.owners();
+        let (_, &(end, slot)) = owners.range(..=addr).next_back()?;
+        (addr < end).then_some(slot)
+    }
+}
+
+/// The upstream as one heap sees it: the chunks it takes count against the cap and are
+/// recorded as that heap's.
+#[derive(Debug)]
+struct HeapUpstream<U> {
+    shared: Arc<Shared<U>>,
+    slot: usize,
+}
+
+// SAFETY: every allocation is the upstream's, returned unchanged (so its properties and
+// alignment are the upstream's); the cap and the chunk map are bookkeeping beside it.
+unsafe impl<U: MemoryResource> MemoryResource for HeapUpstream<U> {
+    forward_upstream!(properties of U);
+    type Alignment = U::Alignment;
+
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        let shared = &*self.shared;
+        let taken = shared.held.fetch_update(Relaxed, Relaxed, |held| {
+            held.checked_add(size).filter(|&n| n <= shared.max)
+        });
+        let Ok(before) = taken else {
+            // Out of memory, so that the heap's growth asks for less, as from a full device.
+            return Err(AllocError::out_of_memory(size, align, NAME));
+        };
+        shared.peak.fetch_max(before + size, Relaxed);
+        match shared.upstream.allocate(size, align, stream) {
+            Ok(ptr) => {
+                let start = ptr.as_ptr() as usize;
+                // Recorded before the heap can hand out a block of it, so that a free of one
+                // from any thread finds its heap.
+                shared.owners().insert(start, (start + size, self.slot));
+                Ok(ptr)
+            }
+            Err(e) => {
+                shared.held.fetch_sub(size, Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        let shared = &*self.shared;
+        let start = ptr.as_ptr() as usize;
+        {
+            // Forgotten before the upstream has it back: another heap may get the same address
+            // from the upstream at once, and its record must not be the one removed.
+            let mut owners = shared.owners();
+            if owners
+                .get(&start)
+                .is_some_and(|&(_, slot)| slot == self.slot)
+            {
+                owners.remove(&start);
+            }
+        }
+        // SAFETY: forwarded from the heap, which gives back only chunks it took from here.
+        unsafe { shared.upstream.deallocate(ptr, size, align, stream) };
+        shared.held.fetch_sub(size, Relaxed);
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        self.shared.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        self.shared.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+}
+
+impl<U: MemoryResource> ThreadHeaps<U> {
+    /// Heaps over `upstream` holding at most `config.max` bytes together (rounded down to 256
+    /// bytes). No heap exists until a thread asks for memory.
+    pub fn new(upstream: U, config: ThreadHeapsConfig) -> Self {
+        ThreadHeaps {
+            heaps: (0..=shard::SLOTS).map(|_| OnceLock::new()).collect(),
+            shared: Arc::new(Shared {
+                upstream,
+                max: config.max & !255,
+                held: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+                owners: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The heap of thread slot `slot`, made on first use.
+    fn heap(&self, slot: usize) -> &Tlsf<HeapUpstream<U>> {
+        self.heaps[slot].get_or_init(|| {
+            let upstream = HeapUpstream {
+                shared: self.shared.clone(),
+                slot,
+            };
+            Tlsf::new(
+                upstream,
+                TlsfConfig {
+                    initial: 0,
+                    max: self.shared.max,
+                },
+            )
+        })
+    }
+
+    /// The cap on the bytes all heaps hold (the configured maximum rounded down to 256 bytes).
+    pub fn max_size(&self) -> usize {
+        self.shared.max
+    }
+
+    /// How many heaps exist: one per thread slot that has asked for memory.
+    pub fn heaps(&self) -> usize {
+        self.heaps.iter().filter(|h| h.get().is_some()).count()
+    }
+
+    /// What the heaps hold together: each heap read at its own instant (exact when no thread is
+    /// in a call); `peak_held` is the most all heaps held at once.
+    pub fn usage(&self) -> Usage {
+        let mut total = Usage::default();
+        for heap in self.heaps.iter().filter_map(OnceLock::get) {
+            let u = heap.usage();
+            total.held += u.held;
+            total.allocated += u.allocated;
+            total.free_blocks += u.free_blocks;
+            total.chunks += u.chunks;
+        }
+        total.peak_held = self.shared.peak.load(Relaxed).max(total.held);
+        total
+    }
+
+    /// Gives every heap's wholly free chunks back to the upstream; returns the bytes given back.
+    pub fn release(&self) -> usize {
+        self.heaps
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(Tlsf::release)
+            .sum()
+    }
+
+    /// The resource the heaps take their chunks from.
+    pub fn upstream(&self) -> &U {
+        &self.shared.upstream
+    }
+}
+
+// SAFETY: every block comes from one heap, a `Tlsf` over `HeapUpstream<U>` (the upstream's memory
+// unchanged), whose blocks are disjoint pieces of live chunks, aligned to 256 bytes, handed to
+// another stream only after `order_after`. Heaps' chunks are disjoint (each is a live upstream
+// allocation) and recorded in the chunk map before any block of them is handed out, until the
+// heap gives the chunk back, which a `Tlsf` does only when no block of it is live. So a free goes
+// to the heap the block came from: the calling thread's heap frees only a block it holds live,
+// and otherwise the map names the heap whose chunk holds the address.
+unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
+    forward_upstream!(properties of U);
+    type Alignment = U256;
+
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        if let Some(p) = check_request::<Self>(size, align, NAME)? {
+            return Ok(p);
+        }
+        let heap = self.heap(shard::slot());
+        match heap.allocate(size, align, stream) {
+            Err(e) if e.is_out_of_memory() => {
+                // Other threads' heaps may hold wholly free chunks that would fit.
+                if self.release() > 0 {
+                    if let Ok(p) = heap.allocate(size, align, stream) {
+                        return Ok(p);
+                    }
+                }
+                Err(AllocError::out_of_memory(size, align, NAME))
+            }
+            other => other,
+        }
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        if let Some(own) = self.heaps[shard::slot()].get() {
+            if own.free_if_owned(ptr, stream) {
+                return;
+            }
+        }
+        // Another thread's block: the heap whose chunk holds it. An address of no chunk is
+        // ignored, as each heap ignores one it never handed out.
+        let Some(slot) = self.shared.owner_of(ptr.as_ptr() as usize) else {
+            return;
+        };
+        if let Some(heap) = self.heaps.get(slot).and_then(OnceLock::get) {
+            // SAFETY: forwarded from the caller; the block is that heap's (see the impl's
+            // SAFETY): its chunk cannot go back while the block is live.
+            unsafe { heap.deallocate(ptr, size, align, stream) };
+        }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        self.shared.upstream.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        self.shared.upstream.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// `thread_heaps(max=…)`, leaving out the default.
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut item = ItemWriter::over(f, &self.shared.upstream, "thread_heaps");
+        if self.shared.max != ThreadHeapsConfig::default().max & !255 {
+            item = item.size("max", self.shared.max);
+        }
+        item.finish()
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.shared.upstream)
+    }
+}
+
+impl<U: MemoryResource> HasUpstream for ThreadHeaps<U> {
+    type Upstream = U;
+    fn upstream(&self) -> &U {
+        &self.shared.upstream
+    }
+}
+
+impl FromItem for ThreadHeapsConfig {
+    /// `thread_heaps(max=…)`.
+    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+        item.check_fields(&["max"])?;
+        Ok(ThreadHeapsConfig {
+            max: item.size_or("max", ThreadHeapsConfig::default().max)?,
+        })
+    }
+}
+
+static_assertions::assert_impl_all!(
+    ThreadHeaps<crate::Cuda>: Send,
+    Sync,
+    crate::Accessible<crate::DeviceAccessible>
+);
+static_assertions::assert_not_impl_any!(ThreadHeaps<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(
+    ThreadHeaps<crate::Pinned>: crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+);
+static_assertions::assert_impl_all!(ThreadHeaps<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(ThreadHeaps<crate::System>: crate::Accessible<crate::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<ThreadHeaps<crate::System>>() == 256);
