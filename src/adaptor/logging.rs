@@ -191,6 +191,8 @@ struct Sink<W: Write> {
     pending: Vec<Record>,
     /// Batches taken in a sweep, each sorted by time (scratch, kept for its capacity).
     runs: Vec<Vec<Record>>,
+    /// Several threads' records, sorted together (scratch, kept for its capacity).
+    merged: Vec<Record>,
     /// Empty batches, handed to slots as their next ones (at most [`SPARE_BATCHES`]).
     spare: Vec<Vec<Record>>,
 }
@@ -206,6 +208,7 @@ impl<W: Write> Sink<W> {
             error: None,
             pending: Vec::new(),
             runs: Vec::new(),
+            merged: Vec::new(),
             spare: Vec::new(),
         }
     }
@@ -291,32 +294,42 @@ impl<W: Write> Sink<W> {
                 self.pending.extend_from_slice(&run[due..]);
             }
             _ => {
-                use std::cmp::Reverse;
-                let mut heads: std::collections::BinaryHeap<Reverse<(u64, usize, usize)>> = runs
+                // One thread's runs (its leftovers, then its batches) follow each other in time:
+                // written as they are. Several threads' interleave: one stable sort (which finds
+                // the runs and merges them with block copies), as for any number of threads.
+                let in_order = runs
                     .iter()
-                    .enumerate()
-                    .filter_map(|(k, run)| run.first().map(|r| Reverse((r.stamp, k, 0))))
-                    .collect();
-                while let Some(Reverse((_, k, mut i))) = heads.pop() {
-                    // This run's records go out while they come before every other run's head,
-                    // without a trip through the heap each.
-                    let bound = heads.peek().map(|Reverse((stamp, j, _))| (*stamp, *j));
-                    loop {
-                        let r = runs[k][i];
-                        if r.stamp < until {
-                            self.write(shared, &r, scale);
-                        } else {
-                            self.pending.push(r);
+                    .filter(|run| !run.is_empty())
+                    .try_fold(0u64, |last, run| {
+                        (run[0].stamp >= last).then(|| run[run.len() - 1].stamp)
+                    })
+                    .is_some();
+                if in_order {
+                    for run in runs.iter() {
+                        let due = run.partition_point(|r| r.stamp < until);
+                        for r in &run[..due] {
+                            self.write(shared, r, scale);
                         }
-                        i += 1;
-                        let Some(next) = runs[k].get(i) else {
-                            break;
-                        };
-                        if bound.is_some_and(|b| (next.stamp, k) > b) {
-                            heads.push(Reverse((next.stamp, k, i)));
-                            break;
-                        }
+                        self.pending.extend_from_slice(&run[due..]);
                     }
+                    return;
+                }
+                let mut all = std::mem::take(&mut self.merged);
+                for run in runs.iter() {
+                    all.extend_from_slice(run);
+                }
+                // Stable: records of one time keep the order of the runs (a thread's own first
+                // the leftovers, then its batches in order).
+                all.sort_by_key(|r| r.stamp);
+                let due = all.partition_point(|r| r.stamp < until);
+                for r in &all[..due] {
+                    self.write(shared, r, scale);
+                }
+                self.pending.extend_from_slice(&all[due..]);
+                all.clear();
+                // Kept for the next sweep, unless a burst made it large.
+                if all.capacity() <= 1 << 16 {
+                    self.merged = all;
                 }
             }
         }

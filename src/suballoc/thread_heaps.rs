@@ -10,7 +10,6 @@ use crate::stack::{HasUpstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use typenum::U256;
 
@@ -40,10 +39,12 @@ layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
 ///
 /// Each of the first 64 live threads has a heap of its own, made at its first request; later
 /// threads share one more. A heap outlives its thread: the next thread to take the slot takes
-/// the heap as it is, free blocks and all. Each heap grows and gives back chunks as a `Tlsf`
-/// does (doubling from 2 MiB), and merges a freed block with its free neighbours at once, so a
-/// heap needs what its thread holds at its peak and a few percent more; all heaps together need
-/// the sum of their threads' peaks, not the peak of the sum.
+/// the heap as it is, free blocks and all. Heaps take their chunks (doubling from 2 MiB, as a
+/// `Tlsf` grows) from one shared `Tlsf` over the upstream, which grows from the upstream by the
+/// same rule up to `max` and merges the chunks heaps give back, so that memory one thread no
+/// longer uses reaches another with no upstream call. A heap merges a freed block with its free
+/// neighbours at once, so it needs what its thread holds at its peak and a few percent more;
+/// all heaps together need about the sum of their threads' peaks, not the peak of the sum.
 ///
 /// # Cost
 ///
@@ -51,20 +52,22 @@ layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
 /// other thread while no other thread frees into that heap, and O(1) bookkeeping. A free first
 /// asks the calling thread's heap, which frees the block if it holds it (one lock, one hash-map
 /// lookup); a block of another heap costs a look-up of its chunk in a map shared by all threads
-/// (a mutex, O(log chunks)) and that heap's lock. Upstream calls happen when a heap grows or
-/// gives a chunk back: each one updates the shared chunk map. When the upstream (or `max`) is
-/// out of room, every heap gives back its wholly free chunks and the request is tried once more.
+/// (a mutex, O(log chunks)) and that heap's lock. A heap's growth takes a chunk from the shared
+/// pool (its lock, and the chunk map's); upstream calls happen only when the shared pool grows
+/// or gives memory back. When the shared pool is out of room (at `max`, or the upstream is),
+/// every heap gives its wholly free chunks to it and the request is tried once more.
 ///
 /// # Streams
 ///
 /// Within a heap, as [`Tlsf`]: a block freed on stream `S` goes again at once to work on `S`,
 /// and to another stream `T` only after `upstream.order_after(T, S)`. A block freed by another
-/// thread goes back to its own heap, under the stream of the free.
+/// thread goes back to its own heap, under the stream of the free. A chunk a heap gives back
+/// goes to the shared pool after its stream is ordered behind every stream that freed a block
+/// of it, and the pool orders the next heap's stream after it in turn.
 ///
 /// # Upstream
 ///
-/// Any [`MemoryResource`] that honours a 256-byte alignment request and may be called from
-/// several threads at once (each heap grows from it on its own thread). The heaps give the
+/// Any [`MemoryResource`] that honours a 256-byte alignment request. The heaps give the
 /// upstream's properties and guarantee 256-byte alignment.
 ///
 /// # Examples
@@ -97,20 +100,17 @@ pub struct ThreadHeaps<U: MemoryResource> {
     shared: Arc<Shared<U>>,
 }
 
-/// What the heaps share: the upstream, the cap and which heap owns each chunk.
+/// What the heaps share: the pool they take chunks from and which heap owns each chunk.
 #[derive(Debug)]
-struct Shared<U> {
-    upstream: U,
-    max: usize,
-    /// Bytes all heaps hold from the upstream.
-    held: AtomicUsize,
-    /// The most `held` has been.
-    peak: AtomicUsize,
+struct Shared<U: MemoryResource> {
+    /// The chunks of every heap come from here, and go back here when a heap gives them up, so
+    /// that another heap takes them with no upstream call.
+    global: Tlsf<U>,
     /// Each chunk a heap holds: its start, its end and the heap's slot.
     owners: Mutex<BTreeMap<usize, (usize, usize)>>,
 }
 
-impl<U> Shared<U> {
+impl<U: MemoryResource> Shared<U> {
     fn owners(&self) -> MutexGuard<'_, BTreeMap<usize, (usize, usize)>> {
         // Every update is one insert or remove, which completes or does not happen.
         self.owners.lock().unwrap_or_else(PoisonError::into_inner)
@@ -124,52 +124,36 @@ impl<U> Shared<U> {
     }
 }
 
-/// The upstream as one heap sees it: the chunks it takes count against the cap and are
-/// recorded as that heap's.
+/// The shared pool as one heap sees it: the chunks it takes are recorded as that heap's.
 #[derive(Debug)]
-struct HeapUpstream<U> {
+struct HeapUpstream<U: MemoryResource> {
     shared: Arc<Shared<U>>,
     slot: usize,
 }
 
-// SAFETY: every allocation is the upstream's, returned unchanged (so its properties and
-// alignment are the upstream's); the cap and the chunk map are bookkeeping beside it.
+// SAFETY: every allocation is the shared pool's, returned unchanged (so its properties are the
+// upstream's and its alignment the pool's); the chunk map is bookkeeping beside it.
 unsafe impl<U: MemoryResource> MemoryResource for HeapUpstream<U> {
     forward_upstream!(properties of U);
-    type Alignment = U::Alignment;
+    type Alignment = U256;
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        let shared = &*self.shared;
-        let taken = shared.held.fetch_update(Relaxed, Relaxed, |held| {
-            held.checked_add(size).filter(|&n| n <= shared.max)
-        });
-        let Ok(before) = taken else {
-            // Out of memory, so that the heap's growth asks for less, as from a full device.
-            return Err(AllocError::out_of_memory(size, align, NAME));
-        };
-        shared.peak.fetch_max(before + size, Relaxed);
-        match shared.upstream.allocate(size, align, stream) {
-            Ok(ptr) => {
-                let start = ptr.as_ptr() as usize;
-                // Recorded before the heap can hand out a block of it, so that a free of one
-                // from any thread finds its heap.
-                shared.owners().insert(start, (start + size, self.slot));
-                Ok(ptr)
-            }
-            Err(e) => {
-                shared.held.fetch_sub(size, Relaxed);
-                Err(e)
-            }
-        }
+        let ptr = self.shared.global.allocate(size, align, stream)?;
+        let start = ptr.as_ptr() as usize;
+        // Recorded before the heap can hand out a block of it, so that a free of one from any
+        // thread finds its heap.
+        self.shared
+            .owners()
+            .insert(start, (start + size, self.slot));
+        Ok(ptr)
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        let shared = &*self.shared;
         let start = ptr.as_ptr() as usize;
         {
-            // Forgotten before the upstream has it back: another heap may get the same address
-            // from the upstream at once, and its record must not be the one removed.
-            let mut owners = shared.owners();
+            // Forgotten before the pool has it back: another heap may get the same address at
+            // once, and its record must not be the one removed.
+            let mut owners = self.shared.owners();
             if owners
                 .get(&start)
                 .is_some_and(|&(_, slot)| slot == self.slot)
@@ -177,17 +161,17 @@ unsafe impl<U: MemoryResource> MemoryResource for HeapUpstream<U> {
                 owners.remove(&start);
             }
         }
-        // SAFETY: forwarded from the heap, which gives back only chunks it took from here.
-        unsafe { shared.upstream.deallocate(ptr, size, align, stream) };
-        shared.held.fetch_sub(size, Relaxed);
+        // SAFETY: forwarded from the heap, which gives back only chunks it took from here, on
+        // the stream it ordered behind every stream that freed a block of them.
+        unsafe { self.shared.global.deallocate(ptr, size, align, stream) };
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.shared.upstream.synchronize(stream)
+        self.shared.global.synchronize(stream)
     }
 
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.shared.upstream.order_after(stream, after)
+        self.shared.global.order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {
@@ -196,16 +180,19 @@ unsafe impl<U: MemoryResource> MemoryResource for HeapUpstream<U> {
 }
 
 impl<U: MemoryResource> ThreadHeaps<U> {
-    /// Heaps over `upstream` holding at most `config.max` bytes together (rounded down to 256
-    /// bytes). No heap exists until a thread asks for memory.
+    /// Heaps over `upstream` holding at most `config.max` bytes from it together (rounded down
+    /// to 256 bytes). No heap exists until a thread asks for memory.
     pub fn new(upstream: U, config: ThreadHeapsConfig) -> Self {
         ThreadHeaps {
             heaps: (0..=shard::SLOTS).map(|_| OnceLock::new()).collect(),
             shared: Arc::new(Shared {
-                upstream,
-                max: config.max & !255,
-                held: AtomicUsize::new(0),
-                peak: AtomicUsize::new(0),
+                global: Tlsf::new(
+                    upstream,
+                    TlsfConfig {
+                        initial: 0,
+                        max: config.max,
+                    },
+                ),
                 owners: Mutex::default(),
             }),
         }
@@ -218,19 +205,15 @@ impl<U: MemoryResource> ThreadHeaps<U> {
                 shared: self.shared.clone(),
                 slot,
             };
-            Tlsf::new(
-                upstream,
-                TlsfConfig {
-                    initial: 0,
-                    max: self.shared.max,
-                },
-            )
+            // No cap of its own: the shared pool's is the one that counts.
+            Tlsf::new(upstream, TlsfConfig::default())
         })
     }
 
-    /// The cap on the bytes all heaps hold (the configured maximum rounded down to 256 bytes).
+    /// The cap on the bytes taken from the upstream (the configured maximum rounded down to 256
+    /// bytes).
     pub fn max_size(&self) -> usize {
-        self.shared.max
+        self.shared.global.max_size()
     }
 
     /// How many heaps exist: one per thread slot that has asked for memory.
@@ -238,23 +221,27 @@ impl<U: MemoryResource> ThreadHeaps<U> {
         self.heaps.iter().filter(|h| h.get().is_some()).count()
     }
 
-    /// What the heaps hold together: each heap read at its own instant (exact when no thread is
-    /// in a call); `peak_held` is the most all heaps held at once.
+    /// What the heaps hold, each read at its own instant (exact when no thread is in a call):
+    /// `held`, `peak_held` and `chunks` are the upstream's bytes and allocations (the shared
+    /// pool's), `allocated` and `free_blocks` the heaps' blocks.
     pub fn usage(&self) -> Usage {
-        let mut total = Usage::default();
+        let global = self.shared.global.usage();
+        let mut total = Usage {
+            held: global.held,
+            peak_held: global.peak_held,
+            chunks: global.chunks,
+            ..Usage::default()
+        };
         for heap in self.heaps.iter().filter_map(OnceLock::get) {
             let u = heap.usage();
-            total.held += u.held;
             total.allocated += u.allocated;
             total.free_blocks += u.free_blocks;
-            total.chunks += u.chunks;
         }
-        total.peak_held = self.shared.peak.load(Relaxed).max(total.held);
         total
     }
 
-    /// Gives every heap's wholly free chunks back to the upstream; returns the bytes given back.
-    pub fn release(&self) -> usize {
+    /// Gives every heap's wholly free chunks to the shared pool, where any heap can take them.
+    fn pool_free_chunks(&self) -> usize {
         self.heaps
             .iter()
             .filter_map(OnceLock::get)
@@ -262,9 +249,16 @@ impl<U: MemoryResource> ThreadHeaps<U> {
             .sum()
     }
 
+    /// Gives every wholly free chunk back to the upstream: the heaps' to the shared pool first,
+    /// then the pool's; returns the bytes the upstream got back.
+    pub fn release(&self) -> usize {
+        self.pool_free_chunks();
+        self.shared.global.release()
+    }
+
     /// The resource the heaps take their chunks from.
     pub fn upstream(&self) -> &U {
-        &self.shared.upstream
+        self.shared.global.upstream()
     }
 }
 
@@ -287,7 +281,7 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
         match heap.allocate(size, align, stream) {
             Err(e) if e.is_out_of_memory() => {
                 // Other threads' heaps may hold wholly free chunks that would fit.
-                if self.release() > 0 {
+                if self.pool_free_chunks() > 0 {
                     if let Ok(p) = heap.allocate(size, align, stream) {
                         return Ok(p);
                     }
@@ -320,11 +314,11 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.shared.upstream.synchronize(stream)
+        self.upstream().synchronize(stream)
     }
 
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.shared.upstream.order_after(stream, after)
+        self.upstream().order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {
@@ -333,9 +327,9 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
 
     /// `thread_heaps(max=…)`, leaving out the default.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut item = ItemWriter::over(f, &self.shared.upstream, "thread_heaps");
-        if self.shared.max != ThreadHeapsConfig::default().max & !255 {
-            item = item.size("max", self.shared.max);
+        let mut item = ItemWriter::over(f, self.upstream(), "thread_heaps");
+        if self.max_size() != ThreadHeapsConfig::default().max & !255 {
+            item = item.size("max", self.max_size());
         }
         item.finish()
     }
@@ -344,14 +338,14 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
     where
         Self: 'static,
     {
-        Some(&self.shared.upstream)
+        Some(self.upstream())
     }
 }
 
 impl<U: MemoryResource> HasUpstream for ThreadHeaps<U> {
     type Upstream = U;
     fn upstream(&self) -> &U {
-        &self.shared.upstream
+        self.shared.global.upstream()
     }
 }
 
