@@ -56,7 +56,9 @@ impl Clock {
     #[inline]
     fn now(&self) -> u64 {
         match self.tsc {
-            Some(start) => tsc::read().wrapping_sub(start),
+            // A counter behind its start (it never is where the kernel keeps time with it) reads
+            // as the start, rather than as a stamp no sweep would ever reach.
+            Some(start) => tsc::read().saturating_sub(start),
             None => u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX),
         }
     }
@@ -90,9 +92,10 @@ mod tsc {
     #[inline]
     pub(super) fn read() -> u64 {
         use std::arch::x86_64::{_mm_lfence, _rdtsc};
-        // SAFETY: `lfence` (SSE2) and `rdtsc` are in every x86-64 processor, touch no memory,
-        // and only read the counter; user space may run them (the kernel leaves CR4.TSD clear
-        // wherever it picked the counter as its clocksource, which `usable` checked first).
+        // SAFETY: `lfence` (SSE2) and `rdtsc` are in every x86-64 processor, touch no memory and
+        // only read the counter. A process that made `rdtsc` fault (`prctl(PR_SET_TSC,
+        // PR_TSC_SIGSEGV)`, as rr and some sandboxes do) gets a SIGSEGV here, not undefined
+        // behaviour.
         unsafe {
             _mm_lfence();
             _rdtsc()
@@ -193,6 +196,9 @@ struct Sink<W: Write> {
     runs: Vec<Vec<Record>>,
     /// Several threads' records, sorted together (scratch, kept for its capacity).
     merged: Vec<Record>,
+    /// The time of the last line written: lines go in stamp order, and the scale from ticks
+    /// to time is measured anew at each sweep, so a line's time is kept from going below it.
+    last_micros: u64,
     /// Empty batches, handed to slots as their next ones (at most [`SPARE_BATCHES`]).
     spare: Vec<Vec<Record>>,
 }
@@ -209,6 +215,7 @@ impl<W: Write> Sink<W> {
             pending: Vec::new(),
             runs: Vec::new(),
             merged: Vec::new(),
+            last_micros: 0,
             spare: Vec::new(),
         }
     }
@@ -344,10 +351,13 @@ impl<W: Write> Sink<W> {
             line[at..at + bytes.len()].copy_from_slice(bytes);
             at += bytes.len();
         };
-        let micros = (r.stamp as f64 * nanos_per_tick / 1000.0) as u64;
+        let micros = (shared.epoch_micros)
+            .saturating_add((r.stamp as f64 * nanos_per_tick / 1000.0) as u64)
+            .max(self.last_micros);
+        self.last_micros = micros;
         put(decimal(r.thread, &mut [0; 20]));
         put(b",");
-        put(decimal(shared.epoch_micros + micros, &mut [0; 20]));
+        put(decimal(micros, &mut [0; 20]));
         put(b",");
         put(r.action.text().as_bytes());
         put(b",0x");
@@ -424,6 +434,11 @@ fn write_lines<W: Write>(sink: &mut Sink<W>, shared: &Shared) {
     loop {
         if shared.stop.load(Acquire) {
             sink.finish(shared);
+            // The last I/O on this thread too: a writer that panics panics here, where the
+            // join sees it, not in the adaptor's drop (which may run while unwinding).
+            if let Err(e) = sink.out.flush() {
+                sink.error.get_or_insert(e);
+            }
             return;
         }
         let taken = sink.sweep(shared);
@@ -614,6 +629,18 @@ impl<U: MemoryResource, W: Write + Send + 'static> Logging<U, W> {
     }
 }
 
+/// Runs `f` on the sink with a panic of the writer `W` caught and kept as the sink's error: where
+/// no writer thread could be started, the writer runs inside an allocation or a free, and its
+/// panic must not leave a block behind (nor escape a drop that may run while unwinding). Lines
+/// `f` had taken are lost with the panic.
+fn contained<W: Write>(sink: &mut Sink<W>, f: impl FnOnce(&mut Sink<W>)) {
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(sink)));
+    if caught.is_err() {
+        sink.error
+            .get_or_insert_with(|| io::Error::other("the log's writer panicked"));
+    }
+}
+
 /// The sink is taken once: by the writer thread, or by `new` when the thread did not start.
 #[cold]
 fn taken_twice() -> ! {
@@ -654,7 +681,9 @@ impl<U, W: Write> Logging<U, W> {
         drop(slot);
         match &self.writer {
             Some(Writer::Inline(sink)) => {
-                lock(sink).sweep(shared);
+                contained(&mut lock(sink), |s| {
+                    s.sweep(shared);
+                });
             }
             Some(Writer::Thread(thread)) => {
                 if shared.idle.load(Relaxed) && shared.idle.swap(false, AcqRel) {
@@ -697,8 +726,13 @@ impl<U, W: Write> Logging<U, W> {
                 // A sweep writes every line logged before it started; lines other threads log
                 // meanwhile wait for the next, so that the file stays in time order.
                 let mut sink = lock(sink);
-                sink.sweep(&self.shared);
-                sink.flush()
+                contained(&mut sink, |s| {
+                    s.sweep(&self.shared);
+                    if let Err(e) = s.out.flush() {
+                        s.error.get_or_insert(e);
+                    }
+                });
+                sink.error.take().map_or(Ok(()), Err)
             }
             Some(Writer::Thread(thread)) => {
                 let gone =
@@ -763,7 +797,12 @@ impl<U, W: Write> Logging<U, W> {
             }
             Some(Writer::Inline(sink)) => {
                 let mut sink = sink.into_inner().unwrap_or_else(|p| p.into_inner());
-                sink.finish(&self.shared);
+                contained(&mut sink, |s| {
+                    s.finish(&self.shared);
+                    if let Err(e) = s.out.flush() {
+                        s.error.get_or_insert(e);
+                    }
+                });
                 Ok(sink)
             }
             None => Err(io::Error::other("the log was already finished")),

@@ -43,8 +43,9 @@ layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
 /// `Tlsf` grows) from one shared `Tlsf` over the upstream, which grows from the upstream by the
 /// same rule up to `max` and merges the chunks heaps give back, so that memory one thread no
 /// longer uses reaches another with no upstream call. A heap merges a freed block with its free
-/// neighbours at once, so it needs what its thread holds at its peak and a few percent more;
-/// all heaps together need about the sum of their threads' peaks, not the peak of the sum.
+/// neighbours at once, so it needs what its thread holds at its peak and a few percent more,
+/// and 2 MiB at least (its first chunk); all heaps together need about the sum of their threads'
+/// peaks, not the peak of the sum.
 ///
 /// # Cost
 ///
@@ -280,13 +281,16 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
         let heap = self.heap(shard::slot());
         match heap.allocate(size, align, stream) {
             Err(e) if e.is_out_of_memory() => {
-                // Other threads' heaps may hold wholly free chunks that would fit.
-                if self.pool_free_chunks() > 0 {
-                    if let Ok(p) = heap.allocate(size, align, stream) {
-                        return Ok(p);
+                // Other threads' heaps may hold wholly free chunks that would fit (given to the
+                // shared pool by this call or, meanwhile, by another thread's).
+                self.pool_free_chunks();
+                heap.allocate(size, align, stream).map_err(|e| {
+                    if e.is_out_of_memory() {
+                        AllocError::out_of_memory(size, align, NAME)
+                    } else {
+                        e
                     }
-                }
-                Err(AllocError::out_of_memory(size, align, NAME))
+                })
             }
             other => other,
         }

@@ -720,6 +720,40 @@ fn logging_survives_a_writer_that_panics() {
     assert!(mr.into_parts().is_err());
 }
 
+#[test]
+fn logging_keeps_a_panicking_writer_out_of_drop_and_into_parts() {
+    // Review 26: with a few lines (the buffer never filled), the writer was first called by the
+    // last flush, in the adaptor's drop or `into_parts`, on the caller's thread: its panic came
+    // out of `drop` (an abort when dropped while unwinding) and out of `into_parts`.
+    let few = |mr: &Logging<System, Panics>| {
+        for _ in 0..4 {
+            let p = mr.allocate(64, 8, S).unwrap();
+            // SAFETY: p came from mr with this size and alignment.
+            unsafe { mr.deallocate(p, 64, 8, S) };
+        }
+    };
+    let mr = Logging::new(System::new(), Panics);
+    few(&mr);
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(mr)));
+    assert!(dropped.is_ok(), "drop(Logging) let the writer's panic out");
+    let mr = Logging::new(System::new(), Panics);
+    few(&mr);
+    let parts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        mr.into_parts().map(|_| ())
+    }));
+    assert!(
+        matches!(parts, Ok(Err(_))),
+        "into_parts: an error, not a panic"
+    );
+    // Dropped while another panic unwinds: no second panic, so no abort.
+    let unwound = std::panic::catch_unwind(|| {
+        let mr = Logging::new(System::new(), Panics);
+        few(&mr);
+        panic!("an unrelated panic (expected by the test)");
+    });
+    assert!(unwound.is_err());
+}
+
 /// A writer that fails every write.
 struct Broken;
 

@@ -1050,6 +1050,95 @@ fn thread_heaps_take_back_other_heaps_free_chunks_at_the_cap() {
     assert_eq!(sim.in_use(), 0);
 }
 
+/// A `Simulated` whose `allocate` panics while `armed` (safe code: a panic, no lie).
+struct PanicsWhenArmed {
+    inner: Simulated,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: every call goes to the Simulated inside, unchanged, or panics before reaching it.
+unsafe impl MemoryResource for PanicsWhenArmed {
+    type Host = <Simulated as MemoryResource>::Host;
+    type Device = <Simulated as MemoryResource>::Device;
+    type Managed = <Simulated as MemoryResource>::Managed;
+    type Alignment = <Simulated as MemoryResource>::Alignment;
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        assert!(
+            !self.armed.load(std::sync::atomic::Ordering::Relaxed),
+            "the upstream panics (expected by the test)"
+        );
+        self.inner.allocate(size, align, s)
+    }
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.deallocate(ptr, size, align, s) }
+    }
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.inner.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
+        self.inner.order_after(s, a)
+    }
+}
+
+#[test]
+fn thread_heaps_keep_their_cap_after_an_upstream_panics() {
+    // Review 26: the cap was counted before the upstream call and a panic kept it taken.
+    let up = PanicsWhenArmed {
+        inner: Simulated::new(1 << 30),
+        armed: std::sync::atomic::AtomicBool::new(true),
+    };
+    let heaps = ThreadHeaps::new(&up, ThreadHeapsConfig { max: 4 << 20 });
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        heaps.allocate(1 << 20, 256, StreamRef::DEFAULT)
+    }));
+    assert!(r.is_err(), "the upstream's panic comes through");
+    up.armed.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((heaps.usage().held, up.inner.in_use()), (0, 0));
+    // Nothing is held: the whole cap is there.
+    let p = heaps.allocate(4 << 20, 256, StreamRef::DEFAULT).unwrap();
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(p, 4 << 20, 256, StreamRef::DEFAULT) };
+    drop(heaps);
+    assert_eq!(up.inner.in_use(), 0);
+}
+
+#[test]
+fn thread_heaps_report_only_what_the_upstream_gave() {
+    // Review 26: a refused request counted in the peak.
+    let sim = Simulated::new(1 << 20);
+    let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig::default());
+    let p = heaps.allocate(256, 256, StreamRef::DEFAULT).unwrap();
+    assert!(heaps.allocate(1 << 20, 256, StreamRef::DEFAULT).is_err());
+    let u = heaps.usage();
+    assert!(
+        u.peak_held <= sim.capacity() && u.held == sim.in_use(),
+        "{u:?}"
+    );
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(p, 256, 256, StreamRef::DEFAULT) };
+}
+
+#[test]
+fn thread_heaps_under_a_small_cap_serve_every_thread() {
+    // Review 26: the first heap took the whole cap for 256 bytes (its growth rule read its own
+    // bytes against the cap) and the second thread's 256 bytes were refused. Each heap takes
+    // 2 MiB at least from the shared pool: three of them fit under 8 MiB.
+    let sim = Simulated::new(1 << 30);
+    let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig { max: 8 << 20 });
+    on_workers(&heaps, 2, |run| {
+        let a = run(0, Job::Alloc(256, 256, 0)).unwrap();
+        let b = run(1, Job::Alloc(256, 256, 0)).unwrap();
+        let c = heaps.allocate(256, 256, StreamRef::DEFAULT).unwrap();
+        assert_eq!(heaps.heaps(), 3);
+        assert!(sim.in_use() <= 8 << 20);
+        run(0, Job::Free(a, 256, 256, 0)).unwrap();
+        run(1, Job::Free(b, 256, 256, 0)).unwrap();
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(c, 256, 256, StreamRef::DEFAULT) };
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // FixedSize
 
