@@ -97,8 +97,21 @@ layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
 pub struct ThreadHeaps<U: MemoryResource> {
     /// One per thread slot ([`shard::SLOTS`]) and the shared one, made at first use. Declared
     /// first: dropped (their chunks given back) before `shared`'s last reference can go.
-    heaps: Box<[OnceLock<Tlsf<HeapUpstream<U>>>]>,
+    heaps: Box<[Line<OnceLock<Tlsf<HeapUpstream<U>>>>]>,
     shared: Arc<Shared<U>>,
+}
+
+/// A heap on cache lines of its own: side by side, two threads' heaps would share a line (the
+/// mutex word, the counters each call updates) and every call would move it between cores.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Line<T>(T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// What the heaps share: the pool they take chunks from and which heap owns each chunk.
@@ -185,7 +198,7 @@ impl<U: MemoryResource> ThreadHeaps<U> {
     /// to 256 bytes). No heap exists until a thread asks for memory.
     pub fn new(upstream: U, config: ThreadHeapsConfig) -> Self {
         ThreadHeaps {
-            heaps: (0..=shard::SLOTS).map(|_| OnceLock::new()).collect(),
+            heaps: (0..=shard::SLOTS).map(|_| Line(OnceLock::new())).collect(),
             shared: Arc::new(Shared {
                 global: Tlsf::new(
                     upstream,
@@ -233,7 +246,7 @@ impl<U: MemoryResource> ThreadHeaps<U> {
             chunks: global.chunks,
             ..Usage::default()
         };
-        for heap in self.heaps.iter().filter_map(OnceLock::get) {
+        for heap in self.heaps.iter().filter_map(|h| h.get()) {
             let u = heap.usage();
             total.allocated += u.allocated;
             total.free_blocks += u.free_blocks;
@@ -245,7 +258,7 @@ impl<U: MemoryResource> ThreadHeaps<U> {
     fn pool_free_chunks(&self) -> usize {
         self.heaps
             .iter()
-            .filter_map(OnceLock::get)
+            .filter_map(|h| h.get())
             .map(Tlsf::release)
             .sum()
     }
@@ -310,7 +323,7 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
         let Some(slot) = self.shared.owner_of(ptr.as_ptr() as usize) else {
             return;
         };
-        if let Some(heap) = self.heaps.get(slot).and_then(OnceLock::get) {
+        if let Some(heap) = self.heaps.get(slot).and_then(|h| h.get()) {
             // SAFETY: forwarded from the caller; the block is that heap's (see the impl's
             // SAFETY): its chunk cannot go back while the block is live.
             unsafe { heap.deallocate(ptr, size, align, stream) };
