@@ -97,9 +97,12 @@ layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
 pub struct ThreadHeaps<U: MemoryResource> {
     /// One per thread slot ([`shard::SLOTS`]) and the shared one, made at first use. Declared
     /// first: dropped (their chunks given back) before `shared`'s last reference can go.
-    heaps: Box<[Line<OnceLock<Tlsf<HeapUpstream<U>>>>]>,
+    heaps: Box<[Line<OnceLock<Heap<U>>>]>,
     shared: Arc<Shared<U>>,
 }
+
+/// One thread's heap.
+type Heap<U> = Tlsf<HeapUpstream<U>>;
 
 /// A heap on cache lines of its own: side by side, two threads' heaps would share a line (the
 /// mutex word, the counters each call updates) and every call would move it between cores.
@@ -213,7 +216,7 @@ impl<U: MemoryResource> ThreadHeaps<U> {
     }
 
     /// The heap of thread slot `slot`, made on first use.
-    fn heap(&self, slot: usize) -> &Tlsf<HeapUpstream<U>> {
+    fn heap(&self, slot: usize) -> &Heap<U> {
         self.heaps[slot].get_or_init(|| {
             let upstream = HeapUpstream {
                 shared: self.shared.clone(),
