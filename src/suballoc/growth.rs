@@ -84,11 +84,12 @@ pub(super) fn release<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut C) 
                 .is_ok()
         })
         .collect();
-    let starts: Vec<usize> = ordered.iter().map(|c| c.start).collect();
-    book.forget(&starts);
-    let streams = book.streams();
     let mut bytes = 0;
     for c in &ordered {
+        // One at a time: an upstream `deallocate` that panics leaves the chunks not yet given
+        // back in the book, for the next release or the drop.
+        book.forget(&[c.start]);
+        let streams = book.streams();
         bytes += c.size;
         // SAFETY: the chunk came from `upstream.allocate(c.size, GRANULE, c.stream)`, is wholly
         // free and was just forgotten, so it goes back once, on its stream, ordered after every
@@ -106,6 +107,7 @@ pub(super) fn release<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut C) 
 pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut C) {
     let free = book.free_chunks();
     let streams = book.streams();
+    let mut panicked = None;
     for c in &free {
         for &s in c.freed_on.iter().filter(|&&s| s != c.stream) {
             if upstream
@@ -117,10 +119,22 @@ pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut
                 let _ = upstream.synchronize(streams.get(s));
             }
         }
-        // SAFETY: the chunk came from the upstream with this size on this stream, and the
-        // suballocator, being dropped, hands out none of it any more; each chunk is visited once,
-        // ordered after every stream that freed a block inside it.
-        unsafe { give_back(upstream, c, streams) };
+        // An upstream that panics on one chunk still gets the others; its first panic goes on
+        // after them (unless this drop runs while unwinding, where a second panic would abort).
+        let gave = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: the chunk came from the upstream with this size on this stream, and the
+            // suballocator, being dropped, hands out none of it any more; each chunk is visited
+            // once, ordered after every stream that freed a block inside it.
+            unsafe { give_back(upstream, c, streams) };
+        }));
+        if let Err(payload) = gave {
+            panicked.get_or_insert(payload);
+        }
+    }
+    if let Some(payload) = panicked {
+        if !std::thread::panicking() {
+            std::panic::resume_unwind(payload);
+        }
     }
 }
 
@@ -178,7 +192,9 @@ pub(super) fn grow<U: MemoryResource, C: Chunks>(
     } = req;
     let mut released = false;
     let oom = AllocError::out_of_memory(size, align, name);
-    if need > MAX_CHUNK {
+    // A request no chunk under the cap could hold gives nothing back: it would only empty the
+    // pool for nothing.
+    if need > MAX_CHUNK || need > max {
         return Err(oom);
     }
     if need > max - book.held() {

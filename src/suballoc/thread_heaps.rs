@@ -281,8 +281,8 @@ impl<U: MemoryResource> ThreadHeaps<U> {
 
 // SAFETY: every block comes from one heap, a `Tlsf` over `HeapUpstream<U>` (the upstream's memory
 // unchanged), whose blocks are disjoint pieces of live chunks, aligned to 256 bytes, handed to
-// another stream only after `order_after`. Heaps' chunks are disjoint (each is a live upstream
-// allocation) and recorded in the chunk map before any block of them is handed out, until the
+// another stream only after `order_after`. Heaps' chunks are disjoint (each is a live block of
+// the shared pool) and recorded in the chunk map before any block of them is handed out, until the
 // heap gives the chunk back, which a `Tlsf` does only when no block of it is live. So a free goes
 // to the heap the block came from: the calling thread's heap frees only a block it holds live,
 // and otherwise the map names the heap whose chunk holds the address.
@@ -297,12 +297,17 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
         let heap = self.heap(shard::slot());
         match heap.allocate(size, align, stream) {
             Err(e) if e.is_out_of_memory() => {
+                let oom = AllocError::out_of_memory(size, align, NAME);
+                // A request above the cap gives nothing back: it would only empty the heaps.
+                if super::growth::block_of(size, align).2 > self.max_size() {
+                    return Err(oom);
+                }
                 // Other threads' heaps may hold wholly free chunks that would fit (given to the
                 // shared pool by this call or, meanwhile, by another thread's).
                 self.pool_free_chunks();
                 heap.allocate(size, align, stream).map_err(|e| {
                     if e.is_out_of_memory() {
-                        AllocError::out_of_memory(size, align, NAME)
+                        oom
                     } else {
                         e
                     }

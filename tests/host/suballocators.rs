@@ -1139,6 +1139,94 @@ fn thread_heaps_under_a_small_cap_serve_every_thread() {
     });
 }
 
+/// An upstream whose `deallocate` panics once while armed, before forwarding (the memory stays
+/// its own, as with a foreign allocator that asserts).
+struct DeallocPanicsOnce {
+    inner: Recorder<Simulated>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: forwards everything unchanged, or panics before reaching the inner resource.
+unsafe impl MemoryResource for DeallocPanicsOnce {
+    type Host = <Simulated as MemoryResource>::Host;
+    type Device = <Simulated as MemoryResource>::Device;
+    type Managed = <Simulated as MemoryResource>::Managed;
+    type Alignment = <Simulated as MemoryResource>::Alignment;
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        self.inner.allocate(size, align, s)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        if self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            panic!("the upstream's deallocate panics (expected by the test)");
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.inner.deallocate(p, size, align, s) }
+    }
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.inner.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
+        self.inner.order_after(s, a)
+    }
+}
+
+#[test]
+fn a_panicking_upstream_free_loses_no_other_chunk() {
+    // Review 27: `release` forgot every free chunk before giving any back, so a panic on the
+    // first lost the others for good (the pools' shared growth rules: Pool, Tlsf, ThreadHeaps).
+    let up = DeallocPanicsOnce {
+        inner: Recorder::new(Simulated::new(1 << 30)),
+        armed: std::sync::atomic::AtomicBool::new(false),
+    };
+    let heaps = ThreadHeaps::new(&up, ThreadHeapsConfig::default());
+    // Three upstream chunks in the shared pool (each request larger than what is free).
+    let sizes = [2 << 20, 4 << 20, 16 << 20];
+    let blocks: Vec<_> = sizes
+        .iter()
+        .map(|&n| heaps.allocate(n, 256, StreamRef::DEFAULT).unwrap())
+        .collect();
+    for (&p, &n) in blocks.iter().zip(&sizes) {
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(p, n, 256, StreamRef::DEFAULT) };
+    }
+    assert_eq!(up.inner.record().live(), 3);
+    up.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| heaps.release()));
+    assert!(r.is_err());
+    heaps.release();
+    drop(heaps);
+    // The chunk whose free panicked is the upstream's own to lose; none other is live.
+    assert_eq!(up.inner.record().live(), 1);
+}
+
+#[test]
+fn a_request_above_the_cap_gives_nothing_back() {
+    // Review 27: a request no chunk under the cap could hold made every heap and the shared
+    // pool give their free chunks to the upstream (cuMemFree of everything, on a GPU).
+    let rec = Recorder::new(Simulated::new(1 << 30));
+    let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig { max: 64 << 20 });
+    on_workers(&heaps, 1, |run| {
+        let p = run(0, Job::Alloc(8 << 20, 256, 0)).unwrap();
+        run(0, Job::Free(p, 8 << 20, 256, 0)).unwrap();
+    });
+    let keep = heaps.allocate(256, 256, StreamRef::DEFAULT).unwrap();
+    let p = heaps.allocate(8 << 20, 256, StreamRef::DEFAULT).unwrap();
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(p, 8 << 20, 256, StreamRef::DEFAULT) };
+    let (held, frees) = (heaps.usage().held, rec.record().deallocations());
+    let err = heaps
+        .allocate(1 << 30, 256, StreamRef::DEFAULT)
+        .unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!(
+        (heaps.usage().held, rec.record().deallocations()),
+        (held, frees),
+        "a refused request gave memory back"
+    );
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(keep, 256, 256, StreamRef::DEFAULT) };
+}
+
 // ---------------------------------------------------------------------------------------------
 // FixedSize
 
