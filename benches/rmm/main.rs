@@ -31,11 +31,10 @@
 //! driver's pool), `pool` (`Pool` with initial = max = capacity), `binning` (`Binning` over that
 //! pool, bins of 256 B to 1 MiB: mrstack's default), `binning-rmm` (bins of 256 KiB to 4 MiB, as
 //! RMM's examples build them), `arena` (`Arena` of the capacity), `binning+arena` (`Binning` over
-//! the arena), and `cuda` (raw `cuMemAlloc`, only when asked for: slow). Four have no RMM
+//! the arena), and `cuda` (raw `cuMemAlloc`, only when asked for: slow). Three have no RMM
 //! counterpart, and RMM's side skips them: `tlsf` (`Tlsf` with initial = max = capacity),
-//! `tlsf+cache` (a `ThreadCache` of a quarter of the capacity over that `Tlsf`),
-//! `tlsf+cache/2` (the same with half the capacity) and `heaps` (`ThreadHeaps` of the capacity:
-//! a `Tlsf` per thread).
+//! `tlsf+cache` (a `ThreadCache` of a quarter of the capacity over that `Tlsf`) and `heaps`
+//! (`ThreadHeaps` of the capacity: a `Tlsf` per thread over a shared one).
 //!
 //! Run alone (`cargo bench --bench rmm`, which passes `--bench`) it says that it needs a command.
 //! Its format tests run in the host tests (`tests/host`, module `rmm_ops`).
@@ -56,12 +55,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Stacks run when `--stacks` is not given, in this order.
-const DEFAULT_STACKS: [&str; 10] = [
+const DEFAULT_STACKS: [&str; 9] = [
     "cuda_async",
     "pool",
     "tlsf",
     "tlsf+cache",
-    "tlsf+cache/2",
     "heaps",
     "binning",
     "binning-rmm",
@@ -351,23 +349,6 @@ fn stacks<U: MemoryResource + Send + Sync + 'static>(
                     },
                     ThreadCache {
                         bytes: cap / 4,
-                        max_block: cap / 4
-                    }
-                ])
-            }),
-        ),
-        (
-            "tlsf+cache/2",
-            "Tlsf { initial: cap, max: cap } > ThreadCache { bytes: cap / 2, max_block: cap / 4 }",
-            stack("tlsf+cache/2", |up: U, cap| {
-                Ok(resource_stack![
-                    up,
-                    Tlsf {
-                        initial: cap,
-                        max: cap
-                    },
-                    ThreadCache {
-                        bytes: cap / 2,
                         max_block: cap / 4
                     }
                 ])

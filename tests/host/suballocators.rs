@@ -1050,28 +1050,48 @@ fn thread_heaps_take_back_other_heaps_free_chunks_at_the_cap() {
     assert_eq!(sim.in_use(), 0);
 }
 
-/// A `Simulated` whose `allocate` panics while `armed` (safe code: a panic, no lie).
-struct PanicsWhenArmed {
-    inner: Simulated,
-    armed: std::sync::atomic::AtomicBool,
+/// An upstream that panics once on its next `allocate` or `deallocate` when armed for it, before
+/// reaching the `Simulated` inside (safe code: a panic, no lie; the memory stays its own).
+struct PanicsOnce {
+    inner: Recorder<Simulated>,
+    on_allocate: std::sync::atomic::AtomicBool,
+    on_deallocate: std::sync::atomic::AtomicBool,
 }
 
-// SAFETY: every call goes to the Simulated inside, unchanged, or panics before reaching it.
-unsafe impl MemoryResource for PanicsWhenArmed {
+impl PanicsOnce {
+    fn new() -> Self {
+        PanicsOnce {
+            inner: Recorder::new(Simulated::new(1 << 30)),
+            on_allocate: Default::default(),
+            on_deallocate: Default::default(),
+        }
+    }
+}
+
+// SAFETY: forwards everything unchanged, or panics before reaching the inner resource.
+unsafe impl MemoryResource for PanicsOnce {
     type Host = <Simulated as MemoryResource>::Host;
     type Device = <Simulated as MemoryResource>::Device;
     type Managed = <Simulated as MemoryResource>::Managed;
     type Alignment = <Simulated as MemoryResource>::Alignment;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
-        assert!(
-            !self.armed.load(std::sync::atomic::Ordering::Relaxed),
-            "the upstream panics (expected by the test)"
-        );
+        if self
+            .on_allocate
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            panic!("the upstream's allocate panics (expected by the test)");
+        }
         self.inner.allocate(size, align, s)
     }
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        if self
+            .on_deallocate
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            panic!("the upstream's deallocate panics (expected by the test)");
+        }
         // SAFETY: forwarded from the caller.
-        unsafe { self.inner.deallocate(ptr, size, align, s) }
+        unsafe { self.inner.deallocate(p, size, align, s) }
     }
     fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
         self.inner.synchronize(s)
@@ -1084,23 +1104,21 @@ unsafe impl MemoryResource for PanicsWhenArmed {
 #[test]
 fn thread_heaps_keep_their_cap_after_an_upstream_panics() {
     // Review 26: the cap was counted before the upstream call and a panic kept it taken.
-    let up = PanicsWhenArmed {
-        inner: Simulated::new(1 << 30),
-        armed: std::sync::atomic::AtomicBool::new(true),
-    };
+    let up = PanicsOnce::new();
+    up.on_allocate
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let heaps = ThreadHeaps::new(&up, ThreadHeapsConfig { max: 4 << 20 });
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         heaps.allocate(1 << 20, 256, StreamRef::DEFAULT)
     }));
     assert!(r.is_err(), "the upstream's panic comes through");
-    up.armed.store(false, std::sync::atomic::Ordering::Relaxed);
-    assert_eq!((heaps.usage().held, up.inner.in_use()), (0, 0));
+    assert_eq!((heaps.usage().held, up.inner.record().in_use()), (0, 0));
     // Nothing is held: the whole cap is there.
     let p = heaps.allocate(4 << 20, 256, StreamRef::DEFAULT).unwrap();
     // SAFETY: live with this size.
     unsafe { heaps.deallocate(p, 4 << 20, 256, StreamRef::DEFAULT) };
     drop(heaps);
-    assert_eq!(up.inner.in_use(), 0);
+    assert_eq!(up.inner.record().in_use(), 0);
 }
 
 #[test]
@@ -1139,45 +1157,11 @@ fn thread_heaps_under_a_small_cap_serve_every_thread() {
     });
 }
 
-/// An upstream whose `deallocate` panics once while armed, before forwarding (the memory stays
-/// its own, as with a foreign allocator that asserts).
-struct DeallocPanicsOnce {
-    inner: Recorder<Simulated>,
-    armed: std::sync::atomic::AtomicBool,
-}
-
-// SAFETY: forwards everything unchanged, or panics before reaching the inner resource.
-unsafe impl MemoryResource for DeallocPanicsOnce {
-    type Host = <Simulated as MemoryResource>::Host;
-    type Device = <Simulated as MemoryResource>::Device;
-    type Managed = <Simulated as MemoryResource>::Managed;
-    type Alignment = <Simulated as MemoryResource>::Alignment;
-    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
-        self.inner.allocate(size, align, s)
-    }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        if self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            panic!("the upstream's deallocate panics (expected by the test)");
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { self.inner.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.inner.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
-        self.inner.order_after(s, a)
-    }
-}
-
 #[test]
 fn a_panicking_upstream_free_loses_no_other_chunk() {
     // Review 27: `release` forgot every free chunk before giving any back, so a panic on the
     // first lost the others for good (the pools' shared growth rules: Pool, Tlsf, ThreadHeaps).
-    let up = DeallocPanicsOnce {
-        inner: Recorder::new(Simulated::new(1 << 30)),
-        armed: std::sync::atomic::AtomicBool::new(false),
-    };
+    let up = PanicsOnce::new();
     let heaps = ThreadHeaps::new(&up, ThreadHeapsConfig::default());
     // Three upstream chunks in the shared pool (each request larger than what is free).
     let sizes = [2 << 20, 4 << 20, 16 << 20];
@@ -1190,7 +1174,8 @@ fn a_panicking_upstream_free_loses_no_other_chunk() {
         unsafe { heaps.deallocate(p, n, 256, StreamRef::DEFAULT) };
     }
     assert_eq!(up.inner.record().live(), 3);
-    up.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    up.on_deallocate
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| heaps.release()));
     assert!(r.is_err());
     heaps.release();
