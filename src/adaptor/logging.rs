@@ -260,7 +260,7 @@ impl<W: Write> Sink<W> {
                 }
             }
         }
-        self.write_runs(shared, &mut runs, start);
+        self.write_runs(shared, &runs, start);
         for mut run in runs.drain(..) {
             run.clear();
             if run.capacity() >= BATCH && self.spare.len() < SPARE_BATCHES {
@@ -288,58 +288,46 @@ impl<W: Write> Sink<W> {
 
     /// Writes the records of `runs` (each sorted by time) older than `until`, merged in time
     /// order (equal times in the order of the runs), and keeps the others in `pending`.
-    fn write_runs(&mut self, shared: &Shared, runs: &mut [Vec<Record>], until: u64) {
+    fn write_runs(&mut self, shared: &Shared, runs: &[Vec<Record>], until: u64) {
         let scale = shared.clock.nanos_per_tick();
-        match runs {
-            [] => {}
-            // One thread logging: its records are in order already.
-            [run] => {
-                let due = run.partition_point(|r| r.stamp < until);
-                for r in &run[..due] {
-                    self.write(shared, r, scale);
-                }
-                self.pending.extend_from_slice(&run[due..]);
+        // One thread's runs (its leftovers, then its batches) follow each other in time: written
+        // as they are. Several threads' interleave: one stable sort (which finds the runs and
+        // merges them with block copies), as for any number of threads.
+        let in_order = runs
+            .iter()
+            .filter(|run| !run.is_empty())
+            .try_fold(0u64, |last, run| {
+                (run[0].stamp >= last).then(|| run[run.len() - 1].stamp)
+            })
+            .is_some();
+        if in_order {
+            for run in runs {
+                self.write_due(shared, run, until, scale);
             }
-            _ => {
-                // One thread's runs (its leftovers, then its batches) follow each other in time:
-                // written as they are. Several threads' interleave: one stable sort (which finds
-                // the runs and merges them with block copies), as for any number of threads.
-                let in_order = runs
-                    .iter()
-                    .filter(|run| !run.is_empty())
-                    .try_fold(0u64, |last, run| {
-                        (run[0].stamp >= last).then(|| run[run.len() - 1].stamp)
-                    })
-                    .is_some();
-                if in_order {
-                    for run in runs.iter() {
-                        let due = run.partition_point(|r| r.stamp < until);
-                        for r in &run[..due] {
-                            self.write(shared, r, scale);
-                        }
-                        self.pending.extend_from_slice(&run[due..]);
-                    }
-                    return;
-                }
-                let mut all = std::mem::take(&mut self.merged);
-                for run in runs.iter() {
-                    all.extend_from_slice(run);
-                }
-                // Stable: records of one time keep the order of the runs (a thread's own first
-                // the leftovers, then its batches in order).
-                all.sort_by_key(|r| r.stamp);
-                let due = all.partition_point(|r| r.stamp < until);
-                for r in &all[..due] {
-                    self.write(shared, r, scale);
-                }
-                self.pending.extend_from_slice(&all[due..]);
-                all.clear();
-                // Kept for the next sweep, unless a burst made it large.
-                if all.capacity() <= 1 << 16 {
-                    self.merged = all;
-                }
-            }
+            return;
         }
+        let mut all = std::mem::take(&mut self.merged);
+        for run in runs {
+            all.extend_from_slice(run);
+        }
+        // Stable: records of one time keep the order of the runs (a thread's own first the
+        // leftovers, then its batches in order).
+        all.sort_by_key(|r| r.stamp);
+        self.write_due(shared, &all, until, scale);
+        all.clear();
+        // Kept for the next sweep, unless a burst made it large.
+        if all.capacity() <= 1 << 16 {
+            self.merged = all;
+        }
+    }
+
+    /// Writes the records of `sorted` older than `until` and keeps the rest in `pending`.
+    fn write_due(&mut self, shared: &Shared, sorted: &[Record], until: u64, scale: f64) {
+        let due = sorted.partition_point(|r| r.stamp < until);
+        for r in &sorted[..due] {
+            self.write(shared, r, scale);
+        }
+        self.pending.extend_from_slice(&sorted[due..]);
     }
 
     /// Writes one record's line.
@@ -372,20 +360,25 @@ impl<W: Write> Sink<W> {
         }
     }
 
-    /// Takes and writes everything: the last sweep.
+    /// Takes and writes everything and flushes the writer: the last sweep.
     fn finish(&mut self, shared: &Shared) {
         self.sweep(shared);
-        let mut rest = [std::mem::take(&mut self.pending)];
-        self.write_runs(shared, &mut rest, u64::MAX);
-        self.pending.clear();
+        let rest = std::mem::take(&mut self.pending);
+        self.write_due(shared, &rest, u64::MAX, shared.clock.nanos_per_tick());
+        self.flush_out();
     }
 
-    fn flush(&mut self) -> io::Result<()> {
-        let flushed = self.out.flush();
-        match self.error.take() {
-            Some(e) => Err(e),
-            None => flushed,
+    /// Flushes the writer, keeping its error as the first since the last `flush`.
+    fn flush_out(&mut self) {
+        if let Err(e) = self.out.flush() {
+            self.error.get_or_insert(e);
         }
+    }
+
+    /// Flushes the writer; returns the first write error since the last `flush`.
+    fn flush(&mut self) -> io::Result<()> {
+        self.flush_out();
+        self.error.take().map_or(Ok(()), Err)
     }
 }
 
@@ -433,12 +426,10 @@ fn write_lines<W: Write>(sink: &mut Sink<W>, shared: &Shared) {
     let mut idle = 0;
     loop {
         if shared.stop.load(Acquire) {
+            // The last I/O, its flush included, on this thread: a writer that panics panics
+            // here, where the join sees it, not in the adaptor's drop (which may run while
+            // unwinding).
             sink.finish(shared);
-            // The last I/O on this thread too: a writer that panics panics here, where the
-            // join sees it, not in the adaptor's drop (which may run while unwinding).
-            if let Err(e) = sink.out.flush() {
-                sink.error.get_or_insert(e);
-            }
             return;
         }
         let taken = sink.sweep(shared);
@@ -728,9 +719,7 @@ impl<U, W: Write> Logging<U, W> {
                 let mut sink = lock(sink);
                 contained(&mut sink, |s| {
                     s.sweep(&self.shared);
-                    if let Err(e) = s.out.flush() {
-                        s.error.get_or_insert(e);
-                    }
+                    s.flush_out();
                 });
                 sink.error.take().map_or(Ok(()), Err)
             }
@@ -797,12 +786,7 @@ impl<U, W: Write> Logging<U, W> {
             }
             Some(Writer::Inline(sink)) => {
                 let mut sink = sink.into_inner().unwrap_or_else(|p| p.into_inner());
-                contained(&mut sink, |s| {
-                    s.finish(&self.shared);
-                    if let Err(e) = s.out.flush() {
-                        s.error.get_or_insert(e);
-                    }
-                });
+                contained(&mut sink, |s| s.finish(&self.shared));
                 Ok(sink)
             }
             None => Err(io::Error::other("the log was already finished")),

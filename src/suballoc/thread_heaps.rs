@@ -167,17 +167,9 @@ unsafe impl<U: MemoryResource> MemoryResource for HeapUpstream<U> {
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
         let start = ptr.as_ptr() as usize;
-        {
-            // Forgotten before the pool has it back: another heap may get the same address at
-            // once, and its record must not be the one removed.
-            let mut owners = self.shared.owners();
-            if owners
-                .get(&start)
-                .is_some_and(|&(_, slot)| slot == self.slot)
-            {
-                owners.remove(&start);
-            }
-        }
+        // Forgotten before the pool has it back: another heap may get the same address at once,
+        // and its record must not be the one removed. Until then the record is this heap's.
+        self.shared.owners().remove(&start);
         // SAFETY: forwarded from the heap, which gives back only chunks it took from here, on
         // the stream it ordered behind every stream that freed a block of them.
         unsafe { self.shared.global.deallocate(ptr, size, align, stream) };

@@ -192,8 +192,8 @@ impl<U: MemoryResource> Tlsf<U> {
     }
 
     /// Frees the block at `ptr` on `stream` if this pool handed it out and it is live; false
-    /// (nothing done) otherwise. For [`ThreadHeaps`](crate::suballoc::ThreadHeaps), whose free
-    /// asks the calling thread's own heap first.
+    /// (nothing done) otherwise: `deallocate`, and [`ThreadHeaps`](crate::suballoc::ThreadHeaps)'s
+    /// free, which asks the calling thread's own heap first.
     pub(crate) fn free_if_owned(&self, ptr: NonNull<u8>, stream: StreamRef) -> bool {
         self.lock().free(ptr.as_ptr() as usize, stream).is_some()
     }
@@ -248,7 +248,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
             return;
         }
         // The index knows the block's size; an address it never handed out is ignored.
-        let _ = self.lock().free(ptr.as_ptr() as usize, stream);
+        self.free_if_owned(ptr, stream);
     }
 
     fn name(&self) -> &'static str {

@@ -201,7 +201,7 @@ fn virtual_memory_over_device_pages() {
 }
 
 #[test]
-fn tlsf_and_a_thread_cache_over_it_over_cuda() {
+fn tlsf_a_thread_cache_over_it_and_thread_heaps_over_cuda() {
     let Some((ctx, streams, access)) = setup() else {
         return;
     };
@@ -216,18 +216,6 @@ fn tlsf_and_a_thread_cache_over_it_over_cuda() {
     let mr = resource_stack![&rec, Tlsf { max: 1 GiB }, ThreadCache { bytes: 1 MiB }];
     let report = conformance(mr, &options);
     assert_eq!(report.refused_alignments, [] as [usize; 0]);
-}
-
-#[test]
-fn thread_heaps_over_cuda() {
-    let Some((ctx, streams, access)) = setup() else {
-        return;
-    };
-    let rec = Recorder::new(Cuda::new(&ctx).unwrap());
-    let options = Options {
-        upstream: Some(rec.record()),
-        ..options(&streams, &access)
-    };
     let report = conformance(resource_stack![&rec, ThreadHeaps { max: 1 GiB }], &options);
     assert_eq!(report.refused_alignments, [] as [usize; 0]);
 }
