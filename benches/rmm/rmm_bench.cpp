@@ -269,9 +269,20 @@ class replayer {
       // line), as ThreadedReplayer lays them out.
       pos_.assign(f.blocks.size(), 0);
       std::size_t next = 0;
-      for (auto const& lane : lane_ops_) {
-        for (auto i : lane) {
-          if (f.ops[i].alloc) { pos_[f.ops[i].id] = next++; }
+      std::vector<std::size_t> lane_of(f.blocks.size(), 0);
+      for (std::size_t l = 0; l < lanes_; ++l) {
+        for (auto i : lane_ops_[l]) {
+          if (f.ops[i].alloc) {
+            pos_[f.ops[i].id]    = next++;
+            lane_of[f.ops[i].id] = l;
+          }
+        }
+      }
+      // As ThreadedReplayer: a block freed by the lane that made it is not handed over.
+      handed_.assign(f.blocks.size(), 0);
+      for (std::size_t l = 0; l < lanes_; ++l) {
+        for (auto i : lane_ops_[l]) {
+          if (!f.ops[i].alloc) { handed_[f.ops[i].id] = lane_of[f.ops[i].id] != l ? 1 : 0; }
         }
       }
     }
@@ -372,7 +383,9 @@ class replayer {
     auto& s              = slots_[pos_[id]];
     for (int i = 0; i < spins + yields; ++i) {
       void* p = s.ptr.load(std::memory_order_acquire);
-      if (p != nullptr) { return p == aborted ? nullptr : (s.ptr.store(nullptr), p); }
+      if (p != nullptr) {
+        return p == aborted ? nullptr : (s.ptr.store(nullptr, std::memory_order_relaxed), p);
+      }
       if (abort_.load(std::memory_order_relaxed)) { return nullptr; }
       if (i >= spins) { std::this_thread::yield(); }
     }
@@ -413,8 +426,13 @@ class replayer {
           break;
         }
         auto& s = slots_[pos_[o.id]];
-        s.ptr.store(p == nullptr ? null_block : p, std::memory_order_seq_cst);
-        if (s.waiter.load(std::memory_order_seq_cst) != 0) { s.ptr.notify_all(); }
+        if (handed_[o.id] == 0) {
+          // Only this thread frees it: no one waits on the slot.
+          s.ptr.store(p == nullptr ? null_block : p, std::memory_order_relaxed);
+        } else {
+          s.ptr.store(p == nullptr ? null_block : p, std::memory_order_seq_cst);
+          if (s.waiter.load(std::memory_order_seq_cst) != 0) { s.ptr.notify_all(); }
+        }
       } else {
         void* p = wait_for(o.id);
         if (p == nullptr) { break; }
@@ -500,6 +518,7 @@ class replayer {
   std::vector<std::uint8_t> is_live_;
   std::vector<slot> slots_;         // several lanes: the hand-over slots, lane by lane
   std::vector<std::size_t> pos_;    // several lanes: each allocation id's slot
+  std::vector<char> handed_;        // several lanes: 1 where another lane frees the allocation
   std::atomic<bool> abort_{false};
 };
 

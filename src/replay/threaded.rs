@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 /// core, then parking until the allocating thread wakes it (there may be more threads than
 /// cores). Waits cannot deadlock: the op earliest in the log among those not done yet can always
 /// run. The lanes of ops, each allocation's size and stream, and the slots that hand pointers
-/// between threads are laid out before any pass, so a pass does no work of its own but two atomic
-/// operations per allocation and two per free that finds its block made.
+/// between threads are laid out before any pass, so a pass does no work of its own but an atomic
+/// store and load per allocation and per free; where another thread frees the block, the
+/// allocation's are sequentially consistent (a locked instruction on x86), to wake a waiter.
 ///
 /// The time of a pass is wall time, from the moment every thread is started and waiting until the
 /// last one finishes, plus synchronizing the streams: ns per op is then the inverse of throughput.
@@ -43,6 +44,8 @@ pub struct ThreadedReplayer<'w, R> {
     live: Vec<Slot>,
     /// Each allocation's slot in `live`.
     slot_of: Vec<usize>,
+    /// Per allocation: true when another lane frees it, so its pointer is handed over.
+    handed: Vec<bool>,
 }
 
 /// Where a pointer passes from the thread that allocates a block to the one that frees it.
@@ -110,12 +113,22 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             }
         }
         let mut slot_of = vec![0; workload.allocations()];
+        let mut lane_of = vec![0; workload.allocations()];
+        let mut handed = vec![false; workload.allocations()];
         let mut next = 0;
-        for lane in &lanes {
+        for (l, lane) in lanes.iter().enumerate() {
             for &(_, o) in lane {
                 if let Op::Alloc { id, .. } = o {
                     slot_of[id] = next;
+                    lane_of[id] = l;
                     next += 1;
+                }
+            }
+        }
+        for (l, lane) in lanes.iter().enumerate() {
+            for &(_, o) in lane {
+                if let Op::Free { id } = o {
+                    handed[id] = lane_of[id] != l;
                 }
             }
         }
@@ -129,6 +142,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                 .map(|_| Slot::default())
                 .collect(),
             slot_of,
+            handed,
         })
     }
 
@@ -230,6 +244,13 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                         .resource
                         .allocate(size, ALIGN, self.streams[stream].as_ref())
                     {
+                        Ok(ptr) if !self.handed[id] => {
+                            // Only this thread frees it: no one waits on the slot (what `release`
+                            // reads after the threads are joined, the join orders).
+                            self.live[self.slot_of[id]]
+                                .ptr
+                                .store(ptr.as_ptr(), Ordering::Relaxed);
+                        }
                         Ok(ptr) => {
                             let slot = &self.live[self.slot_of[id]];
                             // SeqCst with the waiter's store of `waiter` then load of `ptr`: either
