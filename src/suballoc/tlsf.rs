@@ -140,7 +140,7 @@ impl<U: MemoryResource> Tlsf<U> {
             initial: align_up(config.initial, GRANULE)
                 .unwrap_or(usize::MAX)
                 .min(max),
-            state: Mutex::new(TlsfIndex::default()),
+            state: Mutex::new(TlsfIndex::address_ordered()),
         }
     }
 

@@ -148,6 +148,11 @@ pub(crate) struct TlsfIndex {
     /// [`take_listed`](Self::take_listed): set in [`push`](Self::push), which every path that
     /// puts bytes on a list goes through (a free, a merge, a split's leftover, a new chunk).
     listed: u64,
+    /// Where a request takes a block of a larger class: the lowest-addressed of that class's
+    /// first [`OWN_CLASS_TRIES`] blocks (true), or its first (false: `VirtualMemory`, where
+    /// the lowest made page footprint worse, 1.024 to 1.027 of peak live on the transformer
+    /// training trace).
+    pub(crate) address_order: bool,
     /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
     pub(crate) streams: StreamKeeper,
 }
@@ -156,6 +161,14 @@ pub(crate) struct TlsfIndex {
 pub(crate) const ALL_STREAMS: u32 = 63;
 
 impl TlsfIndex {
+    /// An empty index that takes the lowest-addressed fit of a larger class (`Tlsf`'s).
+    pub(crate) fn address_ordered() -> Self {
+        TlsfIndex {
+            address_order: true,
+            ..TlsfIndex::default()
+        }
+    }
+
     /// True when `n` more records can be made: record numbers stay below `NIL`. The callers
     /// check before they change anything, so a full table refuses a request (out of memory)
     /// rather than alias two records.
@@ -328,7 +341,24 @@ impl TlsfIndex {
         }
         let (f, s) = class_at_least(need)?;
         let (f, s) = list.find(f, s)?;
-        Some(list.heads[f][s])
+        let head = list.heads[f][s];
+        if !self.address_order {
+            return Some(head);
+        }
+        // The lowest of the class's first few blocks: placing low leaves the high addresses
+        // whole, so that a later large request finds them (1.169 to 1.120 of peak live on the
+        // transformer training trace, no change on the others).
+        let (mut i, mut low) = (head, head);
+        for _ in 0..OWN_CLASS_TRIES {
+            if i == NIL {
+                break;
+            }
+            if self.blocks[i as usize].addr < self.blocks[low as usize].addr {
+                low = i;
+            }
+            i = self.blocks[i as usize].next_free;
+        }
+        Some(low)
     }
 
     /// A stream other than `stream` with a free block of at least `need` bytes: O(streams with
@@ -809,6 +839,27 @@ mod tests {
             ix.free(a, s).is_none(),
             "a second free of one block is refused"
         );
+    }
+
+    #[test]
+    fn an_address_ordered_index_takes_the_lowest_block_of_a_larger_class() {
+        let s = StreamRef::DEFAULT;
+        // Two free 64 KiB holes between live blocks, the higher freed last (the list's head),
+        // then a 16 KiB request: a class of its own has nothing, so it takes from theirs.
+        let holes = |mut ix: TlsfIndex| {
+            assert!(ix.add_chunk(1 << 20, 256 << 10, s));
+            let b: Vec<usize> = [64 << 10, 4096, 64 << 10, 4096]
+                .iter()
+                .map(|&n| ix.take(s, n, 256).unwrap())
+                .collect();
+            ix.free(b[0], s).unwrap();
+            ix.free(b[2], s).unwrap();
+            (ix.take(s, 16 << 10, 256).unwrap(), b)
+        };
+        let (low, b) = holes(TlsfIndex::address_ordered());
+        assert_eq!(low, b[0], "the lower hole");
+        let (head, b) = holes(TlsfIndex::default());
+        assert_eq!(head, b[2], "the list's head");
     }
 
     #[test]
