@@ -408,6 +408,9 @@ impl Held {
 /// A map keyed by stream identity.
 pub(crate) type IdMap<V> = HashMap<StreamId, V, crate::hash::FastHash>;
 
+/// Up to this many slots, [`StreamKeeper::find`] compares ids instead of hashing one.
+const SCAN_SLOTS: usize = 8;
+
 /// The streams a suballocator keeps: every cudarc stream it stores a [`Held`] of, with its
 /// identity, counted. Each [`hold`](StreamKeeper::hold) counts one more reference to the slot and
 /// each [`release`](StreamKeeper::release) one fewer; a slot whose count reaches zero drops its
@@ -555,7 +558,16 @@ impl StreamKeeper {
             // Slot 0, never released: no lookup on the most common stream.
             return Some(Held::DEFAULT);
         }
-        self.by_id.get(&stream.id()).map(|&slot| Held(slot))
+        let id = stream.id();
+        if self.slots.len() <= SCAN_SLOTS {
+            // A few streams (the usual case): comparing them costs less than hashing the id. A
+            // held slot's `id` is its stream's, a free slot's count is 0 (`release`), and held
+            // ids are distinct (`hold` reuses a held one's slot), so this finds what `by_id` does.
+            return (self.slots.iter().enumerate())
+                .find(|(_, s)| s.count > 0 && s.id == id)
+                .map(|(i, _)| Held(i as u32));
+        }
+        self.by_id.get(&id).map(|&slot| Held(slot))
     }
 
     /// The stream `held` names, valid while `held` is held and `self` lives (the default stream

@@ -8,9 +8,10 @@ use crate::resource::{check_request, forward_upstream, AllocError, MemoryResourc
 use crate::shard;
 use crate::stack::{HasUpstream, ItemWriter};
 use crate::stream::StreamRef;
+use crate::sync::{Guard, Lock};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use typenum::U256;
 
 const NAME: &str = "ThreadHeaps";
@@ -124,13 +125,13 @@ struct Shared<U: MemoryResource> {
     /// that another heap takes them with no upstream call.
     global: Tlsf<U>,
     /// Each chunk a heap holds: its start, its end and the heap's slot.
-    owners: Mutex<BTreeMap<usize, (usize, usize)>>,
+    owners: Lock<BTreeMap<usize, (usize, usize)>>,
 }
 
 impl<U: MemoryResource> Shared<U> {
-    fn owners(&self) -> MutexGuard<'_, BTreeMap<usize, (usize, usize)>> {
+    fn owners(&self) -> Guard<'_, BTreeMap<usize, (usize, usize)>> {
         // Every update is one insert or remove, which completes or does not happen.
-        self.owners.lock().unwrap_or_else(PoisonError::into_inner)
+        self.owners.lock()
     }
 
     /// The slot of the heap whose chunk holds `addr`.
@@ -202,7 +203,7 @@ impl<U: MemoryResource> ThreadHeaps<U> {
                         max: config.max,
                     },
                 ),
-                owners: Mutex::default(),
+                owners: Lock::default(),
             }),
         }
     }
