@@ -7,11 +7,13 @@
 //! cargo run --release --example page_footprint -- data/traces/transformer_train.csv.gz
 //! ```
 //!
+//! Without a log it replays the built-in random workload (`mrstack replay`'s).
+//!
 //! Counting every page after every allocation is O(live blocks) per op: a probe, not a tool for
 //! large logs.
 
 use mrstack::prelude::*;
-use mrstack::replay::{rmm_log, Op};
+use mrstack::replay::{random, rmm_log, Op, RandomConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -48,11 +50,14 @@ fn mib(bytes: usize) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args()
-        .nth(1)
-        .ok_or("usage: page_footprint LOG (RMM CSV, plain or .gz)")?;
-    let trace = rmm_log::read(&path)?;
-    let w = &trace.workload;
+    let (path, workload) = match std::env::args().nth(1) {
+        Some(path) => {
+            let trace = rmm_log::read(&path)?;
+            (path, trace.workload)
+        }
+        None => ("random".to_owned(), random(&RandomConfig::default())),
+    };
+    let w = &workload;
     // Room for any placement: the probe measures where the pages go, not a limit.
     let capacity = w.peak_live().saturating_mul(4).max(64 << 20);
     let sim = Arc::new(Simulated::new(capacity));

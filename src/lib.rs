@@ -137,7 +137,6 @@ mod shard;
 pub mod stack;
 pub mod stream;
 pub mod suballoc;
-mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod units;

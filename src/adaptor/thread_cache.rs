@@ -5,10 +5,9 @@ use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Re
 use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamHandle, StreamRef};
-use crate::sync::{Guard, Lock};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use typenum::U256;
 
 const NAME: &str = "ThreadCache";
@@ -255,17 +254,17 @@ struct Shared {
     /// One per thread slot ([`shard::SLOTS`]), and the shared one.
     caches: Box<[shard::SlotLock<Cache>]>,
     /// One per size class up to `max_block`'s, each under its own lock.
-    central: Box<[Lock<Central>]>,
+    central: Box<[Mutex<Central>]>,
     /// Lists an exit hook pushed out of `central` (their bytes still reserved), for the next call
     /// to give back; `has_orphans` says there are some.
     orphans: Mutex<Vec<Evicted>>,
     has_orphans: AtomicBool,
 }
 
-fn lock(central: &Lock<Central>) -> Guard<'_, Central> {
+fn lock(central: &Mutex<Central>) -> MutexGuard<'_, Central> {
     // Central's updates are whole vector operations that complete before the lock is released
     // (nothing inside calls out), so a poisoned one holds consistent lists.
-    central.lock()
+    central.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {
@@ -404,7 +403,7 @@ impl<U: MemoryResource> ThreadCache<U> {
                     .map(|_| shard::SlotLock::default())
                     .collect(),
                 central: (0..=class_of(max_block.max(1)).0)
-                    .map(|_| Lock::default())
+                    .map(|_| Mutex::default())
                     .collect(),
                 orphans: Mutex::default(),
                 has_orphans: AtomicBool::new(false),

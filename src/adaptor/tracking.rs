@@ -147,7 +147,7 @@ fn stripe_of(address: usize) -> usize {
 pub struct Tracking<U> {
     upstream: U,
     backtraces: bool,
-    stripes: Box<[crate::sync::Lock<Stripe>]>,
+    stripes: Box<[Mutex<Stripe>]>,
     /// Refused deallocations, in order: rare, off the hot path.
     bad_frees: Mutex<Vec<BadFree>>,
 }
@@ -166,7 +166,7 @@ impl<U: MemoryResource> Tracking<U> {
         Tracking {
             upstream,
             backtraces,
-            stripes: (0..STRIPES).map(|_| Default::default()).collect(),
+            stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
             bad_frees: Mutex::default(),
         }
     }
@@ -244,10 +244,12 @@ impl<U> Tracking<U> {
         &self.upstream
     }
 
-    fn lock(&self, stripe: usize) -> crate::sync::Guard<'_, Stripe> {
+    fn lock(&self, stripe: usize) -> std::sync::MutexGuard<'_, Stripe> {
         // Every update under the lock is one map operation and a counter: a poisoned lock still
         // holds a consistent state.
-        self.stripes[stripe].lock()
+        self.stripes[stripe]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn lock_bad_frees(&self) -> std::sync::MutexGuard<'_, Vec<BadFree>> {

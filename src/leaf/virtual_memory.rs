@@ -5,8 +5,8 @@ use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::stack::ItemWriter;
 use crate::stream::{Held, StreamRef};
 use crate::suballoc::tlsf_index::{TlsfIndex, ALL_STREAMS, GRANULE};
-use crate::sync::{Guard, Lock};
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 const NAME: &str = "VirtualMemory";
@@ -294,7 +294,7 @@ pub struct VirtualMemory<P: PhysicalPages> {
     pages: P,
     page: usize,
     config: VirtualMemoryConfig,
-    state: Lock<State<P::Page>>,
+    state: Mutex<State<P::Page>>,
 }
 
 impl<P: PhysicalPages> std::fmt::Debug for VirtualMemory<P> {
@@ -315,7 +315,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             pages,
             page,
             config,
-            state: Lock::new(State {
+            state: Mutex::new(State {
                 index: TlsfIndex::default(),
                 regions: Vec::new(),
                 mapped: 0,
@@ -361,11 +361,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         before - st.mapped
     }
 
-    fn lock(&self) -> Guard<'_, State<P::Page>> {
+    fn lock(&self) -> MutexGuard<'_, State<P::Page>> {
         // Every update completes before the next call to the page source, the only thing that may
         // panic inside the lock (a test source catching a broken contract): the state behind a
         // poisoned lock is consistent.
-        self.state.lock()
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Reserves a range of at least `need` bytes (the configured reservation, or more) as one
@@ -901,7 +901,6 @@ mod tests {
     use crate::leaf::pages::sealed::Sealed;
     use crate::stream::StreamId;
     use crate::Simulated;
-    use std::sync::{Mutex, PoisonError};
 
     #[derive(Debug, Clone, PartialEq)]
     enum Ev {

@@ -9,8 +9,8 @@ use crate::resource::{
 use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamHandle, StreamRef};
-use crate::sync::{Guard, Lock};
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 /// The most blocks a bin takes from the upstream at once.
@@ -142,7 +142,7 @@ pub struct Binning<U: MemoryResource> {
     /// The configured `max`, rounded up to a power of two (above `min` when there is no bin):
     /// for the description.
     max: usize,
-    bins: Box<[Lock<Bin>]>,
+    bins: Box<[Mutex<Bin>]>,
     /// One per thread slot ([`shard::SLOTS`]), and the shared one.
     caches: Box<[shard::SlotLock<Cache>]>,
     meter: Meter,
@@ -196,9 +196,9 @@ impl<U: MemoryResource> Binning<U> {
         };
         let min = pow2(config.min.max(GRANULE));
         let max = pow2(config.max);
-        let bins: Box<[Lock<Bin>]> = std::iter::successors(Some(min), |&b| b.checked_mul(2))
+        let bins: Box<[Mutex<Bin>]> = std::iter::successors(Some(min), |&b| b.checked_mul(2))
             .take_while(|&b| b <= max)
-            .map(|b| Lock::new(Bin::new(b)))
+            .map(|b| Mutex::new(Bin::new(b)))
             .collect();
         Binning {
             upstream,
@@ -441,10 +441,10 @@ impl<U: MemoryResource> Binning<U> {
     }
 }
 
-fn lock(bin: &Lock<Bin>) -> Guard<'_, Bin> {
+fn lock(bin: &Mutex<Bin>) -> MutexGuard<'_, Bin> {
     // Bin's updates complete before any upstream call (the only thing that may panic inside the
     // lock), so the state behind a poisoned lock is consistent.
-    bin.lock()
+    bin.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 // SAFETY: a binned request gets a whole block of its bin (block ≥ size, 256-aligned, distinct, see
@@ -563,7 +563,7 @@ impl<U: MemoryResource> Drop for Binning<U> {
         };
         self.empty_caches();
         for bin in self.bins.iter_mut() {
-            let bin = bin.get_mut();
+            let bin = bin.get_mut().unwrap_or_else(PoisonError::into_inner);
             // SAFETY: the resource is being dropped, so it hands out no block any more.
             unsafe { bin.release_all(from) };
         }

@@ -8,8 +8,8 @@ use crate::resource::{
 };
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
-use crate::sync::{Guard, Lock};
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 const NAME: &str = "FixedSize";
@@ -95,7 +95,7 @@ pub struct FixedSize<U: MemoryResource> {
     /// The configured `blocks_to_preallocate` (0 included, which `grow_by` counts as 1): for the
     /// description.
     preallocate: usize,
-    bin: Lock<Bin>,
+    bin: Mutex<Bin>,
     meter: Meter,
 }
 
@@ -124,7 +124,7 @@ impl<U: MemoryResource> FixedSize<U> {
             upstream,
             grow_by: config.blocks_to_preallocate.max(1),
             preallocate: config.blocks_to_preallocate,
-            bin: Lock::new(Bin::new(block)),
+            bin: Mutex::new(Bin::new(block)),
             meter: Meter::default(),
         };
         (mr, config.blocks_to_preallocate)
@@ -179,10 +179,10 @@ impl<U: MemoryResource> FixedSize<U> {
         &self.upstream
     }
 
-    fn lock(&self) -> Guard<'_, Bin> {
+    fn lock(&self) -> MutexGuard<'_, Bin> {
         // Bin's updates complete before any upstream call (the only thing that may panic inside
         // the lock), so the state behind a poisoned lock is consistent.
-        self.bin.lock()
+        self.bin.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -260,7 +260,7 @@ impl<U: MemoryResource> Drop for FixedSize<U> {
             meter: &self.meter,
             name: NAME,
         };
-        let bin = self.bin.get_mut();
+        let bin = self.bin.get_mut().unwrap_or_else(PoisonError::into_inner);
         // SAFETY: the resource is being dropped, so it hands out no block any more.
         unsafe { bin.release_all(from) };
     }

@@ -9,8 +9,8 @@ use crate::resource::{
 };
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
-use crate::sync::{Guard, Lock};
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 const NAME: &str = "Pool";
@@ -112,7 +112,7 @@ pub struct Pool<U: MemoryResource> {
     /// The first reservation asked for (rounded up to the granule, at most `max`): for the
     /// pool's description.
     initial: usize,
-    state: Lock<State>,
+    state: Mutex<State>,
 }
 
 impl<U: MemoryResource> Pool<U> {
@@ -151,7 +151,7 @@ impl<U: MemoryResource> Pool<U> {
             initial: align_up(config.initial, GRANULE)
                 .unwrap_or(usize::MAX)
                 .min(max),
-            state: Lock::new(State::default()),
+            state: Mutex::new(State::default()),
         }
     }
 
@@ -206,11 +206,11 @@ impl<U: MemoryResource> Pool<U> {
         growth::release(&self.upstream, st)
     }
 
-    fn lock(&self) -> Guard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // Every update of State completes before the next upstream call, which is the only thing
         // that may panic inside the lock (a test upstream catching a broken contract), so the state
         // behind a poisoned lock is consistent.
-        self.state.lock()
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -294,7 +294,7 @@ has_upstream!(impl<U> for Pool<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Pool<U> {
     fn drop(&mut self) {
-        let st = self.state.get_mut();
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         growth::drop_chunks(&self.upstream, st);
     }
 }

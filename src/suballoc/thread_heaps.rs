@@ -8,10 +8,9 @@ use crate::resource::{check_request, forward_upstream, AllocError, MemoryResourc
 use crate::shard;
 use crate::stack::{HasUpstream, ItemWriter};
 use crate::stream::StreamRef;
-use crate::sync::{Guard, Lock};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use typenum::U256;
 
 const NAME: &str = "ThreadHeaps";
@@ -125,13 +124,13 @@ struct Shared<U: MemoryResource> {
     /// that another heap takes them with no upstream call.
     global: Tlsf<U>,
     /// Each chunk a heap holds: its start, its end and the heap's slot.
-    owners: Lock<BTreeMap<usize, (usize, usize)>>,
+    owners: Mutex<BTreeMap<usize, (usize, usize)>>,
 }
 
 impl<U: MemoryResource> Shared<U> {
-    fn owners(&self) -> Guard<'_, BTreeMap<usize, (usize, usize)>> {
+    fn owners(&self) -> MutexGuard<'_, BTreeMap<usize, (usize, usize)>> {
         // Every update is one insert or remove, which completes or does not happen.
-        self.owners.lock()
+        self.owners.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The slot of the heap whose chunk holds `addr`.
@@ -203,7 +202,7 @@ impl<U: MemoryResource> ThreadHeaps<U> {
                         max: config.max,
                     },
                 ),
-                owners: Lock::default(),
+                owners: Mutex::default(),
             }),
         }
     }

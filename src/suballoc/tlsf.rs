@@ -9,8 +9,8 @@ use crate::resource::{
 };
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
-use crate::sync::{Guard, Lock};
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 const NAME: &str = "Tlsf";
@@ -103,7 +103,7 @@ pub struct Tlsf<U: MemoryResource> {
     max: usize,
     /// The first reservation asked for, for the description.
     initial: usize,
-    state: Lock<TlsfIndex>,
+    state: Mutex<TlsfIndex>,
 }
 
 impl<U: MemoryResource> Tlsf<U> {
@@ -140,7 +140,7 @@ impl<U: MemoryResource> Tlsf<U> {
             initial: align_up(config.initial, GRANULE)
                 .unwrap_or(usize::MAX)
                 .min(max),
-            state: Lock::new(TlsfIndex::address_ordered()),
+            state: Mutex::new(TlsfIndex::address_ordered()),
         }
     }
 
@@ -198,10 +198,10 @@ impl<U: MemoryResource> Tlsf<U> {
         self.lock().free(ptr.as_ptr() as usize, stream).is_some()
     }
 
-    fn lock(&self) -> Guard<'_, TlsfIndex> {
+    fn lock(&self) -> MutexGuard<'_, TlsfIndex> {
         // Every update of the index completes before the next upstream call, which is the only
         // thing that may panic inside the lock, so the index behind a poisoned lock is consistent.
-        self.state.lock()
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -300,7 +300,7 @@ has_upstream!(impl<U> for Tlsf<U> where U: MemoryResource);
 
 impl<U: MemoryResource> Drop for Tlsf<U> {
     fn drop(&mut self) {
-        let st = self.state.get_mut();
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         growth::drop_chunks(&self.upstream, st);
     }
 }

@@ -8,11 +8,10 @@ use super::tags::Tags;
 use super::{lock, to_ptr, Arena, GRAN, IDLE_STREAM_ARENAS, MAX_ARENAS};
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{Held, StreamId, StreamRef};
-use crate::sync::{Guard, Lock};
 use std::collections::{BTreeSet, HashMap};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Superblocks a local arena takes from the global arena at once, when it has them whole.
 const TAKE: usize = 4;
@@ -27,11 +26,11 @@ const KEEP: usize = TAKE;
 pub(super) struct Local {
     /// A stream's arena (not a thread's): when wholly free it joins the arena's idle list.
     for_stream: bool,
-    state: Lock<LocalState>,
+    state: Mutex<LocalState>,
 }
 
 impl Local {
-    fn lock(&self) -> Guard<'_, LocalState> {
+    fn lock(&self) -> MutexGuard<'_, LocalState> {
         lock(&self.state)
     }
 
@@ -263,7 +262,7 @@ impl<U: MemoryResource> Arena<U> {
         let stream = self.stream_of(held);
         let _ = self.arenas[n].set(Box::new(Local {
             for_stream,
-            state: Lock::new(LocalState {
+            state: Mutex::new(LocalState {
                 stream,
                 held,
                 ..LocalState::default()

@@ -16,7 +16,6 @@ use crate::resource::{
 };
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{Held, StreamId, StreamKeeper, StreamRef};
-use crate::sync::{Guard, Lock};
 use chunk::Chunk;
 use global::Global;
 use local::Local;
@@ -25,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use tags::Tags;
 use threads::Registry;
 use typenum::U256;
@@ -163,7 +162,7 @@ pub struct Arena<U: MemoryResource> {
     upstream: U,
     max_size: usize,
     sb_shift: u32,
-    global: Lock<Global>,
+    global: Mutex<Global>,
     taken: AtomicUsize,
     chunks: Box<[OnceLock<Chunk>]>,
     nchunks: AtomicUsize,
@@ -172,16 +171,16 @@ pub struct Arena<U: MemoryResource> {
     /// The local arena (and slot) of each superblock that local arenas hold.
     owners: Owners,
     /// Stream arenas that became wholly free, oldest first (see `went_idle`).
-    idle: Lock<VecDeque<u32>>,
+    idle: Mutex<VecDeque<u32>>,
     /// Stream arenas evicted from `idle` (holding no superblock), for new streams once all
     /// [`MAX_ARENAS`] exist.
-    evicted: Lock<Vec<u32>>,
-    create: Lock<()>,
+    evicted: Mutex<Vec<u32>>,
+    create: Mutex<()>,
     streams: RwLock<HashMap<StreamId, u32>>,
     registry: Arc<Registry>,
     /// Keeps alive every stream a `Held` of this arena names (its local arenas' and its free
     /// ranges' tags); declared last, so dropped after everything that names one.
-    keeper: Lock<StreamKeeper>,
+    keeper: Mutex<StreamKeeper>,
 }
 
 impl<U: MemoryResource> Arena<U> {
@@ -198,19 +197,19 @@ impl<U: MemoryResource> Arena<U> {
             // upstream can refuse as out of memory, and the arena then halves it.
             max_size: config.size.min(isize::MAX as usize - MAX_SUPERBLOCK) & !(GRAN - 1),
             sb_shift: superblock.trailing_zeros(),
-            global: Lock::new(Global::default()),
+            global: Mutex::new(Global::default()),
             taken: AtomicUsize::new(0),
             chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
             nchunks: AtomicUsize::new(0),
             arenas: (0..MAX_ARENAS).map(|_| OnceLock::new()).collect(),
             narenas: AtomicUsize::new(0),
             owners: Owners::default(),
-            idle: Lock::new(VecDeque::new()),
-            evicted: Lock::new(Vec::new()),
-            create: Lock::new(()),
+            idle: Mutex::new(VecDeque::new()),
+            evicted: Mutex::new(Vec::new()),
+            create: Mutex::new(()),
             streams: RwLock::new(HashMap::new()),
             registry: Arc::new(Registry::new()),
-            keeper: Lock::new(StreamKeeper::default()),
+            keeper: Mutex::new(StreamKeeper::default()),
         }
     }
 
@@ -469,7 +468,7 @@ impl<U: MemoryResource> Drop for Arena<U> {
             // than handed back for reuse under that work.
             return;
         }
-        let g = self.global.get_mut();
+        let g = self.global.get_mut().unwrap_or_else(|p| p.into_inner());
         // The keeper (a field) outlives this function, so every Held below is still valid.
         let mut streams: Vec<Held> = g.runs.values().flat_map(|r| r.tags.iter()).collect();
         streams.extend(g.spare.iter().flat_map(|sp| sp.tags.iter()));
@@ -506,10 +505,10 @@ fn to_ptr(addr: usize) -> NonNull<u8> {
         .expect("Arena: a block address is never 0")
 }
 
-fn lock<T>(m: &Lock<T>) -> Guard<'_, T> {
-    // Every update under the arena's locks completes before anything can panic, so one let go by
-    // a panic still guards consistent state.
-    m.lock()
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under the arena's mutexes completes before anything can panic, so a poisoned
+    // one still guards consistent state.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl FromItem for ArenaConfig {

@@ -3,16 +3,15 @@
 use super::{lock, Arena};
 use crate::resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
-use crate::sync::Lock;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 /// What a thread's storage shares with an arena: its id and the thread arenas that threads left.
 #[derive(Debug)]
 pub(super) struct Registry {
     id: u64,
-    idle: Lock<Vec<u32>>,
+    idle: Mutex<Vec<u32>>,
 }
 
 impl Registry {
@@ -21,7 +20,7 @@ impl Registry {
     pub(super) fn new() -> Self {
         Registry {
             id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
-            idle: Lock::new(Vec::new()),
+            idle: Mutex::new(Vec::new()),
         }
     }
 }
