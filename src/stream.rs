@@ -679,6 +679,41 @@ mod tests {
     }
 
     #[test]
+    fn a_keeper_finds_by_scan_what_its_map_holds_with_few_slots_or_many() {
+        let mut keeper = StreamKeeper::default();
+        let mut held = Vec::new();
+        let check = |keeper: &StreamKeeper| {
+            for n in 0..40 {
+                let s = StreamRef::simulated(n);
+                let by_map = keeper.by_id.get(&s.id()).map(|&slot| Held(slot));
+                assert_eq!(
+                    keeper.find(s),
+                    by_map,
+                    "stream {n}, {} slots",
+                    keeper.slots.len()
+                );
+            }
+            // A raw null handle has the default stream's identity: slot 0 either way.
+            // SAFETY: the handle is only compared, never given to a driver.
+            let null = unsafe { StreamRef::from_raw(std::ptr::null_mut()) };
+            let by_map = keeper.by_id.get(&null.id()).map(|&slot| Held(slot));
+            assert_eq!(keeper.find(null), by_map);
+        };
+        // Slots grow past SCAN_SLOTS, with releases that leave free slots between held ones.
+        for n in 1..20 {
+            held.push(keeper.hold(StreamRef::simulated(n)));
+            if n % 3 == 0 {
+                keeper.release(held[n as usize / 2]);
+            }
+            check(&keeper);
+        }
+        for h in held {
+            keeper.release(h);
+            check(&keeper);
+        }
+    }
+
+    #[test]
     fn a_keeper_frees_a_slot_at_its_last_release_and_reuses_it() {
         let mut keeper = StreamKeeper::default();
         let a = keeper.hold(StreamRef::simulated(1));
