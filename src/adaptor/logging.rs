@@ -378,6 +378,11 @@ impl<W: Write> Sink<W> {
     /// Flushes the writer; returns the first write error since the last `flush`.
     fn flush(&mut self) -> io::Result<()> {
         self.flush_out();
+        self.take_error()
+    }
+
+    /// The first write error since the last call, forgotten.
+    fn take_error(&mut self) -> io::Result<()> {
         self.error.take().map_or(Ok(()), Err)
     }
 }
@@ -721,7 +726,7 @@ impl<U, W: Write> Logging<U, W> {
                     s.sweep(&self.shared);
                     s.flush_out();
                 });
-                sink.error.take().map_or(Ok(()), Err)
+                sink.take_error()
             }
             Some(Writer::Thread(thread)) => {
                 let gone =

@@ -159,18 +159,56 @@ fn coalescing_model<P: Coalescing>(
     capacity: usize,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
+    let ops = ops.into_iter().map(|op| (0, op)).collect();
+    coalescing_model_by(&pool, sim, capacity, ops, 1, &|_, job| job.run(&pool))?;
+    drop(pool);
+    prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
+    Ok(())
+}
+
+/// What a model op asks of the resource: an allocation (size, alignment, stream) or a free
+/// (address, size, alignment, stream).
+enum Job {
+    Alloc(usize, usize, StreamRef<'static>),
+    Free(usize, usize, usize, StreamRef<'static>),
+}
+
+impl Job {
+    /// Runs the job on `mr`: the address allocated (0 for a free).
+    fn run<R: MemoryResource>(self, mr: &R) -> Result<usize, AllocError> {
+        match self {
+            Job::Alloc(size, align, s) => mr.allocate(size, align, s).map(|p| p.as_ptr() as usize),
+            Job::Free(addr, size, align, s) => {
+                // SAFETY: the model frees only live blocks of `mr`, with their size and
+                // alignment.
+                unsafe { mr.deallocate(nn(addr), size, align, s) };
+                Ok(0)
+            }
+        }
+    }
+}
+
+/// [`coalescing_model`]'s checks, each op run by `run` on the thread the op names (of
+/// `threads`): everything but the pool's drop.
+fn coalescing_model_by<P: Coalescing>(
+    pool: &P,
+    sim: &Simulated,
+    capacity: usize,
+    ops: Vec<(usize, Op)>,
+    threads: usize,
+    run: &dyn Fn(usize, Job) -> Result<usize, AllocError>,
+) -> Result<(), TestCaseError> {
     let cap = pool.max_size().min(capacity);
     let mut live: Vec<Block> = Vec::new();
     let mut extents = Live::default();
-    for op in ops {
+    for (t, op) in ops {
         match op {
             Op::Alloc {
                 size,
                 align,
                 stream: s,
-            } => match pool.allocate(size, align, stream(s)) {
-                Ok(p) => {
-                    let addr = p.as_ptr() as usize;
+            } => match run(t, Job::Alloc(size, align, stream(s))) {
+                Ok(addr) => {
                     prop_assert_eq!(addr % align.max(256), 0);
                     if size > 0 {
                         extents.insert(addr, size);
@@ -190,8 +228,7 @@ fn coalescing_model<P: Coalescing>(
                     if b.size > 0 {
                         extents.remove(b.addr);
                     }
-                    // SAFETY: b is live, from this pool, with this size and alignment.
-                    unsafe { pool.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
+                    run(t, Job::Free(b.addr, b.size, b.align, stream(s))).unwrap();
                 }
             }
         }
@@ -202,9 +239,12 @@ fn coalescing_model<P: Coalescing>(
         prop_assert_eq!(stats.chunks, sim.live());
         prop_assert!(stats.held <= pool.max_size());
     }
-    for b in live.drain(..) {
-        // SAFETY: b is live, from this pool, with this size and alignment.
-        unsafe { pool.deallocate(nn(b.addr), b.size, b.align, StreamRef::DEFAULT) };
+    for (i, b) in live.drain(..).enumerate() {
+        run(
+            i % threads,
+            Job::Free(b.addr, b.size, b.align, StreamRef::DEFAULT),
+        )
+        .unwrap();
     }
     prop_assert_eq!(pool.usage().allocated, 0);
     let size = pool.usage().held;
@@ -220,8 +260,6 @@ fn coalescing_model<P: Coalescing>(
             ..Default::default()
         }
     );
-    drop(pool);
-    prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
     Ok(())
 }
 
@@ -873,12 +911,6 @@ impl<P: Coalescing> Coalescing for &P {
     }
 }
 
-/// What a worker thread of [`on_workers`] is asked to do.
-enum Job {
-    Alloc(usize, usize, usize),
-    Free(usize, usize, usize, usize),
-}
-
 /// Runs `body` with a function that has worker thread `t` (of `n`) run a job on `mr` and
 /// returns the address it allocated (0 for a failure or a free).
 fn on_workers<R: MemoryResource + Sync>(
@@ -894,18 +926,7 @@ fn on_workers<R: MemoryResource + Sync>(
             senders.push(tx);
             s.spawn(move || {
                 for (job, answer) in rx {
-                    let r = match job {
-                        Job::Alloc(size, align, st) => mr
-                            .allocate(size, align, stream(st))
-                            .map(|p| p.as_ptr() as usize),
-                        Job::Free(addr, size, align, st) => {
-                            // SAFETY: the caller frees a live block of `mr` with its size and
-                            // alignment.
-                            unsafe { mr.deallocate(nn(addr), size, align, stream(st)) };
-                            Ok(0)
-                        }
-                    };
-                    answer.send(r).unwrap();
+                    answer.send(job.run(mr)).unwrap();
                 }
             });
         }
@@ -931,52 +952,9 @@ fn thread_heaps_threads_model(
     let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig { max });
     let mut result = Ok(());
     on_workers(&heaps, 3, |run| {
-        result = (|| {
-            let mut live: Vec<Block> = Vec::new();
-            let mut extents = Live::default();
-            for (t, op) in ops {
-                match op {
-                    Op::Alloc {
-                        size,
-                        align,
-                        stream: s,
-                    } => match run(t, Job::Alloc(size, align, s)) {
-                        Ok(addr) => {
-                            prop_assert_eq!(addr % align.max(256), 0);
-                            if size > 0 {
-                                extents.insert(addr, size);
-                            }
-                            live.push(Block { addr, size, align });
-                        }
-                        Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
-                    },
-                    Op::Free { pick, stream: s } => {
-                        if !live.is_empty() {
-                            let b = live.swap_remove(pick.index(live.len()));
-                            if b.size > 0 {
-                                extents.remove(b.addr);
-                            }
-                            run(t, Job::Free(b.addr, b.size, b.align, s)).unwrap();
-                        }
-                    }
-                }
-                let u = heaps.usage();
-                let allocated: usize = live.iter().map(|b| align_up(b.size, 256).unwrap()).sum();
-                prop_assert_eq!(u.allocated, allocated);
-                prop_assert_eq!(u.held, sim.in_use());
-                prop_assert_eq!(u.chunks, sim.live());
-                prop_assert!(u.held <= heaps.max_size());
-            }
-            for (i, b) in live.into_iter().enumerate() {
-                run(i % 3, Job::Free(b.addr, b.size, b.align, 0)).unwrap();
-            }
-            Ok(())
-        })();
+        result = coalescing_model_by(&heaps, &sim, capacity, ops, 3, run);
     });
     result?;
-    prop_assert_eq!(heaps.usage().allocated, 0);
-    let held = heaps.usage().held;
-    prop_assert_eq!(heaps.release(), held, "every chunk came back whole");
     drop(heaps);
     prop_assert_eq!((sim.in_use(), sim.live()), (0, 0));
     Ok(())
@@ -998,11 +976,57 @@ proptest! {
 }
 
 #[test]
+fn thread_heaps_outlive_their_threads_and_serve_more_threads_than_slots() {
+    // A hostile caller's day: 80 threads (more than the 64 slots of their own) allocate and
+    // exit, leaving their blocks to be freed by this thread and their heaps to the next threads;
+    // one block is leaked outright. Nothing overlaps, every byte is what its owner wrote, and
+    // dropping the heaps with the leaked block live gives back no chunk under it.
+    let rec = Recorder::new(System::new());
+    let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig { max: 1 << 30 });
+    let blocks: Vec<(usize, usize, u8)> = std::thread::scope(|s| {
+        let spawned: Vec<_> = (0..80u8)
+            .map(|t| {
+                let heaps = &heaps;
+                s.spawn(move || {
+                    let size = 4096 * (1 + usize::from(t % 7));
+                    let p = heaps.allocate(size, 256, StreamRef::DEFAULT).unwrap();
+                    // SAFETY: a live block of `size` bytes of host memory, this thread's alone.
+                    unsafe { p.as_ptr().write_bytes(t, size) };
+                    (p.as_ptr() as usize, size, t)
+                })
+            })
+            .collect();
+        spawned.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut extents = Live::default();
+    for &(addr, size, _) in &blocks {
+        extents.insert(addr, size);
+    }
+    let (leaked, rest) = blocks.split_first().unwrap();
+    for &(addr, size, t) in rest {
+        // SAFETY: written above by the thread that allocated it, which has exited.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, size) };
+        assert!(
+            bytes.iter().all(|&b| b == t),
+            "thread {t}'s block was overwritten"
+        );
+        // SAFETY: live, from `heaps`, with this size.
+        unsafe { heaps.deallocate(nn(addr), size, 256, StreamRef::DEFAULT) };
+    }
+    assert_eq!(heaps.usage().allocated, leaked.1);
+    drop(heaps);
+    assert!(
+        rec.record().in_use() > 0,
+        "the chunk under the leaked block stays with the upstream's caller"
+    );
+}
+
+#[test]
 fn thread_heaps_give_a_block_back_to_the_heap_it_came_from() {
     let rec = Recorder::new(Simulated::new(1 << 30));
     let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig::default());
     on_workers(&heaps, 1, |run| {
-        let a = run(0, Job::Alloc(4096, 256, 0)).unwrap();
+        let a = run(0, Job::Alloc(4096, 256, stream(0))).unwrap();
         // Freed here, on this thread (whose heap is made by its own request first).
         let mine = heaps.allocate(4096, 256, StreamRef::DEFAULT).unwrap();
         // SAFETY: live blocks of `heaps` with this size.
@@ -1011,9 +1035,9 @@ fn thread_heaps_give_a_block_back_to_the_heap_it_came_from() {
         // The worker's heap has it back: its next request of that size gets it, with no
         // ordering (same stream) and no new chunk.
         let chunks = rec.record().live();
-        assert_eq!(run(0, Job::Alloc(4096, 256, 0)).unwrap(), a);
+        assert_eq!(run(0, Job::Alloc(4096, 256, stream(0))).unwrap(), a);
         assert_eq!(rec.record().live(), chunks);
-        run(0, Job::Free(a, 4096, 256, 0)).unwrap();
+        run(0, Job::Free(a, 4096, 256, stream(0))).unwrap();
         // SAFETY: as above.
         unsafe { heaps.deallocate(mine, 4096, 256, StreamRef::DEFAULT) };
     });
@@ -1028,14 +1052,14 @@ fn thread_heaps_take_back_other_heaps_free_chunks_at_the_cap() {
     let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig { max: 8 << 20 });
     on_workers(&heaps, 1, |run| {
         // The worker's heap keeps a chunk of 6 MiB or more (its growth rule), wholly free.
-        let a = run(0, Job::Alloc(6 << 20, 256, 0)).unwrap();
-        run(0, Job::Free(a, 6 << 20, 256, 0)).unwrap();
+        let a = run(0, Job::Alloc(6 << 20, 256, stream(0))).unwrap();
+        run(0, Job::Free(a, 6 << 20, 256, stream(0))).unwrap();
         assert!(heaps.usage().held >= 6 << 20);
         // This thread's heap needs 6 MiB too: only once the worker's chunk went back.
         let b = heaps.allocate(6 << 20, 256, StreamRef::DEFAULT).unwrap();
         assert!(sim.in_use() <= 8 << 20);
         // Over the cap with everything live: out of memory, named.
-        let err = run(0, Job::Alloc(4 << 20, 256, 0)).unwrap_err();
+        let err = run(0, Job::Alloc(4 << 20, 256, stream(0))).unwrap_err();
         assert!(err.is_out_of_memory());
         assert!(
             err.to_string().contains("ThreadHeaps: out of memory"),
@@ -1043,8 +1067,8 @@ fn thread_heaps_take_back_other_heaps_free_chunks_at_the_cap() {
         );
         // SAFETY: live with this size.
         unsafe { heaps.deallocate(b, 6 << 20, 256, StreamRef::DEFAULT) };
-        let c = run(0, Job::Alloc(4 << 20, 256, 0)).unwrap();
-        run(0, Job::Free(c, 4 << 20, 256, 0)).unwrap();
+        let c = run(0, Job::Alloc(4 << 20, 256, stream(0))).unwrap();
+        run(0, Job::Free(c, 4 << 20, 256, stream(0))).unwrap();
     });
     drop(heaps);
     assert_eq!(sim.in_use(), 0);
@@ -1145,13 +1169,13 @@ fn thread_heaps_under_a_small_cap_serve_every_thread() {
     let sim = Simulated::new(1 << 30);
     let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig { max: 8 << 20 });
     on_workers(&heaps, 2, |run| {
-        let a = run(0, Job::Alloc(256, 256, 0)).unwrap();
-        let b = run(1, Job::Alloc(256, 256, 0)).unwrap();
+        let a = run(0, Job::Alloc(256, 256, stream(0))).unwrap();
+        let b = run(1, Job::Alloc(256, 256, stream(0))).unwrap();
         let c = heaps.allocate(256, 256, StreamRef::DEFAULT).unwrap();
         assert_eq!(heaps.heaps(), 3);
         assert!(sim.in_use() <= 8 << 20);
-        run(0, Job::Free(a, 256, 256, 0)).unwrap();
-        run(1, Job::Free(b, 256, 256, 0)).unwrap();
+        run(0, Job::Free(a, 256, 256, stream(0))).unwrap();
+        run(1, Job::Free(b, 256, 256, stream(0))).unwrap();
         // SAFETY: live with this size.
         unsafe { heaps.deallocate(c, 256, 256, StreamRef::DEFAULT) };
     });
@@ -1191,8 +1215,8 @@ fn a_request_above_the_cap_gives_nothing_back() {
     let rec = Recorder::new(Simulated::new(1 << 30));
     let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig { max: 64 << 20 });
     on_workers(&heaps, 1, |run| {
-        let p = run(0, Job::Alloc(8 << 20, 256, 0)).unwrap();
-        run(0, Job::Free(p, 8 << 20, 256, 0)).unwrap();
+        let p = run(0, Job::Alloc(8 << 20, 256, stream(0))).unwrap();
+        run(0, Job::Free(p, 8 << 20, 256, stream(0))).unwrap();
     });
     let keep = heaps.allocate(256, 256, StreamRef::DEFAULT).unwrap();
     let p = heaps.allocate(8 << 20, 256, StreamRef::DEFAULT).unwrap();
