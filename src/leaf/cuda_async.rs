@@ -243,37 +243,7 @@ impl CudaAsync {
     /// (`cuMemPoolSetAccess`, read-write), its allocations now and later. Idempotent; a pool's own
     /// device always has access. `Unsupported` where the two devices cannot reach each other.
     pub fn grant_access(&self, peer: &CudaContext) -> Result<(), AllocError> {
-        if peer.cu_device() == self.ctx.cu_device() {
-            return Ok(());
-        }
-        let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        let mut can: std::ffi::c_int = 0;
-        // SAFETY: a valid place for the answer; both devices are live handles.
-        unsafe { sys::cuDeviceCanAccessPeer(&mut can, peer.cu_device(), self.ctx.cu_device()) }
-            .result()
-            .map_err(err)?;
-        if can == 0 {
-            return Err(AllocError::new(
-                crate::resource::AllocErrorKind::Unsupported(
-                    "the peer device cannot access this pool's device (cuDeviceCanAccessPeer)",
-                ),
-                0,
-                0,
-                Self::NAME,
-            ));
-        }
-        let _current = super::make_current(&self.ctx).map_err(err)?;
-        let access = sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: peer.cu_device(),
-            },
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the pool is live; one valid descriptor.
-        unsafe { sys::cuMemPoolSetAccess(self.pool, &access, 1) }
-            .result()
-            .map_err(err)
+        super::driver::grant_pool_access(self.pool, &self.ctx, peer, Self::NAME)
     }
 
     /// The driver pool handle, for `cuMemPool*` calls this type does not wrap.

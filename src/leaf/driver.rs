@@ -74,6 +74,51 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<(), A
     }
 }
 
+/// Lets kernels and copies on `peer`'s device read and write the memory of driver pool `pool`,
+/// which lives on `owner`'s device (`cuMemPoolSetAccess`, read-write): its allocations now and
+/// later. `Ok` at once for the owner's own device; `Unsupported` where the two devices cannot
+/// reach each other. What `CudaAsync::grant_access` and `ImportedPool::grant_access` do.
+pub(crate) fn grant_pool_access(
+    pool: sys::CUmemoryPool,
+    owner: &CudaContext,
+    peer: &CudaContext,
+    name: &'static str,
+) -> Result<(), AllocError> {
+    if peer.cu_device() == owner.cu_device() {
+        return Ok(());
+    }
+    let err = |e| AllocError::cuda(e, 0, 0, name);
+    let mut can: std::ffi::c_int = 0;
+    // SAFETY: a valid place for the answer; both devices are live handles of their contexts.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, peer.cu_device(), owner.cu_device()) }
+        .result()
+        .map_err(err)?;
+    if can == 0 {
+        return Err(AllocError::new(
+            AllocErrorKind::Unsupported(
+                "the peer device cannot access this pool's device (cuDeviceCanAccessPeer)",
+            ),
+            0,
+            0,
+            name,
+        ));
+    }
+    let _current = make_current(owner).map_err(err)?;
+    let access = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: peer.cu_device(),
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `pool` is a live pool handle (the caller holds it); one valid descriptor, read
+    // during the call. Granting access changes what other devices may touch, never what this
+    // process's safe code may: nothing is freed or remapped.
+    unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+        .result()
+        .map_err(err)
+}
+
 /// A driver entry point looked up by name at run time, for the calls whose bindings depend on the
 /// CUDA version cudarc was built for (a program beside its own cudarc may pick 12.2, whose
 /// bindings lack CUDA 13's calls); `None` where the driver lacks it (or there is no driver).

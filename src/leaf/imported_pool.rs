@@ -41,6 +41,12 @@ impl std::fmt::Debug for IpcPointer {
 /// It allocates nothing (the driver allows no allocation from an imported pool), so it is not a
 /// `MemoryResource`. Dropping it destroys this process's import of the pool, not the pool.
 ///
+/// # Devices
+///
+/// Import with a context of the device the pool is on (as this process numbers it);
+/// [`grant_access`](Self::grant_access) then opens it to other devices of this process. Access
+/// is per process: what the exporter granted is not inherited.
+///
 /// # Cost and streams
 ///
 /// An import is a driver call that maps the allocation (microseconds); copies in and out are
@@ -104,12 +110,52 @@ impl ImportedPool {
         }
         .result()
         .map_err(err)?;
-        // The driver holds what it needs of the descriptor now; `fd` closes here.
-        Ok(ImportedPool {
+        // The driver holds what it needs of the descriptor now; `fd` closes here. From here the
+        // pool is destroyed on every path (its drop).
+        let this = ImportedPool {
             ctx: ctx.clone(),
             pool,
             live: std::sync::Mutex::new(Vec::new()),
-        })
+        };
+        if this.access_of(ctx)? != sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE {
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "the pool is on another device than this context's: import it with a context of its device (device numbers can differ between processes, by CUDA_VISIBLE_DEVICES), then grant_access to others",
+                ),
+                0,
+                0,
+                NAME,
+            ));
+        }
+        Ok(this)
+    }
+
+    /// Lets kernels and copies on `peer`'s device read and write the pool's memory in this
+    /// process (`cuMemPoolSetAccess`, read-write), the allocations imported now and later: an
+    /// importer's access is its own, not the exporter's. Idempotent; the pool's own device
+    /// always has access. `Unsupported` where the two devices cannot reach each other.
+    pub fn grant_access(&self, peer: &CudaContext) -> Result<(), AllocError> {
+        crate::leaf::driver::grant_pool_access(self.pool, &self.ctx, peer, NAME)
+    }
+
+    /// Whether kernels and copies on `device`'s device may use the pool's memory here: the pool's
+    /// own device, and those [`grant_access`](Self::grant_access) opened it to.
+    pub fn is_accessible_from(&self, device: &CudaContext) -> Result<bool, AllocError> {
+        Ok(self.access_of(device)? == sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    }
+
+    /// The pool's access flags for `device`'s device (`cuMemPoolGetAccess`).
+    fn access_of(&self, device: &CudaContext) -> Result<sys::CUmemAccess_flags, AllocError> {
+        let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        let mut location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device.cu_device(),
+        };
+        // SAFETY: valid places for the answer and the location; the pool is live (held by self).
+        unsafe { sys::cuMemPoolGetAccess(&mut flags, self.pool, &mut location) }
+            .result()
+            .map_err(|e| AllocError::cuda(e, 0, 0, NAME))?;
+        Ok(flags)
     }
 
     /// Maps the allocation `ptr` names, which the exporting process shared after its allocation

@@ -72,13 +72,20 @@ impl Bits {
         }
     }
 
+    #[inline]
     fn get(&self, p: usize) -> bool {
         self.0[p / 64] & (1 << (p % 64)) != 0
     }
 
     /// Calls `f(word index, mask)` for the words of pages `lo..hi` (`lo < hi`).
+    #[inline]
     fn words(lo: usize, hi: usize, mut f: impl FnMut(usize, u64)) {
         let (first, last) = (lo / 64, (hi - 1) / 64);
+        if first == last {
+            // Most blocks lie on a page or two: one word, no loop.
+            f(first, (u64::MAX >> (64 - (hi - lo))) << (lo % 64));
+            return;
+        }
         for w in first..=last {
             let from = if w == first { lo % 64 } else { 0 };
             let to = if w == last { (hi - 1) % 64 + 1 } else { 64 };
@@ -88,6 +95,7 @@ impl Bits {
     }
 
     /// Sets pages `lo..hi`; returns how many were clear.
+    #[inline]
     fn set(&mut self, lo: usize, hi: usize) -> usize {
         let mut n = 0;
         if lo < hi {
@@ -100,6 +108,7 @@ impl Bits {
     }
 
     /// How many pages of `lo..hi` are clear.
+    #[inline]
     fn count_clear(&self, lo: usize, hi: usize) -> usize {
         let mut n = 0;
         if lo < hi {
@@ -109,6 +118,7 @@ impl Bits {
     }
 
     /// Clears pages `lo..hi`; returns how many were set.
+    #[inline]
     fn clear(&mut self, lo: usize, hi: usize) -> usize {
         let mut n = 0;
         if lo < hi {
@@ -141,6 +151,7 @@ impl<H> Region<H> {
     /// Page `p` goes from being overlapped `from` to `to` by one block (its other blocks
     /// unchanged); returns 1 when that takes it out of the cache (live again) or puts it in (no
     /// live block left), 0 otherwise.
+    #[inline]
     fn touch(&mut self, p: usize, from: Overlap, to: Overlap) -> usize {
         let was_live = self.partial[p] > 0 || from == Overlap::Whole;
         if from == Overlap::Partial {
@@ -230,10 +241,11 @@ struct State<H> {
 /// The pages of `[addr, addr + len)` in a region at `base`: `(first, last)` touched (end
 /// exclusive) and `(lo, hi)` covered wholly.
 #[inline]
-fn page_span(base: usize, addr: usize, len: usize, page: usize) -> (usize, usize, usize, usize) {
+fn page_span(base: usize, addr: usize, len: usize, shift: u32) -> (usize, usize, usize, usize) {
+    // Shifts, not divisions: this runs twice per allocation and free.
     let (start, end) = (addr - base, addr - base + len);
-    let (first, last) = (start / page, (end - 1) / page + 1);
-    let (lo, hi) = (start.div_ceil(page), end / page);
+    let (first, last) = (start >> shift, ((end - 1) >> shift) + 1);
+    let (lo, hi) = ((start + (1 << shift) - 1) >> shift, end >> shift);
     (first, last, lo, hi.max(lo))
 }
 
@@ -293,6 +305,8 @@ fn page_span(base: usize, addr: usize, len: usize, page: usize) -> (usize, usize
 pub struct VirtualMemory<P: PhysicalPages> {
     pages: P,
     page: usize,
+    /// `page`'s log2.
+    shift: u32,
     config: VirtualMemoryConfig,
     state: Mutex<State<P::Page>>,
 }
@@ -311,9 +325,20 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// A resource over `pages`; it reserves its first range at once, and says so when it cannot.
     pub fn new(pages: P, config: VirtualMemoryConfig) -> Result<Self> {
         let page = pages.page_size();
+        if !page.is_power_of_two() {
+            return Err(AllocError::new(
+                crate::resource::AllocErrorKind::InvalidArgument(
+                    "the page source's page size is not a power of two",
+                ),
+                page,
+                0,
+                NAME,
+            ));
+        }
         let vm = VirtualMemory {
             pages,
             page,
+            shift: page.trailing_zeros(),
             config,
             state: Mutex::new(State {
                 index: TlsfIndex::default(),
@@ -405,7 +430,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// and mapped where they are not. On failure nothing has changed (but the cache may have been
     /// emptied).
     fn commit(&self, st: &mut State<P::Page>, r: usize, addr: usize, len: usize) -> Result<()> {
-        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.page);
+        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
         let region = &mut st.regions[r];
         region.grow(last);
         // The pages it covers are live through it alone; the end pages it shares are counted.
@@ -501,7 +526,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// Gives up the pages of the block `[addr, addr + len)` of region `r`: those left with no
     /// live block go in the cache, and the cache is trimmed to its bound if `trim`.
     fn uncommit(&self, st: &mut State<P::Page>, r: usize, addr: usize, len: usize, trim: bool) {
-        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.page);
+        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
         let region = &mut st.regions[r];
         // The pages the block covered wholly are free now; they are mapped, unless the block is
         // being given up because mapping them failed.
@@ -526,8 +551,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         new: usize,
     ) -> Result<()> {
         let base = st.regions[r].base;
-        let before = page_span(base, addr, old, self.page);
-        let after = page_span(base, addr, new, self.page);
+        let before = page_span(base, addr, old, self.shift);
+        let after = page_span(base, addr, new, self.shift);
         // The old block's last page is the only one it shares with the grown one's new pages.
         let shared = before.1 - 1;
         let (lo, hi) = (after.2.max(shared + 1), after.3.max(shared + 1));
@@ -853,7 +878,7 @@ impl<P: PhysicalPages> Drop for VirtualMemory<P> {
         let mut live: Vec<Bits> = st.regions.iter().map(|_| Bits::default()).collect();
         for (addr, size) in st.index.live_blocks() {
             if let Some(r) = st.region_of(addr) {
-                let (first, last, _, _) = page_span(st.regions[r].base, addr, size, page);
+                let (first, last, _, _) = page_span(st.regions[r].base, addr, size, self.shift);
                 live[r].grow(last);
                 live[r].set(first, last);
             }

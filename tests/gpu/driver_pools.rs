@@ -163,6 +163,8 @@ fn ipc_child(spec: &str) {
     // SAFETY: the parent left this descriptor open across exec for this process, which owns it.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     let pool = ImportedPool::from_fd(&ctx, fd).unwrap();
+    assert!(pool.is_accessible_from(&ctx).unwrap(), "its own device");
+    pool.grant_access(&ctx).unwrap(); // its own device: nothing to do
     let mut mem = pool.import(&IpcPointer::from_bytes(bytes)).unwrap();
     assert!(mem.len() >= n, "{} < {n}", mem.len());
     assert!(

@@ -2,7 +2,8 @@
 //! context is current on the thread and leaves that context current; copies between devices
 //! (staged, then direct once peer access is enabled) keep the ordering rules; peer access is
 //! explicit and idempotent, for context memory and for driver pools; the per-device registry
-//! under threads on both devices never serves a device from another's stack. The tests that need
+//! under threads on both devices never serves a device from another's stack; another process's
+//! pool of device 0, imported, is read on device 1 once granted. The tests that need
 //! two GPUs say so and return on a machine with one; the first runs on one GPU too (the thread
 //! then has no context current).
 
@@ -330,4 +331,132 @@ fn logs_recorded_on_two_devices_replay_per_device() {
             "device {d}'s log replays and frees everything"
         );
     }
+}
+
+/// Set in the child process of the cross-device IPC test: `fd,fd,len,hex of the 64 bytes`.
+const IPC_PEER_CHILD: &str = "MRSTACK_IPC_PEER_CHILD";
+
+/// What `scale` makes of `x`.
+fn scaled(x: u32) -> u32 {
+    2u32.wrapping_mul(x).wrapping_add(7)
+}
+
+fn ipc_values(n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(2246822519) ^ 0x5bd1_e995)
+        .collect()
+}
+
+/// The child's side: the pool of device 0 is refused with device 1's context, imported with
+/// device 0's, opened to device 1, and read there by a kernel.
+fn ipc_peer_child(spec: &str) {
+    use mrstack::leaf::{ImportedPool, IpcPointer};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let parts: Vec<&str> = spec.split(',').collect();
+    let (fd_a, fd_b): (i32, i32) = (parts[0].parse().unwrap(), parts[1].parse().unwrap());
+    let n: usize = parts[2].parse().unwrap();
+    let mut bytes = [0u8; 64];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&parts[3][2 * i..2 * i + 2], 16).unwrap();
+    }
+    let (c0, c1) = (
+        mrstack::cuda_context(0).unwrap(),
+        mrstack::cuda_context(1).unwrap(),
+    );
+    // SAFETY: the parent left both descriptors open across exec for this process, which owns
+    // them.
+    let (fd_a, fd_b) = unsafe { (OwnedFd::from_raw_fd(fd_a), OwnedFd::from_raw_fd(fd_b)) };
+    let e = ImportedPool::from_fd(&c1, fd_b).unwrap_err();
+    assert!(
+        matches!(e.kind, AllocErrorKind::InvalidArgument(_)),
+        "a pool of device 0 imported with device 1's context: {e}"
+    );
+    let pool = ImportedPool::from_fd(&c0, fd_a).unwrap();
+    assert!(pool.is_accessible_from(&c0).unwrap());
+    assert!(
+        !pool.is_accessible_from(&c1).unwrap(),
+        "device 1 has no access before the grant"
+    );
+    let mem = pool.import(&IpcPointer::from_bytes(bytes)).unwrap();
+    assert!(mem.len() >= 4 * n, "{} < {}", mem.len(), 4 * n);
+    pool.grant_access(&c1).unwrap();
+    pool.grant_access(&c1).unwrap(); // idempotent
+    pool.grant_access(&c0).unwrap(); // its own device: nothing to do
+    assert!(pool.is_accessible_from(&c1).unwrap());
+    let s1 = c1.new_stream().unwrap();
+    let scale = kernel(&c1, "scale");
+    let mr1 = Cuda::new(&c1).unwrap();
+    let mut out = DeviceVec::<u32, _>::zeroed(n, &mr1, &s1).unwrap();
+    let (input, n32) = (mem.device_address(), n as u32);
+    // SAFETY: `scale` takes (const unsigned*, unsigned*, unsigned); `input` holds n values the
+    // parent wrote and synchronized before exporting, on device 0, which device 1 may read
+    // (granted above); `mem` outlives the launch (`to_vec` below waits for it).
+    unsafe {
+        s1.launch_builder(&scale)
+            .arg(&input)
+            .arg(&mut out)
+            .arg(&n32)
+            .launch(LaunchConfig::for_num_elems(n32))
+            .unwrap();
+    }
+    let want: Vec<u32> = ipc_values(n).into_iter().map(scaled).collect();
+    assert_eq!(out.to_vec().unwrap(), want, "device 1 read device 0's pool");
+    assert_eq!(device_of(out.device_address()), 1);
+    println!("ipc peer child: device 1 read {n} values of device 0's imported pool");
+}
+
+#[test]
+fn an_imported_pool_is_read_on_another_device_once_granted() {
+    if let Ok(spec) = std::env::var(IPC_PEER_CHILD) {
+        return ipc_peer_child(&spec);
+    }
+    let Some((c0, _c1)) = two_gpus() else { return };
+    use std::os::fd::AsRawFd;
+    let s0 = c0.new_stream().unwrap();
+    let options = mrstack::leaf::CudaAsyncOptions {
+        exportable: true,
+        ..Default::default()
+    };
+    let mr = CudaAsync::with_options(&c0, options).unwrap();
+    let n = 1 << 16;
+    let v = DeviceVec::from_slice(&ipc_values(n), &mr, &s0).unwrap();
+    assert_eq!(device_of(v.device_address()), 0);
+    // Complete before another process may touch it.
+    v.synchronize().unwrap();
+    let ptr = std::ptr::NonNull::new(v.device_address() as *mut u8).unwrap();
+    // SAFETY: u32 values, valid for any bytes; exported after the copy completed, and `v` lives
+    // until the child is done (it only reads).
+    let exported = unsafe { mr.export_pointer(ptr) }.unwrap();
+    let (fd_a, fd_b) = (mr.export_pool().unwrap(), mr.export_pool().unwrap());
+    for fd in [&fd_a, &fd_b] {
+        // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
+        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
+    }
+    let hex: String = exported
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "multi_gpu::an_imported_pool_is_read_on_another_device_once_granted",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            IPC_PEER_CHILD,
+            format!("{},{},{n},{hex}", fd_a.as_raw_fd(), fd_b.as_raw_fd()),
+        )
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed:\n{text}");
+    assert!(
+        text.contains("ipc peer child: device 1 read"),
+        "the child ran:\n{text}"
+    );
+    // The child only read: the values are as written.
+    assert_eq!(v.to_vec().unwrap(), ipc_values(n));
 }
