@@ -7,7 +7,9 @@
 //! 1. **Candidates**: the stacks with a capacity to give, `pool`, `tlsf`, `vmm`, `binning` and
 //!    `arena`, that replayed without an error and whose min capacity was found. `upstream` is the baseline (on
 //!    a GPU every op is a driver call) and `cuda-async` is the driver's own pool, with no
-//!    capacity to search.
+//!    capacity to search. `heaps` is not one either: its min capacity is searched in log order on
+//!    one thread, where it is one heap, while with threads each heap holds chunks of its own, so
+//!    no capacity found here is one it can be given for a log of several threads.
 //! 2. **Footprint first**: the least min capacity (searched in log order over `Simulated`, the
 //!    same on every run and machine). Candidates within [`TIE_MARGIN_PERCENT`] of it are tied.
 //! 3. **Speed next**, by a fixed order among the tied: [`ONE_THREAD_ORDER`], or [`THREADS_ORDER`]

@@ -133,6 +133,14 @@ fn replay_without_a_trace_prints_the_table() {
     }
     let row = out.lines().find(|l| l.starts_with("upstream ")).unwrap();
     assert!(!row.contains("error"), "{out}");
+    // Every preset has a row that replayed, ThreadHeaps' among them.
+    for name in ["pool", "tlsf", "vmm", "binning", "arena", "heaps"] {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap();
+        assert!(!row.contains("error") && !row.contains(" - "), "{row}");
+    }
     if mrstack::cuda_context(0).is_err() {
         assert!(out.contains("upstream: simulated (no GPU found"), "{out}");
         // Over Simulated, ns/op are bookkeeping, and the column says so.

@@ -140,7 +140,9 @@ impl<U: Paged + Send + Sync + 'static> Paged for Arc<Metered<U>> {
 ///
 /// `"tlsf"` is [`Tlsf`](crate::suballoc::Tlsf) with the capacity as its reservation and maximum,
 /// as `"pool"` is; `"vmm"` is [`VirtualMemory`] over the upstream's pages with the capacity as
-/// its cap on mapped bytes and as its cache of free pages (emptied under pressure).
+/// its cap on mapped bytes and as its cache of free pages (emptied under pressure); `"heaps"` is
+/// [`ThreadHeaps`](crate::suballoc::ThreadHeaps) with the capacity as its maximum, a heap per
+/// thread that replays (one in log order).
 pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dyn StackFactory<U>>>
 {
     vec![
@@ -186,6 +188,9 @@ pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dy
         }),
         stack("arena", |up: U, cap| {
             Ok(crate::resource_stack![up, Arena { size: cap }])
+        }),
+        stack("heaps", |up: U, cap| {
+            Ok(crate::resource_stack![up, ThreadHeaps { max: cap }])
         }),
     ]
 }

@@ -66,6 +66,33 @@ proptest! {
 }
 
 #[test]
+fn heaps_is_shown_but_never_recommended_for_one_thread_or_many() {
+    let peak = 1 << 20;
+    for threads in [1, 4] {
+        // heaps needs the least by far: its log-order figure is one heap's, not its threads'.
+        let mut r = report(vec![
+            row("upstream"),
+            needs("heaps", 1_000_000, peak),
+            needs("pool", 1_200_000, peak),
+            needs("tlsf", 1_250_000, peak),
+        ]);
+        r.workload.threads = threads;
+        let rec = recommended(&r);
+        assert_eq!(rec.stack, "tlsf", "{threads} threads");
+        assert_eq!(rec.tied, ["tlsf", "pool"], "{threads} threads");
+        assert!(
+            !rec.why[0].contains("heaps"),
+            "heaps is no candidate: {}",
+            rec.why[0]
+        );
+    }
+    // With heaps alone there is nothing to recommend, and the reason names the candidates.
+    let r = report(vec![row("upstream"), needs("heaps", 1_000_000, peak)]);
+    let why = recommend(&r, &tiny()).unwrap_err();
+    assert!(why.contains("none of") && !why.contains("heaps"), "{why}");
+}
+
+#[test]
 fn the_least_footprint_wins_and_near_ties_go_by_a_fixed_order() {
     let peak = 1 << 20;
     // Arena within 5% of pool, binning past it: arena, the first of the two in the order.
