@@ -127,6 +127,10 @@ impl CudaAsync {
         props.location.id = ctx.cu_device();
         // SAFETY: props is a valid, initialized CUmemPoolProps.
         let pool = unsafe { result::mem_pool::create(&props) }.map_err(err)?;
+        if options.exportable {
+            // So that an import of it in this process is refused (its drop destroys it).
+            super::imported_pool::own_exportable(pool);
+        }
         #[allow(unused_mut)] // the export below is Unix only
         let mut this = CudaAsync {
             ctx: ctx.clone(),
@@ -381,6 +385,12 @@ pub(crate) unsafe fn pool_free(
 impl Drop for CudaAsync {
     fn drop(&mut self) {
         let _current = crate::leaf::make_current_or_record(&self.ctx);
+        if self.options.exportable {
+            // SAFETY: as below; under the lock imports take, so that no import in this process
+            // is handed this handle while it goes.
+            unsafe { super::imported_pool::destroy_own(&self.ctx, self.pool) };
+            return;
+        }
         // SAFETY: the pool is ours and destroyed once; the driver defers the release of memory
         // still referenced by queued frees.
         self.ctx

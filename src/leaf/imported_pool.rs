@@ -39,7 +39,11 @@ impl std::fmt::Debug for IpcPointer {
 /// handles): the allocations that process shares ([`import`](Self::import)) are then mapped here.
 ///
 /// It allocates nothing (the driver allows no allocation from an imported pool), so it is not a
-/// `MemoryResource`. Dropping it destroys this process's import of the pool, not the pool.
+/// `MemoryResource`. Dropping it destroys this process's import of the pool, not the pool. Two
+/// imports of one pool may get one handle from the driver: the last of them to drop destroys it,
+/// and an allocation is imported once in the process, whichever import asks. A pool this process
+/// exported itself (an exportable [`CudaAsync`](crate::CudaAsync)) is refused, where the driver
+/// hands back its handle: that import's drop would destroy the pool under the `CudaAsync`.
 ///
 /// # Devices
 ///
@@ -76,10 +80,67 @@ impl std::fmt::Debug for IpcPointer {
 #[derive(Debug)]
 pub struct ImportedPool {
     ctx: Arc<CudaContext>,
+    /// One hold on an entry of [`KNOWN`] as [`Known::Imported`].
     pool: sys::CUmemoryPool,
-    /// The addresses imported and not freed: a second import of one allocation is refused, so
-    /// that no two `ImportedMemory` free one mapping.
-    live: std::sync::Mutex<Vec<sys::CUdeviceptr>>,
+}
+
+/// What this process holds of a driver pool handle.
+#[derive(Debug)]
+enum Known {
+    /// An exportable [`CudaAsync`](crate::CudaAsync) of this process made it: an import that
+    /// returns it is refused and destroys nothing.
+    Own,
+    /// Imported, by this many [`ImportedPool`]s (the driver may give several imports of one pool
+    /// one handle): the last to drop destroys it.
+    Imported(usize),
+}
+
+/// The pool handles of this process that imports must know of, and the addresses imported.
+#[derive(Debug)]
+struct Registry {
+    pools: Vec<(usize, Known)>,
+    /// Every address imported and not freed, through any pool or handle: a second import of one
+    /// allocation is refused, so that no two `ImportedMemory` free one mapping.
+    live: Vec<sys::CUdeviceptr>,
+}
+
+/// Imports of pools, and destroys of imported and exportable pools, run under this lock, so that
+/// the driver never hands out a handle while it is being destroyed, and a handle is destroyed by
+/// its last holder only.
+static KNOWN: std::sync::Mutex<Registry> = std::sync::Mutex::new(Registry {
+    pools: Vec::new(),
+    live: Vec::new(),
+});
+
+fn known() -> std::sync::MutexGuard<'static, Registry> {
+    // Every update below is one push, retain or count change: the lists behind a poisoned lock
+    // are consistent.
+    KNOWN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn key(pool: sys::CUmemoryPool) -> usize {
+    pool as usize
+}
+
+/// Records `pool`, just made exportable by a `CudaAsync` of this process.
+pub(crate) fn own_exportable(pool: sys::CUmemoryPool) {
+    known().pools.push((key(pool), Known::Own));
+}
+
+/// Destroys `pool`, an exportable pool this process made (recorded by [`own_exportable`]), under
+/// the lock that imports take.
+///
+/// # Safety
+///
+/// `pool` is the caller's own live pool, destroyed once, here; `ctx` is its context, current.
+pub(crate) unsafe fn destroy_own(ctx: &CudaContext, pool: sys::CUmemoryPool) {
+    let mut known = known();
+    known.pools.retain(|(k, _)| *k != key(pool));
+    // SAFETY: the caller's pool, destroyed once (the caller's contract); no import can hand its
+    // handle out meanwhile (the lock is held).
+    ctx.record_err(unsafe { result::mem_pool::destroy(pool) });
 }
 
 // SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronizes it.
@@ -90,14 +151,17 @@ unsafe impl Sync for ImportedPool {}
 const NAME: &str = "ImportedPool";
 
 impl ImportedPool {
-    /// Imports the pool another process exported as `fd`. A descriptor that is not an exported
-    /// pool is a CUDA error from the driver.
+    /// Imports the pool another process exported as `fd`, with a context of the device the pool
+    /// is on. A descriptor that is not an exported pool is a CUDA error from the driver; a
+    /// context of another device is `InvalidArgument` (an imported pool is open to its own
+    /// device only, until [`grant_access`](Self::grant_access)).
     #[cfg(unix)]
     pub fn from_fd(ctx: &Arc<CudaContext>, fd: std::os::fd::OwnedFd) -> Result<Self, AllocError> {
         use std::os::fd::AsRawFd;
         let err = |e| AllocError::cuda(e, 0, 0, NAME);
         let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut known = known();
         // SAFETY: `pool` is a valid place; for POSIX file descriptors the handle is the int
         // itself, passed as a pointer-sized value. The driver checks what the descriptor is.
         unsafe {
@@ -110,12 +174,28 @@ impl ImportedPool {
         }
         .result()
         .map_err(err)?;
-        // The driver holds what it needs of the descriptor now; `fd` closes here. From here the
-        // pool is destroyed on every path (its drop).
+        // The driver holds what it needs of the descriptor now; `fd` closes here.
+        match known.pools.iter_mut().find(|(k, _)| *k == key(pool)) {
+            Some((_, Known::Own)) => {
+                // This process's own pool, handed back: destroying it here would destroy the
+                // `CudaAsync`'s pool under it.
+                return Err(AllocError::new(
+                    AllocErrorKind::InvalidArgument(
+                        "this process exported this pool: allocate and share through its CudaAsync, not an import",
+                    ),
+                    0,
+                    0,
+                    NAME,
+                ));
+            }
+            Some((_, Known::Imported(holders))) => *holders += 1,
+            None => known.pools.push((key(pool), Known::Imported(1))),
+        }
+        drop(known);
+        // From here the hold is given back on every path (its drop).
         let this = ImportedPool {
             ctx: ctx.clone(),
             pool,
-            live: std::sync::Mutex::new(Vec::new()),
         };
         if this.access_of(ctx)? != sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE {
             return Err(AllocError::new(
@@ -147,6 +227,8 @@ impl ImportedPool {
     /// The pool's access flags for `device`'s device (`cuMemPoolGetAccess`).
     fn access_of(&self, device: &CudaContext) -> Result<sys::CUmemAccess_flags, AllocError> {
         let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        let err = |e| AllocError::cuda(e, 0, 0, NAME);
+        let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;
         let mut location = sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: device.cu_device(),
@@ -154,7 +236,7 @@ impl ImportedPool {
         // SAFETY: valid places for the answer and the location; the pool is live (held by self).
         unsafe { sys::cuMemPoolGetAccess(&mut flags, self.pool, &mut location) }
             .result()
-            .map_err(|e| AllocError::cuda(e, 0, 0, NAME))?;
+            .map_err(err)?;
         Ok(flags)
     }
 
@@ -171,40 +253,37 @@ impl ImportedPool {
             reserved: ptr.to_bytes(),
         };
         let mut address: sys::CUdeviceptr = 0;
+        // Under the lock from the import to the record, as the frees are: no other import of the
+        // allocation can come between.
+        let mut known = known();
         // SAFETY: valid places for both; the driver checks the data against the pool.
         unsafe { sys::cuMemPoolImportPointer(&mut address, self.pool, &mut data) }
             .result()
             .map_err(err)?;
-        {
-            let mut live = self
-                .live
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if live.contains(&address) {
-                // The same allocation again: the driver's count of imports is its own business,
-                // and the mapping is freed once, by the first `ImportedMemory`.
-                return Err(AllocError::new(
-                    AllocErrorKind::InvalidArgument(
-                        "this allocation is imported already (one ImportedMemory per allocation)",
-                    ),
-                    0,
-                    0,
-                    NAME,
-                ));
-            }
-            live.push(address);
+        if known.live.contains(&address) {
+            // The same allocation again: the driver's count of imports is its own business, and
+            // the mapping is freed once, by the first `ImportedMemory`.
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "this allocation is imported already (one ImportedMemory per allocation)",
+                ),
+                0,
+                0,
+                NAME,
+            ));
         }
         let mut base: sys::CUdeviceptr = 0;
         let mut len: usize = 0;
         // SAFETY: valid places; `address` was just mapped.
         let range = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, address) }.result();
         if let Err(e) = range {
-            self.forget(address);
-            // SAFETY: just imported here, used by nothing.
+            // SAFETY: just imported here, used by nothing, never recorded.
             self.ctx
                 .record_err(unsafe { result::memory_free(address) }.map(drop));
             return Err(err(e));
         }
+        known.live.push(address);
+        drop(known);
         Ok(ImportedMemory {
             pool: self,
             address,
@@ -213,21 +292,24 @@ impl ImportedPool {
     }
 }
 
-impl ImportedPool {
-    /// `address` is not imported any more.
-    fn forget(&self, address: sys::CUdeviceptr) {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|&a| a != address);
-    }
-}
-
 impl Drop for ImportedPool {
     fn drop(&mut self) {
         let _current = crate::leaf::make_current_or_record(&self.ctx);
-        // SAFETY: this process's import of the pool, destroyed once; every allocation imported
-        // from it borrowed it and was freed first.
+        let mut known = known();
+        let Some(at) = known.pools.iter().position(|(k, _)| *k == key(self.pool)) else {
+            return;
+        };
+        if let Known::Imported(holders) = &mut known.pools[at].1 {
+            *holders -= 1;
+            if *holders > 0 {
+                // Another ImportedPool holds the same handle: it destroys it.
+                return;
+            }
+        }
+        known.pools.swap_remove(at);
+        // SAFETY: the handle's last holder in this process, so destroyed once, under the lock
+        // that imports take (none hands it out meanwhile); every allocation imported through
+        // a holder borrowed that holder and was freed before it dropped.
         self.ctx
             .record_err(unsafe { result::mem_pool::destroy(self.pool) });
     }
@@ -305,10 +387,12 @@ impl Drop for ImportedMemory<'_> {
     fn drop(&mut self) {
         let ctx = &self.pool.ctx;
         let _current = crate::leaf::make_current_or_record(ctx);
+        // Freed and forgotten under the lock imports take: no import of it comes between.
+        let mut known = known();
         // SAFETY: this process's mapping of the allocation, freed once (a second import of it
         // was refused); the copies above were synchronous, so nothing here uses it any more.
         ctx.record_err(unsafe { result::memory_free(self.address) });
-        self.pool.forget(self.address);
+        known.live.retain(|&a| a != self.address);
     }
 }
 

@@ -154,7 +154,7 @@ unsafe impl<P: PhysicalPages + ?Sized> PhysicalPages for &P {
 /// each page, `cuMemUnmap` + `cuMemRelease` to give it back.
 ///
 /// Pages are the device's allocation granularity (`cuMemGetAllocationGranularity`, minimum: 2 MiB
-/// on current GPUs) or a multiple of it ([`with_page_size`](Self::with_page_size)). Access is
+/// on current GPUs) or a power-of-two multiple of it ([`with_page_size`](Self::with_page_size)). Access is
 /// granted to this device only, so the memory is `DeviceAccessible` and nothing more.
 ///
 /// ```no_run
@@ -204,8 +204,10 @@ impl DevicePages {
         Self::with_page_size(ctx, 0)
     }
 
-    /// Pages of `page` bytes, rounded up to a multiple of the device's granularity (0 for the
-    /// granularity itself).
+    /// Pages of `page` bytes, rounded up to a power-of-two multiple of the device's granularity
+    /// (0 for the granularity itself): 6 MiB on a GPU of 2 MiB granularity gives 8 MiB pages.
+    /// Powers of two let [`VirtualMemory`](crate::VirtualMemory) find a block's pages with
+    /// shifts; [`Simulated`](crate::Simulated)'s pages are rounded the same way.
     pub fn with_page_size(ctx: &Arc<CudaContext>, page: usize) -> Result<Self> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
         let _current = crate::leaf::make_current(ctx).map_err(err)?;
@@ -235,9 +237,16 @@ impl DevicePages {
         .result()
         .map_err(err)?;
         let granularity = granularity.max(1);
+        // A power of two at least the granularity is a multiple of it when the granularity is a
+        // power of two (every GPU's is); otherwise the multiple stays, and `VirtualMemory`
+        // refuses it with a clear error rather than find pages wrongly.
         let page = page
             .max(granularity)
             .checked_next_multiple_of(granularity)
+            .and_then(|p| match granularity.is_power_of_two() {
+                true => p.checked_next_power_of_two(),
+                false => Some(p),
+            })
             .ok_or(AllocError::new(
                 AllocErrorKind::InvalidArgument("page size overflows"),
                 page,

@@ -245,7 +245,8 @@ fn page_span(base: usize, addr: usize, len: usize, shift: u32) -> (usize, usize,
     // Shifts, not divisions: this runs twice per allocation and free.
     let (start, end) = (addr - base, addr - base + len);
     let (first, last) = (start >> shift, ((end - 1) >> shift) + 1);
-    let (lo, hi) = ((start + (1 << shift) - 1) >> shift, end >> shift);
+    let partial_first = usize::from(start & ((1 << shift) - 1) != 0);
+    let (lo, hi) = (first + partial_first, end >> shift);
     (first, last, lo, hi.max(lo))
 }
 
@@ -323,6 +324,9 @@ impl<P: PhysicalPages> std::fmt::Debug for VirtualMemory<P> {
 
 impl<P: PhysicalPages> VirtualMemory<P> {
     /// A resource over `pages`; it reserves its first range at once, and says so when it cannot.
+    /// `InvalidArgument` for a page size that is not a power of two (the sources give powers of
+    /// two on every GPU: [`DevicePages::with_page_size`](crate::leaf::DevicePages::with_page_size)
+    /// rounds up to one).
     pub fn new(pages: P, config: VirtualMemoryConfig) -> Result<Self> {
         let page = pages.page_size();
         if !page.is_power_of_two() {

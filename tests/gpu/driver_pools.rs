@@ -137,7 +137,8 @@ fn the_managed_pool_gives_memory_kernels_and_the_host_both_use() {
     assert_eq!(w.as_host_slice().unwrap(), [1, 2, 3]);
 }
 
-/// Set in the child process of the IPC test: `fd,len,hex of the 64 exported bytes`.
+/// Set in the child process of the IPC test: `fd,len,hex of the 64 exported bytes,fd` (two
+/// descriptors of the same pool).
 const IPC_CHILD: &str = "MRSTACK_IPC_CHILD";
 
 fn first_half(n: usize) -> Vec<u8> {
@@ -171,6 +172,21 @@ fn ipc_child(spec: &str) {
         pool.import(&IpcPointer::from_bytes(bytes)).is_err(),
         "a second import of one allocation is refused"
     );
+    // A second import of the same pool (the driver may give it the same handle): its drop, and
+    // that of anything imported through it, leave the first import's mapping readable.
+    // SAFETY: as above, a second descriptor of the same pool.
+    let fd2 = unsafe { std::os::fd::OwnedFd::from_raw_fd(parts[3].parse().unwrap()) };
+    let second = ImportedPool::from_fd(&ctx, fd2).unwrap();
+    match second.import(&IpcPointer::from_bytes(bytes)) {
+        Err(e) => assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}"),
+        Ok(again) => assert!(again.len() >= n),
+    }
+    let handle = |p: &ImportedPool| format!("{p:?}").rsplit("pool: ").next().map(str::to_owned);
+    println!(
+        "ipc child: two imports of one pool, one handle: {}",
+        handle(&pool) == handle(&second)
+    );
+    drop(second);
     let mut first = vec![0u8; n / 2];
     mem.copy_to_host(0, &mut first).unwrap();
     assert_eq!(
@@ -212,10 +228,12 @@ fn an_exported_pool_shares_an_allocation_with_another_process() {
     // SAFETY: u8 values, valid for any bytes; exported after the copy completed, and `v` lives
     // until the child is done.
     let exported = unsafe { mr.export_pointer(ptr) }.unwrap();
-    let fd = mr.export_pool().unwrap();
+    let (fd, fd2) = (mr.export_pool().unwrap(), mr.export_pool().unwrap());
     use std::os::fd::AsRawFd;
-    // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
-    assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
+    for fd in [&fd, &fd2] {
+        // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
+        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
+    }
     let hex: String = exported
         .to_bytes()
         .iter()
@@ -228,19 +246,42 @@ fn an_exported_pool_shares_an_allocation_with_another_process() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(IPC_CHILD, format!("{},{n},{hex}", fd.as_raw_fd()))
+        .env(
+            IPC_CHILD,
+            format!("{},{n},{hex},{}", fd.as_raw_fd(), fd2.as_raw_fd()),
+        )
         .output()
         .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the child failed:\n{text}");
     assert!(text.contains("ipc child: read"), "the child ran:\n{text}");
+    for line in text.lines().filter(|l| l.contains("ipc child: ")) {
+        println!("{line}");
+    }
     let back = v.to_vec().unwrap();
     assert_eq!(&back[..n / 2], &first_half(n)[..]);
     assert_eq!(
         &back[n / 2..],
         &second_half(n)[..],
         "the parent reads what the child wrote"
+    );
+
+    // This process's own pool, imported here: refused where the driver hands back the pool's
+    // own handle (dropping that import would destroy the pool under `mr`); either way `mr`
+    // still serves.
+    match mrstack::leaf::ImportedPool::from_fd(&ctx, mr.export_pool().unwrap()) {
+        Err(e) => println!("an import of this process's own pool: {e}"),
+        Ok(own) => {
+            println!("an import of this process's own pool: {own:?}");
+            drop(own);
+        }
+    }
+    let again = DeviceVec::<u8, _>::from_slice(&host, &mr, &stream).unwrap();
+    assert_eq!(
+        again.to_vec().unwrap(),
+        host,
+        "the exported pool still serves"
     );
 
     // Not a pointer of the pool; a pool that was not made exportable.
