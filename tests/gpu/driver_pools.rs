@@ -137,9 +137,78 @@ fn the_managed_pool_gives_memory_kernels_and_the_host_both_use() {
     assert_eq!(w.as_host_slice().unwrap(), [1, 2, 3]);
 }
 
-/// Set in the child process of the IPC test: `fd,len,hex of the 64 exported bytes,fd` (two
-/// descriptors of the same pool).
+/// Set in the child process of the IPC test (see [`run_ipc_child`]).
 const IPC_CHILD: &str = "MRSTACK_IPC_CHILD";
+
+/// What an IPC test's child process gets from its parent ([`run_ipc_child`]): two descriptors of
+/// one exported pool, the allocation's length, and the bytes that name it.
+pub(crate) struct IpcShare {
+    pub(crate) fds: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    pub(crate) len: usize,
+    pub(crate) pointer: mrstack::leaf::IpcPointer,
+}
+
+/// The parent's side of an IPC test: exports the allocation at `ptr` (`len` bytes) of `mr` and
+/// two descriptors of its pool, runs test `test` of this binary in a child process with `var` set
+/// to them (`fd,fd,len,hex of the 64 bytes`: [`ipc_share`] reads it), checks that the child
+/// succeeded, and returns what it printed.
+///
+/// # Safety
+///
+/// As [`CudaAsync::export_pointer`]: the allocation is complete (synchronized), its values are
+/// valid for any bytes, and it stays allocated until this returns.
+pub(crate) unsafe fn run_ipc_child(
+    mr: &CudaAsync,
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    test: &str,
+    var: &str,
+) -> String {
+    use std::os::fd::AsRawFd;
+    // SAFETY: forwarded from the caller.
+    let exported = unsafe { mr.export_pointer(ptr) }.unwrap();
+    let fds = [mr.export_pool().unwrap(), mr.export_pool().unwrap()];
+    for fd in &fds {
+        // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
+        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
+    }
+    let hex: String = exported
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (a, b) = (fds[0].as_raw_fd(), fds[1].as_raw_fd());
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, format!("{a},{b},{len},{hex}"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed:\n{text}");
+    text
+}
+
+/// The child's side of [`run_ipc_child`]: what the parent sent in `spec`.
+pub(crate) fn ipc_share(spec: &str) -> IpcShare {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let parts: Vec<&str> = spec.split(',').collect();
+    let fd = |i: usize| {
+        let raw: i32 = parts[i].parse().unwrap();
+        // SAFETY: the parent left this descriptor open across exec for this process, which owns
+        // it, and names each once.
+        unsafe { OwnedFd::from_raw_fd(raw) }
+    };
+    let mut bytes = [0u8; 64];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&parts[3][2 * i..2 * i + 2], 16).unwrap();
+    }
+    IpcShare {
+        fds: (fd(0), fd(1)),
+        len: parts[2].parse().unwrap(),
+        pointer: mrstack::leaf::IpcPointer::from_bytes(bytes),
+    }
+}
 
 fn first_half(n: usize) -> Vec<u8> {
     (0..n / 2).map(|i| (i * 7 + 1) as u8).collect()
@@ -152,32 +221,26 @@ fn second_half(n: usize) -> Vec<u8> {
 /// The child's side: import the pool and the allocation, check the first half the parent wrote,
 /// write the second half.
 fn ipc_child(spec: &str) {
-    use mrstack::leaf::{ImportedPool, IpcPointer};
-    use std::os::fd::FromRawFd;
-    let parts: Vec<&str> = spec.split(',').collect();
-    let (fd, n): (i32, usize) = (parts[0].parse().unwrap(), parts[1].parse().unwrap());
-    let mut bytes = [0u8; 64];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&parts[2][2 * i..2 * i + 2], 16).unwrap();
-    }
+    use mrstack::leaf::ImportedPool;
+    let IpcShare {
+        fds: (fd, fd2),
+        len: n,
+        pointer,
+    } = ipc_share(spec);
     let ctx = mrstack::cuda_context(0).unwrap();
-    // SAFETY: the parent left this descriptor open across exec for this process, which owns it.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     let pool = ImportedPool::from_fd(&ctx, fd).unwrap();
     assert!(pool.is_accessible_from(&ctx).unwrap(), "its own device");
     pool.grant_access(&ctx).unwrap(); // its own device: nothing to do
-    let mut mem = pool.import(&IpcPointer::from_bytes(bytes)).unwrap();
+    let mut mem = pool.import(&pointer).unwrap();
     assert!(mem.len() >= n, "{} < {n}", mem.len());
     assert!(
-        pool.import(&IpcPointer::from_bytes(bytes)).is_err(),
+        pool.import(&pointer).is_err(),
         "a second import of one allocation is refused"
     );
     // A second import of the same pool (the driver may give it the same handle): its drop, and
     // that of anything imported through it, leave the first import's mapping readable.
-    // SAFETY: as above, a second descriptor of the same pool.
-    let fd2 = unsafe { std::os::fd::OwnedFd::from_raw_fd(parts[3].parse().unwrap()) };
     let second = ImportedPool::from_fd(&ctx, fd2).unwrap();
-    match second.import(&IpcPointer::from_bytes(bytes)) {
+    match second.import(&pointer) {
         Err(e) => assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}"),
         Ok(again) => assert!(again.len() >= n),
     }
@@ -225,36 +288,10 @@ fn an_exported_pool_shares_an_allocation_with_another_process() {
     // The allocation and the copy are done before another process may touch it.
     v.synchronize().unwrap();
     let ptr = std::ptr::NonNull::new(v.device_address() as *mut u8).unwrap();
-    // SAFETY: u8 values, valid for any bytes; exported after the copy completed, and `v` lives
-    // until the child is done.
-    let exported = unsafe { mr.export_pointer(ptr) }.unwrap();
-    let (fd, fd2) = (mr.export_pool().unwrap(), mr.export_pool().unwrap());
-    use std::os::fd::AsRawFd;
-    for fd in [&fd, &fd2] {
-        // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
-        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
-    }
-    let hex: String = exported
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "driver_pools::an_exported_pool_shares_an_allocation_with_another_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            IPC_CHILD,
-            format!("{},{n},{hex},{}", fd.as_raw_fd(), fd2.as_raw_fd()),
-        )
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the child failed:\n{text}");
+    let test = "driver_pools::an_exported_pool_shares_an_allocation_with_another_process";
+    // SAFETY: u8 values, valid for any bytes, exported after the copy completed; `v` lives until
+    // the child is done.
+    let text = unsafe { run_ipc_child(&mr, ptr, n, test, IPC_CHILD) };
     assert!(text.contains("ipc child: read"), "the child ran:\n{text}");
     for line in text.lines().filter(|l| l.contains("ipc child: ")) {
         println!("{line}");

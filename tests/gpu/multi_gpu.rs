@@ -333,7 +333,7 @@ fn logs_recorded_on_two_devices_replay_per_device() {
     }
 }
 
-/// Set in the child process of the cross-device IPC test: `fd,fd,len,hex of the 64 bytes`.
+/// Set in the child process of the cross-device IPC test (`driver_pools::run_ipc_child`).
 const IPC_PEER_CHILD: &str = "MRSTACK_IPC_PEER_CHILD";
 
 /// What `scale` makes of `x`.
@@ -350,22 +350,18 @@ fn ipc_values(n: usize) -> Vec<u32> {
 /// The child's side: the pool of device 0 is refused with device 1's context, imported with
 /// device 0's, opened to device 1, and read there by a kernel.
 fn ipc_peer_child(spec: &str) {
-    use mrstack::leaf::{ImportedPool, IpcPointer};
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let parts: Vec<&str> = spec.split(',').collect();
-    let (fd_a, fd_b): (i32, i32) = (parts[0].parse().unwrap(), parts[1].parse().unwrap());
-    let n: usize = parts[2].parse().unwrap();
-    let mut bytes = [0u8; 64];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&parts[3][2 * i..2 * i + 2], 16).unwrap();
-    }
+    use crate::driver_pools::{ipc_share, IpcShare};
+    use mrstack::leaf::ImportedPool;
+    let IpcShare {
+        fds: (fd_a, fd_b),
+        len: bytes,
+        pointer,
+    } = ipc_share(spec);
+    let n = bytes / 4; // u32 values
     let (c0, c1) = (
         mrstack::cuda_context(0).unwrap(),
         mrstack::cuda_context(1).unwrap(),
     );
-    // SAFETY: the parent left both descriptors open across exec for this process, which owns
-    // them.
-    let (fd_a, fd_b) = unsafe { (OwnedFd::from_raw_fd(fd_a), OwnedFd::from_raw_fd(fd_b)) };
     let e = ImportedPool::from_fd(&c1, fd_b).unwrap_err();
     assert!(
         matches!(e.kind, AllocErrorKind::InvalidArgument(_)),
@@ -377,7 +373,7 @@ fn ipc_peer_child(spec: &str) {
         !pool.is_accessible_from(&c1).unwrap(),
         "device 1 has no access before the grant"
     );
-    let mem = pool.import(&IpcPointer::from_bytes(bytes)).unwrap();
+    let mem = pool.import(&pointer).unwrap();
     assert!(mem.len() >= 4 * n, "{} < {}", mem.len(), 4 * n);
     pool.grant_access(&c1).unwrap();
     pool.grant_access(&c1).unwrap(); // idempotent
@@ -411,7 +407,6 @@ fn an_imported_pool_is_read_on_another_device_once_granted() {
         return ipc_peer_child(&spec);
     }
     let Some((c0, _c1)) = two_gpus() else { return };
-    use std::os::fd::AsRawFd;
     let s0 = c0.new_stream().unwrap();
     let options = mrstack::leaf::CudaAsyncOptions {
         exportable: true,
@@ -424,35 +419,10 @@ fn an_imported_pool_is_read_on_another_device_once_granted() {
     // Complete before another process may touch it.
     v.synchronize().unwrap();
     let ptr = std::ptr::NonNull::new(v.device_address() as *mut u8).unwrap();
-    // SAFETY: u32 values, valid for any bytes; exported after the copy completed, and `v` lives
-    // until the child is done (it only reads).
-    let exported = unsafe { mr.export_pointer(ptr) }.unwrap();
-    let (fd_a, fd_b) = (mr.export_pool().unwrap(), mr.export_pool().unwrap());
-    for fd in [&fd_a, &fd_b] {
-        // SAFETY: clears close-on-exec on a descriptor this test owns, so the child inherits it.
-        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
-    }
-    let hex: String = exported
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "multi_gpu::an_imported_pool_is_read_on_another_device_once_granted",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            IPC_PEER_CHILD,
-            format!("{},{},{n},{hex}", fd_a.as_raw_fd(), fd_b.as_raw_fd()),
-        )
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the child failed:\n{text}");
+    let test = "multi_gpu::an_imported_pool_is_read_on_another_device_once_granted";
+    // SAFETY: u32 values, valid for any bytes, exported after the copy completed; `v` lives until
+    // the child is done (it only reads).
+    let text = unsafe { crate::driver_pools::run_ipc_child(&mr, ptr, 4 * n, test, IPC_PEER_CHILD) };
     assert!(
         text.contains("ipc peer child: device 1 read"),
         "the child ran:\n{text}"
