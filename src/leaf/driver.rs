@@ -156,6 +156,8 @@ pub(crate) struct Current<'a> {
     ctx: &'a CudaContext,
     pushed: bool,
     parked: Option<DriverError>,
+    /// Not `Send`: the pop in the drop must run on the thread that pushed.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for Current<'_> {
@@ -179,6 +181,7 @@ pub(crate) fn make_current(ctx: &CudaContext) -> Result<Current<'_>, DriverError
         ctx,
         pushed: false,
         parked,
+        _thread: std::marker::PhantomData,
     };
     if result::ctx::get_current()? != Some(ctx.cu_ctx()) {
         // SAFETY: the CudaContext holds its context alive; it is popped when the guard drops.
@@ -196,6 +199,7 @@ pub(crate) fn park_error(ctx: &CudaContext) -> Current<'_> {
         ctx,
         pushed: false,
         parked: ctx.check_err().err(),
+        _thread: std::marker::PhantomData,
     }
 }
 
@@ -497,3 +501,6 @@ macro_rules! context_leaf {
     };
 }
 pub(crate) use context_leaf;
+
+// The context pushed by `make_current` is popped on the thread that pushed it.
+static_assertions::assert_not_impl_any!(Current<'static>: Send);

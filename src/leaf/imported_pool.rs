@@ -99,9 +99,11 @@ enum Known {
 #[derive(Debug)]
 struct Registry {
     pools: Vec<(usize, Known)>,
-    /// Every address imported and not freed, through any pool or handle: a second import of one
-    /// allocation is refused, so that no two `ImportedMemory` free one mapping.
-    live: Vec<sys::CUdeviceptr>,
+    /// Every allocation imported and not freed, through any pool or handle: its address, and the
+    /// pool handle and bytes it was imported with. A second import of one allocation is refused
+    /// (before the driver is asked, where the same pool and bytes name it), so that no two
+    /// `ImportedMemory` free one mapping.
+    live: Vec<(sys::CUdeviceptr, usize, [u8; 64])>,
 }
 
 /// Imports of pools, and destroys of imported and exportable pools, run under this lock, so that
@@ -256,21 +258,30 @@ impl ImportedPool {
         // Under the lock from the import to the record, as the frees are: no other import of the
         // allocation can come between.
         let mut known = known();
-        // SAFETY: valid places for both; the driver checks the data against the pool.
-        unsafe { sys::cuMemPoolImportPointer(&mut address, self.pool, &mut data) }
-            .result()
-            .map_err(err)?;
-        if known.live.contains(&address) {
-            // The same allocation again: the driver's count of imports is its own business, and
-            // the mapping is freed once, by the first `ImportedMemory`.
-            return Err(AllocError::new(
+        let again = || {
+            AllocError::new(
                 AllocErrorKind::InvalidArgument(
                     "this allocation is imported already (one ImportedMemory per allocation)",
                 ),
                 0,
                 0,
                 NAME,
-            ));
+            )
+        };
+        let bytes = ptr.to_bytes();
+        if (known.live.iter()).any(|&(_, pool, b)| pool == key(self.pool) && b == bytes) {
+            // Refused before the driver maps it once more: whether it counts repeated imports
+            // is its own business.
+            return Err(again());
+        }
+        // SAFETY: valid places for both; the driver checks the data against the pool.
+        unsafe { sys::cuMemPoolImportPointer(&mut address, self.pool, &mut data) }
+            .result()
+            .map_err(err)?;
+        if known.live.iter().any(|&(a, _, _)| a == address) {
+            // The same allocation through other bytes or another handle: the mapping is freed
+            // once, by the first `ImportedMemory`.
+            return Err(again());
         }
         let mut base: sys::CUdeviceptr = 0;
         let mut len: usize = 0;
@@ -282,7 +293,7 @@ impl ImportedPool {
                 .record_err(unsafe { result::memory_free(address) }.map(drop));
             return Err(err(e));
         }
-        known.live.push(address);
+        known.live.push((address, key(self.pool), bytes));
         drop(known);
         Ok(ImportedMemory {
             pool: self,
@@ -392,7 +403,7 @@ impl Drop for ImportedMemory<'_> {
         // SAFETY: this process's mapping of the allocation, freed once (a second import of it
         // was refused); the copies above were synchronous, so nothing here uses it any more.
         ctx.record_err(unsafe { result::memory_free(self.address) });
-        known.live.retain(|&a| a != self.address);
+        known.live.retain(|&(a, _, _)| a != self.address);
     }
 }
 
