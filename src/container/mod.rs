@@ -46,7 +46,7 @@ mod view;
 pub use view::{DeviceView, DeviceViewMut};
 
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
-use crate::stream::{StreamId, StreamRef};
+use crate::stream::StreamRef;
 use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
@@ -89,17 +89,29 @@ pub(crate) struct RawBuf<T, R: MemoryResource> {
     resource: R,
 }
 
-/// The streams that read a container's memory, each with an event recorded after its last read.
+/// The most read events a container keeps between two exclusive uses of it (a write, a host
+/// access, the drop): reads on other streams past them are waited for through their contexts.
+const READ_EVENTS: usize = 64;
+
+/// The reads of a container's memory on other streams than its own, each with an event recorded
+/// after it, that its writes, host accesses and drop wait for.
+///
+/// Every read gets an event of its own, made through a `CudaContext` object made for it alone
+/// (the stream's primary context, so cudarc records it on the stream; a context object no other
+/// code holds, so no error anyone records in a context makes cudarc skip the record). A guard
+/// hands its event to whoever called `device_ptr`: only that caller can record it elsewhere, and
+/// it orders nothing but that caller's own use of the pointer. The waits are raw driver calls.
 ///
 /// Entries are only added while the container is shared (`&self`), so a `&CudaEvent` handed to a
-/// guard stays valid as long as the borrow of the container; they go only with the container.
-/// Several live streams never share an entry (their identities differ); a stream created after
-/// another was destroyed may get its handle, hence its entry, so a reader first waits for the
-/// entry's last record: the new record then covers the old reads too.
+/// guard stays valid as long as the borrow of the container; they go at an exclusive use, on the
+/// container's own stream, once that stream waited for them (no guard can be alive then). Past
+/// [`READ_EVENTS`], or where no event can be made, a read names its stream's context instead, and
+/// the next exclusive use waits for that context's whole work on the host (raw
+/// `cuCtxSynchronize`): memory stays bounded, and a stream dropped since is waited for too.
 pub(crate) struct Readers {
     /// Whether the slice was made with cudarc's events (the context tracked them at the time).
     events: bool,
-    list: Mutex<Vec<(StreamId, Box<CudaEvent>)>>,
+    list: Mutex<ReadList>,
     /// Set when a kernel took the memory as an argument while the container's stream was one its
     /// context does not count (the default stream) and the context kept events: the kernel may
     /// run on another stream of the context, recorded only in cudarc's events, which the context
@@ -107,14 +119,38 @@ pub(crate) struct Readers {
     kernel_elsewhere: AtomicBool,
 }
 
+#[derive(Default)]
+struct ReadList {
+    /// Boxed: a guard holds `&CudaEvent` while the vector grows.
+    #[allow(clippy::vec_box)]
+    events: Vec<Box<CudaEvent>>,
+    /// The contexts of reads that no event records.
+    untracked: Vec<Arc<cudarc::driver::CudaContext>>,
+}
+
+/// A new event of `ctx`'s context, made through a context object of its own (see [`Readers`]);
+/// `None` for a context that is not its device's primary one, or where the driver says no.
+fn private_event(ctx: &Arc<cudarc::driver::CudaContext>) -> Option<CudaEvent> {
+    if !ctx.is_primary() {
+        return None;
+    }
+    // Making the object binds its context to the thread: inside this guard, which restores the
+    // thread's context after.
+    let _current = crate::leaf::make_current(ctx).ok()?;
+    let own = cudarc::driver::CudaContext::new(ctx.ordinal()).ok()?;
+    if own.cu_ctx() != ctx.cu_ctx() {
+        return None;
+    }
+    own.new_event(None).ok()
+}
+
 impl std::fmt::Debug for Readers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self
-            .list
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
-        f.debug_struct("Readers").field("streams", &n).finish()
+        let list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("Readers")
+            .field("events", &list.events.len())
+            .field("untracked", &list.untracked.len())
+            .finish()
     }
 }
 
@@ -122,7 +158,7 @@ impl Readers {
     fn new(events: bool) -> Self {
         Readers {
             events,
-            list: Mutex::new(Vec::new()),
+            list: Mutex::new(ReadList::default()),
             kernel_elsewhere: AtomicBool::new(false),
         }
     }
@@ -161,38 +197,88 @@ impl Readers {
             && own.context().is_managing_stream_synchronization()
     }
 
-    /// The event that records `stream`'s reads, made on first use; `None` where the driver could
-    /// not make one.
-    fn event_for<'a>(&'a self, own: &CudaStream, stream: &CudaStream) -> Option<&'a CudaEvent> {
-        let id = crate::stream::id_of(stream);
+    /// A new event for a read on `stream` (see [`Readers`]); `None` past [`READ_EVENTS`] or where
+    /// none can be made.
+    fn new_event<'a>(&'a self, stream: &CudaStream) -> Option<&'a CudaEvent> {
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
-        let event: *const CudaEvent = match list.iter().find(|(i, _)| *i == id) {
-            Some((_, event)) => &**event,
-            None => {
-                let event = Box::new(own.context().new_event(None).ok()?);
-                let at: *const CudaEvent = &*event;
-                list.push((id, event));
-                at
-            }
-        };
+        if list.events.len() >= READ_EVENTS {
+            return None;
+        }
+        let event = Box::new(private_event(stream.context())?);
+        let at: *const CudaEvent = &*event;
+        list.events.push(event);
         // SAFETY: the event is boxed, so moving the list's entries does not move it, and entries
-        // are removed only when the `Readers` drops, which no `&'a self` borrow outlives.
-        Some(unsafe { &*event })
+        // are removed only at an exclusive use of the container (`wait_all` with `own`), which
+        // no `&'a self` borrow outlives.
+        Some(unsafe { &*at })
     }
 
-    /// Makes `stream` wait for every recorded read.
-    fn wait_all(&self, stream: &CudaStream) {
-        let list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
-        for (_, event) in list.iter() {
-            stream.context().record_err(stream.wait(event));
+    /// A read on a stream of `ctx` that no event records: the next exclusive use waits for the
+    /// context's work on the host.
+    fn untrack(&self, ctx: &Arc<cudarc::driver::CudaContext>) {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        if !list.untracked.iter().any(|c| c.cu_ctx() == ctx.cu_ctx()) {
+            list.untracked.push(ctx.clone());
+        }
+    }
+
+    /// Makes `stream` wait for every recorded read (raw waits: no error a context holds skips
+    /// them), and the host for the work of every context that unrecorded reads ran in. With
+    /// `own` (`stream` is the container's, and no guard can be alive: an exclusive use), the
+    /// events go, their reads ordered before the stream's next work.
+    fn wait_all(&self, stream: &CudaStream, own: bool) {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        let ctx = stream.context();
+        if !list.events.is_empty() {
+            // Where a wait cannot be queued, the host waits for the event itself (through its
+            // own context object, whose slot holds no one else's error).
+            let host_wait = |event: &CudaEvent| event.synchronize().is_ok();
+            match crate::leaf::make_current(ctx) {
+                Ok(_current) => {
+                    let mut all = true;
+                    for event in &list.events {
+                        // SAFETY: a live stream (borrowed) and a live event of the same device's
+                        // primary context; the wait is queued, nothing is freed.
+                        let queued = unsafe {
+                            cudarc::driver::result::stream::wait_event(
+                                stream.cu_stream(),
+                                event.cu_event(),
+                                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                            )
+                        };
+                        if let Err(e) = queued {
+                            ctx.record_err::<()>(Err(e));
+                            all &= host_wait(event);
+                        }
+                    }
+                    if own && all {
+                        // Dropping an event binds its context object: the guard restores the
+                        // thread's context after.
+                        list.events.clear();
+                    }
+                }
+                Err(e) => {
+                    ctx.record_err::<()>(Err(e));
+                    // Kept (their drops bind contexts, and no guard could restore this one).
+                    for event in &list.events {
+                        host_wait(event);
+                    }
+                }
+            }
+        }
+        for other in std::mem::take(&mut list.untracked) {
+            let synced = crate::leaf::make_current(&other)
+                .and_then(|_current| cudarc::driver::result::ctx::synchronize());
+            other.record_err(synced);
         }
     }
 }
 
 /// Orders a read of `view` (the container's slice or a view of it) on `stream` and returns the
-/// guard that records it: `stream` waits for the last write, and the guard records the read in
-/// `stream`'s entry of `readers` where events hold; elsewhere `stream` waits for the container's
-/// stream and the guard synchronizes it.
+/// guard that records it: `stream` waits for the last write; on the container's own stream
+/// nothing is recorded; on another stream, where events hold, the guard records the read in an
+/// event of its own (see [`Readers`]); elsewhere `stream` waits for the container's stream, the
+/// guard synchronizes it, and the next exclusive use waits for the read's context too.
 pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     view: &'a V,
     readers: &'a Readers,
@@ -207,20 +293,21 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     // `stream` waits for the write event; cudarc's read event is not recorded (see `Readers`).
     let (ptr, cudarc_read) = view.device_ptr(stream);
     std::mem::forget(cudarc_read);
+    if crate::stream::id_of(stream) == crate::stream::id_of(own) {
+        // On the container's own stream: what comes after on it comes after the read, and a
+        // write on another stream first waits for this stream (`after_own_reads`).
+        return (ptr, SyncOnDrop::Record(None));
+    }
+    // (`tracked` is true for another stream only where `own` is counted: its events hold.)
     if readers.tracked(own, stream) {
-        if !crate::stream::is_counted(own) {
-            // `stream` is the container's own null stream (`tracked` says so for a stream its
-            // context does not count): every use on another stream joins it first, and a kernel
-            // write records a write there first, so a read there needs no record.
-            return (ptr, SyncOnDrop::Sync(None));
-        }
-        if let Some(event) = readers.event_for(own, stream) {
-            // After the entry's last record, so that the next one covers it (see `Readers`).
-            stream.context().record_err(stream.wait(event));
+        if let Some(event) = readers.new_event(stream) {
             return (ptr, SyncOnDrop::Record(Some((event, stream))));
         }
     }
     stream.context().record_err(stream.join(own));
+    // The host waits for the read once queued; should that be skipped (an error someone left in
+    // the context), the next exclusive use waits for the whole context.
+    readers.untrack(stream.context());
     (ptr, SyncOnDrop::sync_stream(stream))
 }
 
@@ -239,7 +326,11 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
         crate::leaf::park_error(stream.context()),
         crate::leaf::park_error(&own_ctx),
     );
-    readers.wait_all(stream);
+    let on_own = crate::stream::id_of(stream) == crate::stream::id_of(view.stream());
+    readers.wait_all(stream, on_own);
+    if !on_own {
+        after_own_reads(view.stream(), stream);
+    }
     let tracked = readers.tracked(view.stream(), stream);
     if !tracked {
         stream.context().record_err(stream.join(view.stream()));
@@ -253,6 +344,45 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
     }
 }
 
+/// Makes `stream` wait for the work queued so far on `own`, the container's stream, whose reads
+/// are not recorded: through an event of a context object of its own (see [`Readers`]), recorded
+/// and waited for by raw driver calls; where none can be made, through cudarc's `join`.
+fn after_own_reads(own: &CudaStream, stream: &CudaStream) {
+    let Some(event) = private_event(own.context()) else {
+        stream.context().record_err(stream.join(own));
+        return;
+    };
+    let (own_ctx, ctx) = (own.context(), stream.context());
+    let recorded = crate::leaf::make_current(own_ctx).and_then(|_current| {
+        // SAFETY: a live event of `own`'s context and a live stream of it (borrowed).
+        unsafe { cudarc::driver::result::event::record(event.cu_event(), own.cu_stream()) }
+    });
+    let waited = recorded.and_then(|()| {
+        crate::leaf::make_current(ctx).and_then(|_current| {
+            // SAFETY: a live stream (borrowed) and a live event, recorded above; the wait is
+            // queued, nothing is freed.
+            unsafe {
+                cudarc::driver::result::stream::wait_event(
+                    stream.cu_stream(),
+                    event.cu_event(),
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }
+        })
+    });
+    if let Err(e) = waited {
+        ctx.record_err::<()>(Err(e));
+        // No wait was queued: the host waits for `own` instead.
+        own_ctx.record_err(crate::leaf::make_current(own_ctx).and_then(|_current| {
+            // SAFETY: a live stream (borrowed).
+            unsafe { cudarc::driver::result::stream::synchronize(own.cu_stream()) }
+        }));
+    }
+    // The event's drop binds its context object: inside a guard that restores the thread's.
+    let _current = crate::leaf::make_current_or_record(own_ctx);
+    drop(event);
+}
+
 /// Before a `&mut` kernel argument of `view` (launched on a stream cudarc does not tell): the
 /// container's stream waits for every recorded read, and the write event records that point, so
 /// the kernel, which waits for the write event where cudarc keeps events, comes after them.
@@ -260,7 +390,7 @@ pub(crate) fn before_kernel_write<T, V: DevicePtrMut<T>>(view: &mut V, readers: 
     let own = view.stream().clone();
     let _parked = crate::leaf::park_error(own.context());
     readers.note_kernel(&own);
-    readers.wait_all(&own);
+    readers.wait_all(&own, true);
     drop(view.device_ptr_mut(&own));
 }
 
@@ -361,7 +491,7 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         // The growth comes after every use of the memory so far: the recorded reads and cudarc's
         // events (the guard is forgotten: the write event is recorded below, after the zeroing).
         let managed = self.managed();
-        self.readers.wait_all(&stream);
+        self.readers.wait_all(&stream, true);
         std::mem::forget(self.slice.device_ptr_mut(&stream));
         // SAFETY: `ptr` is this buffer's live allocation from `resource`, of `old` bytes with
         // `T`'s alignment (or grown to that by an earlier call), only this buffer uses it, and it
@@ -481,7 +611,7 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     pub(crate) fn wait_for_uses(&mut self) -> Result<(), AllocError> {
         let stream = self.stream().clone();
         let managed = self.managed();
-        self.readers.wait_all(&stream);
+        self.readers.wait_all(&stream, true);
         std::mem::forget(self.slice.device_ptr_mut(&stream));
         self.readers.settle(&stream, managed);
         self.resource.synchronize(StreamRef::from(&stream))
@@ -505,7 +635,7 @@ fn free_memory<T, R: MemoryResource>(
     // recorded on the slice's events (on any stream: where events are not kept, uses on other
     // streams were waited for when queued); the memory is not freed by cudarc.
     let managed = stream.context().is_managing_stream_synchronization();
-    readers.wait_all(&stream);
+    readers.wait_all(&stream, true);
     let _ = slice.leak();
     readers.settle(&stream, managed);
     // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on

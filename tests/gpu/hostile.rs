@@ -424,13 +424,11 @@ fn a_pending_context_error_does_not_skip_the_drops_wait() {
     assert!(ctx.check_err().is_err());
 }
 
-/// KNOWN HOLE (stop 17 notes): the guard a container's `DevicePtr::device_ptr` returns hands the
-/// stream's reader event to the caller (`SyncOnDrop::Record`'s fields are public), and
-/// `CudaEvent::record` is safe: re-recorded on an idle stream after the guard recorded the read,
-/// the event no longer covers it, and the drop frees the block under the read. Run with
-/// `--ignored`; it fails until containers stop handing out the events they wait on.
+/// The guard a container's `DevicePtr::device_ptr` returns hands its read event to the caller
+/// (`SyncOnDrop::Record`'s fields are public), and `CudaEvent::record` is safe: recorded again on
+/// an idle stream, that event covers nothing of `t`. Every read has an event of its own, so the
+/// copy's read (whose guard cudarc kept) is still waited for by the drop.
 #[test]
-#[ignore = "known hole: a reader event taken from a DevicePtr guard and re-recorded elsewhere"]
 fn a_reader_event_re_recorded_elsewhere_does_not_free_the_block_under_the_read() {
     use cudarc::driver::{DevicePtr, SyncOnDrop};
     a_read_on_t_comes_before_the_blocks_next_owner(71, |ctx, v, t, w| {
@@ -447,29 +445,72 @@ fn a_reader_event_re_recorded_elsewhere_does_not_free_the_block_under_the_read()
     });
 }
 
-/// KNOWN HOLE (stop 17 notes): cudarc's guards skip their record when an error sits in the
-/// context's slot (`CudaEvent::record` binds the context, which returns the recorded error
-/// first), and any thread may record one (`CudaContext::record_err` is safe) between a copy and
-/// its guard's drop. Deterministic here: the error is recorded just before the guard drops, as a
-/// racing thread would. Run with `--ignored`; it fails until the records stop depending on the
-/// context's error slot.
+/// cudarc's guards skip their record when an error sits in the event's context
+/// (`CudaEvent::record` binds it, which returns the recorded error first), and any thread may
+/// record one (`CudaContext::record_err` is safe) between a copy and its guard's drop. Here the
+/// error is recorded just before the guard drops, as a racing thread would: a read's event comes
+/// from a context object of its own, whose slot no one else can reach, so the record happens.
 #[test]
-#[ignore = "known hole: a context error recorded before a read guard drops skips its record"]
 fn an_error_recorded_before_a_read_guard_drops_does_not_free_the_block_under_the_read() {
+    a_read_on_t_comes_before_the_blocks_next_owner(73, read_with_an_error_before_its_guard_drops);
+}
+
+/// Copies `v` into `w` on `t` through the containers' guards, with an error recorded in the
+/// context just before the guards drop (what another thread may do at any time).
+fn read_with_an_error_before_its_guard_drops(
+    ctx: &Arc<CudaContext>,
+    v: &DeviceVec<u32, &Pool<Cuda>>,
+    t: &Arc<CudaStream>,
+    w: &mut DeviceVec<u32, Cuda>,
+) {
     use cudarc::driver::{result, DevicePtr, DevicePtrMut};
-    a_read_on_t_comes_before_the_blocks_next_owner(73, |ctx, v, t, w| {
-        let (from, read) = v.device_ptr(t);
-        let (to, written) = w.device_ptr_mut(t);
-        // SAFETY: v.len() values of `v` into as many of `w`, both live until the copy is waited
-        // for (`w.to_vec`, and `v`'s drop, which is what this test checks), on `t`, which the
-        // guards ordered.
-        unsafe { result::memcpy_dtod_async(to, from, v.len() * 4, t.cu_stream()) }.unwrap();
-        // What another thread may do at any time: record an error in the context.
-        ctx.record_err::<()>(Err(cudarc::driver::DriverError(
-            cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN,
-        )));
-        drop(read);
-        drop(written);
-        let _ = ctx.check_err();
+    let (from, read) = v.device_ptr(t);
+    let (to, written) = w.device_ptr_mut(t);
+    // SAFETY: v.len() values of `v` into as many of `w`, both live until the copy is waited for
+    // (`w.to_vec`, and `v`'s drop, which is what the callers check), on `t`, which the guards
+    // ordered.
+    unsafe { result::memcpy_dtod_async(to, from, v.len() * 4, t.cu_stream()) }.unwrap();
+    ctx.record_err::<()>(Err(cudarc::driver::DriverError(
+        cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN,
+    )));
+    drop(read);
+    drop(written);
+    let _ = ctx.check_err();
+}
+
+/// More reads on another stream than a container keeps events for (64): a later one has no
+/// event, and its guard, which waits for it on the host, is skipped here (an error left in the
+/// context, as above); the drop waits for the read's whole context instead.
+#[test]
+fn reads_past_the_event_bound_are_waited_for_by_the_drop() {
+    a_read_on_t_comes_before_the_blocks_next_owner(79, |ctx, v, t, w| {
+        for _ in 0..64 {
+            t.memcpy_dtod(v, w).unwrap();
+        }
+        // More slow work, so that the reads with events are over long before the last one runs.
+        let mut pause = DeviceVec::<u32, _>::zeroed(1, Cuda::new(ctx).unwrap(), t).unwrap();
+        slow_fill!(ctx, t, &mut pause, 1, 1);
+        // Not dropped: `cuMemFree` would wait for the device.
+        std::mem::forget(pause);
+        read_with_an_error_before_its_guard_drops(ctx, v, t, w);
     });
+}
+
+/// A read on the container's own stream `s` (behind slow work there) is recorded nowhere; a write
+/// of the container on another stream `t` waits for `s` first.
+#[test]
+fn a_write_on_another_stream_waits_for_reads_on_the_own_stream() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let n = 1 << 20;
+    let old = expected_fill(n, 83);
+    let mut v = DeviceVec::from_slice(&old, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    slow_fill!(&ctx, &s, &mut scratch, 1, 1); // `s` is busy
+    s.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it, on its own stream
+    t.memcpy_htod(&vec![0xdead_u32; n], &mut v).unwrap(); // writes `v` on `t`
+    assert_eq!(w.to_vec().unwrap(), old, "t's write came before s's read");
+    assert_eq!(v.to_vec().unwrap(), vec![0xdead_u32; n]);
+    drop(scratch);
 }
