@@ -128,6 +128,20 @@ struct ReadList {
     untracked: Vec<Arc<cudarc::driver::CudaContext>>,
 }
 
+/// Queues on `stream` a wait for `event`, by a raw driver call, which reads no context's error
+/// slot (cudarc's `CudaStream::wait` skips the wait for an error someone left there).
+fn queue_wait(stream: &CudaStream, event: &CudaEvent) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: a live stream and a live event (both borrowed); the wait is queued, nothing is
+    // freed, and a wait across contexts or devices is allowed.
+    unsafe {
+        cudarc::driver::result::stream::wait_event(
+            stream.cu_stream(),
+            event.cu_event(),
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+}
+
 /// A new event of `ctx`'s context, made through a context object of its own (see [`Readers`]);
 /// `None` for a context that is not its device's primary one, or where the driver says no.
 fn private_event(ctx: &Arc<cudarc::driver::CudaContext>) -> Option<CudaEvent> {
@@ -237,16 +251,7 @@ impl Readers {
                 Ok(_current) => {
                     let mut all = true;
                     for event in &list.events {
-                        // SAFETY: a live stream (borrowed) and a live event of the same device's
-                        // primary context; the wait is queued, nothing is freed.
-                        let queued = unsafe {
-                            cudarc::driver::result::stream::wait_event(
-                                stream.cu_stream(),
-                                event.cu_event(),
-                                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                            )
-                        };
-                        if let Err(e) = queued {
+                        if let Err(e) = queue_wait(stream, event) {
                             ctx.record_err::<()>(Err(e));
                             all &= host_wait(event);
                         }
@@ -358,17 +363,7 @@ fn after_own_reads(own: &CudaStream, stream: &CudaStream) {
         unsafe { cudarc::driver::result::event::record(event.cu_event(), own.cu_stream()) }
     });
     let waited = recorded.and_then(|()| {
-        crate::leaf::make_current(ctx).and_then(|_current| {
-            // SAFETY: a live stream (borrowed) and a live event, recorded above; the wait is
-            // queued, nothing is freed.
-            unsafe {
-                cudarc::driver::result::stream::wait_event(
-                    stream.cu_stream(),
-                    event.cu_event(),
-                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                )
-            }
-        })
+        crate::leaf::make_current(ctx).and_then(|_current| queue_wait(stream, &event))
     });
     if let Err(e) = waited {
         ctx.record_err::<()>(Err(e));
