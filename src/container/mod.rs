@@ -331,9 +331,10 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
         crate::leaf::park_error(stream.context()),
         crate::leaf::park_error(&own_ctx),
     );
-    let on_own = crate::stream::id_of(stream) == crate::stream::id_of(view.stream());
-    readers.wait_all(stream, on_own);
-    if !on_own {
+    // The container's own stream waits for every recorded read (the write is exclusive: no guard
+    // holds their events, which go), and a write elsewhere waits for the own stream.
+    readers.wait_all(view.stream(), true);
+    if crate::stream::id_of(stream) != crate::stream::id_of(view.stream()) {
         after_own_reads(view.stream(), stream);
     }
     let tracked = readers.tracked(view.stream(), stream);

@@ -514,3 +514,27 @@ fn a_write_on_another_stream_waits_for_reads_on_the_own_stream() {
     assert_eq!(v.to_vec().unwrap(), vec![0xdead_u32; n]);
     drop(scratch);
 }
+
+/// A read on stream `t` (behind slow work there), then a write of the container on a third stream
+/// `u`: the write waits for the read, through the container's own stream, which waits for the
+/// read's event first.
+#[test]
+fn a_write_on_a_third_stream_waits_for_a_read_on_another() {
+    let Some(ctx) = gpu() else { return };
+    let (s, t, u) = (
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+    );
+    let n = 1 << 20;
+    let old = expected_fill(n, 89);
+    let mut v = DeviceVec::from_slice(&old, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
+    t.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it
+    u.memcpy_htod(&vec![0xbeef_u32; n], &mut v).unwrap(); // writes `v` on `u`
+    assert_eq!(w.to_vec().unwrap(), old, "u's write came before t's read");
+    assert_eq!(v.to_vec().unwrap(), vec![0xbeef_u32; n]);
+    drop(scratch);
+}
