@@ -222,8 +222,8 @@ impl Readers {
         let at: *const CudaEvent = &*event;
         list.events.push(event);
         // SAFETY: the event is boxed, so moving the list's entries does not move it, and entries
-        // are removed only at an exclusive use of the container (`wait_all` with `own`), which
-        // no `&'a self` borrow outlives.
+        // are removed only at an exclusive use of the container (`wait_all`), which no `&'a self`
+        // borrow outlives.
         Some(unsafe { &*at })
     }
 
@@ -236,11 +236,11 @@ impl Readers {
         }
     }
 
-    /// Makes `stream` wait for every recorded read (raw waits: no error a context holds skips
-    /// them), and the host for the work of every context that unrecorded reads ran in. With
-    /// `own` (`stream` is the container's, and no guard can be alive: an exclusive use), the
-    /// events go, their reads ordered before the stream's next work.
-    fn wait_all(&self, stream: &CudaStream, own: bool) {
+    /// At an exclusive use (no guard can be alive): makes `stream`, the container's own, wait for
+    /// every recorded read (raw waits: no error a context holds skips them), and the host for the
+    /// work of every context that unrecorded reads ran in. The events then go, their reads
+    /// ordered before the stream's next work.
+    fn wait_all(&self, stream: &CudaStream) {
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         let ctx = stream.context();
         if !list.events.is_empty() {
@@ -256,7 +256,7 @@ impl Readers {
                             all &= host_wait(event);
                         }
                     }
-                    if own && all {
+                    if all {
                         // Dropping an event binds its context object: the guard restores the
                         // thread's context after.
                         list.events.clear();
@@ -316,10 +316,10 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     (ptr, SyncOnDrop::sync_stream(stream))
 }
 
-/// Orders a write of `view` on `stream` and returns the guard that records it: `stream` waits
-/// for every recorded read and cudarc's read and write events; the guard records the write in the
-/// write event where events hold, and elsewhere `stream` also waits for the container's stream and
-/// the guard synchronizes it.
+/// Orders a write of `view` on `stream` and returns the guard that records it: the container's
+/// stream waits for every recorded read, `stream` (if another) for the container's stream, and
+/// `stream` for cudarc's read and write events; the guard records the write in the write event
+/// where events hold, and elsewhere synchronizes `stream`.
 pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
     view: &'a mut V,
     readers: &Readers,
@@ -333,14 +333,12 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
     );
     // The container's own stream waits for every recorded read (the write is exclusive: no guard
     // holds their events, which go), and a write elsewhere waits for the own stream.
-    readers.wait_all(view.stream(), true);
+    readers.wait_all(view.stream());
     if crate::stream::id_of(stream) != crate::stream::id_of(view.stream()) {
         after_own_reads(view.stream(), stream);
     }
+    // (Where events do not hold, `stream` is another stream, ordered after the own one above.)
     let tracked = readers.tracked(view.stream(), stream);
-    if !tracked {
-        stream.context().record_err(stream.join(view.stream()));
-    }
     let (ptr, written) = view.device_ptr_mut(stream);
     if tracked {
         (ptr, written)
@@ -386,7 +384,7 @@ pub(crate) fn before_kernel_write<T, V: DevicePtrMut<T>>(view: &mut V, readers: 
     let own = view.stream().clone();
     let _parked = crate::leaf::park_error(own.context());
     readers.note_kernel(&own);
-    readers.wait_all(&own, true);
+    readers.wait_all(&own);
     drop(view.device_ptr_mut(&own));
 }
 
@@ -487,7 +485,7 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         // The growth comes after every use of the memory so far: the recorded reads and cudarc's
         // events (the guard is forgotten: the write event is recorded below, after the zeroing).
         let managed = self.managed();
-        self.readers.wait_all(&stream, true);
+        self.readers.wait_all(&stream);
         std::mem::forget(self.slice.device_ptr_mut(&stream));
         // SAFETY: `ptr` is this buffer's live allocation from `resource`, of `old` bytes with
         // `T`'s alignment (or grown to that by an earlier call), only this buffer uses it, and it
@@ -607,7 +605,7 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     pub(crate) fn wait_for_uses(&mut self) -> Result<(), AllocError> {
         let stream = self.stream().clone();
         let managed = self.managed();
-        self.readers.wait_all(&stream, true);
+        self.readers.wait_all(&stream);
         std::mem::forget(self.slice.device_ptr_mut(&stream));
         self.readers.settle(&stream, managed);
         self.resource.synchronize(StreamRef::from(&stream))
@@ -631,7 +629,7 @@ fn free_memory<T, R: MemoryResource>(
     // recorded on the slice's events (on any stream: where events are not kept, uses on other
     // streams were waited for when queued); the memory is not freed by cudarc.
     let managed = stream.context().is_managing_stream_synchronization();
-    readers.wait_all(&stream, true);
+    readers.wait_all(&stream);
     let _ = slice.leak();
     readers.settle(&stream, managed);
     // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on

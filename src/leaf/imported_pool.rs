@@ -310,12 +310,15 @@ impl Drop for ImportedPool {
         let Some(at) = known.pools.iter().position(|(k, _)| *k == key(self.pool)) else {
             return;
         };
-        if let Known::Imported(holders) = &mut known.pools[at].1 {
-            *holders -= 1;
-            if *holders > 0 {
+        match &mut known.pools[at].1 {
+            Known::Imported(holders) if *holders > 1 => {
                 // Another ImportedPool holds the same handle: it destroys it.
+                *holders -= 1;
                 return;
             }
+            Known::Imported(_) => {}
+            // A `CudaAsync`'s (never an import's: `from_fd` refuses it): its drop destroys it.
+            Known::Own => return,
         }
         known.pools.swap_remove(at);
         // SAFETY: the handle's last holder in this process, so destroyed once, under the lock

@@ -496,45 +496,44 @@ fn reads_past_the_event_bound_are_waited_for_by_the_drop() {
     });
 }
 
-/// A read on the container's own stream `s` (behind slow work there) is recorded nowhere; a write
-/// of the container on another stream `t` waits for `s` first.
-#[test]
-fn a_write_on_another_stream_waits_for_reads_on_the_own_stream() {
-    let Some(ctx) = gpu() else { return };
-    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let n = 1 << 20;
-    let old = expected_fill(n, 83);
-    let mut v = DeviceVec::from_slice(&old, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    slow_fill!(&ctx, &s, &mut scratch, 1, 1); // `s` is busy
-    s.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it, on its own stream
-    t.memcpy_htod(&vec![0xdead_u32; n], &mut v).unwrap(); // writes `v` on `t`
-    assert_eq!(w.to_vec().unwrap(), old, "t's write came before s's read");
-    assert_eq!(v.to_vec().unwrap(), vec![0xdead_u32; n]);
-    drop(scratch);
-}
-
-/// A read on stream `t` (behind slow work there), then a write of the container on a third stream
-/// `u`: the write waits for the read, through the container's own stream, which waits for the
-/// read's event first.
-#[test]
-fn a_write_on_a_third_stream_waits_for_a_read_on_another() {
+/// A vector on stream `s` is read into `w` on the stream `reader` picks (of `s`, `t`), behind slow
+/// work there, then written on `t` or, where `t` read, on a third stream `u`: the write must wait
+/// for the read.
+fn a_write_elsewhere_comes_after_a_slow_read(
+    k: u32,
+    reader: fn(&Arc<CudaStream>, &Arc<CudaStream>) -> Arc<CudaStream>,
+) {
     let Some(ctx) = gpu() else { return };
     let (s, t, u) = (
         ctx.new_stream().unwrap(),
         ctx.new_stream().unwrap(),
         ctx.new_stream().unwrap(),
     );
+    let r = reader(&s, &t);
+    let writer = if Arc::ptr_eq(&r, &t) { &u } else { &t };
     let n = 1 << 20;
-    let old = expected_fill(n, 89);
+    let old = expected_fill(n, k);
     let mut v = DeviceVec::from_slice(&old, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
-    slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
-    t.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it
-    u.memcpy_htod(&vec![0xbeef_u32; n], &mut v).unwrap(); // writes `v` on `u`
-    assert_eq!(w.to_vec().unwrap(), old, "u's write came before t's read");
-    assert_eq!(v.to_vec().unwrap(), vec![0xbeef_u32; n]);
+    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &r).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &r).unwrap();
+    slow_fill!(&ctx, &r, &mut scratch, 1, 1); // the reader's stream is busy
+    r.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it
+    writer.memcpy_htod(&vec![0xdead_u32; n], &mut v).unwrap();
+    assert_eq!(w.to_vec().unwrap(), old, "the write came before the read");
+    assert_eq!(v.to_vec().unwrap(), vec![0xdead_u32; n]);
     drop(scratch);
+}
+
+/// A read on the container's own stream is recorded nowhere; a write of the container on another
+/// stream waits for the own stream first.
+#[test]
+fn a_write_on_another_stream_waits_for_reads_on_the_own_stream() {
+    a_write_elsewhere_comes_after_a_slow_read(83, |s, _| s.clone());
+}
+
+/// A read on stream `t`, then a write on a third stream: the write waits for the container's own
+/// stream, which waited for the read's event first.
+#[test]
+fn a_write_on_a_third_stream_waits_for_a_read_on_another() {
+    a_write_elsewhere_comes_after_a_slow_read(89, |_, t| t.clone());
 }
