@@ -8,8 +8,10 @@
 //! `stream.memcpy_htod(&host, &mut v)`, `stream.memcpy_dtov(&v)` and
 //! `stream.launch_builder(&f).arg(&mut v)` take them unchanged, on any stream. Each container
 //! carries a cudarc `CudaSlice` of its memory, whose write event orders a use on another stream
-//! after the writes before it, and a table of read events, one per stream that read it, which
-//! orders a write (and the drop, and a host write) after every read, on however many streams.
+//! after the writes before it, and a table of events, one per read on another stream, which
+//! orders a write (and the drop, and a host write) after every read, on however many streams. A
+//! write on another stream has an event of its own, which the next use orders the container's
+//! stream after before recording cudarc's write event there.
 //! Events are used only where cudarc keeps them for the whole life of the container: the
 //! container's stream is one its context made (`new_stream`, `fork`) and the other stream belongs
 //! to the same `CudaContext` object. Anywhere else (the container on the default stream, a stream
@@ -51,7 +53,7 @@ use cudarc::driver::{sys, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtr
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The compile-time check that `R` guarantees the alignment of `T`, which every container
@@ -108,9 +110,23 @@ const READ_EVENTS: usize = 64;
 /// [`READ_EVENTS`], or where no event can be made, a read names its stream's context instead, and
 /// the next exclusive use waits for that context's whole work on the host (raw
 /// `cuCtxSynchronize`): memory stays bounded, and a stream dropped since is waited for too.
+///
+/// A write on another stream gets such an event too, instead of cudarc's write event, which
+/// every write shares and whose guard would hand it to the caller; one suffices, as writes are
+/// exclusive. The container's next use, of any kind, makes the container's stream wait for it and
+/// then records cudarc's write event there (raw), which cudarc's copies, views and kernel
+/// arguments wait for.
 pub(crate) struct Readers {
     /// Whether the slice was made with cudarc's events (the context tracked them at the time).
     events: bool,
+    /// The driver handle of the slice's cudarc write event (null where it has none), which
+    /// [`Readers::after_last_write`] records raw: no `&mut` of the slice is needed, and no error
+    /// left in a context skips it. It lives as long as the slice, which only `&mut` replaces.
+    write_event: AtomicPtr<sys::CUevent_st>,
+    /// The same for cudarc's read event (a kernel's `&` argument records it), which
+    /// [`Readers::wait_all`] waits for raw: cudarc's own waits (`leak`, `device_ptr_mut`) are
+    /// skipped while another thread's error sits in the context.
+    read_event: AtomicPtr<sys::CUevent_st>,
     list: Mutex<ReadList>,
     /// Set when a kernel took the memory as an argument while the container's stream was one its
     /// context does not count (the default stream) and the context kept events: the kernel may
@@ -124,6 +140,10 @@ struct ReadList {
     /// Boxed: a guard holds `&CudaEvent` while the vector grows.
     #[allow(clippy::vec_box)]
     events: Vec<Box<CudaEvent>>,
+    /// The last write on another stream than the container's, recorded in an event of its own
+    /// (see [`Readers`]) that the next use of the container, of any kind, orders the container's
+    /// stream after ([`Readers::after_last_write`]). Boxed: the write's guard holds `&CudaEvent`.
+    last_write: Option<Box<CudaEvent>>,
     /// The contexts of reads that no event records.
     untracked: Vec<Arc<cudarc::driver::CudaContext>>,
 }
@@ -169,12 +189,64 @@ impl std::fmt::Debug for Readers {
 }
 
 impl Readers {
-    fn new(events: bool) -> Self {
+    fn new(events: bool, (read_event, write_event): CudarcEvents) -> Self {
         Readers {
             events,
+            write_event: AtomicPtr::new(write_event),
+            read_event: AtomicPtr::new(read_event),
             list: Mutex::new(ReadList::default()),
             kernel_elsewhere: AtomicBool::new(false),
         }
+    }
+
+    /// An event for a write on `stream`, another stream than the container's, that its guard
+    /// records (see [`ReadList::last_write`]); `None` where none can be made.
+    ///
+    /// The caller holds the container exclusively for as long as the event is borrowed (the
+    /// write's guard borrows the container's slice or its only mutable view mutably), and called
+    /// [`Readers::wait_all`] just before, which took the previous write's event.
+    fn new_write_event<'a>(&'a self, stream: &CudaStream) -> Option<&'a CudaEvent> {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        let event = Box::new(private_event(stream.context())?);
+        let at: *const CudaEvent = &*event;
+        list.last_write = Some(event);
+        // SAFETY: the event is boxed, and the box goes only at the next use of the container
+        // (`after_last_write`), which the caller's exclusive borrow of it keeps out for as long
+        // as the reference lives.
+        Some(unsafe { &*at })
+    }
+
+    /// Orders the container's stream `own` after the last write on another stream, if one was
+    /// made since (raw wait on its event), then records cudarc's write event there: every later
+    /// use, on any stream, that waits for cudarc's write event (copies, views, kernel arguments)
+    /// comes after that write. Called at the start of every use of the container. Where the wait
+    /// or the record cannot be queued, the host waits for the write itself.
+    fn after_last_write(&self, own: &CudaStream) {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(event) = list.last_write.take() else {
+            return;
+        };
+        let ctx = own.context();
+        let handle = self.write_event.load(Ordering::Relaxed);
+        let queued = crate::leaf::make_current(ctx).and_then(|_current| {
+            queue_wait(own, &event)?;
+            if handle.is_null() {
+                return Ok(());
+            }
+            // SAFETY: the slice's write event, alive as long as the slice, which the caller's
+            // borrow of the container keeps; `own` is a live stream of the same context.
+            unsafe { cudarc::driver::result::event::record(handle, own.cu_stream()) }
+        });
+        if let Err(e) = queued {
+            ctx.record_err::<()>(Err(e));
+            // Through its own context object, whose slot holds no one else's error.
+            let _ = event.synchronize();
+        }
+        // Dropping the event binds its context object: inside a guard that restores the thread's.
+        let _current = crate::leaf::make_current_or_record(ctx);
+        drop(event);
+        // (The lock is held to here: a use on another thread waits until this one is queued.)
+        drop(list);
     }
 
     /// Before a kernel argument (see `kernel_elsewhere`).
@@ -241,8 +313,33 @@ impl Readers {
     /// work of every context that unrecorded reads ran in. The events then go, their reads
     /// ordered before the stream's next work.
     fn wait_all(&self, stream: &CudaStream) {
-        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        self.after_last_write(stream);
         let ctx = stream.context();
+        // cudarc's events too (a kernel's uses, on any stream of the context), raw: cudarc's own
+        // waits for them come after this, and an error another thread leaves meanwhile skips them.
+        let cudarc_events = [&self.read_event, &self.write_event]
+            .map(|h| h.load(Ordering::Relaxed))
+            .into_iter()
+            .filter(|h| !h.is_null());
+        for handle in cudarc_events {
+            let waited = crate::leaf::make_current(ctx).and_then(|_current| {
+                // SAFETY: a live event of the slice (the caller's exclusive use keeps it) and a
+                // live stream of its context (borrowed); the wait is queued, nothing is freed.
+                unsafe {
+                    cudarc::driver::result::stream::wait_event(
+                        stream.cu_stream(),
+                        handle,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }
+            });
+            if let Err(e) = waited {
+                ctx.record_err::<()>(Err(e));
+                // SAFETY: as above; the host waits for the event instead.
+                ctx.record_err(unsafe { cudarc::driver::result::event::synchronize(handle) });
+            }
+        }
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         if !list.events.is_empty() {
             // Where a wait cannot be queued, the host waits for the event itself (through its
             // own context object, whose slot holds no one else's error).
@@ -271,6 +368,14 @@ impl Readers {
                 }
             }
         }
+        drop(list);
+        self.sync_untracked();
+    }
+
+    /// The host waits for the work of every context that unrecorded uses ran in (raw
+    /// `cuCtxSynchronize`, which reads no error slot); what exclusive uses and host reads need.
+    fn sync_untracked(&self) {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         for other in std::mem::take(&mut list.untracked) {
             let synced = crate::leaf::make_current(&other)
                 .and_then(|_current| cudarc::driver::result::ctx::synchronize());
@@ -295,7 +400,9 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
         crate::leaf::park_error(view.stream().context()),
     );
     let own: &'a CudaStream = view.stream();
-    // `stream` waits for the write event; cudarc's read event is not recorded (see `Readers`).
+    // `stream` waits for the write event (recorded after a write elsewhere, first); cudarc's read
+    // event is not recorded (see `Readers`).
+    readers.after_last_write(own);
     let (ptr, cudarc_read) = view.device_ptr(stream);
     std::mem::forget(cudarc_read);
     if crate::stream::id_of(stream) == crate::stream::id_of(own) {
@@ -317,12 +424,16 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
 }
 
 /// Orders a write of `view` on `stream` and returns the guard that records it: the container's
-/// stream waits for every recorded read, `stream` (if another) for the container's stream, and
-/// `stream` for cudarc's read and write events; the guard records the write in the write event
-/// where events hold, and elsewhere synchronizes `stream`.
+/// stream waits for every recorded read and the last write elsewhere, `stream` (if another) for
+/// the container's stream, and `stream` for cudarc's read and write events. On the container's
+/// stream the guard records cudarc's write event; on another, where events hold, an event of the
+/// write's own (see [`ReadList::last_write`]), and elsewhere it synchronizes `stream`.
+///
+/// `view` is the container's slice or its only mutable view, and `readers` the container's:
+/// the caller's exclusive borrow of the container lasts as long as the guard.
 pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
     view: &'a mut V,
-    readers: &Readers,
+    readers: &'a Readers,
     stream: &'a CudaStream,
 ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
     // An error someone recorded in a context would make cudarc skip the waits below.
@@ -337,15 +448,28 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
     if crate::stream::id_of(stream) != crate::stream::id_of(view.stream()) {
         after_own_reads(view.stream(), stream);
     }
+    let own_stream = crate::stream::id_of(stream) == crate::stream::id_of(view.stream());
     // (Where events do not hold, `stream` is another stream, ordered after the own one above.)
     let tracked = readers.tracked(view.stream(), stream);
     let (ptr, written) = view.device_ptr_mut(stream);
-    if tracked {
-        (ptr, written)
-    } else {
-        std::mem::forget(written);
-        (ptr, SyncOnDrop::sync_stream(stream))
+    if own_stream {
+        // What comes after on the container's stream (its drop included) comes after the write.
+        return (ptr, written);
     }
+    // cudarc's write event is not recorded here: its guard hands the event to the caller, who
+    // may record it elsewhere, and an error anyone leaves in the context skips its record. The
+    // write's own event is ordered before the container's next use (`after_last_write`), which
+    // then records cudarc's write event on the container's stream.
+    std::mem::forget(written);
+    if tracked {
+        if let Some(event) = readers.new_write_event(stream) {
+            return (ptr, SyncOnDrop::Record(Some((event, stream))));
+        }
+    }
+    // The host waits for the write once queued; should that be skipped (an error someone left in
+    // the context), the next exclusive use waits for the whole context.
+    readers.untrack(stream.context());
+    (ptr, SyncOnDrop::sync_stream(stream))
 }
 
 /// Makes `stream` wait for the work queued so far on `own`, the container's stream, whose reads
@@ -390,7 +514,10 @@ pub(crate) fn before_kernel_write<T, V: DevicePtrMut<T>>(view: &mut V, readers: 
 
 /// Before a `&` kernel argument of memory ordered on `own` (see [`Readers`]'s `kernel_elsewhere`).
 pub(crate) fn before_kernel_read(own: &CudaStream, readers: &Readers) {
+    let _parked = crate::leaf::park_error(own.context());
     readers.note_kernel(own);
+    // The kernel waits for cudarc's write event: recorded after the last write elsewhere.
+    readers.after_last_write(own);
 }
 
 impl<T, R: MemoryResource> RawBuf<T, R> {
@@ -400,9 +527,9 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         resource: R,
         stream: &Arc<CudaStream>,
     ) -> Result<Self, AllocError> {
-        let (ptr, slice) = allocate_slice::<T, R>(len, &resource, stream)?;
+        let (ptr, slice, events) = allocate_slice::<T, R>(len, &resource, stream)?;
         Ok(RawBuf {
-            readers: Readers::new(stream.context().is_event_tracking()),
+            readers: Readers::new(stream.context().is_event_tracking(), events),
             slice,
             ptr,
             len,
@@ -419,7 +546,7 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         let old = self.bytes();
         let name = self.resource.name();
         let bytes = len_bytes::<T>(len, name)?;
-        let (ptr, mut slice) = allocate_slice::<T, R>(len, &self.resource, &stream)?;
+        let (ptr, mut slice, events) = allocate_slice::<T, R>(len, &self.resource, &stream)?;
         let filled = {
             let (from, read) = self.order_read(&stream);
             let (to, written) = slice.device_ptr_mut(&stream);
@@ -456,7 +583,7 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         let old_ptr = std::mem::replace(&mut self.ptr, ptr);
         let old_readers = std::mem::replace(
             &mut self.readers,
-            Readers::new(stream.context().is_event_tracking()),
+            Readers::new(stream.context().is_event_tracking(), events),
         );
         self.len = len;
         free_memory::<T, R>(
@@ -513,7 +640,11 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         // Its memory is the new slice's prefix, whose uses the stream waited for above.
         let _ = ManuallyDrop::into_inner(old_slice).leak();
         self.readers.settle(&stream, managed);
-        drop(self.slice.device_ptr_mut(&stream));
+        let (read_event, write_event) = record_write_point(&mut self.slice, &stream);
+        self.readers
+            .write_event
+            .store(write_event, Ordering::Relaxed);
+        self.readers.read_event.store(read_event, Ordering::Relaxed);
         Ok(true)
     }
 
@@ -573,6 +704,8 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     /// stream waits for the last write; nothing is recorded, as the read is over before anything
     /// else can be queued after it.
     pub(crate) fn read_now(&self) -> sys::CUdeviceptr {
+        let _parked = crate::leaf::park_error(self.stream().context());
+        self.readers.after_last_write(self.stream());
         let (ptr, cudarc_read) = self.slice.device_ptr(self.stream());
         std::mem::forget(cudarc_read);
         ptr
@@ -589,6 +722,10 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
     /// stream. What host reads of host-accessible memory need.
     pub(crate) fn wait_for_writes(&self) -> Result<(), AllocError> {
         let managed = self.managed();
+        let _parked = crate::leaf::park_error(self.stream().context());
+        self.readers.after_last_write(self.stream());
+        // A write on a stream no event records: its guard's host wait can have been skipped.
+        self.readers.sync_untracked();
         // A host read is no device read: nothing is recorded.
         std::mem::forget(self.slice.device_ptr(self.stream()));
         self.readers.settle(self.stream(), managed);
@@ -752,7 +889,7 @@ fn allocate_slice<T, R: MemoryResource>(
     len: usize,
     resource: &R,
     stream: &Arc<CudaStream>,
-) -> Result<(NonNull<T>, ManuallyDrop<CudaSlice<T>>), AllocError> {
+) -> Result<NewSlice<T>, AllocError> {
     let align = std::mem::align_of::<T>();
     let bytes = len_bytes::<T>(len, resource.name())?;
     if crate::stream::is_per_thread(stream) {
@@ -777,8 +914,31 @@ fn allocate_slice<T, R: MemoryResource>(
     // work queued on `stream` still uses; a stream-ordered allocation exists only from here
     // on `stream`): the write event records this point, which a use on another stream waits
     // for, as for every later write.
-    drop(slice.device_ptr_mut(stream));
-    Ok((ptr.cast(), slice))
+    let events = record_write_point(&mut slice, stream);
+    Ok((ptr.cast(), slice, events))
+}
+
+/// The driver handles of a slice's cudarc read and write events (null where it has none).
+type CudarcEvents = (sys::CUevent, sys::CUevent);
+
+/// A new allocation's pointer, cudarc's slice over it and the slice's event handles.
+type NewSlice<T> = (NonNull<T>, ManuallyDrop<CudaSlice<T>>, CudarcEvents);
+
+/// Records cudarc's write event of `slice` on `stream` (its own) and returns the driver handles
+/// of its events, for [`Readers`].
+fn record_write_point<T>(slice: &mut CudaSlice<T>, stream: &CudaStream) -> CudarcEvents {
+    let handle = |guard: &SyncOnDrop<'_>| match guard {
+        SyncOnDrop::Record(Some((event, _))) => event.cu_event(),
+        _ => std::ptr::null_mut(),
+    };
+    let (_, read) = slice.device_ptr(stream);
+    let read_event = handle(&read);
+    // Not a read: nothing is recorded.
+    std::mem::forget(read);
+    let (_, written) = slice.device_ptr_mut(stream);
+    let write_event = handle(&written);
+    drop(written);
+    (read_event, write_event)
 }
 
 impl<T, R: MemoryResource + std::fmt::Debug> std::fmt::Debug for RawBuf<T, R> {

@@ -537,3 +537,190 @@ fn a_write_on_another_stream_waits_for_reads_on_the_own_stream() {
 fn a_write_on_a_third_stream_waits_for_a_read_on_another() {
     a_write_elsewhere_comes_after_a_slow_read(89, |_, t| t.clone());
 }
+
+/// A vector `v` (from a pool on stream `s`) is written on stream `t` behind slow work by `write`
+/// (from `src`, on `t`); then `v` drops, and its block, reused at once on `s`, gets new values.
+/// The write must not land in them: the drop waited for it. `write` is where each caller's
+/// hostile turn goes.
+fn a_write_on_t_comes_before_the_blocks_next_owner(
+    k: u32,
+    write: impl FnOnce(
+        &Arc<CudaContext>,
+        &mut DeviceVec<u32, &Pool<Cuda>>,
+        &Arc<CudaStream>,
+        &DeviceVec<u32, Cuda>,
+    ),
+) {
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
+    let n = 1 << 20;
+    let src = DeviceVec::from_slice(&expected_fill(n, k), Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let address = {
+        let mut v = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+        slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
+        write(&ctx, &mut v, &t, &src); // writes `v` behind it
+        v.device_address()
+    };
+    let x = DeviceVec::from_slice(&vec![0xdead_u32; n], &pool, &s).unwrap();
+    assert_eq!(x.device_address(), address, "the pool reused the block");
+    ctx.synchronize().unwrap(); // `t`'s copy has run, wherever it landed
+    assert_eq!(
+        x.to_vec().unwrap(),
+        vec![0xdead_u32; n],
+        "t's copy wrote the block after its next owner had it"
+    );
+    drop(scratch);
+}
+
+/// The guard of a write on another stream hands its event to the caller, who may record it on an
+/// idle stream. If that were cudarc's write event (shared by every write), the copy before, whose
+/// guard cudarc kept, would no longer be waited for. A write elsewhere has an event of its own,
+/// and the next use of the container (here the next write) orders the container's stream after
+/// it.
+#[test]
+fn a_writer_event_re_recorded_elsewhere_does_not_free_the_block_under_the_write() {
+    use cudarc::driver::{DevicePtrMut, SyncOnDrop};
+    a_write_on_t_comes_before_the_blocks_next_owner(97, |ctx, v, t, src| {
+        t.memcpy_dtod(src, v).unwrap();
+        let (_, guard) = v.device_ptr_mut(t);
+        let event = match &guard {
+            SyncOnDrop::Record(Some((event, _))) => Some(*event),
+            _ => None,
+        };
+        drop(guard);
+        let event = event.expect("a write on another stream of the context is recorded");
+        let idle = ctx.new_stream().unwrap();
+        event.record(&idle).unwrap(); // safe code: the event now marks nothing of `t`'s
+    });
+}
+
+/// An error left in the context just before a write's guard drops (what another thread may do at
+/// any time) would skip the record of cudarc's write event: a write elsewhere is recorded in an
+/// event of a context object of its own, whose slot no one else can reach.
+#[test]
+fn an_error_recorded_before_a_write_guard_drops_does_not_free_the_block_under_the_write() {
+    use cudarc::driver::{result, DevicePtr, DevicePtrMut};
+    a_write_on_t_comes_before_the_blocks_next_owner(101, |ctx, v, t, src| {
+        let (from, read) = src.device_ptr(t);
+        let (to, written) = v.device_ptr_mut(t);
+        // SAFETY: src.len() values of `src` into as many of `v`, both live until the copy is
+        // waited for (`v`'s drop, which is what the test checks; `src` outlives the test's
+        // `ctx.synchronize`), on `t`, which the guards ordered.
+        unsafe { result::memcpy_dtod_async(to, from, src.len() * 4, t.cu_stream()) }.unwrap();
+        ctx.record_err::<()>(Err(cudarc::driver::DriverError(
+            cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN,
+        )));
+        drop(written);
+        drop(read);
+        let _ = ctx.check_err();
+    });
+}
+
+/// A vector on stream `s` is written on stream `t` behind slow work; `read` then reads it on a
+/// third stream `u` into `w` (on `u`): the read must see the write. The write's own event is not
+/// cudarc's write event, which copies and kernel arguments wait for: the read's ordering records
+/// cudarc's write event on `s` after the write first.
+fn a_read_on_a_third_stream_sees_a_write_on_another(
+    k: u32,
+    read: impl FnOnce(
+        &Arc<CudaContext>,
+        &DeviceVec<u32, Cuda>,
+        &Arc<CudaStream>,
+        &mut DeviceVec<u32, Cuda>,
+    ),
+) -> Vec<u32> {
+    let Some(ctx) = gpu() else { return Vec::new() };
+    let (s, t, u) = (
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+    );
+    let n = 1 << 20;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &u).unwrap();
+    let src = DeviceVec::from_slice(&expected_fill(n, k), Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
+                                              // Device to device: a copy from pageable host memory may wait for the stream on the host.
+    t.memcpy_dtod(&src, &mut v).unwrap(); // writes `v` behind it
+    read(&ctx, &v, &u, &mut w);
+    let got = w.to_vec().unwrap();
+    drop(scratch);
+    got
+}
+
+#[test]
+fn a_copy_on_a_third_stream_sees_a_write_on_another() {
+    let got = a_read_on_a_third_stream_sees_a_write_on_another(103, |_, v, u, w| {
+        u.memcpy_dtod(v, w).unwrap();
+    });
+    if !got.is_empty() {
+        assert_eq!(
+            got,
+            expected_fill(got.len(), 103),
+            "the copy read before the write"
+        );
+    }
+}
+
+#[test]
+fn a_kernel_on_a_third_stream_sees_a_write_on_another() {
+    let Some(ctx) = gpu() else { return };
+    // Compiled first: NVRTC takes about as long as the slow work the write waits behind.
+    let f = kernel(&ctx, "scale");
+    let got = a_read_on_a_third_stream_sees_a_write_on_another(107, |_, v, u, w| {
+        let n = v.len() as u32;
+        // SAFETY: `scale` takes (const unsigned*, unsigned*, unsigned) and reads and writes
+        // indices < n of two buffers of n values.
+        unsafe {
+            u.launch_builder(&f)
+                .arg(v)
+                .arg(&mut *w)
+                .arg(&n)
+                .launch(LaunchConfig::for_num_elems(n))
+        }
+        .unwrap();
+    });
+    let want: Vec<u32> = expected_fill(got.len(), 107)
+        .iter()
+        .map(|x| x.wrapping_mul(2).wrapping_add(7))
+        .collect();
+    assert_eq!(got, want, "the kernel read before the write");
+}
+
+/// A write on a stream of another `CudaContext` object has no event: its guard waits for it on
+/// the host, and an error left in that object's slot skips the wait (`CudaStream::synchronize`
+/// checks the slot first). The host read of a `PinnedVec` must still wait for the copy: the
+/// write named its context, whose work a host read waits for.
+#[test]
+fn a_host_read_waits_for_a_write_whose_host_wait_was_skipped() {
+    use cudarc::driver::{result, DevicePtr, DevicePtrMut};
+    let Some(_) = gpu() else { return };
+    let (a, b) = (CudaContext::new(0).unwrap(), CudaContext::new(0).unwrap());
+    let (sa, tb) = (a.new_stream().unwrap(), b.new_stream().unwrap());
+    let n = 1 << 20;
+    let mut p = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&a).unwrap(), &sa).unwrap();
+    let mut src = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&b).unwrap(), &tb).unwrap();
+    slow_fill!(&b, &tb, &mut src, n, 109);
+    {
+        let (from, read) = src.device_ptr(&tb);
+        // No event: the guard synchronizes `tb`.
+        let (to, written) = p.device_ptr_mut(&tb);
+        // SAFETY: n values of `src` into as many of `p`, both live until the copy has run (the
+        // test reads `p` on the host, which is what must wait, and drops `src` after).
+        unsafe { result::memcpy_dtod_async(to, from, n * 4, tb.cu_stream()) }.unwrap();
+        b.record_err::<()>(Err(cudarc::driver::DriverError(
+            cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN,
+        )));
+        drop(written); // its synchronize returns the error at once
+        drop(read);
+        let _ = b.check_err();
+    }
+    assert_eq!(
+        &p[..],
+        &expected_fill(n, 109)[..],
+        "the host read under the copy"
+    );
+}
