@@ -400,12 +400,25 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
         crate::leaf::park_error(view.stream().context()),
     );
     let own: &'a CudaStream = view.stream();
+    // cudarc's `memcpy_dtod` into another context asks for the pointer on the source's own stream
+    // with the destination's context current, then reads on a stream of that context: the next
+    // exclusive use waits for that context's work. Asked first: the waits below bind `own`'s
+    // context. (Where it is not a primary context, no handle of it can be kept: that case stays
+    // open, see the README.)
+    let elsewhere = if crate::stream::id_of(stream) == crate::stream::id_of(own) {
+        primary_context_current_instead_of(own.context())
+    } else {
+        None
+    };
     // `stream` waits for the write event (recorded after a write elsewhere, first); cudarc's read
     // event is not recorded (see `Readers`).
     readers.after_last_write(own);
     let (ptr, cudarc_read) = view.device_ptr(stream);
     std::mem::forget(cudarc_read);
     if crate::stream::id_of(stream) == crate::stream::id_of(own) {
+        if let Some(Some(elsewhere)) = elsewhere {
+            readers.untrack(&elsewhere);
+        }
         // On the container's own stream: what comes after on it comes after the read, and a
         // write on another stream first waits for this stream (`after_own_reads`).
         return (ptr, SyncOnDrop::Record(None));
@@ -421,6 +434,35 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     // the context), the next exclusive use waits for the whole context.
     readers.untrack(stream.context());
     (ptr, SyncOnDrop::sync_stream(stream))
+}
+
+/// `None` where `own`'s context (or none) is current on this thread; else `Some` of the current
+/// context where it is its device's primary one, `Some(None)` where it is not.
+fn primary_context_current_instead_of(
+    own: &cudarc::driver::CudaContext,
+) -> Option<Option<Arc<cudarc::driver::CudaContext>>> {
+    let current = cudarc::driver::result::ctx::get_current().ok().flatten()?;
+    if current == own.cu_ctx() {
+        return None;
+    }
+    let mut device: sys::CUdevice = 0;
+    // SAFETY: writes the current context's device into a local.
+    if unsafe { sys::cuCtxGetDevice(&mut device) }
+        .result()
+        .is_err()
+    {
+        return Some(None);
+    }
+    let count = cudarc::driver::result::device::get_count().unwrap_or(0);
+    let ordinal = (0..count).find(|&o| cudarc::driver::result::device::get(o) == Ok(device))?;
+    let primary = cudarc::driver::CudaContext::new(ordinal as usize);
+    // Making the object binds its context to the thread; the caller's goes back. SAFETY: that
+    // context is current, so alive, until the caller (cudarc, mid-copy) changes it.
+    let restored = unsafe { cudarc::driver::result::ctx::set_current(current) };
+    match (primary, restored) {
+        (Ok(primary), Ok(())) if primary.cu_ctx() == current => Some(Some(primary)),
+        _ => Some(None),
+    }
 }
 
 /// Orders a write of `view` on `stream` and returns the guard that records it: the container's
