@@ -725,31 +725,31 @@ fn a_host_read_waits_for_a_write_whose_host_wait_was_skipped() {
     );
 }
 
-/// cudarc's `memcpy_dtod` between two contexts asks for the source's pointer on the source's own
-/// stream, then reads it on the destination's stream: here a vector of a non-primary context
-/// copied into device 0's primary one (on two GPUs, a copy between devices takes the same path).
-/// The read names the destination's primary context, whose work the vector's drop waits for.
-#[test]
-fn a_copy_into_a_primary_context_comes_before_the_blocks_next_owner() {
-    let Some(ctx) = gpu() else { return };
-    let own = CudaContext::new_non_primary(0, 0).unwrap();
-    let (s, t) = (own.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let pool = Pool::new(Cuda::new(&own).unwrap(), PoolConfig::default());
+/// A vector of context `own` (from a pool, on a stream of `own`) is copied by cudarc's
+/// `memcpy_dtod` into a slice of context `to`, on a stream of `to` behind slow work there, then
+/// dropped; its block, reused at once, gets new values. The copy must have read the old ones.
+fn a_copy_into_context_to_comes_before_the_blocks_next_owner(
+    own: &Arc<CudaContext>,
+    to: &Arc<CudaContext>,
+    k: u32,
+) {
+    let (s, t) = (own.new_stream().unwrap(), to.new_stream().unwrap());
+    let pool = Pool::new(Cuda::new(own).unwrap(), PoolConfig::default());
     let n = 1 << 20;
-    let old = expected_fill(n, 127);
+    let old = expected_fill(n, k);
     let mut w = t.alloc_zeros::<u32>(n).unwrap();
     let mut scratch = t.alloc_zeros::<u32>(1).unwrap();
-    let f = kernel(&ctx, "slow_fill"); // compiled before the slow work
+    let f = kernel(to, "slow_fill"); // compiled before the slow work
     let address = {
         let v = DeviceVec::from_slice(&old, &pool, &s).unwrap();
-        let (one, k, cycles) = (1u32, 1u32, crate::support::slow_cycles());
+        let (one, cycles) = (1u32, crate::support::slow_cycles());
         // SAFETY: `slow_fill` takes (unsigned*, unsigned, unsigned, long long) and writes index
         // 0 of `scratch`, which holds one value.
         unsafe {
             t.launch_builder(&f)
                 .arg(&mut scratch)
                 .arg(&one)
-                .arg(&k)
+                .arg(&one)
                 .arg(&cycles)
                 .launch(LaunchConfig::for_num_elems(1))
         }
@@ -768,6 +768,18 @@ fn a_copy_into_a_primary_context_comes_before_the_blocks_next_owner() {
     std::mem::forget(f); // its module's unload would wait for the device
 }
 
+/// cudarc's `memcpy_dtod` between two contexts asks for the source's pointer on the source's own
+/// stream, with the destination's context current, then reads it on the destination's stream:
+/// here a vector of a non-primary context copied into device 0's primary one (on two GPUs, a copy
+/// between devices takes the same path). The read names the destination's primary context, whose
+/// work the vector's drop waits for.
+#[test]
+fn a_copy_into_a_primary_context_comes_before_the_blocks_next_owner() {
+    let Some(ctx) = gpu() else { return };
+    let own = CudaContext::new_non_primary(0, 0).unwrap();
+    a_copy_into_context_to_comes_before_the_blocks_next_owner(&own, &ctx, 127);
+}
+
 /// OPEN, not fixed: the same copy into a non-primary context. The read is on a stream of that
 /// context, of which no handle can be kept (no `Arc` of it is at hand, and a raw one may be
 /// destroyed before the next exclusive use): the vector's drop does not wait for the copy. Run
@@ -777,24 +789,5 @@ fn a_copy_into_a_primary_context_comes_before_the_blocks_next_owner() {
 fn a_copy_into_another_context_comes_before_the_blocks_next_owner() {
     let Some(ctx) = gpu() else { return };
     let other = CudaContext::new_non_primary(0, 0).unwrap();
-    let (s, t) = (ctx.new_stream().unwrap(), other.new_stream().unwrap());
-    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
-    let n = 1 << 20;
-    let old = expected_fill(n, 113);
-    let mut w = t.alloc_zeros::<u32>(n).unwrap();
-    let mut scratch = t.alloc_zeros::<u32>(1).unwrap();
-    let address = {
-        let v = DeviceVec::from_slice(&old, &pool, &s).unwrap();
-        slow_fill!(&other, &t, &mut scratch, 1, 1); // `t` is busy
-        t.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it, on `t`
-        v.device_address()
-    };
-    let mut x = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
-    assert_eq!(x.device_address(), address, "the pool reused the block");
-    x.copy_from(&vec![0xdead; n]).unwrap();
-    // (Not `assert_eq!`: a million values in the message.)
-    assert!(
-        t.clone_dtoh(&w).unwrap() == old,
-        "t's copy read the block after its next owner wrote it"
-    );
+    a_copy_into_context_to_comes_before_the_blocks_next_owner(&ctx, &other, 113);
 }
