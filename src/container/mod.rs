@@ -151,12 +151,25 @@ struct ReadList {
 /// Queues on `stream` a wait for `event`, by a raw driver call, which reads no context's error
 /// slot (cudarc's `CudaStream::wait` skips the wait for an error someone left there).
 fn queue_wait(stream: &CudaStream, event: &CudaEvent) -> Result<(), cudarc::driver::DriverError> {
-    // SAFETY: a live stream and a live event (both borrowed); the wait is queued, nothing is
-    // freed, and a wait across contexts or devices is allowed.
+    // SAFETY: a live event (borrowed).
+    unsafe { queue_wait_raw(stream, event.cu_event()) }
+}
+
+/// [`queue_wait`] for an event known by its driver handle (cudarc's events of a slice).
+///
+/// # Safety
+///
+/// `event` is a live event: not destroyed before this call returns.
+unsafe fn queue_wait_raw(
+    stream: &CudaStream,
+    event: sys::CUevent,
+) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: a live stream (borrowed) and, by the caller's promise, a live event; the wait is
+    // queued, nothing is freed, and a wait across contexts or devices is allowed.
     unsafe {
         cudarc::driver::result::stream::wait_event(
             stream.cu_stream(),
-            event.cu_event(),
+            event,
             sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
         )
     }
@@ -197,6 +210,12 @@ impl Readers {
             list: Mutex::new(ReadList::default()),
             kernel_elsewhere: AtomicBool::new(false),
         }
+    }
+
+    /// The handles of a new slice's events (see `write_event`), where the slice is replaced.
+    fn set_cudarc_events(&mut self, (read_event, write_event): CudarcEvents) {
+        *self.read_event.get_mut() = read_event;
+        *self.write_event.get_mut() = write_event;
     }
 
     /// An event for a write on `stream`, another stream than the container's, that its guard
@@ -321,24 +340,21 @@ impl Readers {
             .map(|h| h.load(Ordering::Relaxed))
             .into_iter()
             .filter(|h| !h.is_null());
+        let current = crate::leaf::make_current(ctx);
         for handle in cudarc_events {
-            let waited = crate::leaf::make_current(ctx).and_then(|_current| {
-                // SAFETY: a live event of the slice (the caller's exclusive use keeps it) and a
-                // live stream of its context (borrowed); the wait is queued, nothing is freed.
-                unsafe {
-                    cudarc::driver::result::stream::wait_event(
-                        stream.cu_stream(),
-                        handle,
-                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                    )
-                }
-            });
+            let waited = match &current {
+                // SAFETY: an event of the slice, alive as long as the slice, which the caller's
+                // exclusive use of the container keeps.
+                Ok(_) => unsafe { queue_wait_raw(stream, handle) },
+                Err(e) => Err(*e),
+            };
             if let Err(e) = waited {
                 ctx.record_err::<()>(Err(e));
                 // SAFETY: as above; the host waits for the event instead.
                 ctx.record_err(unsafe { cudarc::driver::result::event::synchronize(handle) });
             }
         }
+        drop(current);
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         if !list.events.is_empty() {
             // Where a wait cannot be queued, the host waits for the event itself (through its
@@ -405,18 +421,17 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     // exclusive use waits for that context's work. Asked first: the waits below bind `own`'s
     // context. (Where it is not a primary context, no handle of it can be kept: that case stays
     // open, see the README.)
-    let elsewhere = if crate::stream::id_of(stream) == crate::stream::id_of(own) {
-        primary_context_current_instead_of(own.context())
-    } else {
-        None
-    };
+    let on_own = crate::stream::id_of(stream) == crate::stream::id_of(own);
+    let elsewhere = on_own
+        .then(|| primary_context_current_instead_of(own.context()))
+        .flatten();
     // `stream` waits for the write event (recorded after a write elsewhere, first); cudarc's read
     // event is not recorded (see `Readers`).
     readers.after_last_write(own);
     let (ptr, cudarc_read) = view.device_ptr(stream);
     std::mem::forget(cudarc_read);
-    if crate::stream::id_of(stream) == crate::stream::id_of(own) {
-        if let Some(Some(elsewhere)) = elsewhere {
+    if on_own {
+        if let Some(elsewhere) = elsewhere {
             readers.untrack(&elsewhere);
         }
         // On the container's own stream: what comes after on it comes after the read, and a
@@ -436,23 +451,18 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     (ptr, SyncOnDrop::sync_stream(stream))
 }
 
-/// `None` where `own`'s context (or none) is current on this thread; else `Some` of the current
-/// context where it is its device's primary one, `Some(None)` where it is not.
+/// The context current on this thread where it is not `own`'s and is its device's primary one;
+/// `None` otherwise.
 fn primary_context_current_instead_of(
     own: &cudarc::driver::CudaContext,
-) -> Option<Option<Arc<cudarc::driver::CudaContext>>> {
+) -> Option<Arc<cudarc::driver::CudaContext>> {
     let current = cudarc::driver::result::ctx::get_current().ok().flatten()?;
     if current == own.cu_ctx() {
         return None;
     }
     let mut device: sys::CUdevice = 0;
     // SAFETY: writes the current context's device into a local.
-    if unsafe { sys::cuCtxGetDevice(&mut device) }
-        .result()
-        .is_err()
-    {
-        return Some(None);
-    }
+    unsafe { sys::cuCtxGetDevice(&mut device) }.result().ok()?;
     let count = cudarc::driver::result::device::get_count().unwrap_or(0);
     let ordinal = (0..count).find(|&o| cudarc::driver::result::device::get(o) == Ok(device))?;
     let primary = cudarc::driver::CudaContext::new(ordinal as usize);
@@ -460,8 +470,8 @@ fn primary_context_current_instead_of(
     // context is current, so alive, until the caller (cudarc, mid-copy) changes it.
     let restored = unsafe { cudarc::driver::result::ctx::set_current(current) };
     match (primary, restored) {
-        (Ok(primary), Ok(())) if primary.cu_ctx() == current => Some(Some(primary)),
-        _ => Some(None),
+        (Ok(primary), Ok(())) if primary.cu_ctx() == current => Some(primary),
+        _ => None,
     }
 }
 
@@ -487,10 +497,10 @@ pub(crate) fn order_write_of<'a, T, V: DevicePtrMut<T>>(
     // The container's own stream waits for every recorded read (the write is exclusive: no guard
     // holds their events, which go), and a write elsewhere waits for the own stream.
     readers.wait_all(view.stream());
-    if crate::stream::id_of(stream) != crate::stream::id_of(view.stream()) {
+    let own_stream = crate::stream::id_of(stream) == crate::stream::id_of(view.stream());
+    if !own_stream {
         after_own_reads(view.stream(), stream);
     }
-    let own_stream = crate::stream::id_of(stream) == crate::stream::id_of(view.stream());
     // (Where events do not hold, `stream` is another stream, ordered after the own one above.)
     let tracked = readers.tracked(view.stream(), stream);
     let (ptr, written) = view.device_ptr_mut(stream);
@@ -682,11 +692,8 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         // Its memory is the new slice's prefix, whose uses the stream waited for above.
         let _ = ManuallyDrop::into_inner(old_slice).leak();
         self.readers.settle(&stream, managed);
-        let (read_event, write_event) = record_write_point(&mut self.slice, &stream);
-        self.readers
-            .write_event
-            .store(write_event, Ordering::Relaxed);
-        self.readers.read_event.store(read_event, Ordering::Relaxed);
+        let events = record_write_point(&mut self.slice, &stream);
+        self.readers.set_cudarc_events(events);
         Ok(true)
     }
 

@@ -430,19 +430,27 @@ fn a_pending_context_error_does_not_skip_the_drops_wait() {
 /// copy's read (whose guard cudarc kept) is still waited for by the drop.
 #[test]
 fn a_reader_event_re_recorded_elsewhere_does_not_free_the_block_under_the_read() {
-    use cudarc::driver::{DevicePtr, SyncOnDrop};
+    use cudarc::driver::DevicePtr;
     a_read_on_t_comes_before_the_blocks_next_owner(71, |ctx, v, t, w| {
         t.memcpy_dtod(v, w).unwrap();
-        let (_, guard) = v.device_ptr(t);
-        let event = match &guard {
-            SyncOnDrop::Record(Some((event, _))) => Some(*event),
-            _ => None,
-        };
-        drop(guard);
-        let event = event.expect("a read on another stream of the context is recorded");
-        let idle = ctx.new_stream().unwrap();
-        event.record(&idle).unwrap(); // safe code: the event now marks nothing of `t`'s
+        record_the_guards_event_on_an_idle_stream(ctx, v.device_ptr(t).1);
     });
+}
+
+/// Drops `guard` (which records its event on the stream it was asked for) and records its event
+/// again on an idle stream: safe code, after which the event marks nothing of that stream's.
+fn record_the_guards_event_on_an_idle_stream(
+    ctx: &Arc<CudaContext>,
+    guard: cudarc::driver::SyncOnDrop<'_>,
+) {
+    let event = match &guard {
+        cudarc::driver::SyncOnDrop::Record(Some((event, _))) => Some(*event),
+        _ => None,
+    };
+    drop(guard);
+    let event = event.expect("a use on another stream of the context is recorded");
+    let idle = ctx.new_stream().unwrap();
+    event.record(&idle).unwrap();
 }
 
 /// cudarc's guards skip their record when an error sits in the event's context
@@ -581,18 +589,10 @@ fn a_write_on_t_comes_before_the_blocks_next_owner(
 /// it.
 #[test]
 fn a_writer_event_re_recorded_elsewhere_does_not_free_the_block_under_the_write() {
-    use cudarc::driver::{DevicePtrMut, SyncOnDrop};
+    use cudarc::driver::DevicePtrMut;
     a_write_on_t_comes_before_the_blocks_next_owner(97, |ctx, v, t, src| {
         t.memcpy_dtod(src, v).unwrap();
-        let (_, guard) = v.device_ptr_mut(t);
-        let event = match &guard {
-            SyncOnDrop::Record(Some((event, _))) => Some(*event),
-            _ => None,
-        };
-        drop(guard);
-        let event = event.expect("a write on another stream of the context is recorded");
-        let idle = ctx.new_stream().unwrap();
-        event.record(&idle).unwrap(); // safe code: the event now marks nothing of `t`'s
+        record_the_guards_event_on_an_idle_stream(ctx, v.device_ptr_mut(t).1);
     });
 }
 
