@@ -728,7 +728,7 @@ fn a_host_read_waits_for_a_write_whose_host_wait_was_skipped() {
 /// A vector of context `own` (from a pool, on a stream of `own`) is copied by cudarc's
 /// `memcpy_dtod` into a slice of context `to`, on a stream of `to` behind slow work there, then
 /// dropped; its block, reused at once, gets new values. The copy must have read the old ones.
-fn a_copy_into_context_to_comes_before_the_blocks_next_owner(
+pub(crate) fn a_copy_into_context_to_comes_before_the_blocks_next_owner(
     own: &Arc<CudaContext>,
     to: &Arc<CudaContext>,
     k: u32,

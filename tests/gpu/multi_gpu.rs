@@ -186,6 +186,18 @@ fn copies_between_devices_wait_for_the_writes_staged_or_direct() {
     assert!(matches!(e.kind, AllocErrorKind::Unsupported(_)), "{e}");
 }
 
+/// cudarc's `memcpy_dtod` from a vector of device 0 into a slice of device 1 asks for the
+/// vector's pointer on its own stream with device 1's (primary) context current, then reads it on
+/// device 1's stream: the vector's drop waits for that read before the pool hands its block on,
+/// without peer access and with it.
+#[test]
+fn a_copy_to_another_device_comes_before_the_blocks_next_owner() {
+    let Some((c0, c1)) = two_gpus() else { return };
+    crate::hostile::a_copy_into_context_to_comes_before_the_blocks_next_owner(&c0, &c1, 131);
+    mrstack::enable_peer_access(&c1, &c0).unwrap();
+    crate::hostile::a_copy_into_context_to_comes_before_the_blocks_next_owner(&c0, &c1, 137);
+}
+
 #[test]
 fn a_kernel_reads_another_devices_memory_once_access_is_granted() {
     let Some((c0, c1)) = two_gpus() else { return };
