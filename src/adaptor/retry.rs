@@ -14,6 +14,12 @@ use std::ptr::NonNull;
 /// freeing memory could cure go to `F` ([`AllocError::is_out_of_memory`]: out of memory, a limit
 /// reached); others return at once. Deallocations go straight to the upstream.
 ///
+/// `F` may call back into the resources above it — free blocks through them, trim them
+/// (`Pool::release`, `Tlsf::release`, `ThreadHeaps::release`): every suballocator of this crate
+/// lets its lock go around its upstream's `allocate`. (An upstream's `deallocate`,
+/// `synchronize` and `order_after` are called under those locks: a resource of your own whose
+/// `deallocate` calls into the resource above it deadlocks.)
+///
 /// # Cost
 ///
 /// None on success (a zero-sized `F` adds no bytes): one upstream call, no lock or atomic. Each

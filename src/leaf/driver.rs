@@ -15,10 +15,20 @@ pub fn driver_available() -> bool {
 }
 
 /// Opens (retains) the primary context of device `ordinal`, or says why it cannot:
-/// [`AllocErrorKind::NoDriver`] without libcuda, a CUDA error without a device.
+/// [`AllocErrorKind::NoDriver`] without libcuda, a CUDA error without a device
+/// (`CUDA_ERROR_INVALID_DEVICE` for an ordinal past `i32::MAX`, which cudarc would wrap).
 ///
 /// cudarc panics when the driver library is missing; this checks first.
 pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>, AllocError> {
+    // cudarc passes the ordinal on as an `i32`: a larger one would wrap to another device.
+    if i32::try_from(ordinal).is_err() {
+        return Err(AllocError::cuda(
+            DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_DEVICE),
+            0,
+            0,
+            "CudaContext",
+        ));
+    }
     if !driver_available() {
         return Err(AllocError::new(
             AllocErrorKind::NoDriver,

@@ -418,8 +418,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             0 => self.pages.default_reservation(),
             n => n,
         };
+        // At least a page: a source of no capacity (a simulated one of 0 bytes) has a default
+        // reservation of 0, which no source reserves.
         let size = wanted
             .max(need)
+            .max(self.page)
             .checked_next_multiple_of(self.page)
             .filter(|&s| s <= isize::MAX as usize)
             .ok_or(AllocError::out_of_memory(need, GRANULE, NAME))?;

@@ -72,6 +72,17 @@ pub const MAX_SKIPPED_KEPT: usize = 100;
 /// so that a file with no newlines (binary junk, a gzip bomb) cannot take memory of its size.
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// The most ops (allocations and frees) a log may hold: a replay keeps them all in memory (some
+/// 50 bytes each), and a small gzip file can hold many (a log of one repeated line compresses
+/// 2000:1). A longer log is an error ([`TraceErrorKind::TooManyOps`]) after this many, not an
+/// allocation failure; split it.
+pub const MAX_OPS: usize = 1 << 26;
+
+/// The most distinct streams a log may name: `mrstack replay` makes a CUDA stream for each, and
+/// a stream-ordered suballocator keeps free lists per stream (some kilobytes each). More is an
+/// error ([`TraceErrorKind::TooManyStreams`]).
+pub const MAX_STREAMS: usize = 4096;
+
 /// The largest allocation any resource can serve: `isize::MAX` rounded down to [`ALIGN`], since
 /// a request is rounded up to its alignment and no allocation may exceed `isize::MAX` bytes.
 pub const MAX_SIZE: usize = isize::MAX as usize & !(ALIGN - 1);
@@ -196,6 +207,15 @@ pub enum TraceErrorKind {
         /// Bytes the free names.
         freed: usize,
     },
+    /// The log holds more than [`MAX_OPS`] ops.
+    #[error("more than {limit} allocations and frees: split the log", limit = MAX_OPS)]
+    TooManyOps,
+    /// The log names more than [`MAX_STREAMS`] distinct streams.
+    #[error("more than {limit} distinct streams", limit = MAX_STREAMS)]
+    TooManyStreams,
+    /// The host has no memory for the ops read so far.
+    #[error("no host memory left for the {0} ops read so far")]
+    OutOfMemory(usize),
     /// The ops do not form a workload (cannot happen for ops built here; kept for completeness).
     #[error("{0}")]
     Workload(WorkloadError),
@@ -497,10 +517,21 @@ pub fn parse_with(
 
 /// [`parse_with`], with `read_error` saying what a failed read is (a plain read, a gzip stream).
 fn parse_inner(
+    reader: impl BufRead,
+    name: String,
+    on_error: OnError,
+    read_error: fn(io::Error) -> TraceErrorKind,
+) -> Result<Trace, TraceError> {
+    parse_limited(reader, name, on_error, read_error, MAX_OPS)
+}
+
+/// [`parse_inner`] with at most `max_ops` ops (a smaller limit for the tests).
+fn parse_limited(
     mut reader: impl BufRead,
     name: String,
     on_error: OnError,
     read_error: fn(io::Error) -> TraceErrorKind,
+    max_ops: usize,
 ) -> Result<Trace, TraceError> {
     let at = |line, kind| TraceError {
         path: None,
@@ -630,6 +661,9 @@ fn parse_inner(
                 allocations += 1;
                 live_bytes += size;
                 let stream = stream_ids.of(stream);
+                if stream >= MAX_STREAMS {
+                    return Err(fatal(n, TraceErrorKind::TooManyStreams));
+                }
                 (thread, Op::Alloc { id, size, stream })
             }
             Ok(Line::Free {
@@ -661,6 +695,12 @@ fn parse_inner(
                 }
             },
         };
+        if ops.len() == max_ops {
+            return Err(fatal(n, TraceErrorKind::TooManyOps));
+        }
+        if ops.try_reserve(1).is_err() || threads.try_reserve(1).is_err() {
+            return Err(fatal(n, TraceErrorKind::OutOfMemory(ops.len())));
+        }
         ops.push(op);
         threads.push(thread_ids.of(thread));
     }
@@ -688,6 +728,42 @@ fn parse_inner(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_past_the_op_limit_is_an_error_not_an_allocation_failure() {
+        let log = format!(
+            "Action,Pointer,Size\n{}",
+            "allocate,1,256\nfree,1,256\n".repeat(6)
+        );
+        let parse = |max| {
+            parse_limited(
+                log.as_bytes(),
+                "t".into(),
+                OnError::Skip,
+                TraceErrorKind::Read,
+                max,
+            )
+        };
+        assert_eq!(parse(12).unwrap().workload.ops().len(), 12);
+        let e = parse(11).unwrap_err();
+        assert!(matches!(e.kind, TraceErrorKind::TooManyOps), "{e:?}");
+        assert_eq!((e.line, e.skippable), (13, false));
+    }
+
+    #[test]
+    fn a_log_past_the_stream_limit_is_an_error() {
+        let mut log = String::from("Action,Pointer,Size,Stream\n");
+        for i in 0..=MAX_STREAMS {
+            log += &format!("allocate,{},256,{}\nfree,{},256,{}\n", i + 1, i, i + 1, i);
+        }
+        let e = parse(log.as_bytes(), "t").unwrap_err();
+        assert!(matches!(e.kind, TraceErrorKind::TooManyStreams), "{e:?}");
+        assert_eq!(e.line, 2 * MAX_STREAMS + 2);
+        assert!(
+            e.to_string().contains("more than 4096 distinct streams"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn the_header_names_the_columns() {

@@ -277,8 +277,9 @@ impl<U: MemoryResource> Binning<U> {
 
     /// Bins from `config.min` to `config.max` over `upstream`, as [`new`](Self::new) builds
     /// them (the bins take memory when first used), or an
-    /// [`InvalidArgument`](crate::AllocErrorKind::InvalidArgument) error when `min` is above
-    /// `max`, which would leave no bin (the error's size is `min`).
+    /// [`InvalidArgument`](crate::AllocErrorKind::InvalidArgument) error where no bin would be
+    /// left: `min` above `max` (the error's size is `min`), or `max` below 256 bytes, the
+    /// smallest bin (the error's size is `max`).
     pub fn try_new(upstream: U, config: BinningConfig) -> Result<Self, AllocError> {
         if config.min > config.max {
             return Err(AllocError::new(
@@ -288,7 +289,21 @@ impl<U: MemoryResource> Binning<U> {
                 NAME,
             ));
         }
-        Ok(Self::new(upstream, config))
+        let max = config.max;
+        let binning = Self::new(upstream, config);
+        if binning.bins.is_empty() {
+            // A `max` below the smallest bin (256 bytes), whose description (`min=256 B`, the
+            // `max` given) would not build again.
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "Binning's `max` is below its smallest bin (256 bytes): no bin",
+                ),
+                max,
+                GRANULE,
+                NAME,
+            ));
+        }
+        Ok(binning)
     }
 
     /// The block size of each bin, smallest first.
@@ -408,8 +423,9 @@ impl<U: MemoryResource> Binning<U> {
 
     /// A block of bin `i` for `stream` when the calling thread's cache has none: from the bin,
     /// with up to half a cache's worth more for the cache. No cache lock is held while the bin
-    /// calls the upstream: the upstream may run the user's code (a `Retry` callback that frees
-    /// blocks through this resource), which must find its cache free.
+    /// calls the upstream, nor the bin's (`Bin::pop` lets it go): the upstream may run the user's
+    /// code (a `Retry` callback that frees blocks through this resource), which must find both
+    /// free.
     #[cold]
     fn refill(&self, i: usize, size: usize, align: usize, stream: StreamRef) -> Result<usize> {
         let from = Upstream {
@@ -419,8 +435,9 @@ impl<U: MemoryResource> Binning<U> {
         };
         let mut more = Vec::new();
         let addr = {
-            let mut bin = lock(&self.bins[i]);
-            let addr = bin.pop(from, stream, Growth::Double(MAX_GROWTH), size, align)?;
+            let relock = || lock(&self.bins[i]);
+            let growth = Growth::Double(MAX_GROWTH);
+            let (addr, mut bin) = Bin::pop(relock(), relock, from, stream, growth, size, align)?;
             bin.pop_more(stream, self.cache_cap(i) / 2, &mut more);
             addr
         };

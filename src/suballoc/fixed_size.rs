@@ -134,9 +134,12 @@ impl<U: MemoryResource> FixedSize<U> {
         if count == 0 {
             return Ok(());
         }
-        let mut bin = self.lock();
+        let bin = self.lock();
         let block = bin.block();
-        bin.grow(
+        let lock = || self.lock();
+        Bin::grow(
+            bin,
+            lock,
             self.from(),
             count,
             false,
@@ -144,6 +147,7 @@ impl<U: MemoryResource> FixedSize<U> {
             block,
             GRANULE,
         )
+        .map(drop)
     }
 
     /// The size of every block.
@@ -196,7 +200,7 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
-        let mut bin = self.lock();
+        let bin = self.lock();
         if size > bin.block() {
             return Err(AllocError::new(
                 AllocErrorKind::InvalidArgument("request larger than FixedSize's block size"),
@@ -213,7 +217,10 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
                 NAME,
             ));
         }
-        let addr = bin.pop(
+        let lock = || self.lock();
+        let (addr, bin) = Bin::pop(
+            bin,
+            lock,
             self.from(),
             stream,
             Growth::Fixed(self.grow_by),

@@ -4,6 +4,7 @@ use super::usage::{Meter, Usage};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::{Held, IdMap, StreamId, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
+use std::sync::MutexGuard;
 
 /// Block sizes are multiples of this, which is also the alignment every block meets.
 pub(crate) const GRANULE: usize = 256;
@@ -118,55 +119,60 @@ impl Bin {
     /// A free block for work on `stream`: one freed on `stream`, else one freed on another stream
     /// once `stream` is ordered after it, else one from a new chunk that `growth` sizes (fewer
     /// blocks if the upstream is short of memory). `size`/`align`/`name` only label errors.
+    ///
+    /// `bin` is the locked bin and `lock` takes its lock again: a growth lets the lock go around
+    /// the upstream's `allocate`, which may run the caller's code (a
+    /// [`Retry`](crate::adaptor::Retry) callback freeing blocks through the owner). Returns the
+    /// block and the lock.
     #[inline]
-    pub(crate) fn pop<U: MemoryResource>(
-        &mut self,
+    pub(crate) fn pop<'m, U: MemoryResource>(
+        mut bin: MutexGuard<'m, Bin>,
+        lock: impl Fn() -> MutexGuard<'m, Bin>,
         from: Upstream<'_, U>,
         stream: StreamRef,
         growth: Growth,
         size: usize,
         align: usize,
-    ) -> Result<usize, AllocError> {
-        if let Some(list) = self.lists.first_mut() {
-            if self.first == stream.id() {
-                if let Some(addr) = list.blocks.pop() {
-                    return Ok(addr);
-                }
+    ) -> Result<(usize, MutexGuard<'m, Bin>), AllocError> {
+        if bin.first == stream.id() {
+            if let Some(addr) = bin.lists.first_mut().and_then(|l| l.blocks.pop()) {
+                return Ok((addr, bin));
             }
         }
-        self.pop_slow(from, stream, growth, size, align)
+        Self::pop_slow(bin, lock, from, stream, growth, size, align)
     }
 
     #[cold]
-    fn pop_slow<U: MemoryResource>(
-        &mut self,
+    fn pop_slow<'m, U: MemoryResource>(
+        mut bin: MutexGuard<'m, Bin>,
+        lock: impl Fn() -> MutexGuard<'m, Bin>,
         from: Upstream<'_, U>,
         stream: StreamRef,
         growth: Growth,
         size: usize,
         align: usize,
-    ) -> Result<usize, AllocError> {
-        self.make_current(stream);
-        if self.lists[0].blocks.is_empty() {
+    ) -> Result<(usize, MutexGuard<'m, Bin>), AllocError> {
+        bin.make_current(stream);
+        if bin.lists[0].blocks.is_empty() {
             // Every list but the current one holds free blocks.
-            if let Some(other) = self.lists.get(1) {
+            if let Some(other) = bin.lists.get(1) {
                 from.upstream
-                    .order_after(stream, self.streams.get(other.stream))?;
-                let blocks = self.remove_list(1);
-                self.lists[0].blocks.extend(blocks);
+                    .order_after(stream, bin.streams.get(other.stream))?;
+                let blocks = bin.remove_list(1);
+                bin.lists[0].blocks.extend(blocks);
             } else {
                 let count = match growth {
                     Growth::Fixed(n) => n,
-                    Growth::Double(max) => (self.held / self.block).clamp(1, max),
+                    Growth::Double(max) => (bin.held / bin.block).clamp(1, max),
                 };
-                self.grow(from, count, true, stream, size, align)?;
+                bin = Self::grow(bin, lock, from, count, true, stream, size, align)?;
             }
         }
-        let addr = self.lists[0]
+        let addr = bin.lists[0]
             .blocks
             .pop()
             .ok_or(AllocError::out_of_memory(size, align, from.name))?;
-        Ok(addr)
+        Ok((addr, bin))
     }
 
     /// Moves up to `n` more free blocks of `stream` to `out`, when `stream`'s list is the current
@@ -253,22 +259,28 @@ impl Bin {
         list.blocks
     }
 
-    /// Takes a chunk of `count` blocks from the upstream on `stream` and frees them there. With
-    /// `shrink`, an upstream short of memory is asked for half as many, down to one block.
-    pub(crate) fn grow<U: MemoryResource>(
-        &mut self,
+    /// Takes a chunk of `count` blocks from the upstream on `stream` and frees them there, its
+    /// lock let go around the upstream's `allocate` (see [`pop`](Self::pop)); returns the lock,
+    /// held since the blocks went in, with `stream`'s list current. With `shrink`, an upstream
+    /// short of memory is asked for half as many, down to one block.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn grow<'m, U: MemoryResource>(
+        bin: MutexGuard<'m, Bin>,
+        lock: impl Fn() -> MutexGuard<'m, Bin>,
         from: Upstream<'_, U>,
         mut count: usize,
         shrink: bool,
         stream: StreamRef,
         size: usize,
         align: usize,
-    ) -> Result<(), AllocError> {
+    ) -> Result<MutexGuard<'m, Bin>, AllocError> {
         let Upstream {
             upstream,
             meter,
             name,
         } = from;
+        let block = bin.block;
+        drop(bin);
         let too_big = AllocError::new(
             AllocErrorKind::InvalidArgument("block size times block count overflows"),
             size,
@@ -277,44 +289,60 @@ impl Bin {
         );
         // No allocation exceeds isize::MAX bytes: a block larger than that is out of memory for
         // the request, and a chunk no allocation could hold is asked as the largest that fits.
-        let most = (isize::MAX as usize - GRANULE) / self.block;
+        let most = (isize::MAX as usize - GRANULE) / block;
         if most == 0 {
             return Err(AllocError::out_of_memory(size, align, name));
         }
         count = count.min(most);
         loop {
-            let bytes = count.checked_mul(self.block).ok_or(too_big)?;
-            match upstream.allocate(bytes, GRANULE, stream) {
-                Ok(ptr) => {
-                    let addr = ptr.as_ptr() as usize;
-                    self.make_current(stream);
-                    // One address per block: a count the host cannot list is out of memory, and
-                    // the chunk goes straight back (never an abort on a huge preallocation).
-                    if self.lists[0].blocks.try_reserve(count).is_err() {
-                        // SAFETY: the chunk was just allocated with these arguments, unused.
-                        unsafe { upstream.deallocate(ptr, bytes, GRANULE, stream) };
-                        if shrink && count > 1 {
-                            count /= 2;
-                            continue;
-                        }
-                        return Err(AllocError::out_of_memory(bytes, align, name));
-                    }
-                    let held = self.streams.hold(stream);
-                    self.chunks.push(BinChunk {
-                        addr,
-                        size: bytes,
-                        stream: held,
-                    });
-                    self.held += bytes;
-                    meter.grew(bytes);
-                    let list = &mut self.lists[0].blocks;
-                    // Highest address first, so that pops hand out the chunk from its start.
-                    list.extend((0..count).rev().map(|i| addr + i * self.block));
-                    return Ok(());
+            let bytes = count.checked_mul(block).ok_or(too_big)?;
+            let ptr = match upstream.allocate(bytes, GRANULE, stream) {
+                Ok(ptr) => ptr,
+                Err(e) if shrink && e.is_out_of_memory() && count > 1 => {
+                    count /= 2;
+                    continue;
                 }
-                Err(e) if shrink && e.is_out_of_memory() && count > 1 => count /= 2,
                 Err(e) => return Err(e),
+            };
+            let addr = ptr.as_ptr() as usize;
+            // One address per block, listed before the lock is taken again: a count the host
+            // cannot list is out of memory, and the chunk goes straight back (never an abort on a
+            // huge preallocation). Highest address first, so that pops hand out the chunk from
+            // its start.
+            let mut addrs = Vec::new();
+            let mut bin = None;
+            if addrs.try_reserve_exact(count).is_ok() {
+                addrs.extend((0..count).rev().map(|i| addr + i * block));
+                let mut locked = lock();
+                locked.make_current(stream);
+                let list = &mut locked.lists[0].blocks;
+                if list.is_empty() {
+                    *list = addrs;
+                    bin = Some(locked);
+                } else if list.try_reserve(count).is_ok() {
+                    // Blocks freed on `stream` meanwhile.
+                    list.extend(addrs);
+                    bin = Some(locked);
+                }
             }
+            let Some(mut bin) = bin else {
+                // SAFETY: the chunk was just allocated with these arguments, unused.
+                unsafe { upstream.deallocate(ptr, bytes, GRANULE, stream) };
+                if shrink && count > 1 {
+                    count /= 2;
+                    continue;
+                }
+                return Err(AllocError::out_of_memory(bytes, align, name));
+            };
+            let held = bin.streams.hold(stream);
+            bin.chunks.push(BinChunk {
+                addr,
+                size: bytes,
+                stream: held,
+            });
+            bin.held += bytes;
+            meter.grew(bytes);
+            return Ok(bin);
         }
     }
 

@@ -4,6 +4,7 @@
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
+use std::sync::MutexGuard;
 
 /// Every block's size and offset in its chunk is a multiple of this.
 pub(crate) const GRANULE: usize = 256;
@@ -36,6 +37,11 @@ pub(super) trait Chunks {
     fn forget(&mut self, starts: &[usize]);
     /// The streams the bookkeeping names.
     fn streams(&mut self) -> &mut StreamKeeper;
+    /// Bytes being asked of the upstream by [`grow`]s under way, with the lock let go: they
+    /// count against the maximum.
+    fn growing(&mut self) -> &mut usize;
+    /// [`growing`](Self::growing), read.
+    fn growing_bytes(&self) -> usize;
 }
 
 /// The initial reservation: one chunk of `bytes` (rounded up to the granule, at most `max`) on
@@ -176,13 +182,21 @@ pub(super) struct Request<'s> {
 /// workload; an upstream short of memory is asked for half as much, down to the need, as RMM
 /// does. `release` gives the wholly free chunks back and returns the bytes it gave: it is called
 /// when a chunk for the request would pass the maximum, and once when the upstream is out.
-pub(super) fn grow<U: MemoryResource, C: Chunks>(
+///
+/// `st` is the suballocator's locked bookkeeping and `lock` takes that lock again: the lock is
+/// let go around each `upstream.allocate`, which may run code of the caller's (a
+/// [`Retry`](crate::adaptor::Retry) callback that frees blocks of this suballocator or trims
+/// it) that takes it. The bytes asked for count against `max` meanwhile
+/// ([`Chunks::growing`]), so that threads growing at once stay under it together. Returns the
+/// lock, held since the new chunk went in: the caller's `take` finds it.
+pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     upstream: &U,
-    book: &mut C,
+    mut st: MutexGuard<'m, C>,
+    lock: impl Fn() -> MutexGuard<'m, C>,
     max: usize,
     req: Request<'_>,
     mut release: impl FnMut(&mut C) -> usize,
-) -> Result<(), AllocError> {
+) -> Result<MutexGuard<'m, C>, AllocError> {
     let Request {
         need,
         stream,
@@ -197,21 +211,31 @@ pub(super) fn grow<U: MemoryResource, C: Chunks>(
     if need > MAX_CHUNK || need > max {
         return Err(oom);
     }
-    if need > max - book.held() {
+    let taken = |st: &C| st.held() + st.growing_bytes();
+    if need > max.saturating_sub(taken(&st)) {
         // Wholly free chunks too small for this request still count against the maximum: give
         // them back to make room for one that fits.
         released = true;
-        if release(book) == 0 || need > max - book.held() {
+        if release(&mut st) == 0 || need > max.saturating_sub(taken(&st)) {
             return Err(oom);
         }
     }
-    let mut want = growth(book.held(), need, max - book.held());
+    let mut want = growth(taken(&st), need, max.saturating_sub(taken(&st)));
     loop {
-        match upstream.allocate(want, GRANULE, stream) {
+        *st.growing() += want;
+        drop(st);
+        // Should the upstream panic, the claim goes on the way out: the cap stays whole.
+        let claim = OnUnwind(|| *lock().growing() -= want);
+        let got = upstream.allocate(want, GRANULE, stream);
+        std::mem::forget(claim);
+        st = lock();
+        *st.growing() -= want;
+        match got {
             Ok(ptr) => {
-                if book.add(ptr.as_ptr() as usize, want, stream) {
-                    return Ok(());
+                if st.add(ptr.as_ptr() as usize, want, stream) {
+                    return Ok(st);
                 }
+                drop(st);
                 // SAFETY: just allocated from `upstream` with this size, alignment and stream,
                 // and recorded nowhere.
                 unsafe { upstream.deallocate(ptr, want, GRANULE, stream) };
@@ -221,7 +245,7 @@ pub(super) fn grow<U: MemoryResource, C: Chunks>(
             Err(e) if e.is_out_of_memory() && want > need => {
                 want = ((want / 2) & !(GRANULE - 1)).max(need);
             }
-            Err(e) if e.is_out_of_memory() && !released && release(book) > 0 => {
+            Err(e) if e.is_out_of_memory() && !released && release(&mut st) > 0 => {
                 released = true;
                 want = need;
             }
@@ -229,6 +253,21 @@ pub(super) fn grow<U: MemoryResource, C: Chunks>(
             Err(e) if e.is_out_of_memory() => return Err(oom),
             Err(e) => return Err(e),
         }
+        // Others grew or gave back meanwhile: what is still allowed now.
+        if need > max.saturating_sub(taken(&st)) {
+            return Err(oom);
+        }
+        want = want.min(max.saturating_sub(taken(&st)));
+    }
+}
+
+/// Runs its closure when dropped: forgotten on the normal path, it acts only when an upstream
+/// call unwinds, undoing a claim made before it.
+pub(crate) struct OnUnwind<F: FnMut()>(pub(crate) F);
+
+impl<F: FnMut()> Drop for OnUnwind<F> {
+    fn drop(&mut self) {
+        (self.0)()
     }
 }
 

@@ -51,6 +51,8 @@ pub(super) struct State {
     /// The most `pool_size` has been.
     pub(super) peak: usize,
     pub(super) allocated: usize,
+    /// Bytes asked of the upstream by growths under way ([`Chunks::growing`]).
+    growing: usize,
     /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
     pub(super) streams: StreamKeeper,
 }
@@ -234,35 +236,33 @@ impl State {
             if let Some((&chunk, _)) = self.chunks.range(..=addr).next_back() {
                 let (bytes, streams) = census.entry(chunk).or_default();
                 *bytes += f.size;
-                if !streams.contains(&f.stream) {
-                    streams.push(f.stream);
-                }
+                streams.push(f.stream);
             }
+        }
+        // Each stream once, sorted rather than searched as they come: a chunk whose blocks were
+        // freed on many streams costs O(n log n), not O(n × streams).
+        for (_, streams) in census.values_mut() {
+            streams.sort_unstable();
+            streams.dedup();
         }
         census
     }
 
-    /// Forgets the chunks starting at `removed` and the free blocks inside them.
+    /// Forgets the wholly free chunks starting at `removed` and the free blocks inside them,
+    /// which tile each chunk: walked from its start, O(blocks in the chunk).
     fn remove_chunks(&mut self, removed: &[usize]) {
-        let chunks = &self.chunks;
-        let inside = |addr: usize| {
-            chunks
-                .range(..=addr)
-                .next_back()
-                .is_some_and(|(c, _)| removed.contains(c))
-        };
-        let gone: Vec<(usize, Free)> = self
-            .starts
-            .iter()
-            .filter(|&(&a, _)| inside(a))
-            .map(|(&a, &f)| (a, f))
-            .collect();
-        for (addr, f) in gone {
-            self.remove(f.stream, addr, f.size);
-        }
         for &start in removed {
-            if let Some(c) = self.chunks.remove(&start) {
-                self.pool_size -= c.size;
+            let Some(c) = self.chunks.remove(&start) else {
+                continue;
+            };
+            self.pool_size -= c.size;
+            let mut addr = start;
+            while addr < start + c.size {
+                let Some(&f) = self.starts.get(&addr) else {
+                    break;
+                };
+                self.remove(f.stream, addr, f.size);
+                addr += f.size;
             }
         }
     }
@@ -299,5 +299,13 @@ impl Chunks for State {
 
     fn streams(&mut self) -> &mut StreamKeeper {
         &mut self.streams
+    }
+
+    fn growing(&mut self) -> &mut usize {
+        &mut self.growing
+    }
+
+    fn growing_bytes(&self) -> usize {
+        self.growing
     }
 }

@@ -231,7 +231,8 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
                     align,
                     name: NAME,
                 };
-                growth::grow(&self.upstream, &mut *st, self.max, req, |st| {
+                let lock = || self.lock();
+                st = growth::grow(&self.upstream, st, lock, self.max, req, |st| {
                     self.release_locked(st)
                 })?;
                 st.take(stream, block, align)

@@ -144,6 +144,8 @@ pub(crate) struct TlsfIndex {
     pub(crate) peak: usize,
     /// Bytes in allocated blocks.
     pub(crate) allocated: usize,
+    /// Bytes asked of the upstream by growths under way ([`Chunks::growing`]).
+    growing: usize,
     /// A bit per keeper slot (bit 63 for every slot from 63 up) whose list got a block since
     /// [`take_listed`](Self::take_listed): set in [`push`](Self::push), which every path that
     /// puts bytes on a list goes through (a free, a merge, a split's leftover, a new chunk).
@@ -726,11 +728,12 @@ impl TlsfIndex {
             if !b.free {
                 return None;
             }
-            if !streams.contains(&b.stream) {
-                streams.push(b.stream);
-            }
+            streams.push(b.stream);
             i = b.next;
         }
+        // Sorted rather than searched as they come: O(n log n) for blocks freed on many streams.
+        streams.sort_unstable();
+        streams.dedup();
         Some(streams)
     }
 
@@ -792,6 +795,14 @@ impl Chunks for TlsfIndex {
 
     fn streams(&mut self) -> &mut StreamKeeper {
         &mut self.streams
+    }
+
+    fn growing(&mut self) -> &mut usize {
+        &mut self.growing
+    }
+
+    fn growing_bytes(&self) -> usize {
+        self.growing
     }
 }
 

@@ -671,6 +671,17 @@ fn contradictory_fields_are_errors_at_the_later_field() {
     // Equal bounds are fine.
     assert!(config::build::<()>("simulated(capacity=1GiB) > pool(initial=1MiB, max=1MiB)").is_ok());
     assert!(config::build::<()>("simulated(capacity=1GiB) > binning(min=1MiB, max=1MiB)").is_ok());
+    // A `max` below the smallest bin leaves none (and `min` would describe as 256 B, above it).
+    for text in [
+        "simulated(capacity=1GiB) > binning(min=0, max=0)",
+        "simulated(capacity=1GiB) > binning(min=1, max=100)",
+    ] {
+        let e = config::build::<()>(text).unwrap_err().to_string();
+        assert!(
+            e.contains("below its smallest bin (256 bytes)"),
+            "{text}: {e}"
+        );
+    }
 }
 
 #[test]

@@ -19,6 +19,7 @@ mod host_allocator;
 mod misc;
 mod registry;
 mod replay;
+mod retry_reentry;
 // The op files of the side-by-side benchmark with RMM (benches/rmm): its round-trip tests.
 #[path = "../../benches/rmm/ops.rs"]
 mod rmm_ops;

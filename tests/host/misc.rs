@@ -307,3 +307,18 @@ fn simulated_starts_over_once_its_address_space_is_spent_and_nothing_is_live() {
     unsafe { sim.deallocate(a, huge, 256, d) };
     assert_eq!(sim.in_use(), 0);
 }
+
+#[test]
+fn a_device_number_past_i32_is_refused_not_wrapped_to_another_device() {
+    // cudarc takes the ordinal as an i32: 2^32 would open device 0.
+    let invalid =
+        AllocErrorKind::Cuda(mrstack::cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_DEVICE);
+    for ordinal in [1usize << 31, 1 << 32, usize::MAX] {
+        let e = mrstack::cuda_context(ordinal).unwrap_err();
+        assert_eq!(e.kind, invalid, "{e}");
+        let e = Cuda::on_device(ordinal).unwrap_err();
+        assert_eq!(e.kind, invalid, "{e}");
+    }
+    let e = mrstack::config::build::<DeviceAccessible>("cuda(device=4294967296)").unwrap_err();
+    assert!(e.to_string().contains("CUDA_ERROR_INVALID_DEVICE"), "{e}");
+}

@@ -323,3 +323,13 @@ fn a_leaked_block_keeps_its_pages_and_range() {
     // The leaked block's page stays mapped (device work may still use it), the rest went.
     assert_eq!((sim.mapped(), sim.reservations()), (PAGE, 1));
 }
+
+#[test]
+fn a_virtual_memory_over_a_source_of_no_capacity_builds_and_refuses_requests() {
+    // A replay of a log of zero-size requests sizes its simulated source at 0 bytes (helper 33).
+    let sim = Simulated::new(0);
+    let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
+    let e = vm.allocate(256, 256, StreamRef::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!((vm.usage().mapped, sim.mapped()), (0, 0));
+}

@@ -2,8 +2,9 @@
 
 use super::global::{Global, Run};
 use super::tags::Tags;
-use super::{Arena, GRAN, MAX_CHUNKS, NAME};
+use super::{lock, Arena, GRAN, MAX_CHUNKS, NAME};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
+use crate::suballoc::growth::OnUnwind;
 use std::sync::atomic::Ordering;
 
 /// One allocation from the upstream.
@@ -37,26 +38,71 @@ impl<U: MemoryResource> Arena<U> {
     }
 
     /// Takes a new piece of at least `need` bytes from the upstream: all that is left to take if
-    /// the upstream agrees, else halves down to `need`.
-    pub(super) fn grow(&self, g: &mut Global, need: usize) -> Result<(), AllocError> {
-        let remaining = self.max_size - self.taken.load(Ordering::Relaxed);
-        let n = self.nchunks.load(Ordering::Relaxed);
+    /// the upstream agrees, else halves down to `need`. Called with no lock of the arena held:
+    /// the upstream may run the caller's code (a [`Retry`](crate::adaptor::Retry) callback that
+    /// frees blocks through this arena). The bytes asked for count in `taken` meanwhile, so that
+    /// threads growing at once stay under the size together; the global lock is taken to add the
+    /// chunk.
+    pub(super) fn grow(&self, need: usize) -> Result<(), AllocError> {
         let oom = AllocError::out_of_memory(need, GRAN, NAME);
-        if n == MAX_CHUNKS || need > remaining || need == 0 {
+        if need == 0 || self.nchunks.load(Ordering::Relaxed) == MAX_CHUNKS {
             return Err(oom);
         }
-        let mut len = remaining;
+        // Claims what is left of the size (at least `need`), or nothing.
+        let claim = |len: Option<usize>| {
+            self.taken
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |taken| {
+                    let remaining = self.max_size - taken;
+                    let len = len.unwrap_or(remaining);
+                    (need <= len && len <= remaining).then_some(taken + len)
+                })
+                .map(|taken| len.unwrap_or(self.max_size - taken))
+        };
+        let mut len = claim(None).map_err(|_| oom)?;
         loop {
-            match self.take_chunk(len) {
+            // Should the upstream panic, the claim goes on the way out: the size stays whole.
+            let unclaim = OnUnwind(|| {
+                self.taken.fetch_sub(len, Ordering::Relaxed);
+            });
+            let taken = self.take_chunk(len);
+            std::mem::forget(unclaim);
+            match taken {
                 Ok((ptr, align)) => {
-                    self.add_chunk(g, n, ptr, len, align);
-                    return Ok(());
+                    let mut g = lock(&self.global);
+                    let n = self.nchunks.load(Ordering::Relaxed);
+                    if n < MAX_CHUNKS {
+                        self.add_chunk(&mut g, n, ptr, len, align);
+                        return Ok(());
+                    }
+                    drop(g);
+                    // Others filled the chunk table meanwhile: this one goes back.
+                    self.give_chunk_back(ptr, len, align);
+                    self.taken.fetch_sub(len, Ordering::Relaxed);
+                    return Err(oom);
                 }
                 Err(e) if e.is_out_of_memory() && len > need => {
+                    self.taken.fetch_sub(len, Ordering::Relaxed);
                     len = ((len / 2) & !(GRAN - 1)).max(need);
+                    // What is left may have gone to another thread meanwhile.
+                    len = claim(Some(len)).map_err(|_| oom)?;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.taken.fetch_sub(len, Ordering::Relaxed);
+                    return Err(e);
+                }
             }
+        }
+    }
+
+    /// Gives back a chunk just taken with `len` and `align`, that nothing used.
+    fn give_chunk_back(&self, ptr: usize, len: usize, align: usize) {
+        if let Some(ptr) = std::ptr::NonNull::new(std::ptr::with_exposed_provenance_mut(ptr)) {
+            // SAFETY: taken from the upstream by `take_chunk` (on the default stream, synchronized)
+            // with this size and alignment, and recorded nowhere.
+            unsafe {
+                self.upstream
+                    .deallocate(ptr, len, align, crate::stream::StreamRef::DEFAULT)
+            };
         }
     }
 
@@ -85,7 +131,6 @@ impl<U: MemoryResource> Arena<U> {
         };
         let _ = self.chunks[index].set(chunk);
         self.nchunks.store(index + 1, Ordering::Release);
-        self.taken.fetch_add(len, Ordering::Relaxed);
         if end > start {
             g.insert(
                 start,

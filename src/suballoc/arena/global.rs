@@ -217,12 +217,13 @@ impl<U: MemoryResource> Arena<U> {
                 self.flush_spare(&mut g);
                 continue;
             }
-            match self.grow(&mut g, bytes + (align - GRAN)) {
+            // No lock held while the upstream runs (see `grow`).
+            drop(g);
+            match self.grow(bytes + (align - GRAN)) {
                 Ok(()) => continue,
                 Err(e) if !e.is_out_of_memory() => return Err(e),
                 Err(_) => {}
             }
-            drop(g);
             if reclaimed {
                 return Err(AllocError::out_of_memory(bytes, align, NAME));
             }

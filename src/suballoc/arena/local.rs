@@ -193,6 +193,14 @@ impl LocalState {
     }
 }
 
+/// What [`Arena::acquire_superblock`] did.
+enum Acquired {
+    /// Superblocks went to the local arena.
+    Yes,
+    /// The global arena has none to give: it must grow first (with no lock held).
+    Grow,
+}
+
 impl<U: MemoryResource> Arena<U> {
     fn units_per_superblock(&self) -> u32 {
         (self.superblock_size() / GRAN) as u32
@@ -303,40 +311,33 @@ impl<U: MemoryResource> Arena<U> {
     }
 
     /// Moves superblocks (up to [`TAKE`] when the global arena has them whole) from the global
-    /// arena into local arena `id`; `Ok(false)` when there is none to be had.
-    fn acquire_superblock(&self, id: u32, st: &mut LocalState) -> Result<bool, AllocError> {
+    /// arena into local arena `id`; [`Acquired::Grow`] when the global arena has none to give.
+    fn acquire_superblock(&self, id: u32, st: &mut LocalState) -> Result<Acquired, AllocError> {
         let sb = self.superblock_size();
         let mut taken: Vec<Spare> = Vec::with_capacity(TAKE);
         {
             let mut g = lock(&self.global);
-            loop {
-                let from = g.spare.len().saturating_sub(TAKE);
-                taken.extend(g.spare.drain(from..));
-                if g.spare.len() * 4 < g.spare.capacity() {
-                    let len = g.spare.len();
-                    g.spare.shrink_to(len * 2);
-                }
-                if !taken.is_empty() {
-                    break;
-                }
-                if let Some((start, at)) = g.find_window(sb) {
-                    let room = (start + g.runs[&start].len - at) / sb;
-                    let n = room.min(TAKE);
-                    let (run, pieces) = g.carve(start, at, n * sb);
-                    // One copy of the range's tags per superblock and per piece left free.
-                    self.retain(&run.tags, n - 1 + pieces);
-                    taken.extend((0..n).map(|i| Spare {
-                        at: at + i * sb,
-                        chunk: run.chunk,
-                        tags: run.tags,
-                    }));
-                    break;
-                }
-                match self.grow(&mut g, sb) {
-                    Ok(()) => {}
-                    Err(e) if e.is_out_of_memory() => return Ok(false),
-                    Err(e) => return Err(e),
-                }
+            let from = g.spare.len().saturating_sub(TAKE);
+            taken.extend(g.spare.drain(from..));
+            if g.spare.len() * 4 < g.spare.capacity() {
+                let len = g.spare.len();
+                g.spare.shrink_to(len * 2);
+            }
+            if taken.is_empty() {
+                // Growing is the caller's, with no lock held (see `grow`).
+                let Some((start, at)) = g.find_window(sb) else {
+                    return Ok(Acquired::Grow);
+                };
+                let room = (start + g.runs[&start].len - at) / sb;
+                let n = room.min(TAKE);
+                let (run, pieces) = g.carve(start, at, n * sb);
+                // One copy of the range's tags per superblock and per piece left free.
+                self.retain(&run.tags, n - 1 + pieces);
+                taken.extend((0..n).map(|i| Spare {
+                    at: at + i * sb,
+                    chunk: run.chunk,
+                    tags: run.tags,
+                }));
             }
         }
         let mut tags = Tags::NONE;
@@ -369,7 +370,7 @@ impl<U: MemoryResource> Arena<U> {
             self.owners
                 .set(sp.at >> self.sb_shift, Owner { arena: id, slot });
         }
-        Ok(true)
+        Ok(Acquired::Yes)
     }
 
     /// Serves a small request on `stream` from local arena `id`; `Ok(None)` when it finds no
@@ -385,18 +386,30 @@ impl<U: MemoryResource> Arena<U> {
         let units = self.units_per_superblock();
         let mut reclaimed = false;
         loop {
+            let mut grow = false;
             {
                 let mut st = local.lock();
                 let mut found = st.allocate(bytes, align, units);
-                if found.is_none() && self.acquire_superblock(id, &mut st)? {
-                    found = st.allocate(bytes, align, units);
+                if found.is_none() {
+                    match self.acquire_superblock(id, &mut st)? {
+                        Acquired::Yes => found = st.allocate(bytes, align, units),
+                        Acquired::Grow => grow = true,
+                    }
                 }
                 if let Some((addr, slot)) = found {
                     self.order_block(&mut st, addr, slot, bytes, stream)?;
                     return Ok(Some(to_ptr(addr)));
                 }
             }
-            // Our own lock is released: reclaiming takes every arena's lock in turn.
+            // Our own lock is released: the upstream may run code that frees into this arena,
+            // and reclaiming takes every arena's lock in turn.
+            if grow {
+                match self.grow(self.superblock_size()) {
+                    Ok(()) => continue,
+                    Err(e) if !e.is_out_of_memory() => return Err(e),
+                    Err(_) => {}
+                }
+            }
             if reclaimed {
                 return Ok(None);
             }

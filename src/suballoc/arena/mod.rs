@@ -217,8 +217,7 @@ impl<U: MemoryResource> Arena<U> {
     pub fn try_new(upstream: U, config: ArenaConfig) -> Result<Self, AllocError> {
         let arena = Self::new(upstream, config);
         if arena.max_size > 0 {
-            let mut g = lock(&arena.global);
-            arena.grow(&mut g, arena.max_size)?;
+            arena.grow(arena.max_size)?;
         }
         Ok(arena)
     }

@@ -1,0 +1,182 @@
+//! A `Retry` callback may call back into the resource above it, as its docs invite ("free a
+//! cache, trim a pool"): every suballocator lets its lock go around the upstream's `allocate`, so
+//! such a callback neither deadlocks nor finds the suballocator half-updated. Each test runs on a
+//! thread of its own and fails if that thread has not finished within 20 seconds.
+
+use mrstack::adaptor::RetryCallback;
+use mrstack::prelude::*;
+use mrstack::suballoc::{
+    ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, ThreadHeapsConfig, TlsfConfig,
+};
+use std::ptr::NonNull;
+use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+/// What the upstream gives: 8 MiB.
+const LIMIT: usize = 8 << 20;
+
+type Below = Retry<Limiting<Simulated>, RetryCallback>;
+
+/// Blocks the test keeps through the resource above and its callback gives back: addresses
+/// (Simulated's, never dereferenced) and sizes.
+type Cache = Mutex<Vec<(usize, usize)>>;
+
+struct Shared<R> {
+    above: OnceLock<R>,
+    cache: Cache,
+    /// Calls of the callback.
+    calls: Mutex<usize>,
+}
+
+fn block_at(addr: usize) -> NonNull<u8> {
+    NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).unwrap()
+}
+
+/// Builds the resource above `Retry<Limiting<Simulated>>` with `make`, fills it with blocks of
+/// `block` bytes until its upstream is out, then asks for one more: the callback frees every
+/// kept block through the resource and calls `trim` on it. Returns the last request's outcome
+/// and the callback's calls; panics if that takes 20 seconds (a deadlock).
+fn reenter<R>(
+    block: usize,
+    make: impl FnOnce(Below) -> R + Send + 'static,
+    trim: fn(&R),
+) -> (Result<(), AllocError>, usize)
+where
+    R: MemoryResource + Send + Sync + 'static,
+{
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let shared: Arc<Shared<R>> = Arc::new(Shared {
+            above: OnceLock::new(),
+            cache: Mutex::new(Vec::new()),
+            calls: Mutex::new(0),
+        });
+        let weak: Weak<Shared<R>> = Arc::downgrade(&shared);
+        let on_failure: RetryCallback = Box::new(move |_, attempt| {
+            let Some(shared) = weak.upgrade() else {
+                return false;
+            };
+            *shared.calls.lock().unwrap() += 1;
+            if let Some(above) = shared.above.get() {
+                for (p, size) in shared.cache.lock().unwrap().drain(..) {
+                    // SAFETY: allocated from `above` with this size and alignment 256.
+                    unsafe { above.deallocate(block_at(p), size, 256, StreamRef::DEFAULT) };
+                }
+                trim(above);
+            }
+            attempt < 2
+        });
+        let below = Retry::new(Limiting::new(Simulated::new(1 << 30), LIMIT), on_failure);
+        let above = shared.above.get_or_init(|| make(below));
+        // Up to twice the limit: the upstream runs out before.
+        for _ in 0..2 * LIMIT / block {
+            match above.allocate(block, 256, StreamRef::DEFAULT) {
+                Ok(p) => shared
+                    .cache
+                    .lock()
+                    .unwrap()
+                    .push((p.as_ptr() as usize, block)),
+                Err(_) => break,
+            }
+        }
+        let last = above.allocate(block, 256, StreamRef::DEFAULT).map(|p| {
+            // SAFETY: just allocated with this size and alignment.
+            unsafe { above.deallocate(p, block, 256, StreamRef::DEFAULT) }
+        });
+        for (p, size) in shared.cache.lock().unwrap().drain(..) {
+            // SAFETY: as in the callback.
+            unsafe { above.deallocate(block_at(p), size, 256, StreamRef::DEFAULT) };
+        }
+        let calls = *shared.calls.lock().unwrap();
+        let _ = tx.send((last, calls));
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the callback's call into the resource above deadlocked")
+}
+
+#[test]
+fn a_callback_that_frees_into_a_pool_and_trims_it_makes_room() {
+    let (last, calls) = reenter(
+        1 << 20,
+        |below| {
+            Pool::new(
+                below,
+                PoolConfig {
+                    initial: 0,
+                    max: 64 << 20,
+                },
+            )
+        },
+        |pool| {
+            pool.release();
+        },
+    );
+    assert!(calls >= 1, "the upstream never ran out");
+    last.expect("the freed and released chunks serve the request");
+}
+
+#[test]
+fn a_callback_that_frees_into_a_tlsf_and_trims_it_makes_room() {
+    let (last, calls) = reenter(
+        1 << 20,
+        |below| {
+            Tlsf::new(
+                below,
+                TlsfConfig {
+                    initial: 0,
+                    max: 64 << 20,
+                },
+            )
+        },
+        |tlsf| {
+            tlsf.release();
+        },
+    );
+    assert!(calls >= 1, "the upstream never ran out");
+    last.expect("the freed and released chunks serve the request");
+}
+
+#[test]
+fn a_callback_that_frees_into_thread_heaps_and_trims_them_makes_room() {
+    let (last, calls) = reenter(
+        1 << 20,
+        |below| ThreadHeaps::new(below, ThreadHeapsConfig { max: 64 << 20 }),
+        |heaps| {
+            heaps.release();
+        },
+    );
+    assert!(calls >= 1, "the upstream never ran out");
+    last.expect("the freed and released chunks serve the request");
+}
+
+#[test]
+fn a_callback_that_frees_into_a_fixed_size_does_not_deadlock() {
+    let config = FixedSizeConfig {
+        block_size: 1 << 20,
+        blocks_to_preallocate: 1,
+    };
+    let (last, calls) = reenter(1 << 20, move |below| FixedSize::new(below, config), |_| {});
+    assert!(calls >= 1, "the upstream never ran out");
+    // The callback ran in the fill's last request; the blocks it freed serve the next one.
+    last.expect("a block the callback freed serves the request");
+}
+
+#[test]
+fn a_callback_that_frees_into_a_binning_does_not_deadlock() {
+    let config = BinningConfig {
+        min: 256,
+        max: 64 << 10,
+    };
+    let (_, calls) = reenter(64 << 10, move |below| Binning::new(below, config), |_| {});
+    assert!(calls >= 1, "the upstream never ran out");
+}
+
+#[test]
+fn a_callback_that_frees_into_an_arena_does_not_deadlock() {
+    let config = ArenaConfig {
+        size: 64 << 20,
+        superblock: 1 << 20,
+    };
+    let (_, calls) = reenter(128 << 10, move |below| Arena::new(below, config), |_| {});
+    assert!(calls >= 1, "the upstream never ran out");
+}
