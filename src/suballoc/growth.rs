@@ -4,7 +4,8 @@
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
-use std::sync::MutexGuard;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::ThreadId;
 
 /// Every block's size and offset in its chunk is a multiple of this.
 pub(crate) const GRANULE: usize = 256;
@@ -37,11 +38,10 @@ pub(super) trait Chunks {
     fn forget(&mut self, starts: &[usize]);
     /// The streams the bookkeeping names.
     fn streams(&mut self) -> &mut StreamKeeper;
-    /// Bytes being asked of the upstream by [`grow`]s under way, with the lock let go: they
-    /// count against the maximum.
-    fn growing(&mut self) -> &mut usize;
-    /// [`growing`](Self::growing), read.
-    fn growing_bytes(&self) -> usize;
+    /// The [`grow`]s under way, with the lock let go: their bytes count against the maximum.
+    fn in_flight(&self) -> &InFlight;
+    /// [`in_flight`](Self::in_flight), to change.
+    fn in_flight_mut(&mut self) -> &mut InFlight;
 }
 
 /// The initial reservation: one chunk of `bytes` (rounded up to the granule, at most `max`) on
@@ -176,6 +176,70 @@ pub(super) struct Request<'s> {
     pub(super) name: &'static str,
 }
 
+/// Growths under way with their suballocator's lock let go (around the upstream's `allocate`):
+/// their bytes count against the cap, and the threads running them are known, so that a thread
+/// short of room waits for another's growth (its chunk may serve it, or its failure leave room)
+/// while a thread's own call from inside its growth (a [`Retry`](crate::adaptor::Retry) callback
+/// calling back in) never waits, for itself or for others.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    bytes: usize,
+    threads: Vec<ThreadId>,
+}
+
+impl InFlight {
+    /// Bytes being asked for.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The calling thread starts asking for `bytes`.
+    pub(crate) fn begin(&mut self, bytes: usize) {
+        self.bytes += bytes;
+        self.threads.push(std::thread::current().id());
+    }
+
+    /// The calling thread's growth of `bytes` is over.
+    pub(crate) fn end(&mut self, bytes: usize) {
+        self.bytes -= bytes;
+        let me = std::thread::current().id();
+        if let Some(i) = self.threads.iter().position(|&t| t == me) {
+            self.threads.swap_remove(i);
+        }
+    }
+
+    /// True when the calling thread should wait for a growth under way before it gives up: other
+    /// threads grow, and it does not.
+    pub(crate) fn worth_waiting(&self) -> bool {
+        let me = std::thread::current().id();
+        !self.threads.is_empty() && !self.threads.contains(&me)
+    }
+}
+
+/// A suballocator's lock and the condition its growths signal when they end.
+pub(crate) struct Locks<'m, C> {
+    pub(crate) state: &'m Mutex<C>,
+    pub(crate) grown: &'m Condvar,
+}
+
+impl<'m, C> Locks<'m, C> {
+    pub(crate) fn lock(&self) -> MutexGuard<'m, C> {
+        // The callers keep their state consistent across every call that may panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lets `st` go until no growth that [`InFlight::worth_waiting`] names is under way.
+    pub(crate) fn wait(
+        &self,
+        st: MutexGuard<'m, C>,
+        in_flight: impl Fn(&C) -> &InFlight,
+    ) -> MutexGuard<'m, C> {
+        self.grown
+            .wait_while(st, |st| in_flight(st).worth_waiting())
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// Takes a chunk that can hold `req.need` bytes from `upstream` on the request's stream, holding
 /// at most `max` bytes in all: doubling (at least 2 MiB), and near the maximum exactly what is
 /// still allowed, so that a maximum barely above the peak of live bytes still serves the
@@ -183,20 +247,20 @@ pub(super) struct Request<'s> {
 /// does. `release` gives the wholly free chunks back and returns the bytes it gave: it is called
 /// when a chunk for the request would pass the maximum, and once when the upstream is out.
 ///
-/// `st` is the suballocator's locked bookkeeping and `lock` takes that lock again: the lock is
-/// let go around each `upstream.allocate`, which may run code of the caller's (a
-/// [`Retry`](crate::adaptor::Retry) callback that frees blocks of this suballocator or trims
-/// it) that takes it. The bytes asked for count against `max` meanwhile
-/// ([`Chunks::growing`]), so that threads growing at once stay under it together. Returns the
-/// lock, held since the new chunk went in: the caller's `take` finds it.
+/// `st` is the suballocator's locked bookkeeping: the lock is let go around each
+/// `upstream.allocate`, which may run code of the caller's (a [`Retry`](crate::adaptor::Retry)
+/// callback that frees blocks of this suballocator or trims it) that takes it. The bytes asked
+/// for count against `max` meanwhile ([`Chunks::in_flight`]). Returns the lock and whether a
+/// chunk went in (held since: the caller's `take` finds it); `false` when the request found no
+/// room but another thread's growth was under way, which it waited for: the caller looks again.
 pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     upstream: &U,
     mut st: MutexGuard<'m, C>,
-    lock: impl Fn() -> MutexGuard<'m, C>,
+    locks: &Locks<'m, C>,
     max: usize,
     req: Request<'_>,
     mut release: impl FnMut(&mut C) -> usize,
-) -> Result<MutexGuard<'m, C>, AllocError> {
+) -> Result<(MutexGuard<'m, C>, bool), AllocError> {
     let Request {
         need,
         stream,
@@ -211,29 +275,37 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     if need > MAX_CHUNK || need > max {
         return Err(oom);
     }
-    let taken = |st: &C| st.held() + st.growing_bytes();
-    if need > max.saturating_sub(taken(&st)) {
+    let taken = |st: &C| st.held() + st.in_flight().bytes();
+    let room = |st: &C| max.saturating_sub(taken(st));
+    if need > room(&st) {
+        if st.in_flight().worth_waiting() {
+            return Ok((locks.wait(st, C::in_flight), false));
+        }
         // Wholly free chunks too small for this request still count against the maximum: give
         // them back to make room for one that fits.
         released = true;
-        if release(&mut st) == 0 || need > max.saturating_sub(taken(&st)) {
+        if release(&mut st) == 0 || need > room(&st) {
             return Err(oom);
         }
     }
-    let mut want = growth(taken(&st), need, max.saturating_sub(taken(&st)));
+    let mut want = growth(taken(&st), need, room(&st));
     loop {
-        *st.growing() += want;
+        st.in_flight_mut().begin(want);
         drop(st);
+        let end = |st: &mut MutexGuard<'m, C>| {
+            st.in_flight_mut().end(want);
+            locks.grown.notify_all();
+        };
         // Should the upstream panic, the claim goes on the way out: the cap stays whole.
-        let claim = OnUnwind(|| *lock().growing() -= want);
+        let claim = OnUnwind(|| end(&mut locks.lock()));
         let got = upstream.allocate(want, GRANULE, stream);
         std::mem::forget(claim);
-        st = lock();
-        *st.growing() -= want;
+        st = locks.lock();
+        end(&mut st);
         match got {
             Ok(ptr) => {
                 if st.add(ptr.as_ptr() as usize, want, stream) {
-                    return Ok(st);
+                    return Ok((st, true));
                 }
                 drop(st);
                 // SAFETY: just allocated from `upstream` with this size, alignment and stream,
@@ -254,10 +326,13 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
             Err(e) => return Err(e),
         }
         // Others grew or gave back meanwhile: what is still allowed now.
-        if need > max.saturating_sub(taken(&st)) {
+        if need > room(&st) {
+            if st.in_flight().worth_waiting() {
+                return Ok((locks.wait(st, C::in_flight), false));
+            }
             return Err(oom);
         }
-        want = want.min(max.saturating_sub(taken(&st)));
+        want = want.min(room(&st));
     }
 }
 

@@ -10,7 +10,7 @@ use crate::resource::{
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 const NAME: &str = "Pool";
@@ -113,6 +113,8 @@ pub struct Pool<U: MemoryResource> {
     /// pool's description.
     initial: usize,
     state: Mutex<State>,
+    /// Signalled when a growth (with the lock let go) ends.
+    grown: Condvar,
 }
 
 impl<U: MemoryResource> Pool<U> {
@@ -152,6 +154,7 @@ impl<U: MemoryResource> Pool<U> {
                 .unwrap_or(usize::MAX)
                 .min(max),
             state: Mutex::new(State::default()),
+            grown: Condvar::new(),
         }
     }
 
@@ -206,6 +209,13 @@ impl<U: MemoryResource> Pool<U> {
         growth::release(&self.upstream, st)
     }
 
+    fn locks(&self) -> growth::Locks<'_, State> {
+        growth::Locks {
+            state: &self.state,
+            grown: &self.grown,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update of State completes before the next upstream call, which is the only thing
         // that may panic inside the lock (a test upstream catching a broken contract), so the state
@@ -226,29 +236,33 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
             return Ok(p);
         }
         let (align, block, need) = growth::block_of(size, align);
+        let oom = || AllocError::out_of_memory(size, align, NAME);
         let mut st = self.lock();
-        let addr = match st.take(stream, block, align) {
-            Some(addr) => addr,
-            None => {
-                if let Some(other) = st.other_with_fit(stream, need) {
-                    self.upstream.order_after(stream, st.streams.get(other))?;
-                    st.merge(other, stream);
-                } else {
-                    let req = Request {
-                        need,
-                        stream,
-                        size,
-                        align,
-                        name: NAME,
-                    };
-                    let lock = || self.lock();
-                    st = growth::grow(&self.upstream, st, lock, self.max, req, |st| {
-                        self.release_locked(st)
-                    })?;
-                }
-                st.take(stream, block, align)
-                    .ok_or(AllocError::out_of_memory(size, align, NAME))?
+        let addr = loop {
+            if let Some(addr) = st.take(stream, block, align) {
+                break addr;
             }
+            if let Some(other) = st.other_with_fit(stream, need) {
+                self.upstream.order_after(stream, st.streams.get(other))?;
+                st.merge(other, stream);
+                break st.take(stream, block, align).ok_or_else(oom)?;
+            }
+            let req = Request {
+                need,
+                stream,
+                size,
+                align,
+                name: NAME,
+            };
+            let (locked, added) =
+                growth::grow(&self.upstream, st, &self.locks(), self.max, req, |st| {
+                    self.release_locked(st)
+                })?;
+            st = locked;
+            if added {
+                break st.take(stream, block, align).ok_or_else(oom)?;
+            }
+            // It waited for another thread's growth: look again.
         };
         st.allocated += block;
         drop(st);

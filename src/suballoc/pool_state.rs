@@ -51,8 +51,8 @@ pub(super) struct State {
     /// The most `pool_size` has been.
     pub(super) peak: usize,
     pub(super) allocated: usize,
-    /// Bytes asked of the upstream by growths under way ([`Chunks::growing`]).
-    growing: usize,
+    /// Growths under way ([`Chunks::in_flight`]).
+    in_flight: super::growth::InFlight,
     /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
     pub(super) streams: StreamKeeper,
 }
@@ -301,11 +301,11 @@ impl Chunks for State {
         &mut self.streams
     }
 
-    fn growing(&mut self) -> &mut usize {
-        &mut self.growing
+    fn in_flight(&self) -> &super::growth::InFlight {
+        &self.in_flight
     }
 
-    fn growing_bytes(&self) -> usize {
-        self.growing
+    fn in_flight_mut(&mut self) -> &mut super::growth::InFlight {
+        &mut self.in_flight
     }
 }

@@ -10,7 +10,7 @@ use crate::resource::{
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 const NAME: &str = "Tlsf";
@@ -104,6 +104,8 @@ pub struct Tlsf<U: MemoryResource> {
     /// The first reservation asked for, for the description.
     initial: usize,
     state: Mutex<TlsfIndex>,
+    /// Signalled when a growth (with the lock let go) ends.
+    grown: Condvar,
 }
 
 impl<U: MemoryResource> Tlsf<U> {
@@ -141,6 +143,7 @@ impl<U: MemoryResource> Tlsf<U> {
                 .unwrap_or(usize::MAX)
                 .min(max),
             state: Mutex::new(TlsfIndex::address_ordered()),
+            grown: Condvar::new(),
         }
     }
 
@@ -198,6 +201,13 @@ impl<U: MemoryResource> Tlsf<U> {
         self.lock().free(ptr.as_ptr() as usize, stream).is_some()
     }
 
+    fn locks(&self) -> growth::Locks<'_, TlsfIndex> {
+        growth::Locks {
+            state: &self.state,
+            grown: &self.grown,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, TlsfIndex> {
         // Every update of the index completes before the next upstream call, which is the only
         // thing that may panic inside the lock, so the index behind a poisoned lock is consistent.
@@ -217,27 +227,31 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
             return Ok(p);
         }
         let (align, block, need) = growth::block_of(size, align);
+        let oom = || AllocError::out_of_memory(size, align, NAME);
         let mut st = self.lock();
-        let stolen = st.take_or_steal(stream, block, align, |after| {
-            self.upstream.order_after(stream, after)
-        })?;
-        let addr = match stolen {
-            Some(addr) => addr,
-            None => {
-                let req = Request {
-                    need,
-                    stream,
-                    size,
-                    align,
-                    name: NAME,
-                };
-                let lock = || self.lock();
-                st = growth::grow(&self.upstream, st, lock, self.max, req, |st| {
+        let addr = loop {
+            let stolen = st.take_or_steal(stream, block, align, |after| {
+                self.upstream.order_after(stream, after)
+            })?;
+            if let Some(addr) = stolen {
+                break addr;
+            }
+            let req = Request {
+                need,
+                stream,
+                size,
+                align,
+                name: NAME,
+            };
+            let (locked, added) =
+                growth::grow(&self.upstream, st, &self.locks(), self.max, req, |st| {
                     self.release_locked(st)
                 })?;
-                st.take(stream, block, align)
-                    .ok_or(AllocError::out_of_memory(size, align, NAME))?
+            st = locked;
+            if added {
+                break st.take(stream, block, align).ok_or_else(oom)?;
             }
+            // It waited for another thread's growth: look again.
         };
         drop(st);
         NonNull::new(std::ptr::with_exposed_provenance_mut(addr))

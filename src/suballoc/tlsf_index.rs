@@ -144,8 +144,8 @@ pub(crate) struct TlsfIndex {
     pub(crate) peak: usize,
     /// Bytes in allocated blocks.
     pub(crate) allocated: usize,
-    /// Bytes asked of the upstream by growths under way ([`Chunks::growing`]).
-    growing: usize,
+    /// Growths under way ([`Chunks::in_flight`]).
+    in_flight: super::growth::InFlight,
     /// A bit per keeper slot (bit 63 for every slot from 63 up) whose list got a block since
     /// [`take_listed`](Self::take_listed): set in [`push`](Self::push), which every path that
     /// puts bytes on a list goes through (a free, a merge, a split's leftover, a new chunk).
@@ -797,12 +797,12 @@ impl Chunks for TlsfIndex {
         &mut self.streams
     }
 
-    fn growing(&mut self) -> &mut usize {
-        &mut self.growing
+    fn in_flight(&self) -> &super::growth::InFlight {
+        &self.in_flight
     }
 
-    fn growing_bytes(&self) -> usize {
-        self.growing
+    fn in_flight_mut(&mut self) -> &mut super::growth::InFlight {
+        &mut self.in_flight
     }
 }
 

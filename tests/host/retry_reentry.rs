@@ -180,3 +180,92 @@ fn a_callback_that_frees_into_an_arena_does_not_deadlock() {
     let (_, calls) = reenter(128 << 10, move |below| Arena::new(below, config), |_| {});
     assert!(calls >= 1, "the upstream never ran out");
 }
+
+/// An upstream whose `allocate` takes 50 ms, so that threads needing memory at once find
+/// another thread's growth under way (with the suballocator's lock let go).
+struct Slow(Simulated);
+
+// SAFETY: forwards everything to Simulated unchanged, after a sleep.
+unsafe impl MemoryResource for Slow {
+    type Host = <Simulated as MemoryResource>::Host;
+    type Device = <Simulated as MemoryResource>::Device;
+    type Managed = <Simulated as MemoryResource>::Managed;
+    type Alignment = <Simulated as MemoryResource>::Alignment;
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        std::thread::sleep(Duration::from_millis(50));
+        self.0.allocate(size, align, s)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.deallocate(p, size, align, s) }
+    }
+    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
+        self.0.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
+        self.0.order_after(s, a)
+    }
+}
+
+/// `threads` threads each ask `mr` for `block` bytes at once; every one must be served.
+fn all_served_at_once(mr: &(impl MemoryResource + Sync), threads: usize, block: usize) {
+    let barrier = std::sync::Barrier::new(threads);
+    let got: Vec<Result<usize, AllocError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    mr.allocate(block, 256, StreamRef::DEFAULT)
+                        .map(|p| p.as_ptr() as usize)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, g) in got.iter().enumerate() {
+        assert!(g.is_ok(), "thread {i}: {g:?}");
+    }
+    for p in got.into_iter().flatten() {
+        // SAFETY: allocated above with this size.
+        unsafe { mr.deallocate(block_at(p), block, 256, StreamRef::DEFAULT) };
+    }
+}
+
+#[test]
+fn threads_that_need_room_while_another_grows_to_the_cap_wait_for_it() {
+    // Near its cap a growth takes all that is left: the others find no room, and must wait for
+    // that growth (whose chunk serves them) rather than fail.
+    let pool = Pool::new(
+        Slow(Simulated::new(1 << 30)),
+        PoolConfig {
+            initial: 0,
+            max: 4 << 20,
+        },
+    );
+    all_served_at_once(&pool, 4, 1 << 20);
+    let tlsf = Tlsf::new(
+        Slow(Simulated::new(1 << 30)),
+        TlsfConfig {
+            initial: 0,
+            max: 4 << 20,
+        },
+    );
+    all_served_at_once(&tlsf, 4, 1 << 20);
+    let arena = Arena::new(
+        Slow(Simulated::new(1 << 30)),
+        ArenaConfig {
+            size: 16 << 20,
+            superblock: 1 << 20,
+        },
+    );
+    // Small requests (local arenas) and large ones (the global arena) at once.
+    all_served_at_once(&arena, 4, 64 << 10);
+    let arena = Arena::new(
+        Slow(Simulated::new(1 << 30)),
+        ArenaConfig {
+            size: 16 << 20,
+            superblock: 1 << 20,
+        },
+    );
+    all_served_at_once(&arena, 4, 2 << 20);
+}

@@ -2,10 +2,11 @@
 
 use super::global::{Global, Run};
 use super::tags::Tags;
-use super::{lock, Arena, GRAN, MAX_CHUNKS, NAME};
+use super::{Arena, GRAN, MAX_CHUNKS, NAME};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
-use crate::suballoc::growth::OnUnwind;
+use crate::suballoc::growth::{Locks, OnUnwind};
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 
 /// One allocation from the upstream.
 #[derive(Debug)]
@@ -38,37 +39,47 @@ impl<U: MemoryResource> Arena<U> {
     }
 
     /// Takes a new piece of at least `need` bytes from the upstream: all that is left to take if
-    /// the upstream agrees, else halves down to `need`. Called with no lock of the arena held:
-    /// the upstream may run the caller's code (a [`Retry`](crate::adaptor::Retry) callback that
-    /// frees blocks through this arena). The bytes asked for count in `taken` meanwhile, so that
-    /// threads growing at once stay under the size together; the global lock is taken to add the
-    /// chunk.
+    /// the upstream agrees, else halves down to `need`. Called with no lock of the arena held;
+    /// the global lock is let go around the upstream's `allocate`, which may run the caller's
+    /// code (a [`Retry`](crate::adaptor::Retry) callback that frees blocks through this arena),
+    /// the bytes asked for counting against the size meanwhile ([`Global::in_flight`]). `Ok` when
+    /// a chunk went in, or when there was no room but another thread's growth was under way,
+    /// which it waited for: either way the caller looks again.
     pub(super) fn grow(&self, need: usize) -> Result<(), AllocError> {
         let oom = AllocError::out_of_memory(need, GRAN, NAME);
+        let locks = Locks {
+            state: &self.global,
+            grown: &self.grown,
+        };
+        let room =
+            |g: &Global| self.max_size - self.taken.load(Ordering::Relaxed) - g.in_flight.bytes();
+        let mut g = locks.lock();
         if need == 0 || self.nchunks.load(Ordering::Relaxed) == MAX_CHUNKS {
             return Err(oom);
         }
-        // Claims what is left of the size (at least `need`), or nothing.
-        let claim = |len: Option<usize>| {
-            self.taken
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |taken| {
-                    let remaining = self.max_size - taken;
-                    let len = len.unwrap_or(remaining);
-                    (need <= len && len <= remaining).then_some(taken + len)
-                })
-                .map(|taken| len.unwrap_or(self.max_size - taken))
-        };
-        let mut len = claim(None).map_err(|_| oom)?;
+        if need > room(&g) {
+            if g.in_flight.worth_waiting() {
+                drop(locks.wait(g, Global::in_flight));
+                return Ok(());
+            }
+            return Err(oom);
+        }
+        let mut len = room(&g);
         loop {
+            g.in_flight.begin(len);
+            drop(g);
+            let end = |g: &mut MutexGuard<'_, Global>| {
+                g.in_flight.end(len);
+                self.grown.notify_all();
+            };
             // Should the upstream panic, the claim goes on the way out: the size stays whole.
-            let unclaim = OnUnwind(|| {
-                self.taken.fetch_sub(len, Ordering::Relaxed);
-            });
+            let claim = OnUnwind(|| end(&mut locks.lock()));
             let taken = self.take_chunk(len);
-            std::mem::forget(unclaim);
+            std::mem::forget(claim);
+            g = locks.lock();
+            end(&mut g);
             match taken {
                 Ok((ptr, align)) => {
-                    let mut g = lock(&self.global);
                     let n = self.nchunks.load(Ordering::Relaxed);
                     if n < MAX_CHUNKS {
                         self.add_chunk(&mut g, n, ptr, len, align);
@@ -77,20 +88,22 @@ impl<U: MemoryResource> Arena<U> {
                     drop(g);
                     // Others filled the chunk table meanwhile: this one goes back.
                     self.give_chunk_back(ptr, len, align);
-                    self.taken.fetch_sub(len, Ordering::Relaxed);
                     return Err(oom);
                 }
                 Err(e) if e.is_out_of_memory() && len > need => {
-                    self.taken.fetch_sub(len, Ordering::Relaxed);
                     len = ((len / 2) & !(GRAN - 1)).max(need);
-                    // What is left may have gone to another thread meanwhile.
-                    len = claim(Some(len)).map_err(|_| oom)?;
                 }
-                Err(e) => {
-                    self.taken.fetch_sub(len, Ordering::Relaxed);
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
+            // Others grew meanwhile: what is still allowed now.
+            if need > room(&g) {
+                if g.in_flight.worth_waiting() {
+                    drop(locks.wait(g, Global::in_flight));
+                    return Ok(());
+                }
+                return Err(oom);
+            }
+            len = len.min(room(&g));
         }
     }
 
@@ -131,6 +144,7 @@ impl<U: MemoryResource> Arena<U> {
         };
         let _ = self.chunks[index].set(chunk);
         self.nchunks.store(index + 1, Ordering::Release);
+        self.taken.fetch_add(len, Ordering::Relaxed);
         if end > start {
             g.insert(
                 start,

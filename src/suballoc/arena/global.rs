@@ -28,6 +28,8 @@ pub(super) struct Global {
     /// one (a push and a pop instead of merging and carving ranges); merged into `runs` when a
     /// large request finds no room.
     pub(super) spare: Vec<Spare>,
+    /// Growths under way, with this lock let go around the upstream's `allocate`.
+    pub(super) in_flight: crate::suballoc::growth::InFlight,
 }
 
 /// A free superblock-sized window of the global arena.
@@ -39,6 +41,11 @@ pub(super) struct Spare {
 }
 
 impl Global {
+    /// Its growths under way.
+    pub(super) fn in_flight(&self) -> &crate::suballoc::growth::InFlight {
+        &self.in_flight
+    }
+
     /// Free bytes and free ranges, spare superblocks (of `superblock` bytes) included.
     pub(super) fn free(&self, superblock: usize) -> (usize, usize) {
         let runs: usize = self.runs.values().map(|r| r.len).sum();

@@ -163,6 +163,8 @@ pub struct Arena<U: MemoryResource> {
     max_size: usize,
     sb_shift: u32,
     global: Mutex<Global>,
+    /// Signalled when a growth (with `global` let go) ends.
+    grown: std::sync::Condvar,
     taken: AtomicUsize,
     chunks: Box<[OnceLock<Chunk>]>,
     nchunks: AtomicUsize,
@@ -198,6 +200,7 @@ impl<U: MemoryResource> Arena<U> {
             max_size: config.size.min(isize::MAX as usize - MAX_SUPERBLOCK) & !(GRAN - 1),
             sb_shift: superblock.trailing_zeros(),
             global: Mutex::new(Global::default()),
+            grown: std::sync::Condvar::new(),
             taken: AtomicUsize::new(0),
             chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
             nchunks: AtomicUsize::new(0),
