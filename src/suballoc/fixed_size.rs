@@ -51,8 +51,10 @@ layer_by_new!(FixedSizeConfig => FixedSize);
 /// # Cost
 ///
 /// A pop or a push on a vector under a mutex; an upstream call only when the free list runs dry
-/// (and when the resource is dropped). Memory: one address per free block and one record per
-/// chunk; each request is rounded up to the block size.
+/// (and when the resource is dropped). Memory: one address per block freed and not handed out
+/// again, and one record per chunk (the blocks of a fresh chunk are a range until handed out,
+/// so a preallocation of any count costs the host nothing per block); each request is rounded up
+/// to the block size.
 ///
 /// # Streams
 ///

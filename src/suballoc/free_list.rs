@@ -64,7 +64,64 @@ pub(crate) struct Bin {
 #[derive(Debug)]
 struct List {
     stream: Held,
+    /// Blocks freed on the stream, one address each.
     blocks: Vec<usize>,
+    /// Fresh chunks (or what is left of them) not handed out yet, each a range of whole blocks:
+    /// listed as a range, not block by block, so that the host holds O(chunks) for them however
+    /// many blocks a chunk holds (a preallocation of a billion blocks takes no host memory).
+    fresh: Vec<Fresh>,
+}
+
+/// `[next, end)`: blocks of a fresh chunk not handed out yet.
+#[derive(Debug, Clone, Copy)]
+struct Fresh {
+    next: usize,
+    end: usize,
+}
+
+impl List {
+    fn new(stream: Held) -> Self {
+        List {
+            stream,
+            blocks: Vec::new(),
+            fresh: Vec::new(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.blocks.is_empty() && self.fresh.is_empty()
+    }
+
+    /// Free blocks, of `block` bytes.
+    fn len(&self, block: usize) -> usize {
+        self.blocks.len()
+            + self
+                .fresh
+                .iter()
+                .map(|f| (f.end - f.next) / block)
+                .sum::<usize>()
+    }
+
+    /// A free block: the last freed, else the next of a fresh chunk (from its start).
+    #[inline]
+    fn pop(&mut self, block: usize) -> Option<usize> {
+        if let Some(addr) = self.blocks.pop() {
+            return Some(addr);
+        }
+        let fresh = self.fresh.last_mut()?;
+        let addr = fresh.next;
+        fresh.next += block;
+        if fresh.next >= fresh.end {
+            self.fresh.pop();
+        }
+        Some(addr)
+    }
+
+    /// Takes every block of `other`.
+    fn absorb(&mut self, other: List) {
+        self.blocks.extend(other.blocks);
+        self.fresh.extend(other.fresh);
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +153,7 @@ impl Bin {
     /// Free blocks, over all streams.
     pub(crate) fn free_blocks(&self) -> usize {
         // Summed when asked (a report), not counted on every pop and push.
-        self.lists.iter().map(|l| l.blocks.len()).sum()
+        self.lists.iter().map(|l| l.len(self.block)).sum()
     }
 
     /// This bin's part of a [`Usage`] (all but the peak, which the owner's [`Meter`] keeps).
@@ -135,7 +192,8 @@ impl Bin {
         align: usize,
     ) -> Result<(usize, MutexGuard<'m, Bin>), AllocError> {
         if bin.first == stream.id() {
-            if let Some(addr) = bin.lists.first_mut().and_then(|l| l.blocks.pop()) {
+            let block = bin.block;
+            if let Some(addr) = bin.lists.first_mut().and_then(|l| l.pop(block)) {
                 return Ok((addr, bin));
             }
         }
@@ -153,13 +211,13 @@ impl Bin {
         align: usize,
     ) -> Result<(usize, MutexGuard<'m, Bin>), AllocError> {
         bin.make_current(stream);
-        if bin.lists[0].blocks.is_empty() {
+        if bin.lists[0].is_empty() {
             // Every list but the current one holds free blocks.
             if let Some(other) = bin.lists.get(1) {
                 from.upstream
                     .order_after(stream, bin.streams.get(other.stream))?;
-                let blocks = bin.remove_list(1);
-                bin.lists[0].blocks.extend(blocks);
+                let other = bin.remove_list(1);
+                bin.lists[0].absorb(other);
             } else {
                 let count = match growth {
                     Growth::Fixed(n) => n,
@@ -168,9 +226,9 @@ impl Bin {
                 bin = Self::grow(bin, lock, from, count, true, stream, size, align)?;
             }
         }
+        let block = bin.block;
         let addr = bin.lists[0]
-            .blocks
-            .pop()
+            .pop(block)
             .ok_or(AllocError::out_of_memory(size, align, from.name))?;
         Ok((addr, bin))
     }
@@ -184,7 +242,12 @@ impl Bin {
         }
         if let Some(list) = self.lists.first_mut() {
             let at = list.blocks.len().saturating_sub(n);
+            let mut more = list.blocks.len() - at;
             out.extend(list.blocks.drain(at..));
+            while more < n && !list.fresh.is_empty() {
+                out.extend(list.pop(self.block));
+                more += 1;
+            }
         }
     }
 
@@ -216,7 +279,7 @@ impl Bin {
         if !self.lists.is_empty() && self.first == id {
             return;
         }
-        if self.lists.first().is_some_and(|l| l.blocks.is_empty()) {
+        if self.lists.first().is_some_and(List::is_empty) {
             self.remove_list(0);
         }
         match self.index.get(&id) {
@@ -224,10 +287,7 @@ impl Bin {
             None => {
                 let held = self.streams.hold(stream);
                 self.index.insert(id, self.lists.len());
-                self.lists.push(List {
-                    stream: held,
-                    blocks: Vec::new(),
-                });
+                self.lists.push(List::new(held));
                 self.swap(0, self.lists.len() - 1);
             }
         }
@@ -247,16 +307,16 @@ impl Bin {
     }
 
     /// Removes list `i` (moving the last list into its place) and releases its stream; returns
-    /// its blocks, which the caller accounts for. Removing list 0 leaves `first` stale: the
+    /// it, its blocks for the caller to account for. Removing list 0 leaves `first` stale: the
     /// caller makes a list current next.
-    fn remove_list(&mut self, i: usize) -> Vec<usize> {
+    fn remove_list(&mut self, i: usize) -> List {
         let list = self.lists.swap_remove(i);
         self.index.remove(&self.streams.id(list.stream));
         if let Some(moved) = self.lists.get(i) {
             self.index.insert(self.streams.id(moved.stream), i);
         }
         self.streams.release(list.stream);
-        list.blocks
+        list
     }
 
     /// Takes a chunk of `count` blocks from the upstream on `stream` and frees them there, its
@@ -305,35 +365,13 @@ impl Bin {
                 Err(e) => return Err(e),
             };
             let addr = ptr.as_ptr() as usize;
-            // One address per block, listed before the lock is taken again: a count the host
-            // cannot list is out of memory, and the chunk goes straight back (never an abort on a
-            // huge preallocation). Highest address first, so that pops hand out the chunk from
-            // its start.
-            let mut addrs = Vec::new();
-            let mut bin = None;
-            if addrs.try_reserve_exact(count).is_ok() {
-                addrs.extend((0..count).rev().map(|i| addr + i * block));
-                let mut locked = lock();
-                locked.make_current(stream);
-                let list = &mut locked.lists[0].blocks;
-                if list.is_empty() {
-                    *list = addrs;
-                    bin = Some(locked);
-                } else if list.try_reserve(count).is_ok() {
-                    // Blocks freed on `stream` meanwhile.
-                    list.extend(addrs);
-                    bin = Some(locked);
-                }
-            }
-            let Some(mut bin) = bin else {
-                // SAFETY: the chunk was just allocated with these arguments, unused.
-                unsafe { upstream.deallocate(ptr, bytes, GRANULE, stream) };
-                if shrink && count > 1 {
-                    count /= 2;
-                    continue;
-                }
-                return Err(AllocError::out_of_memory(bytes, align, name));
-            };
+            let mut bin = lock();
+            bin.make_current(stream);
+            // A range, not an address per block: handed out from its start.
+            bin.lists[0].fresh.push(Fresh {
+                next: addr,
+                end: addr + bytes,
+            });
             let held = bin.streams.hold(stream);
             bin.chunks.push(BinChunk {
                 addr,
@@ -361,7 +399,7 @@ impl Bin {
         let streams: Vec<Held> = self
             .lists
             .iter()
-            .filter(|l| !l.blocks.is_empty())
+            .filter(|l| !l.is_empty())
             .map(|l| l.stream)
             .collect();
         // Free blocks per chunk, by the chunks' start addresses (chunks never overlap).
@@ -373,10 +411,19 @@ impl Bin {
             .collect();
         starts.sort_unstable();
         let mut free = vec![0usize; self.chunks.len()];
-        for &addr in self.lists.iter().flat_map(|l| l.blocks.iter()) {
+        let mut count = |addr: usize, blocks: usize| {
             let at = starts.partition_point(|&(start, _)| start <= addr);
             if let Some(&(_, i)) = at.checked_sub(1).and_then(|at| starts.get(at)) {
-                free[i] += 1;
+                free[i] += blocks;
+            }
+        };
+        for list in &self.lists {
+            for &addr in &list.blocks {
+                count(addr, 1);
+            }
+            // A fresh range lies in one chunk.
+            for f in &list.fresh {
+                count(f.next, (f.end - f.next) / self.block);
             }
         }
         // The streams stay held (the keeper is dropped with the bin) for the ordering below.
