@@ -230,7 +230,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let name = self.buf.resource().name();
         let bytes = self.buf.bytes();
         src.touched();
-        let (from, read) = src.buf.order_read(&stream);
+        let (from, read) = src.buf.order_read(&stream, super::ReadBy::Crate);
         let (to, written) = self.buf.order_write(&stream);
         // SAFETY: `bytes` bytes of the two vectors' live memory (same length, checked),
         // ordered on `stream` after their earlier uses; the guards record the copy.
@@ -266,7 +266,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
             crate::leaf::park_error(src.stream().context()),
         );
         src.touched();
-        let (from, read) = src.buf.order_read(&stream);
+        let (from, read) = src.buf.order_read(&stream, super::ReadBy::Crate);
         let (to, written) = self.buf.order_write(&stream);
         let copied = crate::leaf::make_current(stream.context())
             .map_err(err())
@@ -299,7 +299,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
         let stream = self.buf.stream();
         let bytes = self.buf.bytes();
         dst.touched_mut();
-        let (from, read) = self.buf.order_read(stream);
+        let (from, read) = self.buf.order_read(stream, super::ReadBy::Crate);
         let (to, written) = dst.buf.order_write(stream);
         // SAFETY: `bytes` bytes of the two vectors' live memory (same length, checked),
         // ordered on `stream` after their earlier uses; the guards record the copy.

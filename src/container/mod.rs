@@ -409,6 +409,7 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     view: &'a V,
     readers: &'a Readers,
     stream: &'a CudaStream,
+    by: ReadBy,
 ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
     // An error someone recorded in a context would make cudarc skip the waits below.
     let _parked = (
@@ -418,13 +419,22 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     let own: &'a CudaStream = view.stream();
     // cudarc's `memcpy_dtod` into another context asks for the pointer on the source's own stream
     // with the destination's context current, then reads on a stream of that context: the next
-    // exclusive use waits for that context's work. Asked first: the waits below bind `own`'s
-    // context. (Where it is not a primary context, no handle of it can be kept: that case stays
-    // open, see the README.)
+    // exclusive use waits for that context's work, where it is a primary one. Asked first: the
+    // waits below bind `own`'s context.
     let on_own = crate::stream::id_of(stream) == crate::stream::id_of(own);
-    let elsewhere = on_own
-        .then(|| primary_context_current_instead_of(own.context()))
-        .flatten();
+    let elsewhere = if on_own && by == ReadBy::Cudarc {
+        match context_current_instead_of(own.context()) {
+            Elsewhere::Primary(ctx) => Some(ctx),
+            // No handle of a context we did not make can be kept until the next exclusive use
+            // (cudarc destroys it with its last `Arc`), and cudarc calls nothing of ours after it
+            // queues the copy: such a read is refused. The null pointer makes the copy fail
+            // (`CUDA_ERROR_INVALID_VALUE`) before anything is queued.
+            Elsewhere::Other => return (0, SyncOnDrop::Record(None)),
+            Elsewhere::Nowhere => None,
+        }
+    } else {
+        None
+    };
     // `stream` waits for the write event (recorded after a write elsewhere, first); cudarc's read
     // event is not recorded (see `Readers`).
     readers.after_last_write(own);
@@ -451,27 +461,53 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     (ptr, SyncOnDrop::sync_stream(stream))
 }
 
-/// The context current on this thread where it is not `own`'s and is its device's primary one;
-/// `None` otherwise.
-fn primary_context_current_instead_of(
-    own: &cudarc::driver::CudaContext,
-) -> Option<Arc<cudarc::driver::CudaContext>> {
-    let current = cudarc::driver::result::ctx::get_current().ok().flatten()?;
-    if current == own.cu_ctx() {
-        return None;
-    }
+/// Who asks [`order_read_of`] for a pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadBy {
+    /// The crate's own code, which queues its copies on the stream it names, in that stream's
+    /// context.
+    Crate,
+    /// cudarc, through `DevicePtr`: its `memcpy_dtod` into another context asks on the source's
+    /// own stream with the destination's context current.
+    Cudarc,
+}
+
+/// Which context is current on this thread, seen from a container of `own`'s.
+enum Elsewhere {
+    /// None, or `own`'s.
+    Nowhere,
+    /// Another device's primary context (or this device's, beside a non-primary `own`).
+    Primary(Arc<cudarc::driver::CudaContext>),
+    /// Another context that is no primary one (or whose kind could not be learned).
+    Other,
+}
+
+/// The context current on this thread where it is not `own`'s.
+fn context_current_instead_of(own: &cudarc::driver::CudaContext) -> Elsewhere {
+    let current = match cudarc::driver::result::ctx::get_current() {
+        Ok(Some(current)) if current != own.cu_ctx() => current,
+        _ => return Elsewhere::Nowhere,
+    };
     let mut device: sys::CUdevice = 0;
     // SAFETY: writes the current context's device into a local.
-    unsafe { sys::cuCtxGetDevice(&mut device) }.result().ok()?;
+    if unsafe { sys::cuCtxGetDevice(&mut device) }
+        .result()
+        .is_err()
+    {
+        return Elsewhere::Other;
+    }
     let count = cudarc::driver::result::device::get_count().unwrap_or(0);
-    let ordinal = (0..count).find(|&o| cudarc::driver::result::device::get(o) == Ok(device))?;
+    let Some(ordinal) = (0..count).find(|&o| cudarc::driver::result::device::get(o) == Ok(device))
+    else {
+        return Elsewhere::Other;
+    };
     let primary = cudarc::driver::CudaContext::new(ordinal as usize);
     // Making the object binds its context to the thread; the caller's goes back. SAFETY: that
     // context is current, so alive, until the caller (cudarc, mid-copy) changes it.
     let restored = unsafe { cudarc::driver::result::ctx::set_current(current) };
     match (primary, restored) {
-        (Ok(primary), Ok(())) if primary.cu_ctx() == current => Some(primary),
-        _ => None,
+        (Ok(primary), Ok(())) if primary.cu_ctx() == current => Elsewhere::Primary(primary),
+        _ => Elsewhere::Other,
     }
 }
 
@@ -600,7 +636,7 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         let bytes = len_bytes::<T>(len, name)?;
         let (ptr, mut slice, events) = allocate_slice::<T, R>(len, &self.resource, &stream)?;
         let filled = {
-            let (from, read) = self.order_read(&stream);
+            let (from, read) = self.order_read(&stream, ReadBy::Crate);
             let (to, written) = slice.device_ptr_mut(&stream);
             let copied = match old {
                 0 => Ok(()),
@@ -741,12 +777,13 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         order_write_of(&mut *self.slice, &self.readers, stream)
     }
 
-    /// Orders a use on `stream` that reads the memory (see [`order_read_of`]).
+    /// Orders a use on `stream` that reads the memory (see [`order_read_of`]), for `by`.
     pub(crate) fn order_read<'a>(
         &'a self,
         stream: &'a CudaStream,
+        by: ReadBy,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        order_read_of(&*self.slice, &self.readers, stream)
+        order_read_of(&*self.slice, &self.readers, stream, by)
     }
 
     /// For a read on the container's own stream that the host waits for at once (`copy_to`): the
@@ -1035,7 +1072,7 @@ macro_rules! cudarc_interop {
                 stream: &'a cudarc::driver::CudaStream,
             ) -> (cudarc::driver::sys::CUdeviceptr, cudarc::driver::SyncOnDrop<'a>) {
                 self.touched();
-                self.$($buf).+.order_read(stream)
+                self.$($buf).+.order_read(stream, $crate::container::ReadBy::Cudarc)
             }
         }
 

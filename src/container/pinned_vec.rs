@@ -268,7 +268,7 @@ where
         self.touched();
         // `stream` waits for the device writes of the memory; the guard records the copy that
         // cudarc queues next as a read, which the next host write and the drop wait for.
-        let (_, read) = self.buf.order_read(stream);
+        let (_, read) = self.buf.order_read(stream, super::ReadBy::Crate);
         (slice, read)
     }
 

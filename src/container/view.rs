@@ -121,13 +121,13 @@ impl<T> DeviceSlice<T> for DeviceViewMut<'_, T> {
 
 impl<T> DevicePtr<T> for DeviceView<'_, T> {
     fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
-        order_read_of(&self.view, self.readers, stream)
+        order_read_of(&self.view, self.readers, stream, super::ReadBy::Cudarc)
     }
 }
 
 impl<T> DevicePtr<T> for DeviceViewMut<'_, T> {
     fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
-        order_read_of(&self.view, self.readers, stream)
+        order_read_of(&self.view, self.readers, stream, super::ReadBy::Cudarc)
     }
 }
 

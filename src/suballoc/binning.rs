@@ -1,6 +1,6 @@
 //! `Binning`: power-of-two bins of fixed-size blocks, larger requests from the upstream.
 
-use super::free_list::{Bin, Growth, Upstream, GRANULE};
+use super::free_list::{BinLock, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
@@ -10,7 +10,6 @@ use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamHandle, StreamRef};
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
 /// The most blocks a bin takes from the upstream at once.
@@ -142,7 +141,7 @@ pub struct Binning<U: MemoryResource> {
     /// The configured `max`, rounded up to a power of two (above `min` when there is no bin):
     /// for the description.
     max: usize,
-    bins: Box<[Mutex<Bin>]>,
+    bins: Box<[BinLock]>,
     /// One per thread slot ([`shard::SLOTS`]), and the shared one.
     caches: Box<[shard::SlotLock<Cache>]>,
     meter: Meter,
@@ -196,9 +195,9 @@ impl<U: MemoryResource> Binning<U> {
         };
         let min = pow2(config.min.max(GRANULE));
         let max = pow2(config.max);
-        let bins: Box<[Mutex<Bin>]> = std::iter::successors(Some(min), |&b| b.checked_mul(2))
+        let bins: Box<[BinLock]> = std::iter::successors(Some(min), |&b| b.checked_mul(2))
             .take_while(|&b| b <= max)
-            .map(|b| Mutex::new(Bin::new(b)))
+            .map(BinLock::new)
             .collect();
         Binning {
             upstream,
@@ -343,7 +342,7 @@ impl<U: MemoryResource> Binning<U> {
             .iter()
             .zip(cached)
             .map(|(b, n)| {
-                let bin = lock(b);
+                let bin = b.lock();
                 let mut u = bin.usage();
                 u.free_blocks += n;
                 u.allocated = u.allocated.saturating_sub(n * bin.block());
@@ -359,7 +358,7 @@ impl<U: MemoryResource> Binning<U> {
     pub fn tracked_streams(&self) -> (usize, usize) {
         self.bins
             .iter()
-            .map(|b| lock(b).tracked())
+            .map(|b| b.lock().tracked())
             .chain(
                 // A cache keeps its stream alive (a list's worth, in each bin's terms).
                 self.caches
@@ -405,7 +404,7 @@ impl<U: MemoryResource> Binning<U> {
         };
         for (bin, blocks) in self.bins.iter().zip(cache.blocks.iter_mut()) {
             if !blocks.is_empty() {
-                lock(bin).push_all(blocks.drain(..), stream.as_ref());
+                bin.lock().push_all(blocks.drain(..), stream.as_ref());
             }
         }
     }
@@ -435,9 +434,8 @@ impl<U: MemoryResource> Binning<U> {
         };
         let mut more = Vec::new();
         let addr = {
-            let relock = || lock(&self.bins[i]);
             let growth = Growth::Double(MAX_GROWTH);
-            let (addr, mut bin) = Bin::pop(relock(), relock, from, stream, growth, size, align)?;
+            let (addr, mut bin) = self.bins[i].pop(from, stream, growth, size, align)?;
             bin.pop_more(stream, self.cache_cap(i) / 2, &mut more);
             addr
         };
@@ -456,12 +454,6 @@ impl<U: MemoryResource> Binning<U> {
             self.empty_cache(&mut cache.lock());
         }
     }
-}
-
-fn lock(bin: &Mutex<Bin>) -> MutexGuard<'_, Bin> {
-    // Bin's updates complete before any upstream call (the only thing that may panic inside the
-    // lock), so the state behind a poisoned lock is consistent.
-    bin.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 // SAFETY: a binned request gets a whole block of its bin (block ≥ size, 256-aligned, distinct, see
@@ -523,7 +515,9 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
                 let cap = self.cache_cap(i);
                 if blocks.len() > cap {
                     // The oldest half goes back: the newest are the likeliest still in cache.
-                    lock(&self.bins[i]).push_all(blocks.drain(..(cap / 2).max(1)), stream);
+                    self.bins[i]
+                        .lock()
+                        .push_all(blocks.drain(..(cap / 2).max(1)), stream);
                 }
             }
             // SAFETY: requests that no bin serves were passed to the upstream with this size and
@@ -580,7 +574,7 @@ impl<U: MemoryResource> Drop for Binning<U> {
         };
         self.empty_caches();
         for bin in self.bins.iter_mut() {
-            let bin = bin.get_mut().unwrap_or_else(PoisonError::into_inner);
+            let bin = bin.get_mut();
             // SAFETY: the resource is being dropped, so it hands out no block any more.
             unsafe { bin.release_all(from) };
         }

@@ -1,6 +1,6 @@
 //! `FixedSize`: blocks of one size, carved from upstream chunks and kept on free lists per stream.
 
-use super::free_list::{Bin, Growth, Upstream, GRANULE};
+use super::free_list::{Bin, BinLock, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
@@ -9,7 +9,7 @@ use crate::resource::{
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::MutexGuard;
 use typenum::U256;
 
 const NAME: &str = "FixedSize";
@@ -97,7 +97,7 @@ pub struct FixedSize<U: MemoryResource> {
     /// The configured `blocks_to_preallocate` (0 included, which `grow_by` counts as 1): for the
     /// description.
     preallocate: usize,
-    bin: Mutex<Bin>,
+    bin: BinLock,
     meter: Meter,
 }
 
@@ -126,7 +126,7 @@ impl<U: MemoryResource> FixedSize<U> {
             upstream,
             grow_by: config.blocks_to_preallocate.max(1),
             preallocate: config.blocks_to_preallocate,
-            bin: Mutex::new(Bin::new(block)),
+            bin: BinLock::new(block),
             meter: Meter::default(),
         };
         (mr, config.blocks_to_preallocate)
@@ -136,20 +136,7 @@ impl<U: MemoryResource> FixedSize<U> {
         if count == 0 {
             return Ok(());
         }
-        let bin = self.lock();
-        let block = bin.block();
-        let lock = || self.lock();
-        Bin::grow(
-            bin,
-            lock,
-            self.from(),
-            count,
-            false,
-            StreamRef::DEFAULT,
-            block,
-            GRANULE,
-        )
-        .map(drop)
+        self.bin.grow(self.from(), count, StreamRef::DEFAULT)
     }
 
     /// The size of every block.
@@ -186,9 +173,7 @@ impl<U: MemoryResource> FixedSize<U> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Bin> {
-        // Bin's updates complete before any upstream call (the only thing that may panic inside
-        // the lock), so the state behind a poisoned lock is consistent.
-        self.bin.lock().unwrap_or_else(PoisonError::into_inner)
+        self.bin.lock()
     }
 }
 
@@ -202,8 +187,7 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
-        let bin = self.lock();
-        if size > bin.block() {
+        if size > self.block_size() {
             return Err(AllocError::new(
                 AllocErrorKind::InvalidArgument("request larger than FixedSize's block size"),
                 size,
@@ -219,10 +203,7 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
                 NAME,
             ));
         }
-        let lock = || self.lock();
-        let (addr, bin) = Bin::pop(
-            bin,
-            lock,
+        let (addr, bin) = self.bin.pop(
             self.from(),
             stream,
             Growth::Fixed(self.grow_by),
@@ -269,7 +250,7 @@ impl<U: MemoryResource> Drop for FixedSize<U> {
             meter: &self.meter,
             name: NAME,
         };
-        let bin = self.bin.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let bin = self.bin.get_mut();
         // SAFETY: the resource is being dropped, so it hands out no block any more.
         unsafe { bin.release_all(from) };
     }

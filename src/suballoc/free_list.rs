@@ -1,10 +1,11 @@
 //! The free lists of one block size, per stream, over chunks of an upstream: what `FixedSize` is and each `Binning` bin is.
 
+use super::growth::{InFlight, Locks, OnUnwind};
 use super::usage::{Meter, Usage};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::{Held, IdMap, StreamId, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
-use std::sync::MutexGuard;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 /// Block sizes are multiples of this, which is also the alignment every block meets.
 pub(crate) const GRANULE: usize = 256;
@@ -57,8 +58,83 @@ pub(crate) struct Bin {
     chunks: Vec<BinChunk>,
     /// Bytes held from the upstream.
     held: usize,
+    /// Growths under way, with the lock let go (see [`Bin::pop`]).
+    in_flight: InFlight,
     /// Keeps alive every stream a `Held` above names (declared last: dropped after them).
     streams: StreamKeeper,
+}
+
+/// A [`Bin`] under its lock, with the condition its growths signal when they end.
+#[derive(Debug)]
+pub(crate) struct BinLock {
+    bin: Mutex<Bin>,
+    grown: Condvar,
+}
+
+impl BinLock {
+    /// An empty bin of `block`-byte blocks.
+    pub(crate) fn new(block: usize) -> Self {
+        BinLock {
+            bin: Mutex::new(Bin::new(block)),
+            grown: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Bin> {
+        // Bin's updates complete before any upstream call (the only thing that may panic while
+        // it is locked), so the state behind a poisoned lock is consistent.
+        self.bin.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The bin, for a drop.
+    pub(crate) fn get_mut(&mut self) -> &mut Bin {
+        self.bin.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn locks(&self) -> Locks<'_, Bin> {
+        Locks {
+            state: &self.bin,
+            grown: &self.grown,
+        }
+    }
+
+    /// A free block for work on `stream` ([`Bin::pop`]), with the bin's lock, held since.
+    #[inline]
+    pub(crate) fn pop<U: MemoryResource>(
+        &self,
+        from: Upstream<'_, U>,
+        stream: StreamRef,
+        growth: Growth,
+        size: usize,
+        align: usize,
+    ) -> Result<(usize, MutexGuard<'_, Bin>), AllocError> {
+        Bin::pop(
+            self.lock(),
+            &self.locks(),
+            from,
+            stream,
+            growth,
+            size,
+            align,
+        )
+    }
+
+    /// Takes a chunk of `count` blocks on `stream` ([`Bin::grow`]), waiting first for another
+    /// thread's growth under way.
+    pub(crate) fn grow<U: MemoryResource>(
+        &self,
+        from: Upstream<'_, U>,
+        count: usize,
+        stream: StreamRef,
+    ) -> Result<(), AllocError> {
+        let locks = self.locks();
+        let mut bin = self.lock();
+        while bin.in_flight.worth_waiting() {
+            bin = locks.wait(bin, |b| &b.in_flight);
+        }
+        let block = bin.block;
+        Bin::grow(bin, &locks, from, count, false, stream, block, GRANULE).map(drop)
+    }
 }
 
 #[derive(Debug)]
@@ -141,6 +217,7 @@ impl Bin {
             first: StreamId::DEFAULT,
             chunks: Vec::new(),
             held: 0,
+            in_flight: InFlight::default(),
             streams: StreamKeeper::default(),
         }
     }
@@ -182,9 +259,9 @@ impl Bin {
     /// [`Retry`](crate::adaptor::Retry) callback freeing blocks through the owner). Returns the
     /// block and the lock.
     #[inline]
-    pub(crate) fn pop<'m, U: MemoryResource>(
+    fn pop<'m, U: MemoryResource>(
         mut bin: MutexGuard<'m, Bin>,
-        lock: impl Fn() -> MutexGuard<'m, Bin>,
+        locks: &Locks<'m, Bin>,
         from: Upstream<'_, U>,
         stream: StreamRef,
         growth: Growth,
@@ -197,34 +274,44 @@ impl Bin {
                 return Ok((addr, bin));
             }
         }
-        Self::pop_slow(bin, lock, from, stream, growth, size, align)
+        Self::pop_slow(bin, locks, from, stream, growth, size, align)
     }
 
     #[cold]
     fn pop_slow<'m, U: MemoryResource>(
         mut bin: MutexGuard<'m, Bin>,
-        lock: impl Fn() -> MutexGuard<'m, Bin>,
+        locks: &Locks<'m, Bin>,
         from: Upstream<'_, U>,
         stream: StreamRef,
         growth: Growth,
         size: usize,
         align: usize,
     ) -> Result<(usize, MutexGuard<'m, Bin>), AllocError> {
-        bin.make_current(stream);
-        if bin.lists[0].is_empty() {
+        loop {
+            bin.make_current(stream);
+            if !bin.lists[0].is_empty() {
+                break;
+            }
             // Every list but the current one holds free blocks.
             if let Some(other) = bin.lists.get(1) {
                 from.upstream
                     .order_after(stream, bin.streams.get(other.stream))?;
                 let other = bin.remove_list(1);
                 bin.lists[0].absorb(other);
-            } else {
-                let count = match growth {
-                    Growth::Fixed(n) => n,
-                    Growth::Double(max) => (bin.held / bin.block).clamp(1, max),
-                };
-                bin = Self::grow(bin, lock, from, count, true, stream, size, align)?;
+                break;
             }
+            // One growth at a time (but a thread's own, from inside its growth): another thread's
+            // chunk may serve this request, as it did when the lock was held around the upstream.
+            if bin.in_flight.worth_waiting() {
+                bin = locks.wait(bin, |b| &b.in_flight);
+                continue;
+            }
+            let count = match growth {
+                Growth::Fixed(n) => n,
+                Growth::Double(max) => (bin.held / bin.block).clamp(1, max),
+            };
+            bin = Self::grow(bin, locks, from, count, true, stream, size, align)?;
+            break;
         }
         let block = bin.block;
         let addr = bin.lists[0]
@@ -320,13 +407,14 @@ impl Bin {
     }
 
     /// Takes a chunk of `count` blocks from the upstream on `stream` and frees them there, its
-    /// lock let go around the upstream's `allocate` (see [`pop`](Self::pop)); returns the lock,
-    /// held since the blocks went in, with `stream`'s list current. With `shrink`, an upstream
-    /// short of memory is asked for half as many, down to one block.
+    /// lock let go around the upstream's `allocate` (see [`pop`](Self::pop)) and the bytes asked
+    /// for in `in_flight` meanwhile; returns the lock, held since the blocks went in, with
+    /// `stream`'s list current. With `shrink`, an upstream short of memory is asked for half as
+    /// many, down to one block.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn grow<'m, U: MemoryResource>(
+    fn grow<'m, U: MemoryResource>(
         bin: MutexGuard<'m, Bin>,
-        lock: impl Fn() -> MutexGuard<'m, Bin>,
+        locks: &Locks<'m, Bin>,
         from: Upstream<'_, U>,
         mut count: usize,
         shrink: bool,
@@ -340,7 +428,7 @@ impl Bin {
             name,
         } = from;
         let block = bin.block;
-        drop(bin);
+        let mut bin = Some(bin);
         let too_big = AllocError::new(
             AllocErrorKind::InvalidArgument("block size times block count overflows"),
             size,
@@ -356,16 +444,30 @@ impl Bin {
         count = count.min(most);
         loop {
             let bytes = count.checked_mul(block).ok_or(too_big)?;
-            let ptr = match upstream.allocate(bytes, GRANULE, stream) {
+            let mut locked = bin.take().unwrap_or_else(|| locks.lock());
+            locked.in_flight.begin(bytes);
+            drop(locked);
+            let end = |b: &mut MutexGuard<'m, Bin>| {
+                b.in_flight.end(bytes);
+                locks.grown.notify_all();
+            };
+            // Should the upstream panic, the claim goes on the way out.
+            let claim = OnUnwind(|| end(&mut locks.lock()));
+            let got = upstream.allocate(bytes, GRANULE, stream);
+            std::mem::forget(claim);
+            let mut locked = locks.lock();
+            end(&mut locked);
+            let ptr = match got {
                 Ok(ptr) => ptr,
                 Err(e) if shrink && e.is_out_of_memory() && count > 1 => {
                     count /= 2;
+                    bin = Some(locked);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             let addr = ptr.as_ptr() as usize;
-            let mut bin = lock();
+            let mut bin = locked;
             bin.make_current(stream);
             // A range, not an address per block: handed out from its start.
             bin.lists[0].fresh.push(Fresh {

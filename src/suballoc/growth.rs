@@ -251,8 +251,8 @@ impl<'m, C> Locks<'m, C> {
 /// `upstream.allocate`, which may run code of the caller's (a [`Retry`](crate::adaptor::Retry)
 /// callback that frees blocks of this suballocator or trims it) that takes it. The bytes asked
 /// for count against `max` meanwhile ([`Chunks::in_flight`]). Returns the lock and whether a
-/// chunk went in (held since: the caller's `take` finds it); `false` when the request found no
-/// room but another thread's growth was under way, which it waited for: the caller looks again.
+/// chunk went in (held since: the caller's `take` finds it); `false` when another thread's growth
+/// was under way, which it waited for (one growth at a time): the caller looks again.
 pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     upstream: &U,
     mut st: MutexGuard<'m, C>,
@@ -275,12 +275,15 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     if need > MAX_CHUNK || need > max {
         return Err(oom);
     }
+    // One growth at a time (but a thread's own, from inside its growth): another thread's chunk
+    // may serve this request, as it did when the lock was held around the upstream, and two
+    // growths at once would each take a chunk (helper 35: sixteen threads, 64 GiB for 64 KiB).
+    if st.in_flight().worth_waiting() {
+        return Ok((locks.wait(st, C::in_flight), false));
+    }
     let taken = |st: &C| st.held() + st.in_flight().bytes();
     let room = |st: &C| max.saturating_sub(taken(st));
     if need > room(&st) {
-        if st.in_flight().worth_waiting() {
-            return Ok((locks.wait(st, C::in_flight), false));
-        }
         // Wholly free chunks too small for this request still count against the maximum: give
         // them back to make room for one that fits.
         released = true;
@@ -288,7 +291,8 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
             return Err(oom);
         }
     }
-    let mut want = growth(taken(&st), need, room(&st));
+    // Doubling what is held (a re-entrant growth's claim counts against the cap, not as held).
+    let mut want = growth(st.held(), need, room(&st));
     loop {
         st.in_flight_mut().begin(want);
         drop(st);
@@ -325,11 +329,8 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
             Err(e) if e.is_out_of_memory() => return Err(oom),
             Err(e) => return Err(e),
         }
-        // Others grew or gave back meanwhile: what is still allowed now.
+        // A release may have given room back meanwhile; re-entrant growths may have taken some.
         if need > room(&st) {
-            if st.in_flight().worth_waiting() {
-                return Ok((locks.wait(st, C::in_flight), false));
-            }
             return Err(oom);
         }
         want = want.min(room(&st));

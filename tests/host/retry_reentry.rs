@@ -269,3 +269,39 @@ fn threads_that_need_room_while_another_grows_to_the_cap_wait_for_it() {
     );
     all_served_at_once(&arena, 4, 2 << 20);
 }
+
+#[test]
+fn growths_at_once_take_one_chunk_and_serve_every_thread() {
+    // Helper 35: with the lock let go, threads growing at once each took a chunk (sixteen
+    // threads: 64 GiB held for 64 KiB), and one whose upstream another's chunk had spent failed
+    // although that chunk had room. One growth at a time, as when the lock was held.
+    let pool = Pool::new(Slow(Simulated::new(2 << 20)), PoolConfig::default());
+    all_served_at_once(&pool, 16, 4096);
+    assert_eq!(pool.usage().held, 2 << 20);
+    let tlsf = Tlsf::new(Slow(Simulated::new(2 << 20)), TlsfConfig::default());
+    all_served_at_once(&tlsf, 16, 4096);
+    assert_eq!(tlsf.usage().held, 2 << 20);
+    let fixed = FixedSize::new(
+        Slow(Simulated::new(4 << 20)),
+        FixedSizeConfig {
+            block_size: 1 << 20,
+            blocks_to_preallocate: 2,
+        },
+    );
+    all_served_at_once(&fixed, 4, 1 << 20);
+    for size in [4096, 2 << 20] {
+        let arena = Arena::new(
+            Slow(Simulated::new(8 << 20)),
+            ArenaConfig {
+                size: 16 << 20,
+                superblock: 1 << 20,
+            },
+        );
+        all_served_at_once(&arena, 2, size);
+        assert_eq!(
+            arena.usage().held,
+            8 << 20,
+            "one chunk, halved to what the upstream has"
+        );
+    }
+}

@@ -43,8 +43,8 @@ impl<U: MemoryResource> Arena<U> {
     /// the global lock is let go around the upstream's `allocate`, which may run the caller's
     /// code (a [`Retry`](crate::adaptor::Retry) callback that frees blocks through this arena),
     /// the bytes asked for counting against the size meanwhile ([`Global::in_flight`]). `Ok` when
-    /// a chunk went in, or when there was no room but another thread's growth was under way,
-    /// which it waited for: either way the caller looks again.
+    /// a chunk went in, or when another thread's growth was under way, which it waited for (one
+    /// growth at a time): either way the caller looks again.
     pub(super) fn grow(&self, need: usize) -> Result<(), AllocError> {
         let oom = AllocError::out_of_memory(need, GRAN, NAME);
         let locks = Locks {
@@ -57,11 +57,13 @@ impl<U: MemoryResource> Arena<U> {
         if need == 0 || self.nchunks.load(Ordering::Relaxed) == MAX_CHUNKS {
             return Err(oom);
         }
+        // One growth at a time (but a thread's own, from inside its growth): another thread's
+        // chunk may serve this request, as it did when the lock was held around the upstream.
+        if g.in_flight.worth_waiting() {
+            drop(locks.wait(g, Global::in_flight));
+            return Ok(());
+        }
         if need > room(&g) {
-            if g.in_flight.worth_waiting() {
-                drop(locks.wait(g, Global::in_flight));
-                return Ok(());
-            }
             return Err(oom);
         }
         let mut len = room(&g);
@@ -95,12 +97,8 @@ impl<U: MemoryResource> Arena<U> {
                 }
                 Err(e) => return Err(e),
             }
-            // Others grew meanwhile: what is still allowed now.
+            // Re-entrant growths may have taken some room meanwhile.
             if need > room(&g) {
-                if g.in_flight.worth_waiting() {
-                    drop(locks.wait(g, Global::in_flight));
-                    return Ok(());
-                }
                 return Err(oom);
             }
             len = len.min(room(&g));
