@@ -166,6 +166,7 @@ pub(crate) fn block_of(size: usize, align: usize) -> (usize, usize, usize) {
 }
 
 /// A request that [`grow`] serves from `upstream`.
+#[derive(Clone, Copy)]
 pub(super) struct Request<'s> {
     /// Bytes the new chunk must hold for the request's block (with its alignment slack).
     pub(super) need: usize,
@@ -178,9 +179,10 @@ pub(super) struct Request<'s> {
 
 /// Growths under way with their suballocator's lock let go (around the upstream's `allocate`):
 /// their bytes count against the cap, and the threads running them are known, so that a thread
-/// short of room waits for another's growth (its chunk may serve it, or its failure leave room)
-/// while a thread's own call from inside its growth (a [`Retry`](crate::adaptor::Retry) callback
-/// calling back in) never waits, for itself or for others.
+/// about to grow waits for another thread's growth (one at a time: that chunk may serve it, as
+/// when the lock was held throughout) while a thread's own call from inside its growth (a
+/// [`Retry`](crate::adaptor::Retry) callback calling back in) never waits, for itself or for
+/// others.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     bytes: usize,
@@ -208,8 +210,8 @@ impl InFlight {
         }
     }
 
-    /// True when the calling thread should wait for a growth under way before it gives up: other
-    /// threads grow, and it does not.
+    /// True when the calling thread should wait for the growths under way before it grows: other
+    /// threads grow, and it does not (a call from inside its own growth never waits).
     pub(crate) fn worth_waiting(&self) -> bool {
         let me = std::thread::current().id();
         !self.threads.is_empty() && !self.threads.contains(&me)

@@ -237,6 +237,13 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
         }
         let (align, block, need) = growth::block_of(size, align);
         let oom = || AllocError::out_of_memory(size, align, NAME);
+        let req = Request {
+            need,
+            stream,
+            size,
+            align,
+            name: NAME,
+        };
         let mut st = self.lock();
         let addr = loop {
             if let Some(addr) = st.take(stream, block, align) {
@@ -247,13 +254,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
                 st.merge(other, stream);
                 break st.take(stream, block, align).ok_or_else(oom)?;
             }
-            let req = Request {
-                need,
-                stream,
-                size,
-                align,
-                name: NAME,
-            };
             let (locked, added) =
                 growth::grow(&self.upstream, st, &self.locks(), self.max, req, |st| {
                     self.release_locked(st)

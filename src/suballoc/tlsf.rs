@@ -228,6 +228,13 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
         }
         let (align, block, need) = growth::block_of(size, align);
         let oom = || AllocError::out_of_memory(size, align, NAME);
+        let req = Request {
+            need,
+            stream,
+            size,
+            align,
+            name: NAME,
+        };
         let mut st = self.lock();
         let addr = loop {
             let stolen = st.take_or_steal(stream, block, align, |after| {
@@ -236,13 +243,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
             if let Some(addr) = stolen {
                 break addr;
             }
-            let req = Request {
-                need,
-                stream,
-                size,
-                align,
-                name: NAME,
-            };
             let (locked, added) =
                 growth::grow(&self.upstream, st, &self.locks(), self.max, req, |st| {
                     self.release_locked(st)
