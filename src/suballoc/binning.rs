@@ -111,6 +111,9 @@ layer_by_new!(BinningConfig => Binning);
 /// Any [`MemoryResource`] that honours a 256-byte alignment request: bins' chunks and large
 /// requests are asked for at least 256-byte alignment, which is what `Binning` guarantees. It gives
 /// the upstream's properties.
+/// Its lock is let go (each bin's) while the upstream allocates a chunk, which may run your code (a
+/// [`Retry`](crate::adaptor::Retry) callback that frees through this resource or trims it); one
+/// growth runs at a time, and a thread that needs to grow meanwhile waits for it.
 ///
 /// # Examples
 ///

@@ -76,6 +76,9 @@ layer_by_new!(FixedSizeConfig => FixedSize);
 /// Any [`MemoryResource`] that honours a 256-byte alignment request. Block sizes are rounded up to
 /// 256 bytes, so every block is 256-byte aligned; a request larger than a block or aligned beyond
 /// 256 bytes is refused with an error. It gives the upstream's properties.
+/// Its lock is let go while the upstream allocates a chunk, which may run your code (a
+/// [`Retry`](crate::adaptor::Retry) callback that frees through this resource or trims it); one
+/// growth runs at a time, and a thread that needs to grow meanwhile waits for it.
 ///
 /// # Examples
 ///

@@ -70,6 +70,9 @@ layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
 ///
 /// Any [`MemoryResource`] that honours a 256-byte alignment request. The heaps give the
 /// upstream's properties and guarantee 256-byte alignment.
+/// A heap's lock and the shared pool's are let go while their upstream allocates a chunk, which
+/// may run your code (a [`Retry`](crate::adaptor::Retry) callback that frees through these heaps
+/// or calls [`release`](Self::release)); one growth of each runs at a time.
 ///
 /// # Examples
 ///

@@ -79,6 +79,9 @@ layer_by_new!(TlsfConfig => Tlsf);
 /// Any [`MemoryResource`] that honours a 256-byte alignment request. The pool gives the
 /// upstream's properties and guarantees 256-byte alignment; larger alignments are honoured by
 /// carving an aligned block out of a larger free one.
+/// Its lock is let go while the upstream allocates a chunk, which may run your code (a
+/// [`Retry`](crate::adaptor::Retry) callback that frees through this resource or trims it); one
+/// growth runs at a time, and a thread that needs to grow meanwhile waits for it.
 ///
 /// # Examples
 ///

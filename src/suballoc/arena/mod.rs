@@ -141,6 +141,9 @@ layer_by_new!(ArenaConfig => Arena);
 /// goes back to the upstream when the arena is dropped, unless a block is still allocated (its
 /// owner leaked with `mem::forget`, device work may still use it): then every byte is leaked. The arena is
 /// `Sync` (one arena for all threads) when `U` is.
+/// Its lock is let go while the upstream allocates a chunk, which may run your code (a
+/// [`Retry`](crate::adaptor::Retry) callback that frees through this resource or trims it); one
+/// growth runs at a time, and a thread that needs to grow meanwhile waits for it.
 ///
 /// # Examples
 ///
