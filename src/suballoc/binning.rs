@@ -576,11 +576,14 @@ impl<U: MemoryResource> Drop for Binning<U> {
             name: NAME,
         };
         self.empty_caches();
+        // A bin whose upstream panics does not keep the other bins' chunks from going back.
+        let mut panicked = super::growth::FirstPanic::default();
         for bin in self.bins.iter_mut() {
             let bin = bin.get_mut();
             // SAFETY: the resource is being dropped, so it hands out no block any more.
-            unsafe { bin.release_all(from) };
+            panicked.catch(|| unsafe { bin.release_all(from) });
         }
+        panicked.resume();
     }
 }
 

@@ -1,6 +1,6 @@
 //! The free lists of one block size, per stream, over chunks of an upstream: what `FixedSize` is and each `Binning` bin is.
 
-use super::growth::{InFlight, Locks, OnUnwind};
+use super::growth::{FirstPanic, InFlight, Locks, OnUnwind};
 use super::usage::{Meter, Usage};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::{Held, IdMap, StreamId, StreamKeeper, StreamRef};
@@ -532,32 +532,44 @@ impl Bin {
         self.lists.clear();
         self.index.clear();
         let chunks = std::mem::take(&mut self.chunks);
+        // An upstream that panics on one chunk still gets the others (a chunk whose ordering
+        // panics is leaked, not given back unordered).
+        let mut panicked = FirstPanic::default();
         for (chunk, free) in chunks.into_iter().zip(free) {
             if free * self.block < chunk.size {
                 continue;
             }
-            for &s in &streams {
-                if s != chunk.stream
-                    && upstream
-                        .order_after(self.streams.get(chunk.stream), self.streams.get(s))
-                        .is_err()
-                {
-                    // No event: wait for the stream instead; a failure here leaves nothing
-                    // better to do than give the memory back.
-                    let _ = upstream.synchronize(self.streams.get(s));
+            panicked.catch(|| {
+                for &s in &streams {
+                    if s != chunk.stream
+                        && upstream
+                            .order_after(self.streams.get(chunk.stream), self.streams.get(s))
+                            .is_err()
+                    {
+                        // No event: wait for the stream instead; a failure here leaves nothing
+                        // better to do than give the memory back.
+                        let _ = upstream.synchronize(self.streams.get(s));
+                    }
                 }
-            }
-            self.held -= chunk.size;
-            meter.shrank(chunk.size);
-            if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(chunk.addr)) {
-                // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE, chunk.stream)`
-                // and was taken out of `chunks`, so it is given back once; every block of it is
-                // free (counted above) and none is handed out again (the caller's promise), and
-                // its stream is ordered after every stream that freed one.
-                unsafe {
-                    upstream.deallocate(ptr, chunk.size, GRANULE, self.streams.get(chunk.stream))
-                };
-            }
+                self.held -= chunk.size;
+                meter.shrank(chunk.size);
+                if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(chunk.addr)) {
+                    // SAFETY: the chunk came from `upstream.allocate(chunk.size, GRANULE,
+                    // chunk.stream)` and was taken out of `chunks`, so it is given back once;
+                    // every block of it is free (counted above) and none is handed out again (the
+                    // caller's promise), and its stream is ordered after every stream that freed
+                    // one.
+                    unsafe {
+                        upstream.deallocate(
+                            ptr,
+                            chunk.size,
+                            GRANULE,
+                            self.streams.get(chunk.stream),
+                        )
+                    };
+                }
+            });
         }
+        panicked.resume();
     }
 }

@@ -113,7 +113,7 @@ pub(super) fn release<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut C) 
 pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut C) {
     let free = book.free_chunks();
     let streams = book.streams();
-    let mut panicked = None;
+    let mut panicked = FirstPanic::default();
     for c in &free {
         for &s in c.freed_on.iter().filter(|&&s| s != c.stream) {
             if upstream
@@ -127,19 +127,36 @@ pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut
         }
         // An upstream that panics on one chunk still gets the others; its first panic goes on
         // after them (unless this drop runs while unwinding, where a second panic would abort).
-        let gave = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        panicked.catch(|| {
             // SAFETY: the chunk came from the upstream with this size on this stream, and the
             // suballocator, being dropped, hands out none of it any more; each chunk is visited
             // once, ordered after every stream that freed a block inside it.
             unsafe { give_back(upstream, c, streams) };
-        }));
-        if let Err(payload) = gave {
-            panicked.get_or_insert(payload);
+        });
+    }
+    panicked.resume();
+}
+
+/// For a drop that gives several things back to an upstream that may panic: each is given back
+/// whatever the others do, and the first panic goes on after them all (unless the drop runs while
+/// unwinding, where a second panic would abort).
+#[derive(Default)]
+pub(crate) struct FirstPanic(Option<Box<dyn std::any::Any + Send>>);
+
+impl FirstPanic {
+    /// Runs `f`, keeping its panic if it is the first.
+    pub(crate) fn catch(&mut self, f: impl FnOnce()) {
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            self.0.get_or_insert(payload);
         }
     }
-    if let Some(payload) = panicked {
-        if !std::thread::panicking() {
-            std::panic::resume_unwind(payload);
+
+    /// Goes on with the first panic caught, if any.
+    pub(crate) fn resume(self) {
+        if let Some(payload) = self.0 {
+            if !std::thread::panicking() {
+                std::panic::resume_unwind(payload);
+            }
         }
     }
 }

@@ -1209,6 +1209,57 @@ fn a_panicking_upstream_free_loses_no_other_chunk() {
 }
 
 #[test]
+fn a_panicking_upstream_free_at_drop_loses_no_other_chunk_of_a_bin() {
+    // Helper 36: FixedSize's and Binning's drops gave their chunks back with no catch, so a panic
+    // on one lost the rest (and every later bin's) for good.
+    let d = StreamRef::DEFAULT;
+    let up = PanicsOnce::new();
+    let fixed = FixedSize::new(
+        &up,
+        FixedSizeConfig {
+            block_size: 4096,
+            blocks_to_preallocate: 1,
+        },
+    );
+    // Three chunks of one block each, all free again.
+    let blocks: Vec<_> = (0..3)
+        .map(|_| fixed.allocate(4096, 256, d).unwrap())
+        .collect();
+    for p in blocks {
+        // SAFETY: live with this size.
+        unsafe { fixed.deallocate(p, 4096, 256, d) };
+    }
+    let up2 = PanicsOnce::new();
+    let binning = Binning::new(
+        &up2,
+        BinningConfig {
+            min: 256,
+            max: 1024,
+        },
+    );
+    // One chunk per bin, all free again.
+    let blocks: Vec<_> = [256, 512, 1024]
+        .map(|n| (binning.allocate(n, 256, d).unwrap(), n))
+        .to_vec();
+    for (p, n) in blocks {
+        // SAFETY: live with this size.
+        unsafe { binning.deallocate(p, n, 256, d) };
+    }
+    for (up, drop_it) in [
+        (&up, Box::new(move || drop(fixed)) as Box<dyn FnOnce()>),
+        (&up2, Box::new(move || drop(binning))),
+    ] {
+        assert_eq!(up.inner.record().live(), 3);
+        up.on_deallocate
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_it));
+        assert!(r.is_err(), "the upstream's panic comes through");
+        // The chunk whose free panicked is the upstream's own to lose; none other is live.
+        assert_eq!(up.inner.record().live(), 1);
+    }
+}
+
+#[test]
 fn a_request_above_the_cap_gives_nothing_back() {
     // Review 27: a request no chunk under the cap could hold made every heap and the shared
     // pool give their free chunks to the upstream (cuMemFree of everything, on a GPU).
