@@ -315,9 +315,8 @@ impl<U: MemoryResource> Binning<U> {
             .collect()
     }
 
-    /// What the bins hold, over all bins (requests passed to the upstream are not counted).
-    /// Each bin is read under its own lock, so under concurrent use the sum is of moments a few
-    /// nanoseconds apart.
+    /// What the bins hold, over all bins (requests passed to the upstream are not counted), read
+    /// at one instant (see [`bin_usage`](Self::bin_usage)).
     pub fn usage(&self) -> Usage {
         let mut total = Usage {
             peak_held: self.meter.peak(),
@@ -334,24 +333,30 @@ impl<U: MemoryResource> Binning<U> {
 
     /// What each bin holds, smallest bin first (`peak_held` is 0 there: the peak is the whole
     /// resource's, in [`usage`](Self::usage)). Blocks waiting in threads' caches count as free.
+    /// Read at one instant: every cache is locked (blocks move between a cache and a bin only
+    /// under both locks) while the bins are read.
     pub fn bin_usage(&self) -> Vec<Usage> {
+        let caches: Vec<_> = self.caches.iter().map(|c| c.lock()).collect();
         let mut cached = vec![0usize; self.bins.len()];
-        for cache in self.caches.iter() {
-            for (n, blocks) in cached.iter_mut().zip(&cache.lock().blocks) {
+        for cache in &caches {
+            for (n, blocks) in cached.iter_mut().zip(&cache.blocks) {
                 *n += blocks.len();
             }
         }
-        self.bins
+        let usage = self
+            .bins
             .iter()
             .zip(cached)
             .map(|(b, n)| {
                 let bin = b.lock();
                 let mut u = bin.usage();
                 u.free_blocks += n;
-                u.allocated = u.allocated.saturating_sub(n * bin.block());
+                u.allocated -= n * bin.block();
                 u
             })
-            .collect()
+            .collect();
+        drop(caches);
+        usage
     }
 
     /// The per-stream free lists and the streams kept alive, summed over the bins (each bin
@@ -427,7 +432,8 @@ impl<U: MemoryResource> Binning<U> {
     /// with up to half a cache's worth more for the cache. No cache lock is held while the bin
     /// calls the upstream, nor the bin's (`Bin::pop` lets it go): the upstream may run the user's
     /// code (a `Retry` callback that frees blocks through this resource), which must find both
-    /// free.
+    /// free. The refill moves blocks from the bin to the cache under both locks, so that
+    /// [`bin_usage`](Self::bin_usage) never finds them in neither or in both.
     #[cold]
     fn refill(&self, i: usize, size: usize, align: usize, stream: StreamRef) -> Result<usize> {
         let from = Upstream {
@@ -435,18 +441,15 @@ impl<U: MemoryResource> Binning<U> {
             meter: &self.meter,
             name: NAME,
         };
-        let mut more = Vec::new();
-        let addr = {
-            let growth = Growth::Double(MAX_GROWTH);
-            let (addr, mut bin) = self.bins[i].pop(from, stream, growth, size, align)?;
-            bin.pop_more(stream, self.cache_cap(i) / 2, &mut more);
-            addr
-        };
-        if !more.is_empty() {
-            let mut cache = self.cache();
-            self.switch_cache(&mut cache, stream);
-            cache.blocks[i].extend(more);
-        }
+        let growth = Growth::Double(MAX_GROWTH);
+        let (addr, bin) = self.bins[i].pop(from, stream, growth, size, align)?;
+        drop(bin);
+        let mut cache = self.cache();
+        self.switch_cache(&mut cache, stream);
+        // (Nothing, if another stream's use made its list the bin's current one meanwhile.)
+        self.bins[i]
+            .lock()
+            .pop_more(stream, self.cache_cap(i) / 2, &mut cache.blocks[i]);
         Ok(addr)
     }
 

@@ -1699,6 +1699,56 @@ fn fixed_size_preallocates_any_count_without_listing_each_block() {
     assert_eq!(sim.in_use(), 0, "the whole chunk went back");
 }
 
+#[test]
+fn binning_usage_is_read_at_one_instant_under_threads() {
+    // Helper 36: the caches were counted before the bins were locked, so a block moving between
+    // a thread's cache and its bin meanwhile was counted twice (or not at all).
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sim = Simulated::new(1 << 30);
+    let mr = Binning::new(&sim, BinningConfig { min: 256, max: 256 });
+    let stop = AtomicBool::new(false);
+    let mut bad = Vec::new();
+    std::thread::scope(|sc| {
+        for t in 0..2u64 {
+            let (mr, stop) = (&mr, &stop);
+            sc.spawn(move || {
+                let mut x = t * 2 + 1;
+                let mut mine = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if mine.len() < 200 && (mine.is_empty() || x % 2 == 0) {
+                        mine.push(mr.allocate(256, 256, StreamRef::DEFAULT).unwrap());
+                    } else {
+                        let p = mine.swap_remove((x as usize / 2) % mine.len());
+                        // SAFETY: live, with this size.
+                        unsafe { mr.deallocate(p, 256, 256, StreamRef::DEFAULT) };
+                    }
+                }
+                for p in mine {
+                    // SAFETY: live, with this size.
+                    unsafe { mr.deallocate(p, 256, 256, StreamRef::DEFAULT) };
+                }
+            });
+        }
+        for _ in 0..50_000 {
+            let u = mr.bin_usage()[0];
+            if u.held != u.allocated + u.free_blocks * 256 {
+                bad.push(u);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        bad.is_empty(),
+        "{} torn readings, first {:?}",
+        bad.len(),
+        bad.first()
+    );
+    assert_eq!(mr.usage().allocated, 0);
+}
+
 /// Free blocks in each bin of `mr`, smallest bin first.
 fn free_per_bin<U: MemoryResource>(mr: &Binning<U>) -> Vec<usize> {
     mr.bin_usage().iter().map(|u| u.free_blocks).collect()
