@@ -396,8 +396,14 @@ impl Numbering {
 }
 
 /// Reads the next line into `bytes` (cleared first), at most [`MAX_LINE`] bytes of it: `Ok(None)`
-/// at the end, `Ok(Some(false))` for a line that was longer (the rest of it is read and dropped).
-fn read_line(reader: &mut impl BufRead, bytes: &mut Vec<u8>) -> io::Result<Option<bool>> {
+/// at the end, `Ok(Some(false))` for a line that was longer (with `drain`, the rest of it is read
+/// and dropped, for a caller that goes on; without, it is left: the caller stops there, and a line
+/// of gigabytes is not decompressed to the end first).
+fn read_line(
+    reader: &mut impl BufRead,
+    bytes: &mut Vec<u8>,
+    drain: bool,
+) -> io::Result<Option<bool>> {
     bytes.clear();
     let limit = u64::try_from(MAX_LINE).unwrap_or(u64::MAX);
     let read = reader.by_ref().take(limit + 1).read_until(b'\n', bytes)?;
@@ -406,6 +412,10 @@ fn read_line(reader: &mut impl BufRead, bytes: &mut Vec<u8>) -> io::Result<Optio
     }
     if bytes.len() <= MAX_LINE || bytes.ends_with(b"\n") {
         return Ok(Some(true));
+    }
+    bytes.clear();
+    if !drain {
+        return Ok(Some(false));
     }
     // Too long: drop the rest of the line without keeping it.
     loop {
@@ -424,7 +434,6 @@ fn read_line(reader: &mut impl BufRead, bytes: &mut Vec<u8>) -> io::Result<Optio
             }
         }
     }
-    bytes.clear();
     Ok(Some(false))
 }
 
@@ -553,7 +562,8 @@ fn parse_limited(
         |n: &mut usize| -> Result<Option<Result<String, TraceErrorKind>>, TraceError> {
             loop {
                 *n += 1;
-                let read = read_line(&mut reader, &mut bytes).map_err(|e| at(*n, read_error(e)))?;
+                let read = read_line(&mut reader, &mut bytes, on_error == OnError::Skip)
+                    .map_err(|e| at(*n, read_error(e)))?;
                 match read {
                     None => return Ok(None),
                     Some(false) => return Ok(Some(Err(TraceErrorKind::LineTooLong))),
@@ -763,6 +773,16 @@ mod tests {
             e.to_string().contains("more than 4096 distinct streams"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn stop_mode_stops_at_a_long_line_without_reading_it_to_its_end() {
+        // Helper 33: 10 GB of zeros on one line was decompressed to its end before the error.
+        // Here the line never ends: reading it to its end would never return.
+        let endless = "Action,Pointer,Size\n".as_bytes().chain(io::repeat(b'x'));
+        let e = parse(io::BufReader::new(endless), "t").unwrap_err();
+        assert!(matches!(e.kind, TraceErrorKind::LineTooLong), "{e:?}");
+        assert_eq!(e.line, 2);
     }
 
     #[test]
