@@ -420,21 +420,14 @@ pub(crate) fn order_read_of<'a, T, V: DevicePtr<T>>(
     // cudarc's `memcpy_dtod` into another context asks for the pointer on the source's own stream
     // with the destination's context current, then reads on a stream of that context: the next
     // exclusive use waits for that context's work, where it is a primary one. Asked first: the
-    // waits below bind `own`'s context.
+    // waits below bind `own`'s context. (Where it is not a primary context, no handle of it can
+    // be kept: that case stays open, see the README. A null pointer would refuse that copy, but
+    // cudarc's library wrappers (NCCL, cuFFT, cuBLAS) ask the same way, on the container's own
+    // stream with whatever context the caller left current, and would launch with it.)
     let on_own = crate::stream::id_of(stream) == crate::stream::id_of(own);
-    let elsewhere = if on_own && by == ReadBy::Cudarc {
-        match context_current_instead_of(own.context()) {
-            Elsewhere::Primary(ctx) => Some(ctx),
-            // No handle of a context we did not make can be kept until the next exclusive use
-            // (cudarc destroys it with its last `Arc`), and cudarc calls nothing of ours after it
-            // queues the copy: such a read is refused. The null pointer makes the copy fail
-            // (`CUDA_ERROR_INVALID_VALUE`) before anything is queued.
-            Elsewhere::Other => return (0, SyncOnDrop::Record(None)),
-            Elsewhere::Nowhere => None,
-        }
-    } else {
-        None
-    };
+    let elsewhere = (on_own && by == ReadBy::Cudarc)
+        .then(|| primary_context_current_instead_of(own.context()))
+        .flatten();
     // `stream` waits for the write event (recorded after a write elsewhere, first); cudarc's read
     // event is not recorded (see `Readers`).
     readers.after_last_write(own);
@@ -472,43 +465,37 @@ pub(crate) enum ReadBy {
     Cudarc,
 }
 
-/// Which context is current on this thread, seen from a container of `own`'s.
-enum Elsewhere {
-    /// None, or `own`'s.
-    Nowhere,
-    /// Another device's primary context (or this device's, beside a non-primary `own`).
-    Primary(Arc<cudarc::driver::CudaContext>),
-    /// Another context that is no primary one (or whose kind could not be learned).
-    Other,
-}
-
-/// The context current on this thread where it is not `own`'s.
-fn context_current_instead_of(own: &cudarc::driver::CudaContext) -> Elsewhere {
-    let current = match cudarc::driver::result::ctx::get_current() {
-        Ok(Some(current)) if current != own.cu_ctx() => current,
-        _ => return Elsewhere::Nowhere,
-    };
+/// The context current on this thread where it is not `own`'s and is its device's primary one;
+/// `None` otherwise. The thread's current context is the same after.
+fn primary_context_current_instead_of(
+    own: &cudarc::driver::CudaContext,
+) -> Option<Arc<cudarc::driver::CudaContext>> {
+    let current = cudarc::driver::result::ctx::get_current().ok().flatten()?;
+    if current == own.cu_ctx() {
+        return None;
+    }
     let mut device: sys::CUdevice = 0;
     // SAFETY: writes the current context's device into a local.
-    if unsafe { sys::cuCtxGetDevice(&mut device) }
+    unsafe { sys::cuCtxGetDevice(&mut device) }.result().ok()?;
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: writes the primary context's state into locals. An inactive primary context cannot
+    // be the current one: no need to make (and destroy) it to compare.
+    unsafe { sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }
         .result()
-        .is_err()
-    {
-        return Elsewhere::Other;
+        .ok()?;
+    if active == 0 {
+        return None;
     }
     let count = cudarc::driver::result::device::get_count().unwrap_or(0);
-    let Some(ordinal) = (0..count).find(|&o| cudarc::driver::result::device::get(o) == Ok(device))
-    else {
-        return Elsewhere::Other;
-    };
-    let primary = cudarc::driver::CudaContext::new(ordinal as usize);
-    // Making the object binds its context to the thread; the caller's goes back. SAFETY: that
-    // context is current, so alive, until the caller (cudarc, mid-copy) changes it.
+    let ordinal = (0..count).find(|&o| cudarc::driver::result::device::get(o) == Ok(device))?;
+    let primary = cudarc::driver::CudaContext::new(ordinal as usize)
+        .ok()
+        .filter(|p| p.cu_ctx() == current);
+    // Making the object bound its context to the thread, and dropping it (not the current one)
+    // binds it again: the caller's goes back after. SAFETY: that context is current, so alive,
+    // until the caller (cudarc, mid-copy) changes it.
     let restored = unsafe { cudarc::driver::result::ctx::set_current(current) };
-    match (primary, restored) {
-        (Ok(primary), Ok(())) if primary.cu_ctx() == current => Elsewhere::Primary(primary),
-        _ => Elsewhere::Other,
-    }
+    primary.filter(|_| restored.is_ok())
 }
 
 /// Orders a write of `view` on `stream` and returns the guard that records it: the container's

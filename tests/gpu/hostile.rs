@@ -780,36 +780,15 @@ fn a_copy_into_a_primary_context_comes_before_the_blocks_next_owner() {
     a_copy_into_context_to_comes_before_the_blocks_next_owner(&own, &ctx, 127);
 }
 
-/// The same copy into a non-primary context: the read is on a stream of that context, of which
-/// no handle can be kept until the vector's next exclusive use (cudarc destroys it with its last
-/// `Arc`). The container refuses it: the copy fails before anything is queued, the destination
-/// keeps its values, and both contexts go on working.
+/// OPEN, not fixed: the same copy into a non-primary context. The read is on a stream of that
+/// context, of which no handle can be kept (no `Arc` of it is at hand, and a raw one may be
+/// destroyed before the next exclusive use): the vector's drop does not wait for the copy. (A
+/// null pointer would refuse it, but cudarc's library wrappers ask for pointers the same way and
+/// would launch kernels with it.) Run with `--ignored` to see it.
 #[test]
-fn a_copy_into_a_non_primary_context_is_refused_not_left_unordered() {
+#[ignore = "open hole: a read by cudarc's memcpy_dtod into a non-primary context is recorded nowhere"]
+fn a_copy_into_another_context_comes_before_the_blocks_next_owner() {
     let Some(ctx) = gpu() else { return };
     let other = CudaContext::new_non_primary(0, 0).unwrap();
-    let (s, t) = (ctx.new_stream().unwrap(), other.new_stream().unwrap());
-    let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
-    let n = 1 << 16;
-    let v = DeviceVec::from_slice(&expected_fill(n, 113), &pool, &s).unwrap();
-    let mut w = t.clone_htod(&vec![7u32; n]).unwrap();
-    let e = t.memcpy_dtod(&v, &mut w).unwrap_err();
-    assert_eq!(
-        e.0,
-        cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE,
-        "{e:?}"
-    );
-    // Nothing was queued: the destination is as it was, and both contexts work.
-    assert!(t.clone_dtoh(&w).unwrap() == vec![7u32; n], "the copy wrote");
-    let again = t.clone_htod(&expected_fill(n, 5)).unwrap();
-    t.memcpy_dtod(&again, &mut w).unwrap();
-    t.synchronize().unwrap();
-    assert!(t.clone_dtoh(&w).unwrap() == expected_fill(n, 5));
-    assert!(v.to_vec().unwrap() == expected_fill(n, 113));
-    // Into a primary context the same copy runs (and is waited for at the next exclusive use).
-    let mut x = s.alloc_zeros::<u32>(n).unwrap();
-    let other_mr = Cuda::new(&other).unwrap();
-    let from_other = DeviceVec::from_slice(&expected_fill(n, 9), &other_mr, &t).unwrap();
-    s.memcpy_dtod(&from_other, &mut x).unwrap();
-    assert!(s.clone_dtoh(&x).unwrap() == expected_fill(n, 9));
+    a_copy_into_context_to_comes_before_the_blocks_next_owner(&ctx, &other, 113);
 }
