@@ -478,8 +478,9 @@ fn primary_context_current_instead_of(
     // SAFETY: writes the current context's device into a local.
     unsafe { sys::cuCtxGetDevice(&mut device) }.result().ok()?;
     let (mut flags, mut active) = (0u32, 0i32);
-    // SAFETY: writes the primary context's state into locals. An inactive primary context cannot
-    // be the current one: no need to make (and destroy) it to compare.
+    // SAFETY: writes the primary context's state into locals. Where the device's primary context
+    // is inactive, no copy can run in it (cudarc keeps it active while any object of it lives),
+    // whether or not it is still the thread's current one: no need to make (and destroy) it.
     unsafe { sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }
         .result()
         .ok()?;
