@@ -100,13 +100,8 @@ impl Bits {
         let mut n = 0;
         if lo < hi {
             Self::words(lo, hi, |w, m| {
-                // (Counted only where a bit changes: without a popcount instruction in the
-                // target, a count costs a dozen operations, and most words change none.)
-                let newly = !self.0[w] & m;
-                if newly != 0 {
-                    n += newly.count_ones() as usize;
-                    self.0[w] |= m;
-                }
+                n += (!self.0[w] & m).count_ones() as usize;
+                self.0[w] |= m;
             });
         }
         n
@@ -117,12 +112,7 @@ impl Bits {
     fn count_clear(&self, lo: usize, hi: usize) -> usize {
         let mut n = 0;
         if lo < hi {
-            Self::words(lo, hi, |w, m| {
-                let clear = !self.0[w] & m;
-                if clear != 0 {
-                    n += clear.count_ones() as usize;
-                }
-            });
+            Self::words(lo, hi, |w, m| n += (!self.0[w] & m).count_ones() as usize);
         }
         n
     }
@@ -133,11 +123,8 @@ impl Bits {
         let mut n = 0;
         if lo < hi {
             Self::words(lo, hi, |w, m| {
-                let set = self.0[w] & m;
-                if set != 0 {
-                    n += set.count_ones() as usize;
-                    self.0[w] &= !m;
-                }
+                n += (self.0[w] & m).count_ones() as usize;
+                self.0[w] &= !m;
             });
         }
         n
@@ -189,10 +176,8 @@ impl<H> Region<H> {
             let (mapped, cached) = (&self.mapped.0, &mut self.cached.0);
             Bits::words(lo, hi, |w, m| {
                 let newly = mapped[w] & m & !cached[w];
-                if newly != 0 {
-                    n += newly.count_ones() as usize;
-                    cached[w] |= newly;
-                }
+                n += newly.count_ones() as usize;
+                cached[w] |= newly;
             });
         }
         n
@@ -233,12 +218,13 @@ impl Overlap {
 
 /// The end pages of a block with `page_span` `(first, last, lo, hi)` that it does not cover
 /// wholly, each once.
-#[inline]
 fn ends(first: usize, last: usize, lo: usize, hi: usize) -> impl Iterator<Item = usize> {
-    let outside = |p: usize| p < lo || p >= hi;
-    let head = outside(first).then_some(first);
-    let tail = (last - 1 > first && outside(last - 1)).then_some(last - 1);
-    head.into_iter().chain(tail)
+    let one = first + 1 == last;
+    [first, last - 1]
+        .into_iter()
+        .enumerate()
+        .filter(move |&(i, p)| !(one && i == 1) && (p < lo || p >= hi))
+        .map(|(_, p)| p)
 }
 
 #[derive(Debug)]

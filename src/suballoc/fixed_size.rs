@@ -144,7 +144,7 @@ impl<U: MemoryResource> FixedSize<U> {
 
     /// The size of every block.
     pub fn block_size(&self) -> usize {
-        self.lock().block()
+        self.bin.block()
     }
 
     /// What the resource holds, read at one instant.

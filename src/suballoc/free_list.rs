@@ -1,6 +1,6 @@
 //! The free lists of one block size, per stream, over chunks of an upstream: what `FixedSize` is and each `Binning` bin is.
 
-use super::growth::{FirstPanic, InFlight, Locks, OnUnwind};
+use super::growth::{FirstPanic, InFlight, Locks};
 use super::usage::{Meter, Usage};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::{Held, IdMap, StreamId, StreamKeeper, StreamRef};
@@ -69,6 +69,8 @@ pub(crate) struct Bin {
 pub(crate) struct BinLock {
     bin: Mutex<Bin>,
     grown: Condvar,
+    /// The bin's block size, which never changes: read without the lock.
+    block: usize,
 }
 
 impl BinLock {
@@ -77,7 +79,13 @@ impl BinLock {
         BinLock {
             bin: Mutex::new(Bin::new(block)),
             grown: Condvar::new(),
+            block,
         }
+    }
+
+    /// The size of every block.
+    pub(crate) fn block(&self) -> usize {
+        self.block
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Bin> {
@@ -95,6 +103,7 @@ impl BinLock {
         Locks {
             state: &self.bin,
             grown: &self.grown,
+            in_flight: Bin::in_flight,
         }
     }
 
@@ -119,21 +128,26 @@ impl BinLock {
         )
     }
 
-    /// Takes a chunk of `count` blocks on `stream` ([`Bin::grow`]), waiting first for another
-    /// thread's growth under way.
+    /// Takes a chunk of `count` blocks on `stream` ([`Bin::grow`]): a preallocation, before
+    /// any other thread can use the bin.
     pub(crate) fn grow<U: MemoryResource>(
         &self,
         from: Upstream<'_, U>,
         count: usize,
         stream: StreamRef,
     ) -> Result<(), AllocError> {
-        let locks = self.locks();
-        let mut bin = self.lock();
-        while bin.in_flight.worth_waiting() {
-            bin = locks.wait(bin, |b| &b.in_flight);
-        }
-        let block = bin.block;
-        Bin::grow(bin, &locks, from, count, false, stream, block, GRANULE).map(drop)
+        let block = self.block;
+        Bin::grow(
+            self.lock(),
+            &self.locks(),
+            from,
+            count,
+            false,
+            stream,
+            block,
+            GRANULE,
+        )
+        .map(drop)
     }
 }
 
@@ -222,6 +236,11 @@ impl Bin {
         }
     }
 
+    /// Its growths under way.
+    fn in_flight(&mut self) -> &mut InFlight {
+        &mut self.in_flight
+    }
+
     /// The size of every block.
     pub(crate) fn block(&self) -> usize {
         self.block
@@ -303,7 +322,7 @@ impl Bin {
             // One growth at a time (but a thread's own, from inside its growth): another thread's
             // chunk may serve this request, as it did when the lock was held around the upstream.
             if bin.in_flight.worth_waiting() {
-                bin = locks.wait(bin, |b| &b.in_flight);
+                bin = locks.wait(bin);
                 continue;
             }
             let count = match growth {
@@ -413,7 +432,7 @@ impl Bin {
     /// many, down to one block.
     #[allow(clippy::too_many_arguments)]
     fn grow<'m, U: MemoryResource>(
-        bin: MutexGuard<'m, Bin>,
+        mut bin: MutexGuard<'m, Bin>,
         locks: &Locks<'m, Bin>,
         from: Upstream<'_, U>,
         mut count: usize,
@@ -428,7 +447,6 @@ impl Bin {
             name,
         } = from;
         let block = bin.block;
-        let mut bin = Some(bin);
         let too_big = AllocError::new(
             AllocErrorKind::InvalidArgument("block size times block count overflows"),
             size,
@@ -444,30 +462,17 @@ impl Bin {
         count = count.min(most);
         loop {
             let bytes = count.checked_mul(block).ok_or(too_big)?;
-            let mut locked = bin.take().unwrap_or_else(|| locks.lock());
-            locked.in_flight.begin(bytes);
-            drop(locked);
-            let end = |b: &mut MutexGuard<'m, Bin>| {
-                b.in_flight.end(bytes);
-                locks.grown.notify_all();
-            };
-            // Should the upstream panic, the claim goes on the way out.
-            let claim = OnUnwind(|| end(&mut locks.lock()));
-            let got = upstream.allocate(bytes, GRANULE, stream);
-            std::mem::forget(claim);
-            let mut locked = locks.lock();
-            end(&mut locked);
+            let got;
+            (bin, got) = locks.unlocked(bin, bytes, || upstream.allocate(bytes, GRANULE, stream));
             let ptr = match got {
                 Ok(ptr) => ptr,
                 Err(e) if shrink && e.is_out_of_memory() && count > 1 => {
                     count /= 2;
-                    bin = Some(locked);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             let addr = ptr.as_ptr() as usize;
-            let mut bin = locked;
             bin.make_current(stream);
             // A range, not an address per block: handed out from its start.
             bin.lists[0].fresh.push(Fresh {

@@ -235,10 +235,12 @@ impl InFlight {
     }
 }
 
-/// A suballocator's lock and the condition its growths signal when they end.
+/// A suballocator's lock, the condition its growths signal when they end, and where its state
+/// keeps them.
 pub(crate) struct Locks<'m, C> {
     pub(crate) state: &'m Mutex<C>,
     pub(crate) grown: &'m Condvar,
+    pub(crate) in_flight: fn(&mut C) -> &mut InFlight,
 }
 
 impl<'m, C> Locks<'m, C> {
@@ -248,14 +250,33 @@ impl<'m, C> Locks<'m, C> {
     }
 
     /// Lets `st` go until no growth that [`InFlight::worth_waiting`] names is under way.
-    pub(crate) fn wait(
-        &self,
-        st: MutexGuard<'m, C>,
-        in_flight: impl Fn(&C) -> &InFlight,
-    ) -> MutexGuard<'m, C> {
+    pub(crate) fn wait(&self, st: MutexGuard<'m, C>) -> MutexGuard<'m, C> {
         self.grown
-            .wait_while(st, |st| in_flight(st).worth_waiting())
+            .wait_while(st, |st| (self.in_flight)(st).worth_waiting())
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `upstream_call` with `st`'s lock let go and `bytes` counted as the calling thread's
+    /// growth meanwhile; then takes the lock again, ends the growth and wakes the threads waiting
+    /// for it. Should the call panic, the growth ends on the way out: the cap stays whole.
+    pub(crate) fn unlocked<R>(
+        &self,
+        mut st: MutexGuard<'m, C>,
+        bytes: usize,
+        upstream_call: impl FnOnce() -> R,
+    ) -> (MutexGuard<'m, C>, R) {
+        (self.in_flight)(&mut st).begin(bytes);
+        drop(st);
+        let end = |st: &mut C| {
+            (self.in_flight)(st).end(bytes);
+            self.grown.notify_all();
+        };
+        let claim = OnUnwind(|| end(&mut self.lock()));
+        let got = upstream_call();
+        std::mem::forget(claim);
+        let mut st = self.lock();
+        end(&mut st);
+        (st, got)
     }
 }
 
@@ -298,7 +319,7 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     // may serve this request, as it did when the lock was held around the upstream, and two
     // growths at once would each take a chunk (helper 35: sixteen threads, 64 GiB for 64 KiB).
     if st.in_flight().worth_waiting() {
-        return Ok((locks.wait(st, C::in_flight), false));
+        return Ok((locks.wait(st), false));
     }
     let taken = |st: &C| st.held() + st.in_flight().bytes();
     let room = |st: &C| max.saturating_sub(taken(st));
@@ -313,18 +334,8 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     // Doubling what is held (a re-entrant growth's claim counts against the cap, not as held).
     let mut want = growth(st.held(), need, room(&st));
     loop {
-        st.in_flight_mut().begin(want);
-        drop(st);
-        let end = |st: &mut MutexGuard<'m, C>| {
-            st.in_flight_mut().end(want);
-            locks.grown.notify_all();
-        };
-        // Should the upstream panic, the claim goes on the way out: the cap stays whole.
-        let claim = OnUnwind(|| end(&mut locks.lock()));
-        let got = upstream.allocate(want, GRANULE, stream);
-        std::mem::forget(claim);
-        st = locks.lock();
-        end(&mut st);
+        let got;
+        (st, got) = locks.unlocked(st, want, || upstream.allocate(want, GRANULE, stream));
         match got {
             Ok(ptr) => {
                 if st.add(ptr.as_ptr() as usize, want, stream) {
@@ -358,7 +369,7 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
 
 /// Runs its closure when dropped: forgotten on the normal path, it acts only when an upstream
 /// call unwinds, undoing a claim made before it.
-pub(crate) struct OnUnwind<F: FnMut()>(pub(crate) F);
+struct OnUnwind<F: FnMut()>(F);
 
 impl<F: FnMut()> Drop for OnUnwind<F> {
     fn drop(&mut self) {

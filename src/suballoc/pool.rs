@@ -216,6 +216,7 @@ impl<U: MemoryResource> Pool<U> {
         growth::Locks {
             state: &self.state,
             grown: &self.grown,
+            in_flight: growth::Chunks::in_flight_mut,
         }
     }
 

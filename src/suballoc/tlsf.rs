@@ -208,6 +208,7 @@ impl<U: MemoryResource> Tlsf<U> {
         growth::Locks {
             state: &self.state,
             grown: &self.grown,
+            in_flight: growth::Chunks::in_flight_mut,
         }
     }
 

@@ -4,9 +4,8 @@ use super::global::{Global, Run};
 use super::tags::Tags;
 use super::{Arena, GRAN, MAX_CHUNKS, NAME};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
-use crate::suballoc::growth::{Locks, OnUnwind};
+use crate::suballoc::growth::Locks;
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
 
 /// One allocation from the upstream.
 #[derive(Debug)]
@@ -50,6 +49,7 @@ impl<U: MemoryResource> Arena<U> {
         let locks = Locks {
             state: &self.global,
             grown: &self.grown,
+            in_flight: Global::in_flight,
         };
         let room =
             |g: &Global| self.max_size - self.taken.load(Ordering::Relaxed) - g.in_flight.bytes();
@@ -60,7 +60,7 @@ impl<U: MemoryResource> Arena<U> {
         // One growth at a time (but a thread's own, from inside its growth): another thread's
         // chunk may serve this request, as it did when the lock was held around the upstream.
         if g.in_flight.worth_waiting() {
-            drop(locks.wait(g, Global::in_flight));
+            drop(locks.wait(g));
             return Ok(());
         }
         if need > room(&g) {
@@ -68,18 +68,8 @@ impl<U: MemoryResource> Arena<U> {
         }
         let mut len = room(&g);
         loop {
-            g.in_flight.begin(len);
-            drop(g);
-            let end = |g: &mut MutexGuard<'_, Global>| {
-                g.in_flight.end(len);
-                self.grown.notify_all();
-            };
-            // Should the upstream panic, the claim goes on the way out: the size stays whole.
-            let claim = OnUnwind(|| end(&mut locks.lock()));
-            let taken = self.take_chunk(len);
-            std::mem::forget(claim);
-            g = locks.lock();
-            end(&mut g);
+            let taken;
+            (g, taken) = locks.unlocked(g, len, || self.take_chunk(len));
             match taken {
                 Ok((ptr, align)) => {
                     let n = self.nchunks.load(Ordering::Relaxed);

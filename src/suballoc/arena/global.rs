@@ -42,8 +42,8 @@ pub(super) struct Spare {
 
 impl Global {
     /// Its growths under way.
-    pub(super) fn in_flight(&self) -> &crate::suballoc::growth::InFlight {
-        &self.in_flight
+    pub(super) fn in_flight(&mut self) -> &mut crate::suballoc::growth::InFlight {
+        &mut self.in_flight
     }
 
     /// Free bytes and free ranges, spare superblocks (of `superblock` bytes) included.
