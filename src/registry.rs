@@ -24,6 +24,10 @@ use crate::resource::{AllocError, AllocErrorKind};
 use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
 use std::sync::{Arc, OnceLock, RwLock};
 
+/// The most devices a [`DeviceRegistry`] has slots for: far more than any machine has GPUs (CUDA
+/// numbers them with an `i32`, and a node holds tens), few enough that the slots cost little.
+pub const MAX_DEVICES: usize = 1 << 16;
+
 /// The resource type the per-device slots hold.
 pub type DeviceResource = AnyResource<DeviceAccessible>;
 
@@ -37,11 +41,12 @@ type MakeDefault<P> = dyn Fn(usize) -> Result<AnyResource<P>, AllocError> + Send
 /// use mrstack::registry::DeviceRegistry;
 ///
 /// // Two fake devices whose default resource is a simulated 1 GiB.
-/// let reg = DeviceRegistry::<()>::new(2, |_| Ok(AnyResource::new(Simulated::new(1 << 30))));
+/// let reg = DeviceRegistry::<()>::new(2, |_| Ok(AnyResource::new(Simulated::new(1 << 30))))?;
 /// let default = reg.get(1).unwrap();
 /// let previous = reg.set(1, AnyResource::new(Simulated::new(1 << 20))).unwrap();
 /// assert!(previous.unwrap().ptr_eq(&default));
 /// assert!(reg.get(2).is_err()); // no device 2
+/// # Ok::<(), mrstack::AllocError>(())
 /// ```
 pub struct DeviceRegistry<P: PropertySet> {
     slots: Box<[RwLock<Option<AnyResource<P>>>]>,
@@ -50,15 +55,36 @@ pub struct DeviceRegistry<P: PropertySet> {
 
 impl<P: PropertySet> DeviceRegistry<P> {
     /// A registry of `devices` empty slots; the first get of an empty slot stores
-    /// `make_default(device)`.
+    /// `make_default(device)`. The slots (a lock each) are made up front, so that a get never
+    /// takes a lock shared by every device: `InvalidArgument` past [`MAX_DEVICES`], out of
+    /// memory where the host cannot hold them.
     pub fn new(
         devices: usize,
         make_default: impl Fn(usize) -> Result<AnyResource<P>, AllocError> + Send + Sync + 'static,
-    ) -> Self {
-        DeviceRegistry {
-            slots: (0..devices).map(|_| RwLock::new(None)).collect(),
-            make_default: Box::new(make_default),
+    ) -> Result<Self, AllocError> {
+        if devices > MAX_DEVICES {
+            return Err(AllocError::new(
+                AllocErrorKind::InvalidArgument(
+                    "more devices than a registry holds (mrstack::registry::MAX_DEVICES)",
+                ),
+                devices,
+                0,
+                "DeviceRegistry",
+            ));
         }
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(devices).map_err(|_| {
+            AllocError::out_of_memory(
+                devices.saturating_mul(std::mem::size_of::<RwLock<Option<AnyResource<P>>>>()),
+                std::mem::align_of::<RwLock<Option<AnyResource<P>>>>(),
+                "DeviceRegistry",
+            )
+        })?;
+        slots.extend((0..devices).map(|_| RwLock::new(None)));
+        Ok(DeviceRegistry {
+            slots: slots.into_boxed_slice(),
+            make_default: Box::new(make_default),
+        })
     }
 
     /// The number of devices (slots).
@@ -87,7 +113,16 @@ impl<P: PropertySet> DeviceRegistry<P> {
         // readers, nor deadlock a default that looks at the registry. Two racing first gets may
         // both make one; the first stored wins and the other is dropped unused.
         let made = (self.make_default)(device)?;
-        Ok(write(slot).get_or_insert(made).clone())
+        let mut stored = write(slot);
+        if let Some(r) = stored.as_ref() {
+            let r = r.clone();
+            // The lock goes before the unused default does: its drop may run code of the
+            // caller's (a closure a layer holds) that gets from this registry.
+            drop(stored);
+            drop(made);
+            return Ok(r);
+        }
+        Ok(stored.insert(made).clone())
     }
 
     /// Makes `resource` the current resource of `device`; returns the previous one (`None` when
@@ -136,11 +171,15 @@ fn global() -> Result<&'static DeviceRegistry<DeviceAccessible>, AllocError> {
         ));
     }
     static GLOBAL: OnceLock<DeviceRegistry<DeviceAccessible>> = OnceLock::new();
-    Ok(GLOBAL.get_or_init(|| {
-        DeviceRegistry::new(device_count(), |device| {
-            Ok(AnyResource::new(Cuda::on_device(device)?))
-        })
-    }))
+    if let Some(global) = GLOBAL.get() {
+        return Ok(global);
+    }
+    // Made outside `get_or_init`, which takes no fallible maker: a registry that loses a race
+    // to another thread's is dropped empty.
+    let made = DeviceRegistry::new(device_count(), |device| {
+        Ok(AnyResource::new(Cuda::on_device(device)?))
+    })?;
+    Ok(GLOBAL.get_or_init(|| made))
 }
 
 /// The current resource of CUDA device `device` (a [`Cuda`] resource unless set otherwise).

@@ -58,8 +58,12 @@ impl<U> Metered<U> {
 
     fn count_in(&self, size: usize) {
         // The counter's updates form one sequence, so the largest value any allocation leaves in
-        // it is the exact peak.
-        let now = self.in_use.fetch_add(size, Ordering::Relaxed) + size;
+        // it is the exact peak: bytes leave it before they go back (`count_out`), so bytes the
+        // upstream hands out again are never counted twice.
+        let now = self
+            .in_use
+            .fetch_add(size, Ordering::Relaxed)
+            .saturating_add(size);
         self.peak.fetch_max(now, Ordering::Relaxed);
     }
 
@@ -90,15 +94,32 @@ unsafe impl<U: MemoryResource> MemoryResource for Metered<U> {
         if size == 0 {
             return;
         }
+        // Uncounted first: once the upstream has the bytes, another thread may take and count
+        // them (helper 38: a peak three times what the upstream ever handed out).
+        self.count_out(size);
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) };
-        self.count_out(size);
     }
 
     fn name(&self) -> &'static str {
         Self::NAME
     }
+
+    /// The upstream's description: a meter counts, it changes nothing a text config says, so
+    /// the text builds the same stack without it.
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.upstream.describe_to(f)
+    }
+
+    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
+    where
+        Self: 'static,
+    {
+        Some(&self.upstream)
+    }
 }
+
+crate::stack::has_upstream!(impl<U> for Metered<U>);
 
 /// The pages of a virtual-memory stack over a metered upstream, counted by that meter: what
 /// [`Paged`](super::Paged) gives for `Arc<Metered<U>>`, so that a replay reads the physical
@@ -153,9 +174,10 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
         unsafe { self.pages.enable(addr, size) }
     }
     unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
+        // Uncounted first, as `Metered::deallocate`.
+        self.meter.count_out(size);
         // SAFETY: forwarded from the caller.
         unsafe { self.pages.unmap(addr, size, page) };
-        self.meter.count_out(size);
     }
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
         self.pages.synchronize(stream)

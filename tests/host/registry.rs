@@ -21,7 +21,8 @@ fn simulated_registry(devices: usize) -> (DeviceRegistry<()>, Arc<AtomicUsize>, 
         let sim = Arc::new(Simulated::new(1 << 30));
         a.lock().unwrap().push(sim.clone());
         Ok(AnyResource::from_arc(sim))
-    });
+    })
+    .unwrap();
     (reg, made, all)
 }
 
@@ -80,7 +81,8 @@ fn device_ids_are_checked() {
         assert!(reg.set(bad, AnyResource::new(Simulated::new(1))).is_err());
         assert!(reg.reset(bad).is_err());
     }
-    let none = DeviceRegistry::<()>::new(0, |_| unreachable!("no device to make a default for"));
+    let none =
+        DeviceRegistry::<()>::new(0, |_| unreachable!("no device to make a default for")).unwrap();
     assert!(none.get(0).is_err());
 }
 
@@ -99,7 +101,8 @@ fn a_failing_default_is_an_error_and_leaves_the_slot_empty() {
         } else {
             Ok(AnyResource::new(System::new()))
         }
-    });
+    })
+    .unwrap();
     assert_eq!(reg.get(0).unwrap_err().kind, AllocErrorKind::NoDriver);
     assert_eq!(reg.get(0).unwrap().name(), "System");
     assert_eq!(tries.load(Ordering::Relaxed), 2);
@@ -180,4 +183,55 @@ fn the_process_wide_registry_needs_a_driver() {
     no_driver(registry::current_device_resource().unwrap_err());
     no_driver(registry::current_device().unwrap_err());
     no_driver(registry::reset_current_device_resource().unwrap_err());
+}
+
+/// A default that lost to a resource stored meanwhile is dropped after the slot's lock goes: its
+/// drop may run the caller's code, which may get from the registry (helper 38: it hung forever).
+#[test]
+fn a_default_that_loses_a_race_is_dropped_outside_the_lock() {
+    static REG: std::sync::OnceLock<DeviceRegistry<()>> = std::sync::OnceLock::new();
+    struct GetsOnDrop(Arc<AtomicUsize>);
+    impl Drop for GetsOnDrop {
+        fn drop(&mut self) {
+            let got = REG.get().unwrap().get(0).unwrap();
+            assert_eq!(got.name(), "Simulated");
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    let reg = DeviceRegistry::new(1, move |device| {
+        // What a racing thread does: another resource goes in first.
+        REG.get()
+            .unwrap()
+            .set(device, AnyResource::new(Simulated::new(1 << 20)))?;
+        let guard = GetsOnDrop(d.clone());
+        let losing = Retry::new(Simulated::new(1 << 20), move |_: &AllocError, _| {
+            let _ = &guard;
+            false
+        });
+        Ok(AnyResource::new(losing))
+    })
+    .unwrap();
+    assert!(REG.set(reg).is_ok());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(REG.get().unwrap().get(0).map(|r| r.name())));
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("get hung: the losing default was dropped under the slot's lock");
+    assert_eq!(got.unwrap(), "Simulated");
+    assert_eq!(dropped.load(Ordering::Relaxed), 1);
+}
+
+/// A device count past any machine's is an error naming the bound, not a capacity panic or an
+/// abort (helper 38: `usize::MAX` panicked, 2^40 aborted); the bound itself is made.
+#[test]
+fn a_registry_of_more_devices_than_any_machine_has_is_an_error() {
+    for devices in [usize::MAX, 1 << 40, registry::MAX_DEVICES + 1] {
+        let e = DeviceRegistry::<()>::new(devices, |_| unreachable!()).unwrap_err();
+        assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("MAX_DEVICES"), "{e}");
+    }
+    let most = DeviceRegistry::<()>::new(registry::MAX_DEVICES, |_| unreachable!()).unwrap();
+    assert_eq!(most.devices(), registry::MAX_DEVICES);
 }

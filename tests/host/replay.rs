@@ -886,6 +886,45 @@ fn a_log_of_many_more_threads_than_the_replay_runs_completes() {
     assert_eq!((sim.in_use(), sim.allocation_count()), (0, threads));
 }
 
+/// Threads taking the whole upstream in turn: the meter's peak is at most what the upstream ever
+/// handed out at once (helper 38: counting a free after the upstream had the bytes back let
+/// another thread count them first, and the peak read three times the capacity).
+#[test]
+fn metered_peak_never_exceeds_what_the_upstream_handed_out() {
+    const CAP: usize = 1 << 20;
+    let sim = Simulated::new(CAP);
+    let meter = replay::Metered::new(&sim);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    if let Ok(p) = meter.allocate(CAP, 256, StreamRef::DEFAULT) {
+                        // SAFETY: p came from meter with this size and alignment.
+                        unsafe { meter.deallocate(p, CAP, 256, StreamRef::DEFAULT) };
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(meter.in_use(), 0);
+    assert_eq!((meter.peak(), sim.peak()), (CAP, CAP));
+}
+
+/// A meter changes nothing a text says: a metered stack describes itself as the stack below,
+/// the text builds again, and `find` reaches through it.
+#[test]
+fn a_metered_stack_describes_and_finds_what_is_below() {
+    let mr = resource_stack![
+        replay::Metered::new(Simulated::new(1 << 30)),
+        Pool { max: 64 MiB }
+    ];
+    let text = mr.describe().to_string();
+    assert_eq!(text, "simulated(capacity=1 GiB) > pool(max=64 MiB)");
+    let built = mrstack::config::build::<()>(&text).unwrap();
+    assert_eq!(built.describe().to_string(), text);
+    assert_eq!(mr.find::<Simulated>().map(|s| s.capacity()), Some(1 << 30));
+}
+
 #[test]
 fn metered_counts_what_reaches_its_upstream_from_many_threads() {
     let meter = replay::Metered::new(Simulated::new(1 << 30));
