@@ -641,8 +641,14 @@ impl<T, R: MemoryResource> RawBuf<T, R> {
         };
         if let Err(e) = filled {
             let _ = ManuallyDrop::into_inner(slice).leak();
+            // A host-accessible block is freed by host calls the stream does not order: the
+            // copy queued into it may still run (leaked if no wait succeeds).
+            if !host_free_may_follow::<R>(&self.resource, &stream, bytes) {
+                return Err(e);
+            }
             // SAFETY: just allocated from this resource with these arguments, never handed
-            // out; what was queued on it is queued before this free on the same stream.
+            // out; what was queued on it is queued before this free on the same stream, and for
+            // host-accessible memory, which host calls free, it has run (waited for above).
             unsafe {
                 self.resource.deallocate(
                     ptr.cast(),
@@ -844,11 +850,10 @@ fn free_memory<T, R: MemoryResource>(
     let _ = slice.leak();
     readers.settle(&stream, managed);
     // Host-accessible memory (pinned, managed) is freed by host calls that are not ordered on
-    // the stream: wait for the kernels and copies that may still touch it.
-    if <R::Host as typenum::Bit>::BOOL && bytes > 0 {
-        if let Err(e) = resource.synchronize(StreamRef::from(&stream)) {
-            record_in_context(&stream, e);
-        }
+    // the stream: wait for the kernels and copies that may still touch it. Where no wait
+    // succeeds, the memory is leaked rather than freed under them.
+    if !host_free_may_follow::<R>(resource, &stream, bytes) {
+        return;
     }
     // SAFETY: the caller passes a buffer's allocation from `resource` with these bytes and T's
     // alignment (or grown in place to them, which a `GrowInPlace` resource frees by any size it
@@ -1107,6 +1112,43 @@ pub(crate) use cudarc_interop;
 
 /// Keeps a CUDA error from a call that cannot return one (`Drop`, `Deref`) in the stream's context,
 /// where cudarc keeps such errors for `CudaContext::check_err`.
+/// Whether `bytes` of `resource`'s memory ordered on `stream` may be freed now: always for
+/// device-only memory (its frees are ordered on the stream); for host-accessible memory, whose
+/// frees are host calls, once the host has waited for the stream, or for its whole context where
+/// that wait fails. False: device work may still use the memory, which must be leaked.
+fn host_free_may_follow<R: MemoryResource>(
+    resource: &R,
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+) -> bool {
+    if !<R::Host as typenum::Bit>::BOOL || bytes == 0 {
+        return true;
+    }
+    match resource.synchronize(StreamRef::from(stream)) {
+        Ok(()) => true,
+        Err(e) => wait_for_context_instead(stream, e),
+    }
+}
+
+/// For a host wait on `stream` that failed with `failed` (recorded in the context, as
+/// [`record_in_context`] does): waits for the whole context instead, raw. True when that wait
+/// succeeded, so that no device work queued before, on any stream of the context, still runs;
+/// false when device work may still use the memory, and the caller must neither hand it to the
+/// host nor free it. A stream that is capturing a graph refuses `cuStreamSynchronize` at once.
+pub(crate) fn wait_for_context_instead(stream: &CudaStream, failed: AllocError) -> bool {
+    record_in_context(stream, failed);
+    let ctx = stream.context();
+    let synced = crate::leaf::make_current(ctx)
+        .and_then(|_current| cudarc::driver::result::ctx::synchronize());
+    match synced {
+        Ok(()) => true,
+        Err(e) => {
+            ctx.record_err::<()>(Err(e));
+            false
+        }
+    }
+}
+
 pub(crate) fn record_in_context(stream: &CudaStream, e: AllocError) {
     if let AllocErrorKind::Cuda(code) = e.kind {
         let err: Result<(), _> = Err(cudarc::driver::DriverError(code));

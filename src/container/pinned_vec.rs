@@ -16,8 +16,10 @@
 //! was waited for on the host when it was queued. So the host never reads values a
 //! kernel is still writing, nor overwrites values a copy is still reading. Until device work is
 //! queued on it again, host access does not wait; `len()` and `is_empty()` never do. `Deref`
-//! cannot return an error: a failed wait is kept in the context (`CudaContext::check_err`), and
-//! [`synchronize`](PinnedVec::synchronize) is the same wait with its error.
+//! cannot return an error: a failed wait is kept in the context (`CudaContext::check_err`), the
+//! host waits for the whole context instead (a stream capturing a graph refuses a wait for it),
+//! and where that fails too, `Deref` panics rather than hand out values device work may still be
+//! writing. [`synchronize`](PinnedVec::synchronize) is the same wait with its error.
 //!
 //! Why no `&mut [T]`: cudarc copies into any `&mut [T]` with `cuMemcpyDtoHAsync`, assuming
 //! pageable memory, for which the driver finishes the copy before returning. Into pinned memory
@@ -214,10 +216,22 @@ where
     }
 
     /// For `Deref`, which cannot return an error: the error stays recorded in the CUDA context
-    /// (`CudaContext::check_err`), where cudarc keeps the errors of calls that cannot return one.
+    /// (`CudaContext::check_err`), where cudarc keeps the errors of calls that cannot return one,
+    /// and the host waits for the whole context instead (a stream capturing a graph refuses
+    /// `cuStreamSynchronize`). The flag stays set: the next read waits again.
+    ///
+    /// # Panics
+    ///
+    /// When that wait fails too: device work may still be writing the values, and no slice of
+    /// them may be read. [`synchronize`](Self::synchronize) returns the error instead.
     fn wait_for_device(&self) {
         if let Err(e) = self.synchronize() {
-            super::record_in_context(self.buf.stream(), e);
+            if !super::wait_for_context_instead(self.buf.stream(), e) {
+                panic!(
+                    "PinnedVec: a host read could not wait for the device work that may write \
+                     the values ({e}); PinnedVec::synchronize returns this error"
+                );
+            }
         }
     }
 
@@ -279,7 +293,14 @@ where
         // The copy cudarc queues next writes the memory: the host must not read it before the
         // vector's stream has run (the flag), nor may device work still read or write it.
         if let Err(e) = self.wait_for_all() {
-            super::record_in_context(self.buf.stream(), e);
+            // As in `Deref`: the whole context instead, and no slice while device work may
+            // still use the memory.
+            if !super::wait_for_context_instead(self.buf.stream(), e) {
+                panic!(
+                    "PinnedVec: a copy into the vector could not wait for the device work that \
+                     may use it ({e})"
+                );
+            }
         }
         self.touched_mut();
         // SAFETY: host-accessible memory holding `len` values, which no device work uses any

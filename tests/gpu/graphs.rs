@@ -1,9 +1,12 @@
 //! GPU test of `GraphPools`: a graph captured once, with scratch memory allocated and freed inside
 //! the capture, replayed 100 times with new input each time, every result checked, while other
 //! work allocates from the same shared pool below and writes its blocks between replays. The
-//! scratch never goes to that work, and comes back only when the graph is dropped.
+//! scratch never goes to that work, and comes back only when the graph is dropped. And containers
+//! whose stream captures: a host read that cannot wait for the stream (the tests here run alone:
+//! a capture makes other threads' work on the legacy default stream fail).
 
-use crate::support::{gpu, kernel};
+use crate::slow_fill;
+use crate::support::{expected_fill, gpu, kernel};
 use cudarc::driver::sys::CUstreamCaptureMode;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mrstack::adaptor::{GraphPools, PoolConfig};
@@ -189,4 +192,51 @@ fn graph_pools_hold_against_a_hostile_closure() {
     drop(v);
     // SAFETY: turned back on for this context object, whose streams are idle.
     unsafe { ctx.enable_event_tracking() };
+}
+
+/// A host read of a `PinnedVec` while its stream captures a graph (`begin_capture` is safe in
+/// cudarc), behind a slow kernel queued before the capture that writes the vector. A capturing
+/// stream refuses `cuStreamSynchronize` at once, so the read waits for the whole context instead,
+/// or panics where that fails too: it never hands out values the kernel is still writing
+/// (helper 39: the slice was handed out after the failed wait).
+#[test]
+fn a_pinned_read_while_its_stream_captures_waits_or_refuses() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let n = 1 << 20;
+    let mut p = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &stream).unwrap();
+    slow_fill!(&ctx, &stream, &mut p, n, 3);
+    stream
+        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p[..].to_vec()));
+    // The failed wait is recorded in the context, where cudarc's next call (ending the capture)
+    // would return it instead of ending the capture.
+    let _ = ctx.check_err();
+    let _ = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    let _ = ctx.check_err();
+    stream.synchronize().unwrap();
+    match seen {
+        Ok(seen) => {
+            let wrong = seen
+                .iter()
+                .zip(expected_fill(n, 3))
+                .filter(|(a, b)| **a != *b);
+            assert_eq!(
+                wrong.count(),
+                0,
+                "the host read values the kernel still wrote"
+            );
+            println!("the read waited for the context");
+        }
+        Err(panic) => {
+            let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(
+                text.contains("PinnedVec: a host read could not wait"),
+                "{text}"
+            );
+            println!("the read refused: {text}");
+        }
+    }
+    let _ = ctx.check_err();
 }
