@@ -48,17 +48,18 @@ mod ops;
 use mrstack::prelude::*;
 use mrstack::replay::rmm_log;
 use mrstack::replay::{self, simulated_streams, stack, StackFactory, Workload};
-use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
+use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle, VirtualMemory, VirtualMemoryConfig};
 use ops::{Layout, OpFile, Streams};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Stacks run when `--stacks` is not given, in this order.
-const DEFAULT_STACKS: [&str; 9] = [
+const DEFAULT_STACKS: [&str; 10] = [
     "cuda_async",
     "pool",
     "tlsf",
+    "vmm",
     "tlsf+cache",
     "heaps",
     "binning",
@@ -281,7 +282,7 @@ fn gib(bytes: usize) -> f64 {
 // ------------------------------------------------------------------------------------------ run
 
 /// The stacks that both libraries have, over any upstream `U`, by name, with what they are.
-fn stacks<U: MemoryResource + Send + Sync + 'static>(
+fn stacks<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
 ) -> Vec<(&'static str, &'static str, Box<dyn StackFactory<U>>)> {
     vec![
         (
@@ -352,6 +353,20 @@ fn stacks<U: MemoryResource + Send + Sync + 'static>(
                         max_block: cap / 4
                     }
                 ])
+            }),
+        ),
+        (
+            "vmm",
+            "VirtualMemory { max: cap, cache: cap } over the device's pages",
+            stack("vmm", |up: U, cap| {
+                // As `mrstack replay`'s preset: the cache empties first under pressure, so a
+                // cache as large as the cap costs no capacity and keeps map/unmap off the path.
+                let config = VirtualMemoryConfig {
+                    max: cap,
+                    cache: cap,
+                    ..VirtualMemoryConfig::default()
+                };
+                VirtualMemory::new(up.pages()?, config)
             }),
         ),
         (

@@ -14,7 +14,7 @@ import sys
 
 PAIRS = ["cuda_async", "pool", "binning", "binning-rmm", "arena", "binning+arena", "cuda"]
 # mrstack's stacks with no RMM counterpart: rows of their own, no ratio.
-MRSTACK_ONLY = ["tlsf", "tlsf+cache", "heaps"]
+MRSTACK_ONLY = ["tlsf", "vmm", "tlsf+cache", "heaps"]
 LEGEND = {
     "cuda_async": "mrstack `CudaAsync` / RMM `cuda_async_memory_resource` (the driver's pool)",
     "pool": "`Pool { initial: cap, max: cap }` / `pool_memory_resource(cuda, cap, cap)`",
@@ -24,6 +24,7 @@ LEGEND = {
     "binning+arena": "`Binning` 256 B..1 MiB over the arena / `binning_memory_resource(arena, 8, 20)`",
     "cuda": "raw `cuMemAlloc` / `cuda_memory_resource` (cudaMalloc)",
     "tlsf": "`Tlsf { initial: cap, max: cap }` / none (RMM has no TLSF)",
+    "vmm": "`VirtualMemory { max: cap, cache: cap }` over the device's 2 MiB pages / none (RMM has no virtual-memory resource)",
     "tlsf+cache": "`ThreadCache { bytes: cap / 4, max_block: cap / 4 }` over that Tlsf / none",
     "heaps": "`ThreadHeaps { max: cap }` (a `Tlsf` per thread) / none",
     "best": "the fastest stack of each library in that row's workload and layout",

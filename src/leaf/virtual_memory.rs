@@ -441,11 +441,19 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let region = &mut st.regions[r];
         region.grow(last);
         // The pages it covers are live through it alone; the end pages it shares are counted.
-        let mut uncached = region.cached.clear(lo, hi);
+        let covered_cached = region.cached.clear(lo, hi);
+        let mut uncached = covered_cached;
         for p in ends(first, last, lo, hi) {
             uncached += region.touch(p, Overlap::None, Overlap::Partial);
         }
+        // The usual case maps nothing: a covered page was free, so it is mapped exactly when it
+        // was cached, and an end page is looked up (one bit each) instead of counting the span.
+        let all_mapped =
+            covered_cached == hi - lo && ends(first, last, lo, hi).all(|p| region.mapped.get(p));
         st.cached -= uncached;
+        if all_mapped {
+            return Ok(());
+        }
         let result = self.map_range(st, r, first, last);
         if result.is_err() {
             self.uncommit(st, r, addr, len, false);

@@ -48,14 +48,15 @@ struct Block {
 
 /// One stream's free blocks by class.
 #[derive(Debug)]
+#[repr(C)]
 struct Classes {
-    /// The stream these blocks were freed on (the keeper slot the list sits at).
-    stream: Held,
     first: u64,
-    second: [u32; FL],
-    heads: [[u32; SL]; FL],
     /// Free blocks in these classes: the list goes (releasing the stream) at zero.
     blocks: usize,
+    /// The stream these blocks were freed on (the keeper slot the list sits at).
+    stream: Held,
+    second: [u32; FL],
+    heads: [[u32; SL]; FL],
 }
 
 impl Classes {
