@@ -48,7 +48,7 @@ mod ops;
 use mrstack::prelude::*;
 use mrstack::replay::rmm_log;
 use mrstack::replay::{self, simulated_streams, stack, StackFactory, Workload};
-use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle, VirtualMemory, VirtualMemoryConfig};
+use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
 use ops::{Layout, OpFile, Streams};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -358,16 +358,11 @@ fn stacks<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
         (
             "vmm",
             "VirtualMemory { max: cap, cache: cap } over the device's pages",
-            stack("vmm", |up: U, cap| {
-                // As `mrstack replay`'s preset: the cache empties first under pressure, so a
-                // cache as large as the cap costs no capacity and keeps map/unmap off the path.
-                let config = VirtualMemoryConfig {
-                    max: cap,
-                    cache: cap,
-                    ..VirtualMemoryConfig::default()
-                };
-                VirtualMemory::new(up.pages()?, config)
-            }),
+            // `mrstack replay`'s own preset, so that both measure one configuration.
+            replay::stacks::<U>()
+                .into_iter()
+                .find(|s| s.name() == "vmm")
+                .expect("mrstack replay has a vmm preset"),
         ),
         (
             "heaps",
