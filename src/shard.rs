@@ -11,6 +11,12 @@
 //! has live, at most `2 × chunk` more. So `my live + (reserved - my reservation)` is an upper
 //! bound on everything live, exact when no other thread holds a reservation — one thread at a
 //! time, or threads that have exited (a thread gives its slack back when it exits).
+//!
+//! A shard's own counts are not bounded by what is live: a thread that allocates what another
+//! frees counts up without end, the other down. So they are kept modulo 2^64 (wrapping), and
+//! only their differences are compared: a shard's reservation minus its live count is its slack,
+//! small and exact, and the shards' sum, `reserved`, is the true total (helper 40: comparing
+//! the counts themselves let a limit be passed once they wrapped, and panicked in debug builds).
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::marker::PhantomData;
@@ -123,14 +129,19 @@ fn claim() -> u64 {
 /// thread-locals are gone (it then has no slot of its own either).
 pub(crate) fn on_exit(set: Weak<dyn Flush>) -> bool {
     EXIT.try_with(|e| {
-        let mut hooks = e.hooks.borrow_mut();
+        // Taken already: this call came from inside the push below, through a global allocator
+        // built on a sharded adaptor. Its thread uses the shared slot for this set instead.
+        let Ok(mut hooks) = e.hooks.try_borrow_mut() else {
+            return false;
+        };
         // Sets dropped since go, so that a thread using many short-lived sets holds few.
         if hooks.len() >= 8 && hooks.len().is_power_of_two() {
             hooks.retain(|h| h.strong_count() > 0);
         }
         hooks.push(set);
+        true
     })
-    .is_ok()
+    .unwrap_or(false)
 }
 
 /// One quantity's part of a shard, written only by the slot's owner (or with atomic
@@ -189,7 +200,7 @@ impl<const N: usize> Flush for Inner<N> {
     fn flush(&self, slot: usize) {
         for (part, global) in self.shards[slot].parts.iter().zip(&self.globals) {
             let live = part.live.load(Relaxed);
-            let slack = part.reservation.load(Relaxed) - live;
+            let slack = part.reservation.load(Relaxed).wrapping_sub(live);
             if slack != 0 {
                 global.reserved.fetch_sub(slack, AcqRel);
                 part.reservation.store(live, Relaxed);
@@ -272,11 +283,12 @@ impl<const N: usize> Sharded<N> {
         for q in 0..N {
             let part = &shard.parts[q];
             lives[q] = part.live.load(Relaxed).wrapping_add(amounts[q] as i64);
-            let reservation = part.reservation.load(Relaxed);
-            if lives[q] > reservation {
+            // Differences only: the counts themselves wrap (module docs).
+            let short = lives[q].wrapping_sub(part.reservation.load(Relaxed));
+            if short > 0 {
                 // On a refusal, reservations already made for this call's earlier quantities
                 // stay as slack, which the next free trims.
-                self.reserve(q, part, lives[q].wrapping_sub(reservation))?;
+                self.reserve(q, part, short)?;
             }
         }
         for q in 0..N {
@@ -330,7 +342,7 @@ impl<const N: usize> Sharded<N> {
             return Err(OverLimit);
         };
         part.reservation
-            .store(part.reservation.load(Relaxed) + want, Relaxed);
+            .store(part.reservation.load(Relaxed).wrapping_add(want), Relaxed);
         Ok(())
     }
 
@@ -392,12 +404,14 @@ impl<const N: usize> Sharded<N> {
             } else {
                 global.chunk
             };
-            if reservation.wrapping_sub(live) > 2 * keep {
+            let slack = reservation.wrapping_sub(live);
+            if slack > keep.saturating_mul(2) {
                 // Keep one chunk of slack (none near the limit); give the rest back for other
                 // threads.
-                let give = reservation - live - keep;
-                let left = global.reserved.fetch_sub(give, AcqRel) - give;
-                part.reservation.store(reservation - give, Relaxed);
+                let give = slack - keep;
+                let left = global.reserved.fetch_sub(give, AcqRel).wrapping_sub(give);
+                part.reservation
+                    .store(reservation.wrapping_sub(give), Relaxed);
                 if keep == 0 && left <= global.limit / 2 {
                     global.tight.store(false, Relaxed);
                 }
@@ -440,7 +454,10 @@ impl<const N: usize> Sharded<N> {
         for (i, shard) in self.inner.shards.iter().enumerate() {
             if i != slot && i != SLOTS {
                 let p = &shard.parts[q];
-                slack += p.reservation.load(Relaxed) - p.live.load(Relaxed);
+                slack += p
+                    .reservation
+                    .load(Relaxed)
+                    .wrapping_sub(p.live.load(Relaxed));
             }
         }
         slack

@@ -113,6 +113,16 @@ impl<U> Limiting<U> {
     }
 }
 
+/// Gives bytes of the cap back when dropped: on every path out of an upstream call, unwinding
+/// included, unless forgotten once the bytes are the caller's.
+struct Release<'a>(&'a Sharded<1>, u64);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.sub([self.1]);
+    }
+}
+
 // SAFETY: every allocation is the upstream's, returned unchanged; the adaptor only refuses some.
 unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
     forward_upstream!(U, upstream);
@@ -141,9 +151,12 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
         self.in_use
             .add([size as u64], false)
             .map_err(|_| refused())?;
-        self.upstream
-            .allocate(size, align, stream)
-            .inspect_err(|_| self.in_use.sub([size as u64]))
+        // Given back if the upstream fails or panics (helper 40: a panicking upstream shrank the
+        // cap for good).
+        let reserved = Release(&self.in_use, size as u64);
+        let ptr = self.upstream.allocate(size, align, stream)?;
+        std::mem::forget(reserved);
+        Ok(ptr)
     }
 
     #[inline]
@@ -151,11 +164,11 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
         if size == 0 {
             return;
         }
+        // Released after the upstream has the memory back, so that a request the cap lets through
+        // can be served by it; released too if the upstream panics (the caller's block is gone).
+        let _release = Release(&self.in_use, size as u64);
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) };
-        // Released after the upstream has the memory back, so that a request the cap lets through
-        // can be served by it.
-        self.in_use.sub([size as u64]);
     }
 
     fn name(&self) -> &'static str {

@@ -365,6 +365,135 @@ fn limiting_holds_under_concurrency() {
     assert_eq!((mr.in_use(), sim.in_use()), (0, 0));
 }
 
+/// Blocks one thread allocates and another frees: each thread's shard counts up or down without
+/// end, and wraps. Hands `rounds` blocks of `size` from this thread to another, one at a time.
+fn hand_over<R: MemoryResource + Sync>(mr: &R, size: usize, rounds: usize) {
+    let (to_other, blocks) = std::sync::mpsc::channel::<usize>();
+    let (freed, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for addr in blocks {
+                let p = NonNull::new(addr as *mut u8).unwrap();
+                // SAFETY: p came from mr with this size and alignment, and is freed once.
+                unsafe { mr.deallocate(p, size, 256, S) };
+                freed.send(()).unwrap();
+            }
+        });
+        for _ in 0..rounds {
+            let p = mr.allocate(size, 256, S).unwrap();
+            to_other.send(p.as_ptr() as usize).unwrap();
+            wait.recv().unwrap();
+        }
+        drop(to_other);
+    });
+}
+
+/// The cap holds whatever the threads' own counts did: one thread's count passing 2^63, and
+/// counts that wrapped through traffic between threads (helper 40: both let the cap be passed).
+#[test]
+fn limiting_holds_its_cap_when_thread_counts_wrap() {
+    let sim = Simulated::new(usize::MAX);
+    let mr = Limiting::new(&sim, 3 << 61);
+    let a = mr.allocate(1 << 62, 256, S).unwrap();
+    let b = mr
+        .allocate((1 << 62) + (1 << 61) - 256, 256, S)
+        .unwrap_err();
+    assert!(
+        matches!(b.kind, AllocErrorKind::LimitExceeded { .. }),
+        "{b}"
+    );
+    // SAFETY: a came from mr with this size and alignment.
+    unsafe { mr.deallocate(a, 1 << 62, 256, S) };
+
+    // Room beyond the blocks for the chunks of slack the two threads' shards hold (1 MiB each);
+    // a new simulated device, whose address space the blocks above did not cut up.
+    let sim = Simulated::new(usize::MAX);
+    let mr = Limiting::new(&sim, (1 << 62) + (16 << 20));
+    hand_over(&mr, 1 << 62, 2);
+    assert_eq!((mr.in_use(), sim.in_use()), (0, 0));
+    let blocks: Vec<_> = (0..3).map(|_| mr.allocate(1 << 61, 256, S)).collect();
+    assert!(blocks[0].is_ok() && blocks[1].is_ok(), "{blocks:?}");
+    assert!(
+        blocks[2].is_err(),
+        "a third 2^61 block passed a cap of 2^62 + 16 MiB"
+    );
+    for p in blocks.into_iter().flatten() {
+        // SAFETY: p came from mr with this size and alignment.
+        unsafe { mr.deallocate(p, 1 << 61, 256, S) };
+    }
+    assert_eq!(sim.in_use(), 0);
+}
+
+/// Statistics counts sizes up to `isize::MAX` and any traffic between threads without a panic
+/// (helper 40: an overflow panicked after the upstream gave the block, and a thread's exit then
+/// aborted the process).
+#[test]
+fn statistics_count_huge_sizes_and_wrapping_thread_counts() {
+    let sim = Simulated::new(usize::MAX);
+    let mr = Statistics::new(&sim);
+    let small = mr.allocate(100, 256, S).unwrap();
+    let huge = (1usize << 63) - 256;
+    let p = mr.allocate(huge, 256, S).unwrap();
+    assert_eq!(mr.bytes().current, 100 + huge as i128);
+    // SAFETY: both came from mr with these sizes and alignments.
+    unsafe {
+        mr.deallocate(p, huge, 256, S);
+        mr.deallocate(small, 100, 256, S);
+    }
+    hand_over(&mr, 1 << 61, 8);
+    assert_eq!((mr.bytes().current, sim.in_use()), (0, 0));
+    assert_eq!(mr.allocations().total, 10);
+}
+
+/// An upstream that panics once, on its first allocation, handing out nothing.
+struct PanicsOnce(System, std::sync::atomic::AtomicBool);
+
+// SAFETY: every call goes to System, or panics before reaching it.
+unsafe impl MemoryResource for PanicsOnce {
+    type Host = B1;
+    type Device = B0;
+    type Managed = B0;
+    type Alignment = <System as MemoryResource>::Alignment;
+    fn allocate(
+        &self,
+        size: usize,
+        align: usize,
+        s: StreamRef,
+    ) -> mrstack::resource::Result<NonNull<u8>> {
+        assert!(
+            self.1.swap(true, Ordering::Relaxed),
+            "the upstream panics once"
+        );
+        self.0.allocate(size, align, s)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.deallocate(p, size, align, s) }
+    }
+    fn synchronize(&self, s: StreamRef) -> mrstack::resource::Result<()> {
+        self.0.synchronize(s)
+    }
+    fn order_after(&self, s: StreamRef, after: StreamRef) -> mrstack::resource::Result<()> {
+        self.0.order_after(s, after)
+    }
+}
+
+/// A panicking upstream leaves the cap as it was (helper 40: the bytes it was asked for stayed
+/// reserved for good).
+#[test]
+fn limiting_gives_back_the_reservation_when_the_upstream_panics() {
+    let mr = Limiting::new(PanicsOnce(System::new(), Default::default()), 1 << 20);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        mr.allocate(768 << 10, 8, S)
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(mr.in_use(), 0);
+    let p = mr.allocate(768 << 10, 8, S).unwrap();
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, 768 << 10, 8, S) };
+    assert_eq!(mr.in_use(), 0);
+}
+
 // ---------------------------------------------------------------- Tracking
 
 #[test]
