@@ -36,6 +36,10 @@
 //! unspecified values, the host's memory is never affected): keep the vector, unchanged, until
 //! that stream has run, or copy through the vector itself (`stream.memcpy_htod(&v, …)`), which
 //! orders the copy.
+//!
+//! Copies through the vector on a stream that is capturing a CUDA graph panic before anything is
+//! queued: a captured copy runs at each launch of the graph, which may come after the vector is
+//! gone and which no host access waits for. Copy before or after the capture.
 
 use super::{cudarc_interop, AlignmentFits, RawBuf};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible};
@@ -278,6 +282,7 @@ where
         &'a self,
         stream: &'a CudaStream,
     ) -> (&'a [T], SyncOnDrop<'a>) {
+        refuse_capture(stream);
         let slice = &**self;
         self.touched();
         // `stream` waits for the device writes of the memory; the guard records the copy that
@@ -290,6 +295,7 @@ where
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (&'a mut [T], SyncOnDrop<'a>) {
+        refuse_capture(stream);
         // The copy cudarc queues next writes the memory: the host must not read it before the
         // vector's stream has run (the flag), nor may device work still read or write it.
         if let Err(e) = self.wait_for_all() {
@@ -311,6 +317,30 @@ where
             unsafe { std::slice::from_raw_parts_mut(self.buf.ptr().as_ptr(), self.buf.len()) };
         let (_, written) = self.buf.order_write(stream);
         (slice, written)
+    }
+}
+
+/// Panics when `stream` is capturing a graph: cudarc's copies are the only users of `HostSlice`,
+/// and a captured copy runs when the graph is launched, which may be after the vector is gone
+/// (its host memory freed) and which no host read of the vector waits for. (cudarc's own pinned
+/// slices have the same hole; a kernel launch in a capture, which may take the vector too, is
+/// the caller's `unsafe`.) A status the driver cannot give is no capture: the copy itself then
+/// fails with the same error.
+fn refuse_capture(stream: &CudaStream) {
+    use cudarc::driver::sys::CUstreamCaptureStatus as Status;
+    let status = crate::leaf::make_current(stream.context()).and_then(|_current| {
+        // SAFETY: a live stream of the context made current above.
+        unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream()) }
+    });
+    if let Ok(
+        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE | Status::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+    ) = status
+    {
+        panic!(
+            "PinnedVec: a copy to or from the vector on a stream that is capturing a graph would \
+             run when the graph is launched, after the vector may be gone; copy outside the \
+             capture"
+        );
     }
 }
 

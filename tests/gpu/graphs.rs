@@ -240,3 +240,46 @@ fn a_pinned_read_while_its_stream_captures_waits_or_refuses() {
     }
     let _ = ctx.check_err();
 }
+
+/// cudarc's copies to and from a `PinnedVec` on a stream that captures a graph: a captured copy
+/// would run at each launch of the graph, when the vector may be gone (its pinned memory freed)
+/// and with no host read of it waiting. Both directions are refused before anything is queued,
+/// and the graph holds no copy of the vector.
+#[test]
+fn copies_of_a_pinned_vector_are_refused_while_its_stream_captures() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.new_stream().unwrap();
+    let n = 1 << 16;
+    let mut dev = DeviceVec::from_slice(&vec![5u32; n], Cuda::new(&ctx).unwrap(), &stream).unwrap();
+    let mut p = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &stream).unwrap();
+    stream.synchronize().unwrap();
+    stream
+        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    let into = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        stream.memcpy_dtoh(&dev, &mut p)
+    }));
+    let from = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        stream.memcpy_htod(&p, &mut dev)
+    }));
+    let _ = ctx.check_err();
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    let _ = ctx.check_err();
+    for (what, outcome) in [("into", into.map(|_| ())), ("from", from.map(|_| ()))] {
+        let panic = outcome.expect_err(what);
+        let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(text.contains("capturing a graph"), "{what}: {text}");
+    }
+    if let Ok(Some(graph)) = graph {
+        graph.launch().unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert!(
+        p.iter().all(|&x| x == 0),
+        "the graph copied into the vector"
+    );
+    assert!(
+        dev.to_vec().unwrap().iter().all(|&x| x == 5),
+        "the graph copied from it"
+    );
+}
