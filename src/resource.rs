@@ -188,12 +188,22 @@ pub unsafe trait MemoryResource {
 
     /// Allocates on the default stream and waits for it, so the memory may be used by any stream.
     fn allocate_sync(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        let ptr = self.allocate(size, align, StreamRef::DEFAULT)?;
-        if let Err(e) = self.synchronize(StreamRef::DEFAULT) {
-            // SAFETY: `ptr` was just allocated with this size and align.
-            unsafe { self.deallocate(ptr, size, align, StreamRef::DEFAULT) };
-            return Err(e);
+        /// Gives the block back unless forgotten: when the wait fails, and when it panics.
+        struct GiveBack<'a, R: MemoryResource + ?Sized>(&'a R, NonNull<u8>, usize, usize);
+        impl<R: MemoryResource + ?Sized> Drop for GiveBack<'_, R> {
+            fn drop(&mut self) {
+                // SAFETY: allocated just before this guard was made, with this size and
+                // alignment, on the default stream, and handed to no one.
+                unsafe {
+                    self.0
+                        .deallocate(self.1, self.2, self.3, StreamRef::DEFAULT)
+                };
+            }
         }
+        let ptr = self.allocate(size, align, StreamRef::DEFAULT)?;
+        let give_back = GiveBack(self, ptr, size, align);
+        self.synchronize(StreamRef::DEFAULT)?;
+        std::mem::forget(give_back);
         Ok(ptr)
     }
 

@@ -115,15 +115,16 @@ pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut
     let streams = book.streams();
     let mut panicked = FirstPanic::default();
     for c in &free {
-        for &s in c.freed_on.iter().filter(|&&s| s != c.stream) {
-            if upstream
+        // No event: wait for the stream instead. Where neither works, work of that stream may
+        // still use the chunk: it is leaked rather than given back under it.
+        let ordered = c.freed_on.iter().filter(|&&s| s != c.stream).all(|&s| {
+            upstream
                 .order_after(streams.get(c.stream), streams.get(s))
-                .is_err()
-            {
-                // No event: wait for the stream instead; a failure here leaves nothing better to
-                // do than give the memory back.
-                let _ = upstream.synchronize(streams.get(s));
-            }
+                .is_ok()
+                || upstream.synchronize(streams.get(s)).is_ok()
+        });
+        if !ordered {
+            continue;
         }
         // An upstream that panics on one chunk still gets the others; its first panic goes on
         // after them (unless this drop runs while unwinding, where a second panic would abort).

@@ -11,6 +11,7 @@ mod support;
 
 mod adaptors;
 mod arena;
+mod arena_ordering;
 mod callback;
 mod config;
 mod conformance;

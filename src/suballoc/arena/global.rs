@@ -133,26 +133,47 @@ impl Global {
 
     /// Frees `[start, start + len)`, coalescing with its neighbours in the same chunk. Returns
     /// the holds the merged range forgot (see [`Tags::absorb`]).
+    /// A merge whose tags would overflow names streams the merged range forgets: it happens
+    /// only once `wait` has waited for them all (true); where it cannot, the ranges stay apart,
+    /// each with its own tags (helper 41: the merged range went to any stream unordered).
     #[must_use]
-    fn give(&mut self, start: usize, len: usize, chunk: u32, tags: Tags) -> Forgotten {
+    fn give(
+        &mut self,
+        start: usize,
+        len: usize,
+        chunk: u32,
+        tags: Tags,
+        wait: &mut dyn FnMut(&[Held]) -> bool,
+    ) -> Forgotten {
         let mut f = Forgotten::default();
         let (mut start, mut len, mut tags) = (start, len, tags);
         if let Some((&ns, _)) = self.runs.range(start..).next() {
             debug_assert!(start + len <= ns, "Arena: double free of {start:#x}");
         }
-        if let Some((&ps, prev)) = self.runs.range(..start).next_back() {
+        // Merges `tags` with a neighbour's, if the streams it would forget were waited for.
+        let mut merge = |tags: &mut Tags, theirs: &Tags, f: &mut Forgotten| {
+            let (mut merged, mut sync, mut dup) = (*tags, Vec::new(), Vec::new());
+            merged.absorb(theirs, &mut sync, &mut dup);
+            let ok = sync.is_empty() || wait(&sync);
+            if ok {
+                *tags = merged;
+                f.sync.extend(sync);
+                f.dup.extend(dup);
+            }
+            ok
+        };
+        if let Some((&ps, &prev)) = self.runs.range(..start).next_back() {
             debug_assert!(ps + prev.len <= start, "Arena: double free of {start:#x}");
-            if ps + prev.len == start && prev.chunk == chunk {
-                let prev = self.remove(ps);
-                tags.absorb(&prev.tags, &mut f.sync, &mut f.dup);
+            if ps + prev.len == start && prev.chunk == chunk && merge(&mut tags, &prev.tags, &mut f)
+            {
+                self.remove(ps);
                 start = ps;
                 len += prev.len;
             }
         }
-        if let Some(next) = self.runs.get(&(start + len)) {
-            if next.chunk == chunk {
-                let next = self.remove(start + len);
-                tags.absorb(&next.tags, &mut f.sync, &mut f.dup);
+        if let Some(&next) = self.runs.get(&(start + len)) {
+            if next.chunk == chunk && merge(&mut tags, &next.tags, &mut f) {
+                self.remove(start + len);
                 len += next.len;
             }
         }
@@ -161,8 +182,8 @@ impl Global {
     }
 }
 
-/// Holds that free ranges dropped when they merged: `sync` to synchronize before anyone can
-/// take the merged range, then release; `dup` to release.
+/// Holds that free ranges dropped when they merged, to release: `sync`, streams waited for
+/// before the merge, and `dup`, named on both sides.
 #[derive(Debug, Default)]
 pub(super) struct Forgotten {
     pub(super) sync: Vec<Held>,
@@ -173,26 +194,32 @@ impl<U: MemoryResource> Arena<U> {
     /// Returns a range to the global arena.
     pub(super) fn give_back(&self, start: usize, len: usize, chunk: u32, tags: Tags) {
         let mut g = lock(&self.global);
-        let forgotten = g.give(start, len, chunk, tags);
+        let forgotten = g.give(start, len, chunk, tags, &mut |s| self.wait_for(s));
         self.forget(forgotten);
     }
 
-    /// Synchronizes the streams a merged range forgot (before the caller unlocks the global
-    /// arena, so that no one takes the range first), then releases every forgotten hold.
+    /// Waits on the host for `streams` (under the global arena's lock, so that no one takes the
+    /// range that forgets them first); false when a wait fails.
+    fn wait_for(&self, streams: &[Held]) -> bool {
+        let mut streams = streams.to_vec();
+        streams.sort_unstable();
+        streams.dedup();
+        streams
+            .iter()
+            .all(|&s| self.upstream.synchronize(self.stream_of(s)).is_ok())
+    }
+
+    /// Releases every hold a merge forgot.
     pub(super) fn forget(&self, f: Forgotten) {
-        let mut sync = f.sync.clone();
-        sync.sort_unstable();
-        sync.dedup();
-        for &s in &sync {
-            let _ = self.upstream.synchronize(self.stream_of(s));
-        }
         self.release(f.sync.into_iter().chain(f.dup));
     }
 
     /// Merges the spare superblocks into the free ranges, for a request they may make room for.
     fn flush_spare(&self, g: &mut Global) {
         for sp in std::mem::take(&mut g.spare) {
-            let forgotten = g.give(sp.at, self.superblock_size(), sp.chunk, sp.tags);
+            let forgotten = g.give(sp.at, self.superblock_size(), sp.chunk, sp.tags, &mut |s| {
+                self.wait_for(s)
+            });
             self.forget(forgotten);
         }
     }

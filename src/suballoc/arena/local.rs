@@ -458,8 +458,12 @@ impl<U: MemoryResource> Arena<U> {
         let idle = {
             let mut st = local.lock();
             // Before the block can be reused on the arena's stream, that stream must wait for
-            // the work that used it on `stream`.
-            self.order_or_wait(st.stream, stream);
+            // the work that used it on `stream`. Where it can neither be ordered nor waited for,
+            // the block is leaked rather than reused under that work (it stays counted as
+            // allocated, so the arena's drop leaks its chunks too).
+            if !self.order_or_wait(st.stream, stream) {
+                return;
+            }
             let released = st.deallocate(slot, addr, (bytes / GRAN) as u32, units);
             self.release_superblocks(&st, released);
             let idle = local.for_stream && !st.idle && st.wholly_free();

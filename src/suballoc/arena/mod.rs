@@ -367,12 +367,13 @@ impl<U: MemoryResource> Arena<U> {
         Ok(())
     }
 
-    /// As `order`, for paths that cannot return an error: failing to order, wait.
-    fn order_or_wait(&self, stream: StreamRef, after: StreamRef) {
-        if stream != after && self.upstream.order_after(stream, after).is_err() {
-            // Nothing better to do: a failed synchronize stays recorded in the CUDA context.
-            let _ = self.upstream.synchronize(after);
-        }
+    /// As `order`, for paths that cannot return an error: failing to order, wait. False when
+    /// neither worked: then `stream` may not use what `after` freed, and the caller leaks it.
+    #[must_use]
+    fn order_or_wait(&self, stream: StreamRef, after: StreamRef) -> bool {
+        stream == after
+            || self.upstream.order_after(stream, after).is_ok()
+            || self.upstream.synchronize(after).is_ok()
     }
 }
 
@@ -393,6 +394,10 @@ impl<U: MemoryResource> fmt::Debug for Arena<U> {
 // free blocks of a superblock (local) and return to exactly one of them when deallocated, so live
 // blocks never overlap. Addresses are multiples of 256 (chunk starts are rounded up to 256) and
 // requests for more are padded to their alignment. Access properties are the upstream's memory's.
+// A block freed on stream S reaches another stream T only after `order_after(T, S)` or a host
+// wait for S succeeded: free ranges carry the streams that freed them (tags), ordered when taken;
+// a merge that would forget streams waits for them first, or does not happen; a free into a local
+// arena that can be neither ordered nor waited for leaks the block.
 unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
     forward_upstream!(U, upstream, Alignment = U256);
 
@@ -469,8 +474,9 @@ impl<U: MemoryResource> Drop for Arena<U> {
     fn drop(&mut self) {
         if self.usage().allocated > 0 {
             // A block is still allocated: its owner was leaked (`mem::forget` of a container),
-            // and device work queued before may still use it. Every chunk is leaked too, rather
-            // than handed back for reuse under that work.
+            // or its free could be neither ordered nor waited for. Device work queued before may
+            // still use it: every chunk is leaked too, rather than handed back for reuse under
+            // that work.
             return;
         }
         let g = self.global.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -486,15 +492,21 @@ impl<U: MemoryResource> Drop for Arena<U> {
         streams.sort();
         streams.dedup();
         // The chunks go back on the default stream: it must first wait for work on the others.
+        // Where that fails, work of that stream may still use them: they are all leaked.
+        let mut ordered = true;
         for s in streams {
-            self.order_or_wait(StreamRef::DEFAULT, self.stream_of(s));
+            ordered &= self.order_or_wait(StreamRef::DEFAULT, self.stream_of(s));
+        }
+        if !ordered {
+            return;
         }
         let n = *self.nchunks.get_mut();
         for chunk in self.chunks[..n].iter().filter_map(OnceLock::get) {
             if let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(chunk.ptr))
             {
                 // SAFETY: the chunk came from the upstream with this size and alignment and goes
-                // back once; nothing of it is used after the arena is gone.
+                // back once, on the default stream, which waits for every stream that freed a
+                // block in it (or the chunks are leaked, above); no block of it is allocated.
                 unsafe {
                     self.upstream
                         .deallocate(ptr, chunk.len, chunk.align, StreamRef::DEFAULT)
