@@ -56,6 +56,14 @@ pub type Result<T, E = AllocError> = std::result::Result<T, E>;
 /// * **Stream handles:** a resource passes the driver only streams that are alive: those it was
 ///   given for the call, or those it keeps alive itself (a [`StreamHandle`](crate::stream::StreamHandle)).
 ///
+/// # Calling back into the resource above
+///
+/// The suballocators let their locks go around their upstream's `allocate` (a
+/// [`Retry`](crate::adaptor::Retry) callback may free into them or trim them), but call the
+/// upstream's `deallocate`, `order_after` and `synchronize` with their locks held. A resource of
+/// yours must not call, from those three, into a resource stacked above it: such a call waits
+/// for a lock its own thread holds, for ever. Nothing unsound follows, but the thread hangs.
+///
 /// # Writing your own resource
 ///
 /// ```

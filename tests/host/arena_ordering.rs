@@ -237,3 +237,50 @@ fn a_chunk_whose_wait_panics_goes_back_to_the_upstream() {
         "allocate_sync kept the chunk its wait panicked for"
     );
 }
+
+/// An upstream whose `order_after` panics while a large block carved from a free range is being
+/// ordered: the block goes back to the free ranges, and the drop gives every chunk back (helper
+/// 41: the block was recorded nowhere, and the drop leaked everything).
+#[test]
+fn a_panicking_ordering_of_a_large_block_gives_the_block_back() {
+    let h = Hostile::new(1 << 30);
+    {
+        let a = arena(&h, 64 << 20, 64 << 10);
+        let p = alloc(&h, &a, 1 << 20, s(1));
+        free(&h, &a, p, 1 << 20, s(1));
+        h.panic_order.store(true, SeqCst);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            a.allocate(1 << 20, 256, s(2))
+        }));
+        h.panic_order.store(false, SeqCst);
+        assert!(r.is_err());
+        assert_eq!(a.usage().allocated, 0);
+    }
+    assert_eq!(h.sim.in_use(), 0, "the arena's chunks were not given back");
+}
+
+/// The same while superblocks that other streams' arenas gave back are being ordered for a new
+/// stream's arena: they go back to the spare list.
+#[test]
+fn a_panicking_ordering_of_superblocks_gives_them_back() {
+    let h = Hostile::new(1 << 30);
+    {
+        let a = arena(&h, 64 << 20, 64 << 10);
+        // Six streams' arenas: the oldest idle ones give their superblocks back, tagged.
+        for n in 1..=6 {
+            let p = alloc(&h, &a, 1024, s(n));
+            free(&h, &a, p, 1024, s(n));
+        }
+        h.panic_order.store(true, SeqCst);
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.allocate(1024, 256, s(7))));
+        h.panic_order.store(false, SeqCst);
+        assert!(r.is_err());
+        assert_eq!(a.usage().allocated, 0);
+        let p = alloc(&h, &a, 1024, s(7));
+        free(&h, &a, p, 1024, s(7));
+        let v = std::mem::take(&mut h.model.lock().unwrap().violations);
+        assert!(v.is_empty(), "{v:#?}");
+    }
+    assert_eq!(h.sim.in_use(), 0, "the arena's chunks were not given back");
+}

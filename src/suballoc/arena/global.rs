@@ -239,9 +239,20 @@ impl<U: MemoryResource> Arena<U> {
                 let (run, pieces) = g.carve(start, at, bytes);
                 self.retain(&run.tags, pieces);
                 drop(g);
-                if let Err(e) = self.order(stream, &run.tags) {
-                    self.give_back(at, bytes, run.chunk, run.tags);
-                    return Err(e);
+                // The block goes back when the ordering fails, and when the upstream panics.
+                let ordered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.order(stream, &run.tags)
+                }));
+                match ordered {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        self.give_back(at, bytes, run.chunk, run.tags);
+                        return Err(e);
+                    }
+                    Err(panic) => {
+                        self.give_back(at, bytes, run.chunk, run.tags);
+                        std::panic::resume_unwind(panic);
+                    }
                 }
                 // The block is in use: its range no longer names these streams.
                 self.release(run.tags.iter());

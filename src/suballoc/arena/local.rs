@@ -346,14 +346,23 @@ impl<U: MemoryResource> Arena<U> {
             tags.absorb(&sp.tags, &mut sync, &mut dup);
         }
         // Every hold stays with `taken` until the superblocks are ordered: on failure they go
-        // back to the spare list as they were.
-        let ordered = sync
-            .into_iter()
-            .try_for_each(|s| self.upstream.synchronize(self.stream_of(s)))
-            .and_then(|()| self.order(st.stream, &tags));
-        if let Err(e) = ordered {
-            lock(&self.global).spare.extend(taken);
-            return Err(e);
+        // back to the spare list as they were, and so they do when the upstream panics (helper
+        // 41: they were lost, and with them, at the drop, every chunk).
+        let ordered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sync.into_iter()
+                .try_for_each(|s| self.upstream.synchronize(self.stream_of(s)))
+                .and_then(|()| self.order(st.stream, &tags))
+        }));
+        match ordered {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                lock(&self.global).spare.extend(taken);
+                return Err(e);
+            }
+            Err(panic) => {
+                lock(&self.global).spare.extend(taken);
+                std::panic::resume_unwind(panic);
+            }
         }
         self.release(taken.iter().flat_map(|sp| sp.tags.iter()));
         let units = self.units_per_superblock();
@@ -434,13 +443,21 @@ impl<U: MemoryResource> Arena<U> {
         if st.stream.id() == stream.id() {
             return Ok(());
         }
-        let Err(e) = self.upstream.order_after(stream, st.stream) else {
+        let after = st.stream;
+        // The block goes back when the upstream panics too.
+        let ordered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.upstream.order_after(stream, after)
+        }));
+        if let Ok(Ok(())) = ordered {
             return Ok(());
-        };
+        }
         let units = self.units_per_superblock();
         let freed = st.deallocate(slot, addr, (bytes / GRAN) as u32, units);
         self.release_superblocks(st, freed);
-        Err(e)
+        match ordered {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 
     /// Frees a block of local arena `id`'s superblock `slot`, and gives back superblocks when the
