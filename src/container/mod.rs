@@ -1110,8 +1110,6 @@ macro_rules! cudarc_interop {
 }
 pub(crate) use cudarc_interop;
 
-/// Keeps a CUDA error from a call that cannot return one (`Drop`, `Deref`) in the stream's context,
-/// where cudarc keeps such errors for `CudaContext::check_err`.
 /// Whether `bytes` of `resource`'s memory ordered on `stream` may be freed now: always for
 /// device-only memory (its frees are ordered on the stream); for host-accessible memory, whose
 /// frees are host calls, once the host has waited for the stream, or for its whole context where
@@ -1149,6 +1147,8 @@ pub(crate) fn wait_for_context_instead(stream: &CudaStream, failed: AllocError) 
     }
 }
 
+/// Keeps a CUDA error from a call that cannot return one (`Drop`, `Deref`) in the stream's context,
+/// where cudarc keeps such errors for `CudaContext::check_err`.
 pub(crate) fn record_in_context(stream: &CudaStream, e: AllocError) {
     if let AllocErrorKind::Cuda(code) = e.kind {
         let err: Result<(), _> = Err(cudarc::driver::DriverError(code));
