@@ -545,16 +545,17 @@ impl Bin {
                 continue;
             }
             panicked.catch(|| {
-                for &s in &streams {
-                    if s != chunk.stream
-                        && upstream
-                            .order_after(self.streams.get(chunk.stream), self.streams.get(s))
-                            .is_err()
-                    {
-                        // No event: wait for the stream instead; a failure here leaves nothing
-                        // better to do than give the memory back.
-                        let _ = upstream.synchronize(self.streams.get(s));
-                    }
+                // No event: wait for the stream instead. Where neither works, work of that
+                // stream may still use the chunk: it is leaked rather than given back under it
+                // (helper 42: it was given back unordered).
+                let ordered = streams.iter().filter(|&&s| s != chunk.stream).all(|&s| {
+                    upstream
+                        .order_after(self.streams.get(chunk.stream), self.streams.get(s))
+                        .is_ok()
+                        || upstream.synchronize(self.streams.get(s)).is_ok()
+                });
+                if !ordered {
+                    return;
                 }
                 self.held -= chunk.size;
                 meter.shrank(chunk.size);

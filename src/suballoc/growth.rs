@@ -115,24 +115,25 @@ pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut
     let streams = book.streams();
     let mut panicked = FirstPanic::default();
     for c in &free {
-        // No event: wait for the stream instead. Where neither works, work of that stream may
-        // still use the chunk: it is leaked rather than given back under it.
-        let ordered = c.freed_on.iter().filter(|&&s| s != c.stream).all(|&s| {
-            upstream
-                .order_after(streams.get(c.stream), streams.get(s))
-                .is_ok()
-                || upstream.synchronize(streams.get(s)).is_ok()
-        });
-        if !ordered {
-            continue;
-        }
-        // An upstream that panics on one chunk still gets the others; its first panic goes on
-        // after them (unless this drop runs while unwinding, where a second panic would abort).
+        // An upstream that panics on one chunk (ordering it or taking it back) still gets the
+        // others, and a chunk whose ordering panics is leaked; the first panic goes on after them
+        // all (unless this drop runs while unwinding, where a second panic would abort; helper
+        // 42: the ordering ran outside, and lost every later chunk or aborted).
         panicked.catch(|| {
-            // SAFETY: the chunk came from the upstream with this size on this stream, and the
-            // suballocator, being dropped, hands out none of it any more; each chunk is visited
-            // once, ordered after every stream that freed a block inside it.
-            unsafe { give_back(upstream, c, streams) };
+            // No event: wait for the stream instead. Where neither works, work of that stream
+            // may still use the chunk: it is leaked rather than given back under it.
+            let ordered = c.freed_on.iter().filter(|&&s| s != c.stream).all(|&s| {
+                upstream
+                    .order_after(streams.get(c.stream), streams.get(s))
+                    .is_ok()
+                    || upstream.synchronize(streams.get(s)).is_ok()
+            });
+            if ordered {
+                // SAFETY: the chunk came from the upstream with this size on this stream, and
+                // the suballocator, being dropped, hands out none of it any more; each chunk is
+                // visited once, ordered after every stream that freed a block inside it.
+                unsafe { give_back(upstream, c, streams) };
+            }
         });
     }
     panicked.resume();

@@ -11,11 +11,11 @@ mod support;
 
 mod adaptors;
 mod arena;
-mod arena_ordering;
 mod callback;
 mod config;
 mod conformance;
 mod erased;
+mod failing_upstream;
 mod host_allocator;
 mod misc;
 mod registry;

@@ -1,9 +1,11 @@
-//! Stream order in `Arena` when its upstream cannot order or wait (helper 41's reproducers): an
-//! upstream over `Simulated` whose `order_after` and `synchronize` fail or panic on command, and a
-//! vector-clock model of stream order fed by every ordering it grants. A block freed on stream S
-//! may go to another stream T only once T is ordered after S (or the host waited for S).
+//! Stream order when an upstream cannot order or wait, or panics (helpers 41 and 42's
+//! reproducers): an upstream over `Simulated` whose `order_after` and `synchronize` fail or panic
+//! on command, and a vector-clock model of stream order fed by every ordering it grants. A block
+//! freed on stream S may go to another stream T only once T is ordered after S (or the host
+//! waited for S); where neither can be done, the memory is leaked. Arena's paths first, then the
+//! drops of the pools and bins.
 
-use mrstack::adaptor::ArenaConfig;
+use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use mrstack::prelude::*;
 use mrstack::resource::{AllocError, AllocErrorKind};
 use std::collections::HashMap;
@@ -82,6 +84,8 @@ pub(crate) struct Hostile {
     pub(crate) fail_order: AtomicBool,
     pub(crate) fail_sync: AtomicBool,
     pub(crate) panic_order: AtomicBool,
+    /// Panics in the next `order_after` only.
+    pub(crate) panic_order_once: AtomicBool,
     pub(crate) panic_sync: AtomicBool,
     pub(crate) orders: AtomicUsize,
     pub(crate) on_order: OnceLock<Box<dyn Fn() + Send + Sync>>,
@@ -96,6 +100,7 @@ impl Hostile {
             fail_order: AtomicBool::new(false),
             fail_sync: AtomicBool::new(false),
             panic_order: AtomicBool::new(false),
+            panic_order_once: AtomicBool::new(false),
             panic_sync: AtomicBool::new(false),
             orders: AtomicUsize::new(0),
             on_order: OnceLock::new(),
@@ -145,7 +150,7 @@ unsafe impl MemoryResource for Hostile {
         if let Some(f) = self.on_order.get() {
             f();
         }
-        if self.panic_order.load(SeqCst) {
+        if self.panic_order.load(SeqCst) || self.panic_order_once.swap(false, SeqCst) {
             panic!("hostile order_after");
         }
         if self.fail_order.load(SeqCst) {
@@ -283,4 +288,100 @@ fn a_panicking_ordering_of_superblocks_gives_them_back() {
         assert!(v.is_empty(), "{v:#?}");
     }
     assert_eq!(h.sim.in_use(), 0, "the arena's chunks were not given back");
+}
+
+/// Frees a block of `mr` (allocated on stream 1) on stream 2, then drops `mr` while the upstream
+/// can neither order nor wait: true when the upstream got everything back anyway.
+fn given_back_unordered<R: MemoryResource>(h: &Hostile, mr: R, size: usize) -> bool {
+    let p = mr.allocate(size, 256, s(1)).unwrap();
+    // SAFETY: p came from mr with this size and alignment.
+    unsafe { mr.deallocate(p, size, 256, s(2)) };
+    h.fail_order.store(true, SeqCst);
+    h.fail_sync.store(true, SeqCst);
+    drop(mr);
+    h.fail_order.store(false, SeqCst);
+    h.fail_sync.store(false, SeqCst);
+    h.sim.in_use() == 0
+}
+
+/// A bin's chunk whose blocks were freed on another stream, at a drop where that stream can be
+/// neither ordered after nor waited for: the chunk is leaked, not given back on its own stream
+/// unordered (helper 42: FixedSize and Binning gave it back).
+#[test]
+fn a_bin_chunk_that_cannot_be_ordered_at_the_drop_is_leaked() {
+    let h = Hostile::new(1 << 30);
+    let fixed = FixedSize::new(
+        &h,
+        FixedSizeConfig {
+            block_size: 4096,
+            blocks_to_preallocate: 1,
+        },
+    );
+    assert!(!given_back_unordered(&h, fixed, 4096), "FixedSize");
+    let h = Hostile::new(1 << 30);
+    let bins = Binning::new(
+        &h,
+        BinningConfig {
+            min: 256,
+            max: 4096,
+        },
+    );
+    assert!(!given_back_unordered(&h, bins, 256), "Binning");
+    // Pool and Tlsf did already.
+    let h = Hostile::new(1 << 30);
+    let pool = Pool::new(
+        &h,
+        PoolConfig {
+            initial: 0,
+            max: 64 << 20,
+        },
+    );
+    assert!(!given_back_unordered(&h, pool, 4096), "Pool");
+}
+
+/// Two chunks, each with a block freed on another stream, and a drop whose first ordering
+/// panics: the bytes the upstream held before the drop, and after it.
+fn drop_with_one_panicking_ordering<R: MemoryResource>(h: &Hostile, mr: R) -> (usize, usize) {
+    let a = mr.allocate(1 << 20, 256, s(1)).unwrap(); // the initial chunk
+    let b = mr.allocate(4 << 20, 256, s(3)).unwrap(); // a chunk grown for it
+                                                      // SAFETY: both came from mr with these sizes and alignments.
+    unsafe {
+        mr.deallocate(a, 1 << 20, 256, s(2));
+        mr.deallocate(b, 4 << 20, 256, s(4));
+    }
+    let held = h.sim.in_use();
+    h.panic_order_once.store(true, SeqCst);
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(mr)));
+    assert!(
+        dropped.is_err(),
+        "the upstream's panic goes on after the drop"
+    );
+    (held, h.sim.in_use())
+}
+
+/// A pool's drop whose upstream panics ordering one chunk gives the other chunks back, and the
+/// panic goes on after them (helper 42: the ordering ran outside the drop's catch, so the first
+/// panic lost every later chunk, and during an unwind aborted the process).
+#[test]
+fn a_pool_drop_whose_ordering_panics_gives_the_other_chunks_back() {
+    let h = Hostile::new(1 << 30);
+    let pool = Pool::new(
+        &h,
+        PoolConfig {
+            initial: 1 << 20,
+            max: 64 << 20,
+        },
+    );
+    let (held, left) = drop_with_one_panicking_ordering(&h, pool);
+    assert!(0 < left && left < held, "Pool: {left} of {held} bytes kept");
+    let h = Hostile::new(1 << 30);
+    let tlsf = Tlsf::new(
+        &h,
+        TlsfConfig {
+            initial: 1 << 20,
+            max: 64 << 20,
+        },
+    );
+    let (held, left) = drop_with_one_panicking_ordering(&h, tlsf);
+    assert!(0 < left && left < held, "Tlsf: {left} of {held} bytes kept");
 }
