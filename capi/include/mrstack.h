@@ -50,8 +50,9 @@ MrstackStack *mrstack_create(const char *config);
 // `config` and `log_path` are null or NUL-terminated strings.
 MrstackStack *mrstack_create_ex(const char *config, int device, const char *log_path);
 
-// Destroys a stack: blocks still live go back to it, and it gives back what it took. 0, or -1
-// for a handle that names no live stack.
+// Destroys a stack: blocks still live go back to it (on the default stream: first synchronize
+// the streams whose work may still use them), and it gives back what it took. 0, or -1 for a
+// handle that names no live stack.
 int mrstack_destroy(MrstackStack *stack);
 
 // `size` bytes aligned to `align` (a power of two; 0 for the stack's own alignment), ordered on
@@ -60,9 +61,9 @@ int mrstack_destroy(MrstackStack *stack);
 //
 // # Safety
 //
-// `stream` is null or a live stream of the stack's CUDA context, which stays live while the
-// stack may still order work after it (until the blocks freed on it are reused, or the stack
-// is destroyed).
+// `stream` is null or a live stream of the stack's CUDA context, which stays live until the
+// stack is destroyed: the stack keeps blocks and chunks by the streams they were allocated and
+// freed on, and orders later work after those streams.
 void *mrstack_allocate(MrstackStack *stack, size_t size, size_t align, void *stream);
 
 // Frees a block of this stack on `stream`, with the size and alignment it was allocated with
@@ -138,8 +139,8 @@ const char *mrstack_last_error(void);
 //
 // # Safety
 //
-// `stream` is null or a live stream of the stack's CUDA context, which stays live while the
-// stack may order work after it.
+// `stream` is null or a live stream of the stack's CUDA context, which stays live until the
+// stack is destroyed (as for `mrstack_allocate`).
 void *mrstack_trt_allocate(MrstackStack *stack,
                            uint64_t size,
                            uint64_t alignment,

@@ -7,22 +7,30 @@ use mrstack::cudarc::driver::sys::CUstream;
 use mrstack::StreamRef;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
-/// Every stack handed to C and not destroyed, by the address C holds. Calls look their handle
+/// Every stack handed to C and not destroyed, by the handle C holds. Calls look their handle
 /// up here instead of dereferencing it: a destroyed, forged or null handle is an error, and a
 /// stack destroyed while another thread still uses it lives until that call returns.
 static HANDLES: LazyLock<RwLock<HashMap<usize, Arc<MrstackStack>>>> =
     LazyLock::new(|| RwLock::new(HashMap::new()));
 
+/// The next handle: a number never handed out before, not an address, so that a destroyed
+/// stack's handle cannot name the next stack made at the same address (helper 43: a stale
+/// destroy freed another owner's stack). Steps of 16 from 16: never null, aligned as a pointer
+/// would be.
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(16);
+
 /// Registers `stack` and returns its handle.
 pub(crate) fn register(stack: Arc<MrstackStack>) -> *mut MrstackStack {
-    let addr = Arc::as_ptr(&stack) as usize;
+    let handle = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed);
     HANDLES
         .write()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(addr, stack);
-    addr as *mut MrstackStack
+        .insert(handle, stack);
+    // A number C keeps and gives back; never dereferenced.
+    std::ptr::without_provenance_mut(handle)
 }
 
 /// The stack `handle` names.
@@ -123,8 +131,9 @@ pub unsafe extern "C" fn mrstack_create_ex(
     })
 }
 
-/// Destroys a stack: blocks still live go back to it, and it gives back what it took. 0, or -1
-/// for a handle that names no live stack.
+/// Destroys a stack: blocks still live go back to it (on the default stream: first synchronize
+/// the streams whose work may still use them), and it gives back what it took. 0, or -1 for a
+/// handle that names no live stack.
 #[no_mangle]
 pub extern "C" fn mrstack_destroy(stack: *mut MrstackStack) -> c_int {
     guard(-1, || {
@@ -147,9 +156,9 @@ pub extern "C" fn mrstack_destroy(stack: *mut MrstackStack) -> c_int {
 ///
 /// # Safety
 ///
-/// `stream` is null or a live stream of the stack's CUDA context, which stays live while the
-/// stack may still order work after it (until the blocks freed on it are reused, or the stack
-/// is destroyed).
+/// `stream` is null or a live stream of the stack's CUDA context, which stays live until the
+/// stack is destroyed: the stack keeps blocks and chunks by the streams they were allocated and
+/// freed on, and orders later work after those streams.
 #[no_mangle]
 pub unsafe extern "C" fn mrstack_allocate(
     stack: *mut MrstackStack,
@@ -263,7 +272,10 @@ pub const MRSTACK_MANAGED: c_int = 4;
 /// standard error, besides recording it as the last error: the client cannot hear of it.
 pub(crate) fn report_void_failure(what: &str, result: Result<(), String>) {
     if let Err(e) = result {
-        eprintln!("mrstack: {what}: {e}");
+        // Not `eprintln!`, which panics when standard error cannot be written (a full disk, a
+        // closed pipe), and a panic here would unwind into C (helper 43: the process aborted).
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "mrstack: {what}: {e}");
         set(e);
     }
 }

@@ -27,7 +27,7 @@ struct EnvStack {
     handle: *mut MrstackStack,
 }
 
-// SAFETY: `handle` is an address used only as a key of the handle table, never dereferenced.
+// SAFETY: `handle` is a number used only as a key of the handle table, never dereferenced.
 unsafe impl Send for EnvStack {}
 // SAFETY: as above.
 unsafe impl Sync for EnvStack {}
@@ -50,29 +50,41 @@ fn env_entry(device: c_int) -> Result<&'static EnvStack, String> {
         .ok_or_else(|| format!("device {device} is outside 0..{MAX_DEVICES}"))?;
     STACKS[d]
         .get_or_init(|| {
-            let config =
-                std::env::var("MRSTACK_STACK").unwrap_or_else(|_| DEFAULT_STACK.to_string());
-            let log =
-                std::env::var("MRSTACK_LOG").ok().map(
-                    |p| {
-                        if d == 0 {
-                            p
-                        } else {
-                            format!("{p}.{d}")
-                        }
-                    },
-                );
-            let stack = Arc::new(MrstackStack::build(&config, d, log.as_deref())?);
+            let config = env_text("MRSTACK_STACK")?.unwrap_or_else(|| DEFAULT_STACK.to_string());
+            let log = env_text("MRSTACK_LOG")?.map(|p| if d == 0 { p } else { format!("{p}.{d}") });
+            let stack = Arc::new(
+                MrstackStack::build(&config, d, log.as_deref()).map_err(|e| {
+                    match e.strip_prefix("log: ") {
+                        Some(log) => format!("MRSTACK_LOG: {log}"),
+                        None => format!("MRSTACK_STACK: {e}"),
+                    }
+                })?,
+            );
             let handle = register(stack.clone());
             let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-            if built.is_empty() && std::env::var_os("MRSTACK_REPORT").is_some() {
+            // At exit the logs are flushed (the stacks are never dropped, and a log's last
+            // lines wait in its buffer: helper 43 found a log of 200 ops empty) and the report
+            // written.
+            if built.is_empty() && (log.is_some() || std::env::var_os("MRSTACK_REPORT").is_some()) {
                 register_exit_report();
             }
             built.push(d);
             Ok(EnvStack { stack, handle })
         })
         .as_ref()
-        .map_err(|e| format!("MRSTACK_STACK for device {d}: {e}"))
+        .map_err(|e| format!("the stack of device {d}: {e}"))
+}
+
+/// The value of environment variable `name`, `None` when it is not set; an error naming it when
+/// it is not UTF-8 (rather than the default it would otherwise fall back to, silently).
+fn env_text(name: &str) -> Result<Option<String>, String> {
+    match std::env::var_os(name) {
+        None => Ok(None),
+        Some(v) => v
+            .into_string()
+            .map(Some)
+            .map_err(|_| format!("{name} is not UTF-8")),
+    }
 }
 
 /// The handle of device `device`'s stack (built on first use), for the generic calls
@@ -112,7 +124,7 @@ fn report_json() -> String {
 pub unsafe extern "C" fn mrstack_report(path: *const c_char) -> c_int {
     guard(-1, || {
         let path = if path.is_null() {
-            std::env::var("MRSTACK_REPORT").map_err(|_| "no path, and MRSTACK_REPORT is not set")?
+            env_text("MRSTACK_REPORT")?.ok_or("no path, and MRSTACK_REPORT is not set")?
         } else {
             // SAFETY: forwarded from the caller.
             unsafe { text(path, "report path") }?.to_string()
@@ -123,12 +135,7 @@ pub unsafe extern "C" fn mrstack_report(path: *const c_char) -> c_int {
 }
 
 fn write_report(path: &str) -> Result<(), String> {
-    let built = BUILT.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for d in built {
-        if let Some(Ok(e)) = STACKS[d].get() {
-            e.stack.flush_log()?;
-        }
-    }
+    flush_logs()?;
     std::fs::write(path, report_json()).map_err(|e| format!("report `{path}`: {e}"))
 }
 
@@ -139,12 +146,27 @@ extern "C" {
 extern "C" fn at_exit() {
     // Nothing may unwind out of an exit handler.
     let _ = std::panic::catch_unwind(|| {
-        if let Ok(path) = std::env::var("MRSTACK_REPORT") {
-            if let Err(e) = write_report(&path) {
-                eprintln!("mrstack: MRSTACK_REPORT: {e}");
-            }
+        use std::io::Write;
+        let done = match env_text("MRSTACK_REPORT") {
+            Ok(Some(path)) => write_report(&path).map_err(|e| format!("MRSTACK_REPORT: {e}")),
+            Ok(None) => flush_logs().map_err(|e| format!("MRSTACK_LOG: {e}")),
+            Err(e) => flush_logs().and(Err(e)),
+        };
+        if let Err(e) = done {
+            let _ = writeln!(std::io::stderr(), "mrstack: {e}");
         }
     });
+}
+
+/// Writes out every per-device stack's buffered log lines.
+fn flush_logs() -> Result<(), String> {
+    let built = BUILT.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for d in built {
+        if let Some(Ok(e)) = STACKS[d].get() {
+            e.stack.flush_log()?;
+        }
+    }
+    Ok(())
 }
 
 fn register_exit_report() {

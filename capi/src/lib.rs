@@ -8,8 +8,11 @@
 //!
 //! Errors return null or -1 and leave a thread-local message (`mrstack_last_error`). No panic
 //! crosses the boundary: every entry point catches them. Handles are looked up, never
-//! dereferenced, so a destroyed or forged handle is an error; every free is checked against the
-//! blocks the stack handed out, so a foreign pointer or a double free is an error too.
+//! dereferenced, and never handed out twice, so a destroyed or forged handle is an error; every
+//! free is checked against the blocks the stack handed out, so a foreign pointer or a double free
+//! is an error too, until the stack hands the same address out again (a free that gives the size
+//! also catches a second free of a block of another size there; CuPy's and TensorRT's frees give
+//! none).
 
 pub mod api;
 pub mod cupy;

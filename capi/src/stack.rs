@@ -153,6 +153,12 @@ impl MrstackStack {
                 ));
             }
             shard.remove(&addr);
+            // A table that held many blocks once gives the room back when most are gone, so
+            // that the host memory it takes follows what is live, not its peak (helper 43).
+            if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
+                let len = shard.len();
+                shard.shrink_to(len * 2);
+            }
             block
         };
         // SAFETY: `p` was handed out by this stack's resource with `block`'s size and alignment
@@ -167,7 +173,7 @@ impl MrstackStack {
     pub(crate) fn flush_log(&self) -> Result<(), String> {
         match &self.flush {
             None => Ok(()),
-            Some(flush) => flush().map_err(|e| format!("MRSTACK_LOG: {e}")),
+            Some(flush) => flush().map_err(|e| format!("log: {e}")),
         }
     }
 
@@ -275,8 +281,7 @@ fn build_erased(
             return Ok((r.forget::<()>(), None));
         };
         let logged = Arc::new(
-            Logging::create(r, path)
-                .map_err(|e| format!("MRSTACK_LOG: cannot create `{path}`: {e}"))?,
+            Logging::create(r, path).map_err(|e| format!("log: cannot create `{path}`: {e}"))?,
         );
         let flush: Flush = {
             let logged = logged.clone();
@@ -298,7 +303,7 @@ fn build_erased(
         _ => with::<()>(&spec, device, log),
     };
     built.map_err(|e| {
-        if e.starts_with("MRSTACK_LOG") {
+        if e.starts_with("log: ") {
             e
         } else {
             format!("config `{config}`: {e}")

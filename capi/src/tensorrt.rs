@@ -15,8 +15,8 @@ use std::ffi::c_void;
 ///
 /// # Safety
 ///
-/// `stream` is null or a live stream of the stack's CUDA context, which stays live while the
-/// stack may order work after it.
+/// `stream` is null or a live stream of the stack's CUDA context, which stays live until the
+/// stack is destroyed (as for `mrstack_allocate`).
 #[no_mangle]
 pub unsafe extern "C" fn mrstack_trt_allocate(
     stack: *mut MrstackStack,

@@ -109,3 +109,33 @@ fn a_c_program_drives_the_generic_api_and_every_client_door() {
     );
     assert_eq!(w.peak_live(), (1..=100).map(|i| 512 * i).sum::<usize>());
 }
+
+/// With `MRSTACK_LOG` and no `MRSTACK_REPORT`, the log is whole once the program exits: the
+/// per-device stacks are never dropped, so an exit hook flushes it (helper 43: a log of 200 ops
+/// came out empty without `MRSTACK_REPORT`).
+#[test]
+fn a_log_without_a_report_is_flushed_at_exit() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let exe = tmp.join("host_test_log_only");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    compile(&cc, &["-std=c11", "-D_DEFAULT_SOURCE"], "host_test.c", &exe);
+    let log = tmp.join("log_only.csv");
+    let _ = std::fs::remove_file(&log);
+    let run = Command::new(&exe)
+        .arg("--log-only")
+        .arg(&log)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .expect("run host_test --log-only");
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && out.contains(" passed, 0 failed"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let trace = mrstack::replay::rmm_log::read(&log).expect("the log parses");
+    assert_eq!(
+        (trace.workload.ops().len(), trace.workload.allocations()),
+        (20, 10)
+    );
+}

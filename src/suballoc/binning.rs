@@ -388,8 +388,9 @@ impl<U: MemoryResource> Binning<U> {
         if size > self.max_block || align > GRANULE {
             return None;
         }
-        // The smallest power of two holding `size`, at least the smallest bin's.
-        let shift = (usize::BITS - (size - 1).leading_zeros()).max(self.min_shift);
+        // The smallest power of two holding `size`, at least the smallest bin's (`with_bin`
+        // asks for any size, 0 included: helper 43's `bins="0 = system"` overflowed here).
+        let shift = (usize::BITS - size.saturating_sub(1).leading_zeros()).max(self.min_shift);
         let i = (shift - self.min_shift) as usize;
         (i < self.bins.len()).then_some(i)
     }

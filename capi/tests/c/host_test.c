@@ -123,6 +123,18 @@ static void bad_input(void) {
     CHECK(mrstack_allocate(s, 8, 0, NULL) == NULL, "use after destroy");
     CHECK(mrstack_statistics_json(s, NULL, 0) == 0, "statistics after destroy");
     CHECK(mrstack_properties(s) == -1, "properties after destroy");
+    /* A stack made after a destroy never gets the destroyed one's handle, so a stale handle
+       cannot reach (or destroy) it, even where the allocator reuses the address. */
+    {
+        MrstackStack *next = mrstack_create("system > pool");
+        CHECK(next != NULL && next != s, "a new handle");
+        CHECK(mrstack_destroy(s) == -1, "a stale destroy");
+        CHECK(mrstack_allocate(s, 8, 0, NULL) == NULL, "a stale allocate");
+        p = mrstack_allocate(next, 64, 0, NULL);
+        CHECK(p != NULL, "the new stack serves");
+        CHECK(mrstack_deallocate(next, p, 64, 0, NULL) == 0, "and frees");
+        CHECK(mrstack_destroy(next) == 0, "destroy the new one");
+    }
 }
 
 static MrstackStack *shared;
@@ -209,9 +221,25 @@ static void clients(const char *report, const char *log) {
     CHECK(mrstack_report(NULL) == 0, "report");
 }
 
+/* MRSTACK_LOG alone, no report: the log is complete once the program exits normally (the
+   per-device stacks are never dropped, so only the exit hook flushes it). */
+static int log_only(const char *log) {
+    setenv("MRSTACK_STACK", "system > pool", 1);
+    setenv("MRSTACK_LOG", log, 1);
+    unsetenv("MRSTACK_REPORT");
+    for (int i = 0; i < 10; i++) {
+        void *p = mrstack_torch_malloc(256 * (i + 1), 0, NULL);
+        CHECK(p != NULL, "torch malloc %d", i);
+        mrstack_torch_free(p, 256 * (i + 1), 0, NULL);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--log-only") == 0) return log_only(argv[2]);
     if (argc < 3) {
-        fprintf(stderr, "usage: host_test REPORT.json LOG.csv\n");
+        fprintf(stderr, "usage: host_test REPORT.json LOG.csv | host_test --log-only LOG.csv\n");
         return 2;
     }
     CHECK(strcmp(mrstack_last_error(), "") == 0, "no error yet");
