@@ -137,6 +137,12 @@ pub unsafe extern "C" fn mrstack_create_ex(
 #[no_mangle]
 pub extern "C" fn mrstack_destroy(stack: *mut MrstackStack) -> c_int {
     guard(-1, || {
+        if crate::env::is_device_stack(stack) {
+            // Its handle would stop working while the clients' calls go on using the stack.
+            return Err(format!(
+                "{stack:p} is a per-device stack (mrstack_device_stack), which lives as long as the process"
+            ));
+        }
         let removed = HANDLES
             .write()
             .unwrap_or_else(|p| p.into_inner())

@@ -87,6 +87,14 @@ fn env_text(name: &str) -> Result<Option<String>, String> {
     }
 }
 
+/// Whether `handle` is a per-device stack's, which lives as long as the process.
+pub(crate) fn is_device_stack(handle: *mut MrstackStack) -> bool {
+    STACKS
+        .iter()
+        .filter_map(|s| s.get()?.as_ref().ok())
+        .any(|e| e.handle == handle)
+}
+
 /// The handle of device `device`'s stack (built on first use), for the generic calls
 /// (`mrstack_statistics_json`, …). Null on error. Never destroy it.
 #[no_mangle]

@@ -218,6 +218,9 @@ static void clients(const char *report, const char *log) {
     MrstackStack *dev0 = mrstack_device_stack(0);
     CHECK(dev0 != NULL && contains(stats(dev0), "\"allocations\":100,\"deallocations\":100"),
           "%s", dev0 ? stats(dev0) : "null");
+    CHECK(mrstack_destroy(dev0) == -1, "a per-device stack is not destroyed");
+    CHECK(contains(mrstack_last_error(), "per-device"), "says why");
+    CHECK(mrstack_device_stack(0) == dev0 && mrstack_properties(dev0) >= 0, "and still works");
     CHECK(mrstack_report(NULL) == 0, "report");
 }
 
