@@ -73,6 +73,18 @@ fn env_entry(device: c_int) -> Result<&'static EnvStack, String> {
         })
         .as_ref()
         .map_err(|e| format!("the stack of device {d}: {e}"))
+        .and_then(|e| {
+            // PyTorch and CuPy hand this memory to kernels (helper 43: `system > pool` served
+            // them host memory, `simulated` made-up addresses).
+            if !e.stack.properties().device && env_text("MRSTACK_ALLOW_HOST_MEMORY")?.is_none() {
+                return Err(format!(
+                    "the stack of device {d}: MRSTACK_STACK gives memory kernels cannot use, and \
+                     the clients of the per-device stacks (PyTorch, CuPy) hand it to kernels \
+                     (MRSTACK_ALLOW_HOST_MEMORY=1 allows it, for tests where there is no GPU)"
+                ));
+            }
+            Ok(e)
+        })
 }
 
 /// The value of environment variable `name`, `None` when it is not set; an error naming it when

@@ -202,10 +202,14 @@ static void clients(const char *report, const char *log) {
     CHECK(contains(stats(host), "\"live_blocks\":0"), "%s", stats(host));
     mrstack_destroy(host);
 
-    /* PyTorch: per-device stacks from the environment, logged and reported. */
+    /* PyTorch: per-device stacks from the environment, logged and reported. A host stack, which
+       the doors refuse unless told that no kernel will run. */
     setenv("MRSTACK_STACK", "system > pool > binning", 1);
     setenv("MRSTACK_LOG", log, 1);
     setenv("MRSTACK_REPORT", report, 1);
+    CHECK(mrstack_torch_malloc(8, 0, NULL) == NULL, "a host stack refused");
+    CHECK(contains(mrstack_last_error(), "MRSTACK_ALLOW_HOST_MEMORY"), "%s", mrstack_last_error());
+    setenv("MRSTACK_ALLOW_HOST_MEMORY", "1", 1);
     void *t[100];
     for (int i = 0; i < 100; i++) {
         t[i] = mrstack_torch_malloc(512 * (i + 1), 0, NULL);
@@ -228,6 +232,7 @@ static void clients(const char *report, const char *log) {
    per-device stacks are never dropped, so only the exit hook flushes it). */
 static int log_only(const char *log) {
     setenv("MRSTACK_STACK", "system > pool", 1);
+    setenv("MRSTACK_ALLOW_HOST_MEMORY", "1", 1);
     setenv("MRSTACK_LOG", log, 1);
     unsetenv("MRSTACK_REPORT");
     for (int i = 0; i < 10; i++) {
