@@ -69,19 +69,7 @@ impl CudaAsyncManaged {
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
         let _current = crate::leaf::make_current(ctx).map_err(err)?;
-        let concurrent = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
-            .map_err(err)?;
-        if concurrent == 0 {
-            return Err(AllocError::new(
-                AllocErrorKind::Unsupported(
-                    "managed memory pools need a device with concurrent managed access",
-                ),
-                0,
-                0,
-                Self::NAME,
-            ));
-        }
+        crate::leaf::driver::require_concurrent_managed_access(ctx, Self::NAME)?;
         let mut location = sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: ctx.cu_device(),

@@ -265,7 +265,9 @@ pub(crate) fn driver_allocate_checked(
     let _current = make_current(ctx).map_err(|e| AllocError::cuda(e, size, align, name))?;
     let addr = alloc(size).map_err(|e| AllocError::cuda(e, size, align, name))?;
     match NonNull::new(addr as *mut u8) {
-        Some(ptr) if addr % align == 0 => Ok(ptr),
+        // The resource promises 256 whatever the request asked (its `Alignment`): checked
+        // against that, not the request's (helper 44: an `align` of 1 checked nothing).
+        Some(ptr) if addr % align.max(CUDA_ALIGNMENT) == 0 => Ok(ptr),
         _ => {
             if addr != 0 {
                 ctx.record_err(free(addr));
@@ -427,8 +429,32 @@ pub(crate) const CUDA_ALIGNMENT: usize = 256;
 /// `pool: CUmemoryPool`, live while the leaf is), and
 /// `context_leaf!(describe "name")` its description, `name(device=N)` as text configurations
 /// write it.
+/// Refuses a device whose host may not touch managed memory while any kernel runs on it
+/// (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS` 0: Windows under WDDM, some Tegra, devices
+/// before Pascal): a host read of a managed block there faults while a kernel runs on any
+/// stream, which no wait on the block's own stream prevents. With `ctx` current.
+pub(crate) fn require_concurrent_managed_access(
+    ctx: &CudaContext,
+    name: &'static str,
+) -> Result<(), AllocError> {
+    let concurrent = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
+        .map_err(|e| AllocError::cuda(e, 0, 0, name))?;
+    if concurrent == 0 {
+        return Err(AllocError::new(
+            AllocErrorKind::Unsupported(
+                "managed memory needs a device with concurrent managed access (the host may not touch it while kernels run otherwise)",
+            ),
+            0,
+            0,
+            name,
+        ));
+    }
+    Ok(())
+}
+
 macro_rules! context_leaf {
-    ($T:ident, $memory:literal) => {
+    ($T:ident, $memory:literal $(, check = $check:path)?) => {
         impl $T {
             const NAME: &'static str = stringify!($T);
 
@@ -438,6 +464,7 @@ macro_rules! context_leaf {
             ) -> Result<Self, $crate::resource::AllocError> {
                 let _current = $crate::leaf::make_current(ctx)
                     .map_err(|e| $crate::resource::AllocError::cuda(e, 0, 0, Self::NAME))?;
+                $( $check(ctx, Self::NAME)?; )?
                 Ok($T { ctx: ctx.clone() })
             }
 

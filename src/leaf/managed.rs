@@ -57,7 +57,12 @@ pub struct Managed {
     ctx: std::sync::Arc<CudaContext>,
 }
 
-context_leaf!(Managed, "managed memory");
+// Host access to managed memory while kernels run needs concurrent managed access (helper 44).
+context_leaf!(
+    Managed,
+    "managed memory",
+    check = crate::leaf::driver::require_concurrent_managed_access
+);
 
 // SAFETY: cuMemAllocManaged returns memory valid on host and device until cuMemFree, aligned to
 // 256 (checked by driver_allocate, which refuses larger alignments).

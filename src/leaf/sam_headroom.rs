@@ -140,7 +140,8 @@ impl SamHeadroom {
 
 // SAFETY: std::alloc returns host memory valid until dealloc, aligned to max(align, 4096); the
 // device reaches it (`new` checked pageable memory access), and the driver migrates it (hence
-// Managed). It is freed only after the host waited for the stream it was freed on.
+// Managed). It is freed only after the host waited for the stream it was freed on, and leaked
+// where that wait fails.
 unsafe impl MemoryResource for SamHeadroom {
     properties!(Host = B1, Device = B1, Managed = B1, Alignment = U256);
 
@@ -199,11 +200,14 @@ unsafe impl MemoryResource for SamHeadroom {
         if size == 0 {
             return;
         }
-        // A host free is ordered on no stream: the work that used the memory finishes first.
-        super::record(
-            &self.ctx,
-            super::driver_synchronize(&self.ctx, stream, Self::NAME),
-        );
+        // A host free is ordered on no stream: the work that used the memory finishes first,
+        // and where it cannot be waited for, the memory is leaked (helper 44: it was freed).
+        let synced = super::driver_synchronize(&self.ctx, stream, Self::NAME);
+        let waited = synced.is_ok();
+        super::record(&self.ctx, synced);
+        if !waited {
+            return;
+        }
         if let Some(layout) = Self::layout(size, align) {
             // SAFETY: the caller passes a pointer from `allocate` with this size and alignment,
             // which made it with this very layout; the stream's work is done.

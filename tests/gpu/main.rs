@@ -17,6 +17,7 @@ mod driver_pools;
 mod erased;
 mod graphs;
 mod hostile;
+mod hostile_leaves;
 mod multi_gpu;
 mod sam_headroom;
 mod soundness;
