@@ -37,6 +37,9 @@ use typenum::{B1, U256};
 /// managed memory than the device has free: oversubscription can stall the whole GPU. It gives
 /// host- and device-accessible, migratable memory and guarantees 256-byte alignment; a larger
 /// alignment is refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+/// The constructors refuse a device without concurrent managed access (Windows under WDDM, some
+/// Tegra, devices before Pascal) with `Unsupported`: there the host may not touch managed memory
+/// while any kernel runs on the device, which no wait on one stream ensures.
 ///
 /// # Examples
 ///
