@@ -196,20 +196,19 @@ pub unsafe trait MemoryResource {
 
     /// Allocates on the default stream and waits for it, so the memory may be used by any stream.
     fn allocate_sync(&self, size: usize, align: usize) -> Result<NonNull<u8>, AllocError> {
-        /// Gives the block back unless forgotten: when the wait fails, and when it panics.
-        struct GiveBack<'a, R: MemoryResource + ?Sized>(&'a R, NonNull<u8>, usize, usize);
-        impl<R: MemoryResource + ?Sized> Drop for GiveBack<'_, R> {
-            fn drop(&mut self) {
-                // SAFETY: allocated just before this guard was made, with this size and
-                // alignment, on the default stream, and handed to no one.
-                unsafe {
-                    self.0
-                        .deallocate(self.1, self.2, self.3, StreamRef::DEFAULT)
-                };
-            }
-        }
         let ptr = self.allocate(size, align, StreamRef::DEFAULT)?;
-        let give_back = GiveBack(self, ptr, size, align);
+        // Given back when the wait fails, and when it panics (a second panic of the upstream's
+        // while that one unwinds would abort: it is kept in).
+        let give_back = Undo(|| {
+            // SAFETY: allocated just above with this size and alignment, on the default stream,
+            // and handed to no one (the guard is forgotten once it is the caller's).
+            let free = || unsafe { self.deallocate(ptr, size, align, StreamRef::DEFAULT) };
+            if std::thread::panicking() {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(free));
+            } else {
+                free();
+            }
+        });
         self.synchronize(StreamRef::DEFAULT)?;
         std::mem::forget(give_back);
         Ok(ptr)
@@ -323,6 +322,17 @@ macro_rules! properties {
     };
 }
 pub(crate) use properties;
+
+/// Runs its closure when dropped, unless forgotten: undoes a step (a claim, a reservation, a
+/// block taken) on every way out of the call that follows it, an error returned with `?` or a
+/// panic unwinding, and is `mem::forget`-ten once the step is to stay.
+pub(crate) struct Undo<F: FnMut()>(pub(crate) F);
+
+impl<F: FnMut()> Drop for Undo<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
 
 /// A borrowed resource is the same resource: every call, `synchronize` and `order_after`
 /// included, goes to `R` unchanged, with `R`'s properties and alignment; it costs one pointer

@@ -3,6 +3,7 @@
 use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource, Result,
+    Undo,
 };
 use crate::shard::Sharded;
 use crate::stack::{has_upstream, ItemWriter};
@@ -113,16 +114,6 @@ impl<U> Limiting<U> {
     }
 }
 
-/// Gives bytes of the cap back when dropped: on every path out of an upstream call, unwinding
-/// included, unless forgotten once the bytes are the caller's.
-struct Release<'a>(&'a Sharded<1>, u64);
-
-impl Drop for Release<'_> {
-    fn drop(&mut self) {
-        self.0.sub([self.1]);
-    }
-}
-
 // SAFETY: every allocation is the upstream's, returned unchanged; the adaptor only refuses some.
 unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
     forward_upstream!(U, upstream);
@@ -153,7 +144,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
             .map_err(|_| refused())?;
         // Given back if the upstream fails or panics (helper 40: a panicking upstream shrank the
         // cap for good).
-        let reserved = Release(&self.in_use, size as u64);
+        let reserved = Undo(|| self.in_use.sub([size as u64]));
         let ptr = self.upstream.allocate(size, align, stream)?;
         std::mem::forget(reserved);
         Ok(ptr)
@@ -166,7 +157,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
         }
         // Released after the upstream has the memory back, so that a request the cap lets through
         // can be served by it; released too if the upstream panics (the caller's block is gone).
-        let _release = Release(&self.in_use, size as u64);
+        let _release = Undo(|| self.in_use.sub([size as u64]));
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) };
     }

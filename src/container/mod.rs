@@ -393,9 +393,7 @@ impl Readers {
     fn sync_untracked(&self) {
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         for other in std::mem::take(&mut list.untracked) {
-            let synced = crate::leaf::make_current(&other)
-                .and_then(|_current| cudarc::driver::result::ctx::synchronize());
-            other.record_err(synced);
+            other.record_err(crate::leaf::synchronize_context(&other));
         }
     }
 }
@@ -1136,9 +1134,7 @@ fn host_free_may_follow<R: MemoryResource>(
 pub(crate) fn wait_for_context_instead(stream: &CudaStream, failed: AllocError) -> bool {
     record_in_context(stream, failed);
     let ctx = stream.context();
-    let synced = crate::leaf::make_current(ctx)
-        .and_then(|_current| cudarc::driver::result::ctx::synchronize());
-    match synced {
+    match crate::leaf::synchronize_context(ctx) {
         Ok(()) => true,
         Err(e) => {
             ctx.record_err::<()>(Err(e));

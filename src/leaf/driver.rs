@@ -354,12 +354,15 @@ pub(crate) fn driver_synchronize(
             // whose caller promised it live).
             unsafe { result::stream::synchronize(handle) }.map_err(err)
         }
-        None => {
-            let c = stream.context().map_or(ctx, |c| &**c);
-            let _current = crate::leaf::make_current(c).map_err(err)?;
-            result::ctx::synchronize().map_err(err)
-        }
+        None => synchronize_context(stream.context().map_or(ctx, |c| &**c)).map_err(err),
     }
+}
+
+/// Waits on the host for every stream of `ctx`, made current for the call (raw: it reads no
+/// error slot).
+pub(crate) fn synchronize_context(ctx: &CudaContext) -> Result<(), DriverError> {
+    let _current = make_current(ctx)?;
+    result::ctx::synchronize()
 }
 
 /// Makes `stream` wait for the work queued on `after` so far: an event recorded on `after` (in

@@ -40,6 +40,6 @@ pub use virtual_memory::{VirtualMemory, VirtualMemoryConfig, VmUsage};
 pub(crate) use driver::{
     context_leaf, driver_allocate, driver_allocate_checked, driver_free, driver_order_after,
     driver_symbol, driver_synchronize, make_current, make_current_or_record, park_error, record,
-    stream_in,
+    stream_in, synchronize_context,
 };
 pub use driver::{cuda_context, device_count, driver_available, enable_peer_access};

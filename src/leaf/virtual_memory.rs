@@ -443,13 +443,13 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         // The pages it covers are live through it alone; the end pages it shares are counted.
         let covered_cached = region.cached.clear(lo, hi);
         let mut uncached = covered_cached;
-        for p in ends(first, last, lo, hi) {
-            uncached += region.touch(p, Overlap::None, Overlap::Partial);
-        }
         // The usual case maps nothing: a covered page was free, so it is mapped exactly when it
         // was cached, and an end page is looked up (one bit each) instead of counting the span.
-        let all_mapped =
-            covered_cached == hi - lo && ends(first, last, lo, hi).all(|p| region.mapped.get(p));
+        let mut all_mapped = covered_cached == hi - lo;
+        for p in ends(first, last, lo, hi) {
+            uncached += region.touch(p, Overlap::None, Overlap::Partial);
+            all_mapped &= region.mapped.get(p);
+        }
         st.cached -= uncached;
         if all_mapped {
             return Ok(());

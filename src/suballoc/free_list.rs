@@ -1,6 +1,6 @@
 //! The free lists of one block size, per stream, over chunks of an upstream: what `FixedSize` is and each `Binning` bin is.
 
-use super::growth::{FirstPanic, InFlight, Locks};
+use super::growth::{order_or_wait, FirstPanic, InFlight, Locks};
 use super::usage::{Meter, Usage};
 use crate::resource::{AllocError, AllocErrorKind, MemoryResource};
 use crate::stream::{Held, IdMap, StreamId, StreamKeeper, StreamRef};
@@ -545,14 +545,15 @@ impl Bin {
                 continue;
             }
             panicked.catch(|| {
-                // No event: wait for the stream instead. Where neither works, work of that
-                // stream may still use the chunk: it is leaked rather than given back under it
-                // (helper 42: it was given back unordered).
-                let ordered = streams.iter().filter(|&&s| s != chunk.stream).all(|&s| {
-                    upstream
-                        .order_after(self.streams.get(chunk.stream), self.streams.get(s))
-                        .is_ok()
-                        || upstream.synchronize(self.streams.get(s)).is_ok()
+                // Where a stream can be neither ordered after nor waited for, its work may still
+                // use the chunk: it is leaked rather than given back under it (helper 42: it was
+                // given back unordered).
+                let ordered = streams.iter().all(|&s| {
+                    order_or_wait(
+                        upstream,
+                        self.streams.get(chunk.stream),
+                        self.streams.get(s),
+                    )
                 });
                 if !ordered {
                     return;

@@ -1,7 +1,7 @@
 //! How the coalescing suballocators (`Pool`, `Tlsf`) take chunks from their upstream and give
 //! them back: the growth rule, the retries when the upstream is short of memory, release and drop.
 
-use crate::resource::{AllocError, MemoryResource};
+use crate::resource::{AllocError, MemoryResource, Undo};
 use crate::stream::{Held, StreamKeeper, StreamRef};
 use std::ptr::NonNull;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -120,14 +120,10 @@ pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut
         // all (unless this drop runs while unwinding, where a second panic would abort; helper
         // 42: the ordering ran outside, and lost every later chunk or aborted).
         panicked.catch(|| {
-            // No event: wait for the stream instead. Where neither works, work of that stream
-            // may still use the chunk: it is leaked rather than given back under it.
-            let ordered = c.freed_on.iter().filter(|&&s| s != c.stream).all(|&s| {
-                upstream
-                    .order_after(streams.get(c.stream), streams.get(s))
-                    .is_ok()
-                    || upstream.synchronize(streams.get(s)).is_ok()
-            });
+            // Where a stream can be neither ordered after nor waited for, its work may still use
+            // the chunk: it is leaked rather than given back under it.
+            let ordered = (c.freed_on.iter())
+                .all(|&s| order_or_wait(upstream, streams.get(c.stream), streams.get(s)));
             if ordered {
                 // SAFETY: the chunk came from the upstream with this size on this stream, and
                 // the suballocator, being dropped, hands out none of it any more; each chunk is
@@ -137,6 +133,19 @@ pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut
         });
     }
     panicked.resume();
+}
+
+/// Orders `stream` after `after` on `upstream`, or, where no event can, waits for `after` on the
+/// host. False when neither worked: `stream` may not take what `after` freed, and the caller leaks
+/// it rather than hand it over unordered (the drops, and frees that cannot return an error).
+pub(crate) fn order_or_wait<U: MemoryResource + ?Sized>(
+    upstream: &U,
+    stream: StreamRef,
+    after: StreamRef,
+) -> bool {
+    stream == after
+        || upstream.order_after(stream, after).is_ok()
+        || upstream.synchronize(after).is_ok()
 }
 
 /// For a drop that gives several things back to an upstream that may panic: each is given back
@@ -273,7 +282,7 @@ impl<'m, C> Locks<'m, C> {
             (self.in_flight)(st).end(bytes);
             self.grown.notify_all();
         };
-        let claim = OnUnwind(|| end(&mut self.lock()));
+        let claim = Undo(|| end(&mut self.lock()));
         let got = upstream_call();
         std::mem::forget(claim);
         let mut st = self.lock();
@@ -366,16 +375,6 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
             return Err(oom);
         }
         want = want.min(room(&st));
-    }
-}
-
-/// Runs its closure when dropped: forgotten on the normal path, it acts only when an upstream
-/// call unwinds, undoing a claim made before it.
-struct OnUnwind<F: FnMut()>(F);
-
-impl<F: FnMut()> Drop for OnUnwind<F> {
-    fn drop(&mut self) {
-        (self.0)()
     }
 }
 

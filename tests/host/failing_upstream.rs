@@ -10,8 +10,8 @@ use mrstack::prelude::*;
 use mrstack::resource::{AllocError, AllocErrorKind};
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Mutex;
 use typenum::{B0, U256};
 
 fn s(n: u32) -> StreamRef<'static> {
@@ -87,9 +87,6 @@ pub(crate) struct Hostile {
     /// Panics in the next `order_after` only.
     pub(crate) panic_order_once: AtomicBool,
     pub(crate) panic_sync: AtomicBool,
-    pub(crate) orders: AtomicUsize,
-    pub(crate) on_order: OnceLock<Box<dyn Fn() + Send + Sync>>,
-    pub(crate) on_sync: OnceLock<Box<dyn Fn() + Send + Sync>>,
     pub(crate) model: Mutex<Model>,
 }
 
@@ -102,9 +99,6 @@ impl Hostile {
             panic_order: AtomicBool::new(false),
             panic_order_once: AtomicBool::new(false),
             panic_sync: AtomicBool::new(false),
-            orders: AtomicUsize::new(0),
-            on_order: OnceLock::new(),
-            on_sync: OnceLock::new(),
             model: Mutex::new(Model::default()),
         }
     }
@@ -133,9 +127,6 @@ unsafe impl MemoryResource for Hostile {
         unsafe { self.sim.deallocate(p, size, align, st) }
     }
     fn synchronize(&self, st: StreamRef) -> Result<(), AllocError> {
-        if let Some(f) = self.on_sync.get() {
-            f();
-        }
         if self.panic_sync.load(SeqCst) {
             panic!("hostile synchronize");
         }
@@ -146,10 +137,6 @@ unsafe impl MemoryResource for Hostile {
         Ok(())
     }
     fn order_after(&self, st: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.orders.fetch_add(1, SeqCst);
-        if let Some(f) = self.on_order.get() {
-            f();
-        }
         if self.panic_order.load(SeqCst) || self.panic_order_once.swap(false, SeqCst) {
             panic!("hostile order_after");
         }

@@ -2,7 +2,7 @@
 
 use super::tags::Tags;
 use super::{lock, to_ptr, Arena, GRAN, NAME};
-use crate::resource::{align_up, AllocError, MemoryResource};
+use crate::resource::{align_up, AllocError, MemoryResource, Undo};
 use crate::stream::{Held, StreamRef};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
@@ -240,20 +240,9 @@ impl<U: MemoryResource> Arena<U> {
                 self.retain(&run.tags, pieces);
                 drop(g);
                 // The block goes back when the ordering fails, and when the upstream panics.
-                let ordered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    self.order(stream, &run.tags)
-                }));
-                match ordered {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        self.give_back(at, bytes, run.chunk, run.tags);
-                        return Err(e);
-                    }
-                    Err(panic) => {
-                        self.give_back(at, bytes, run.chunk, run.tags);
-                        std::panic::resume_unwind(panic);
-                    }
-                }
+                let give_back = Undo(|| self.give_back(at, bytes, run.chunk, run.tags));
+                self.order(stream, &run.tags)?;
+                std::mem::forget(give_back);
                 // The block is in use: its range no longer names these streams.
                 self.release(run.tags.iter());
                 return Ok(to_ptr(at));

@@ -6,7 +6,7 @@ use super::owners::Owner;
 use super::superblock::Superblock;
 use super::tags::Tags;
 use super::{lock, to_ptr, Arena, GRAN, IDLE_STREAM_ARENAS, MAX_ARENAS};
-use crate::resource::{AllocError, MemoryResource};
+use crate::resource::{AllocError, MemoryResource, Undo};
 use crate::stream::{Held, StreamId, StreamRef};
 use std::collections::{BTreeSet, HashMap};
 use std::ptr::NonNull;
@@ -348,22 +348,11 @@ impl<U: MemoryResource> Arena<U> {
         // Every hold stays with `taken` until the superblocks are ordered: on failure they go
         // back to the spare list as they were, and so they do when the upstream panics (helper
         // 41: they were lost, and with them, at the drop, every chunk).
-        let ordered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            sync.into_iter()
-                .try_for_each(|s| self.upstream.synchronize(self.stream_of(s)))
-                .and_then(|()| self.order(st.stream, &tags))
-        }));
-        match ordered {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                lock(&self.global).spare.extend(taken);
-                return Err(e);
-            }
-            Err(panic) => {
-                lock(&self.global).spare.extend(taken);
-                std::panic::resume_unwind(panic);
-            }
-        }
+        let put_back = Undo(|| lock(&self.global).spare.extend(taken.iter().copied()));
+        sync.into_iter()
+            .try_for_each(|s| self.upstream.synchronize(self.stream_of(s)))
+            .and_then(|()| self.order(st.stream, &tags))?;
+        std::mem::forget(put_back);
         self.release(taken.iter().flat_map(|sp| sp.tags.iter()));
         let units = self.units_per_superblock();
         for sp in taken {
@@ -444,20 +433,15 @@ impl<U: MemoryResource> Arena<U> {
             return Ok(());
         }
         let after = st.stream;
-        // The block goes back when the upstream panics too.
-        let ordered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.upstream.order_after(stream, after)
-        }));
-        if let Ok(Ok(())) = ordered {
-            return Ok(());
-        }
+        // The block goes back when the ordering fails, and when the upstream panics.
         let units = self.units_per_superblock();
-        let freed = st.deallocate(slot, addr, (bytes / GRAN) as u32, units);
-        self.release_superblocks(st, freed);
-        match ordered {
-            Ok(result) => result,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
+        let give_back = Undo(|| {
+            let freed = st.deallocate(slot, addr, (bytes / GRAN) as u32, units);
+            self.release_superblocks(st, freed);
+        });
+        self.upstream.order_after(stream, after)?;
+        std::mem::forget(give_back);
+        Ok(())
     }
 
     /// Frees a block of local arena `id`'s superblock `slot`, and gives back superblocks when the

@@ -367,13 +367,10 @@ impl<U: MemoryResource> Arena<U> {
         Ok(())
     }
 
-    /// As `order`, for paths that cannot return an error: failing to order, wait. False when
-    /// neither worked: then `stream` may not use what `after` freed, and the caller leaks it.
+    /// As `order`, for paths that cannot return an error (see `growth::order_or_wait`).
     #[must_use]
     fn order_or_wait(&self, stream: StreamRef, after: StreamRef) -> bool {
-        stream == after
-            || self.upstream.order_after(stream, after).is_ok()
-            || self.upstream.synchronize(after).is_ok()
+        super::growth::order_or_wait(&self.upstream, stream, after)
     }
 }
 
