@@ -129,6 +129,7 @@ unsafe impl MemoryResource for Distinct {
     type Host = typenum::B0;
     type Device = typenum::B0;
     type Managed = typenum::B0;
+    type Pageable = typenum::B0;
     type Alignment = typenum::U256;
 
     #[inline]

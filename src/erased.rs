@@ -339,6 +339,7 @@ unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
     type Host = P::Host;
     type Device = P::Device;
     type Managed = P::Managed;
+    type Pageable = P::Pageable;
     type Alignment = U16;
 
     #[inline]
@@ -476,6 +477,7 @@ unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
     type Host = P::Host;
     type Device = P::Device;
     type Managed = P::Managed;
+    type Pageable = P::Pageable;
     type Alignment = U16;
 
     #[inline]

@@ -156,7 +156,7 @@ pub use leaf::{
     cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,
     Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
 };
-pub use property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
+pub use property::{Accessible, DeviceAccessible, HostAccessible, Migratable, Pageable};
 pub use resource::{AllocError, AllocErrorKind, GrowInPlace, Layer, MemoryResource};
 pub use stream::{StreamHandle, StreamId, StreamRef};
 
@@ -230,7 +230,7 @@ pub mod prelude {
         Callback, Cuda, CudaAsync, CudaAsyncOptions, DevicePages, Managed, Pinned, Simulated,
         System, VirtualMemory, VirtualMemoryConfig,
     };
-    pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, HostOnly, Migratable};
+    pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable, Pageable};
     pub use crate::resource::{AllocError, AllocErrorKind, GrowInPlace, Layer, MemoryResource};
     pub use crate::stack::{AnyLayer, Reach};
     pub use crate::stream::StreamRef;

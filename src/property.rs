@@ -1,10 +1,11 @@
 //! Memory properties: what a resource's memory may be touched by.
 //!
 //! A [`MemoryResource`] states its properties as [typenum] bits (`type Host`, `type Device`,
-//! `type Managed`) and its guaranteed alignment as a typenum unsigned (`type Alignment`), so that
-//! adaptors compute theirs from their upstream's at compile time. Users and containers speak in
-//! marker types instead: [`HostAccessible`], [`DeviceAccessible`], [`Migratable`], and the bound
-//! [`Accessible<P>`], which every resource with the matching bit set implements.
+//! `type Managed`, `type Pageable`) and its guaranteed alignment as a typenum unsigned (`type
+//! Alignment`), so that adaptors compute theirs from their upstream's at compile time. Users and
+//! containers speak in marker types instead: [`HostAccessible`], [`DeviceAccessible`],
+//! [`Migratable`], [`Pageable`], and the bound [`Accessible<P>`], which every resource with the
+//! matching bit set implements.
 //!
 //! When the bound does not hold, the compiler says which resource lacks which property:
 //!
@@ -67,8 +68,8 @@ pub struct Migratable;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not give {P} memory",
     label = "this resource's memory is not {P}",
-    note = "kernels dereference only DeviceAccessible memory: DeviceBox and DeviceVec need it; PinnedVec and host access (as_host_slice, Deref) need HostAccessible too; Prefetch needs Migratable (managed) memory",
-    note = "pick a resource that has the property (Cuda, CudaAsync, Pinned, Managed for DeviceAccessible; System, Pinned, Managed for HostAccessible; Managed for Migratable), or an adaptor stack over one",
+    note = "kernels dereference only DeviceAccessible memory: DeviceBox and DeviceVec need it; PinnedVec and host access (as_host_slice, Deref) need HostAccessible too; Prefetch needs Migratable (managed) memory; HostAllocator needs Pageable memory (a Vec in pinned or managed memory could be freed while cudarc's DMA still writes it)",
+    note = "pick a resource that has the property (Cuda, CudaAsync, Pinned, Managed for DeviceAccessible; System, Pinned, Managed for HostAccessible; Managed for Migratable; System for Pageable), or an adaptor stack over one",
     note = "in generic code, bound the type parameter: `R: MemoryResource + Accessible<{P}>`; `&R`, `Arc<R>` and adaptors over `R` then give {P} memory too"
 )]
 pub trait Accessible<P>: sealed::Claimed<P> + sealed::Selects<P, Bit: IsSet> {}
@@ -90,7 +91,7 @@ pub(crate) mod sealed {
     #[diagnostic::on_unimplemented(
         message = "`{Self}` has no {P} property: properties come only from the bits of a resource's `unsafe impl MemoryResource`",
         label = "not a memory resource, or {P} is not one of mrstack's properties",
-        note = "properties are HostAccessible, DeviceAccessible, Migratable, Pageable and tuples of them, claimed by setting `type Host`/`Device`/`Managed = B1` in an `unsafe impl MemoryResource` (whose # Safety section is the promise); Accessible cannot be implemented by hand"
+        note = "properties are HostAccessible, DeviceAccessible, Migratable, Pageable and tuples of them, claimed by setting `type Host`/`Device`/`Managed`/`Pageable = B1` in an `unsafe impl MemoryResource` (whose # Safety section is the promise); Accessible cannot be implemented by hand"
     )]
     pub trait Selects<P> {
         /// `B1` where the resource gives the property.
@@ -102,14 +103,14 @@ pub(crate) mod sealed {
     #[diagnostic::on_unimplemented(
         message = "`{Self}` cannot be declared {P} by hand: properties come only from the bits of its `unsafe impl MemoryResource`",
         label = "no `impl Accessible<{P}>` outside mrstack",
-        note = "Accessible is sealed: set `type Host`/`Device`/`Managed = B1` in your resource's `unsafe impl MemoryResource` (whose # Safety section is the promise), and the property follows"
+        note = "Accessible is sealed: set `type Host`/`Device`/`Managed`/`Pageable = B1` in your resource's `unsafe impl MemoryResource` (whose # Safety section is the promise), and the property follows"
     )]
     pub trait Claimed<P> {}
 
     /// Property sets are this crate's markers and their tuples only.
     #[diagnostic::on_unimplemented(
         message = "`{Self}` is not a property set of mrstack",
-        label = "not HostAccessible, DeviceAccessible, Migratable, (), or a tuple of them",
+        label = "not HostAccessible, DeviceAccessible, Migratable, Pageable, (), or a tuple of them",
         note = "PropertySet is sealed: properties are the crate's markers, claimed through `unsafe impl MemoryResource`"
     )]
     pub trait Set {}
@@ -164,88 +165,54 @@ impl<R: ?Sized + Selects<P>, P> Accessible<P> for R where <R as Selects<P>>::Bit
 #[diagnostic::do_not_recommend]
 impl<R: ?Sized + Selects<P>, P> Claimed<P> for R where <R as Selects<P>>::Bit: IsSet {}
 
-/// `R: HostOnly`: `R` gives pageable host memory, which the CUDA driver knows neither as pinned
-/// (page-locked, registered) nor as managed memory, such as `System`'s.
+/// Pageable host memory: host-accessible like [`HostAccessible`], and memory that the CUDA
+/// driver knows neither as pinned (page-locked, registered) nor as managed, such as
+/// [`System`](crate::System)'s. A resource claims it with `type Pageable = B1` in its `unsafe impl
+/// MemoryResource`; adaptors and suballocators carry their upstream's claim, and a composite whose
+/// blocks come from several resources claims it only where every one of them does.
 ///
-/// [`HostAllocator`](crate::HostAllocator) needs it. Its collections hand out plain `&mut [T]`,
-/// and cudarc copies into a plain slice asynchronously when the memory is pinned or managed (it
-/// assumes a Rust slice is pageable, whose copies the driver completes before returning): a
-/// `Vec` in pinned memory could be dropped, and its block reused, while a DMA still writes into it.
-/// For host memory the device shares, use [`PinnedVec`](crate::PinnedVec), which tracks the copies.
+/// [`HostAllocator`](crate::HostAllocator) needs it (`R: Accessible<Pageable>`). Its collections
+/// hand out plain `&mut [T]`, and cudarc copies into a plain slice asynchronously when the memory
+/// is pinned or managed (it assumes a Rust slice is pageable, whose copies the driver completes
+/// before returning): a `Vec` in pinned memory could be dropped, and its block reused, while a DMA
+/// still writes into it. For host memory the device shares, use
+/// [`PinnedVec`](crate::PinnedVec), which tracks the copies.
 ///
 /// `Device = B0` is not enough: it says only that the type does not promise device access
-/// (`AnyResource<HostAccessible>` may hold `Pinned`), so this is a claim of its own.
-///
-/// # Safety
-///
-/// Every pointer `allocate` returns lies in memory that the CUDA driver treats as pageable:
-/// not allocated by `cuMemHostAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`, not registered with
-/// `cuMemHostRegister`, for as long as it is allocated.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not known to give pageable host memory: HostAllocator takes host-only memory",
-    label = "may be pinned or managed memory, in a plain Rust collection",
-    note = "a Vec hands out `&mut [T]`, which cudarc copies into asynchronously when the memory is pinned or managed; dropping the Vec could then free memory a DMA still writes",
-    note = "use PinnedVec for host memory the device shares (it waits for its copies), or HostAllocator over System (or a stack over it)"
-)]
-pub unsafe trait HostOnly: MemoryResource {}
-
-// SAFETY: std::alloc memory; the driver knows nothing of it.
-unsafe impl HostOnly for crate::System {}
-// SAFETY: the same memory as R's.
-unsafe impl<R: HostOnly + ?Sized> HostOnly for &R {}
-// SAFETY: the same memory as R's.
-unsafe impl<R: HostOnly + ?Sized> HostOnly for std::sync::Arc<R> {}
-
-/// Adaptors hand out pieces of their upstream's memory and nothing else.
-macro_rules! host_only_adaptors {
-    ($($adaptor:ident $(<$($param:ident),+>)?),+ $(,)?) => {$(
-        // SAFETY: every block the adaptor hands out lies in memory its upstream gave it.
-        unsafe impl<U: HostOnly $($(, $param)+)?> HostOnly for crate::adaptor::$adaptor<U $($(, $param)+)?>
-        where
-            crate::adaptor::$adaptor<U $($(, $param)+)?>: MemoryResource
-        {
-        }
-    )+};
-}
-host_only_adaptors!(Pool, FixedSize, Binning, Arena, Statistics, Tracking, Limiting);
-
-// SAFETY: as above: the logger's writer has nothing to do with the memory.
-unsafe impl<U: HostOnly, W: std::io::Write> HostOnly for crate::adaptor::Logging<U, W> {}
-// SAFETY: pieces of the upstream's memory.
-unsafe impl<A, U: HostOnly> HostOnly for crate::adaptor::Aligned<A, U> where
-    crate::adaptor::Aligned<A, U>: MemoryResource
-{
-}
-// SAFETY: the upstream's memory; the callback only decides whether to retry.
-unsafe impl<U: HostOnly, F> HostOnly for crate::adaptor::Retry<U, F> where
-    crate::adaptor::Retry<U, F>: MemoryResource
-{
-}
-// SAFETY: the upstream's memory, counted.
-unsafe impl<U: HostOnly> HostOnly for crate::replay::Metered<U> {}
-// SAFETY: `Callback::new`'s caller promised memory that `Pageable` describes: pageable host memory.
-unsafe impl<Ctx, A> HostOnly for crate::Callback<Ctx, Pageable, A> where
-    A: typenum::Unsigned + typenum::NonZero + typenum::PowerOfTwo
-{
-}
-
-/// Pageable host memory: host-accessible like [`HostAccessible`], and memory the CUDA driver
-/// does not know as pinned or managed. `R: Accessible<Pageable>` holds exactly when `R:
-/// [HostOnly]`; `AnyResource<Pageable>` erases such stacks and stays `HostOnly`, and a
-/// [`Callback`](crate::Callback) with `P = Pageable` is `HostOnly` by its constructor's promise.
-/// Run-time checks (`AnyResource::try_new`, `try_cast`) never grant it: the type is the proof.
+/// (`AnyResource<HostAccessible>` may hold `Pinned`), so this is a claim of its own. Run-time
+/// checks (`AnyResource::try_new`, `try_cast`) grant it only from the bit of the resource's type.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Pageable;
 
-impl<R: HostOnly + ?Sized> Selects<Pageable> for R {
-    type Bit = B1;
+impl<R: MemoryResource + ?Sized> Selects<Pageable> for R {
+    type Bit = R::Pageable;
 }
 
-// SAFETY: built only from `Accessible<Pageable>`, i.e. `HostOnly`, resources (`new`, `from_arc`;
-// the run-time constructors never grant `Pageable`), every call forwarded to them.
-unsafe impl HostOnly for crate::erased::AnyResource<Pageable> {}
-// SAFETY: as for AnyResource<Pageable>.
-unsafe impl HostOnly for crate::erased::ResourceRef<'_, Pageable> {}
+/// `B: SameProperties<U>`: resource `B` claims exactly the property bits of resource `U`
+/// (host, device, managed, pageable). What a composite asks of a second resource whose blocks it
+/// hands out under the claims it makes from `U`, such as a bin of
+/// [`Binning::with_bin`](crate::adaptor::Binning::with_bin). Implemented for every such pair;
+/// it cannot be implemented by hand.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not claim the same memory properties as `{U}`",
+    label = "its host, device, managed or pageable claim differs from `{U}`'s",
+    note = "a composite hands this resource's blocks out under the properties it claims from `{U}`: a bin of pinned or managed memory under a binning over System would put a Vec where the driver may DMA",
+    note = "give it a resource of the same kind of memory as the upstream, or erase both to the same `AnyResource<P>`"
+)]
+pub trait SameProperties<U: ?Sized>: MemoryResource {}
+
+#[diagnostic::do_not_recommend]
+impl<B, U> SameProperties<U> for B
+where
+    B: MemoryResource<
+            Host = U::Host,
+            Device = U::Device,
+            Managed = U::Managed,
+            Pageable = U::Pageable,
+        > + ?Sized,
+    U: MemoryResource + ?Sized,
+{
+}
 
 /// A set of properties as a type: a marker ([`HostAccessible`], [`DeviceAccessible`],
 /// [`Migratable`]), a tuple of them, or `()` for none (what [`Simulated`](crate::Simulated) gives).
@@ -261,30 +228,29 @@ pub trait PropertySet: sealed::Set + 'static {
     type Device: Bit;
     /// `B1` when the set includes [`Migratable`].
     type Managed: Bit;
-    /// True when the set includes [`Pageable`], which only the type can prove (never granted by
-    /// a run-time check).
-    const PAGEABLE: bool = false;
+    /// `B1` when the set includes [`Pageable`].
+    type Pageable: Bit;
 }
 
 /// The marker sets: each its own bits.
 macro_rules! marker_sets {
-    ($($set:ty => $host:ty, $device:ty, $managed:ty $(, pageable $pageable:expr)?;)+) => {$(
+    ($($set:ty => $host:ty, $device:ty, $managed:ty, $pageable:ty;)+) => {$(
         impl sealed::Set for $set {}
         impl PropertySet for $set {
             type Host = $host;
             type Device = $device;
             type Managed = $managed;
-            $(const PAGEABLE: bool = $pageable;)?
+            type Pageable = $pageable;
         }
     )+};
 }
 
 marker_sets! {
-    () => B0, B0, B0;
-    HostAccessible => B1, B0, B0;
-    Pageable => B1, B0, B0, pageable true;
-    DeviceAccessible => B0, B1, B0;
-    Migratable => B0, B0, B1;
+    () => B0, B0, B0, B0;
+    HostAccessible => B1, B0, B0, B0;
+    Pageable => B1, B0, B0, B1;
+    DeviceAccessible => B0, B1, B0, B0;
+    Migratable => B0, B0, B1, B0;
 }
 
 impl<A: PropertySet, B: PropertySet> sealed::Set for (A, B) {}
@@ -293,11 +259,12 @@ where
     A::Host: BitOr<B::Host, Output: Bit>,
     A::Device: BitOr<B::Device, Output: Bit>,
     A::Managed: BitOr<B::Managed, Output: Bit>,
+    A::Pageable: BitOr<B::Pageable, Output: Bit>,
 {
     type Host = Or<A::Host, B::Host>;
     type Device = Or<A::Device, B::Device>;
     type Managed = Or<A::Managed, B::Managed>;
-    const PAGEABLE: bool = A::PAGEABLE || B::PAGEABLE;
+    type Pageable = Or<A::Pageable, B::Pageable>;
 }
 
 impl<A: PropertySet, B: PropertySet, C: PropertySet> sealed::Set for (A, B, C) {}
@@ -307,11 +274,12 @@ where
     <(A, B) as PropertySet>::Host: BitOr<C::Host, Output: Bit>,
     <(A, B) as PropertySet>::Device: BitOr<C::Device, Output: Bit>,
     <(A, B) as PropertySet>::Managed: BitOr<C::Managed, Output: Bit>,
+    <(A, B) as PropertySet>::Pageable: BitOr<C::Pageable, Output: Bit>,
 {
     type Host = Or<<(A, B) as PropertySet>::Host, C::Host>;
     type Device = Or<<(A, B) as PropertySet>::Device, C::Device>;
     type Managed = Or<<(A, B) as PropertySet>::Managed, C::Managed>;
-    const PAGEABLE: bool = <(A, B) as PropertySet>::PAGEABLE || C::PAGEABLE;
+    type Pageable = Or<<(A, B) as PropertySet>::Pageable, C::Pageable>;
 }
 
 /// What a resource gives, known at run time: its property bits and its alignment. Always derived
@@ -326,8 +294,7 @@ pub struct Properties {
     pub managed: bool,
     /// Every pointer is aligned to this many bytes.
     pub alignment: usize,
-    /// The memory is pageable ([`Pageable`]): known only from the type (`R: HostOnly`), so
-    /// [`Properties::of`] never sets it; a set that asks for it is never granted at run time.
+    /// The memory is pageable host memory ([`Pageable`]).
     pub pageable: bool,
 }
 
@@ -339,7 +306,7 @@ impl Properties {
             device: R::Device::BOOL,
             managed: R::Managed::BOOL,
             alignment: <R::Alignment as Unsigned>::USIZE,
-            pageable: false,
+            pageable: R::Pageable::BOOL,
         }
     }
 
@@ -350,7 +317,7 @@ impl Properties {
             device: P::Device::BOOL,
             managed: P::Managed::BOOL,
             alignment: 1,
-            pageable: P::PAGEABLE,
+            pageable: P::Pageable::BOOL,
         }
     }
 
@@ -370,6 +337,7 @@ impl std::fmt::Display for Properties {
             (self.host, "HostAccessible"),
             (self.device, "DeviceAccessible"),
             (self.managed, "Migratable"),
+            (self.pageable, "Pageable"),
         ];
         let mut first = true;
         for (_, name) in names.iter().filter(|(set, _)| *set) {

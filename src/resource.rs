@@ -82,6 +82,7 @@ pub type Result<T, E = AllocError> = std::result::Result<T, E>;
 ///     type Host = B1;
 ///     type Device = B0;
 ///     type Managed = B0;
+///     type Pageable = B0;
 ///     type Alignment = U16;
 ///
 ///     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
@@ -134,6 +135,10 @@ pub unsafe trait MemoryResource {
     type Device: Bit;
     /// `B1` when the memory is managed memory the driver migrates (it can be prefetched).
     type Managed: Bit;
+    /// `B1` when the memory is pageable host memory that the CUDA driver knows neither as pinned
+    /// (page-locked, registered) nor as managed: what [`HostAllocator`](crate::HostAllocator)
+    /// needs ([`Pageable`](crate::Pageable) says why). `B1` implies `Host = B1`.
+    type Pageable: Bit;
     /// The alignment every returned pointer meets (a typenum unsigned: `U256` for CUDA memory).
     /// A power of two, like every alignment; the zero-size pointer rules rely on it.
     type Alignment: Unsigned + NonZero;
@@ -239,6 +244,7 @@ macro_rules! forward_upstream {
         type Host = <$U as $crate::property::sealed::Selects<$crate::HostAccessible>>::Bit;
         type Device = <$U as $crate::property::sealed::Selects<$crate::DeviceAccessible>>::Bit;
         type Managed = <$U as $crate::property::sealed::Selects<$crate::Migratable>>::Bit;
+        type Pageable = <$U as $crate::property::sealed::Selects<$crate::Pageable>>::Bit;
     };
     // A pointer to a resource `R` is that resource: every item goes through.
     (everything to *self as $R:ty) => {
@@ -311,13 +317,14 @@ macro_rules! forward_upstream {
 pub(crate) use forward_upstream;
 
 /// Writes the property bits and alignment a leaf claims, in one line:
-/// `properties!(Host = B1, Device = B0, Managed = B0, Alignment = U16)`. The claim is the
-/// `unsafe impl`'s, whose `// SAFETY:` argues it.
+/// `properties!(Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16)`. The claim
+/// is the `unsafe impl`'s, whose `// SAFETY:` argues it.
 macro_rules! properties {
-    (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Alignment = $a:ty) => {
+    (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
         type Host = $h;
         type Device = $d;
         type Managed = $m;
+        type Pageable = $p;
         type Alignment = $a;
     };
 }
@@ -378,7 +385,8 @@ pub unsafe trait GrowInPlace: MemoryResource {
     /// Grows the live allocation at `ptr` (of `size` bytes, asked for with `align`) to
     /// `new_size` bytes without moving it, if the resource can; returns whether it did. `Err` only
     /// for a failure of the memory below (a page that could not be mapped); no room after the
-    /// block is `Ok(false)`, and so is a `size` the resource does not find the allocation at.
+    /// block is `Ok(false)`, and so is a `size` the resource does not find the allocation at, and
+    /// any `new_size` below `size` (this only grows, even where both sizes round to one block).
     ///
     /// # Safety
     ///
@@ -445,6 +453,7 @@ unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for Arc<R> {
 ///     type Host = U::Host;
 ///     type Device = U::Device;
 ///     type Managed = U::Managed;
+///     type Pageable = U::Pageable;
 ///     type Alignment = U::Alignment;
 ///     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>> {
 ///         self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

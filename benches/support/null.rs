@@ -15,6 +15,7 @@ unsafe impl MemoryResource for Null {
     type Host = B0;
     type Device = B0;
     type Managed = B0;
+    type Pageable = B0;
     type Alignment = U256;
 
     #[inline]

@@ -733,3 +733,5 @@ static_assertions::assert_not_impl_any!(ThreadCache<crate::Cuda>: crate::Accessi
 static_assertions::assert_impl_all!(ThreadCache<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
 static_assertions::assert_not_impl_any!(ThreadCache<crate::System>: crate::Accessible<crate::DeviceAccessible>);
 const _: () = assert!(crate::property::alignment_of::<ThreadCache<crate::System>>() == 256);
+static_assertions::assert_impl_all!(ThreadCache<crate::System>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_not_impl_any!(ThreadCache<crate::Cuda>: crate::Accessible<crate::Pageable>);

@@ -76,7 +76,7 @@
 //! let err = config::build::<DeviceAccessible>("system").unwrap_err();
 //! assert_eq!(
 //!     err.to_string(),
-//!     "column 1: `system` gives HostAccessible memory, but the stack must give DeviceAccessible"
+//!     "column 1: `system` gives HostAccessible + Pageable memory, but the stack must give DeviceAccessible"
 //! );
 //! ```
 

@@ -1,6 +1,7 @@
 //! `HostAllocator<R>`: a host-only resource as an [`allocator_api2`] allocator, so that
 //! `allocator_api2::vec::Vec<T, HostAllocator<&Pool<System>>>` (or `Box`, or hashbrown's maps)
-//! keep their values in a pool, or any stack that gives host-only memory ([`HostOnly`]).
+//! keep their values in a pool, or any stack that gives pageable host memory
+//! ([`Pageable`](crate::Pageable)).
 //!
 //! Not pinned or managed memory: a plain collection hands out `&mut [T]`, which cudarc copies
 //! into asynchronously when the memory is pinned (it assumes Rust slices are pageable), so a
@@ -12,9 +13,10 @@
 //! stream-ordered work (a no-op for `System`, a stream synchronize for CUDA-backed stacks). On the
 //! default stream that waits for the default stream's queued work too: give the allocator a stream
 //! of its own ([`HostAllocator::on_stream`]) where kernels run on the default stream meanwhile.
-//! Requires `R: HostOnly` (a compile error otherwise).
+//! Requires `R: Accessible<Pageable>` (a compile error otherwise): `System`, and every adaptor
+//! and suballocator over it (`Pool`, `Tlsf`, `ThreadHeaps`, `ThreadCache`, …), carry it.
 
-use crate::property::HostOnly;
+use crate::property::{Accessible, Pageable};
 use crate::resource::{dangling, MemoryResource};
 use crate::stream::{StreamHandle, StreamRef};
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
@@ -39,7 +41,7 @@ pub struct HostAllocator<R> {
     stream: StreamHandle,
 }
 
-impl<R: MemoryResource + HostOnly> HostAllocator<R> {
+impl<R: MemoryResource + Accessible<Pageable>> HostAllocator<R> {
     /// Allocates from `resource` on the default stream.
     pub fn new(resource: R) -> Self {
         Self::on_stream(resource, StreamRef::DEFAULT)
@@ -68,12 +70,12 @@ impl<R> HostAllocator<R> {
 }
 
 // SAFETY: non-empty blocks come from `R::allocate` with the layout's size and alignment (so they
-// are pageable host memory by the `HostOnly` bound, which no DMA can target behind the
+// are pageable host memory by the `Accessible<Pageable>` bound, which no DMA can target behind the
 // collection's back, aligned, and disjoint) and go back to it with the same; the
 // resource lives inside the allocator, so blocks stay valid while it (or a clone: the Clone impls
 // below exist only where clones share one resource) lives. Empty blocks are dangling, aligned, and
 // never passed to the resource.
-unsafe impl<R: MemoryResource + HostOnly> Allocator for HostAllocator<R> {
+unsafe impl<R: MemoryResource + Accessible<Pageable>> Allocator for HostAllocator<R> {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         let size = layout.size();
         if size == 0 {

@@ -216,6 +216,7 @@ unsafe impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> MemoryResou
     type Host = P::Host;
     type Device = P::Device;
     type Managed = P::Managed;
+    type Pageable = P::Pageable;
     type Alignment = A;
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {

@@ -4,7 +4,7 @@
 use crate::resource::{properties, AllocError, AllocErrorKind, MemoryResource, Result};
 use cudarc::driver::{sys, CudaContext};
 use std::sync::Arc;
-use typenum::{B1, U256};
+use typenum::{B0, B1, U256};
 
 /// Stream-ordered managed (unified) memory from a driver pool, as RMM's
 /// `cuda_async_managed_memory_resource`: `cuMemAllocFromPoolAsync` from the device's default pool
@@ -127,7 +127,13 @@ impl CudaAsyncManaged {
 // memory, valid on host and device, usable by work on `stream` once queued, aligned to 256
 // (checked), until cuMemFreeAsync.
 unsafe impl MemoryResource for CudaAsyncManaged {
-    properties!(Host = B1, Device = B1, Managed = B1, Alignment = U256);
+    properties!(
+        Host = B1,
+        Device = B1,
+        Managed = B1,
+        Pageable = B0,
+        Alignment = U256
+    );
 
     super::context_leaf!(pool);
     super::context_leaf!(describe "cuda_async_managed");

@@ -5,7 +5,7 @@ use crate::resource::{properties, MemoryResource, Result};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext};
 use std::ptr::NonNull;
-use typenum::{B1, U256};
+use typenum::{B0, B1, U256};
 
 /// Managed (unified) memory from `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`, freed with `cuMemFree`.
 ///
@@ -70,7 +70,13 @@ context_leaf!(
 // SAFETY: cuMemAllocManaged returns memory valid on host and device until cuMemFree, aligned to
 // 256 (checked by driver_allocate, which refuses larger alignments).
 unsafe impl MemoryResource for Managed {
-    properties!(Host = B1, Device = B1, Managed = B1, Alignment = U256);
+    properties!(
+        Host = B1,
+        Device = B1,
+        Managed = B1,
+        Pageable = B0,
+        Alignment = U256
+    );
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         driver_allocate::<Self>(

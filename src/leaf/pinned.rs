@@ -64,7 +64,13 @@ impl Pinned {
 // SAFETY: cuMemHostAlloc with DEVICEMAP returns host memory that is also addressable by the device
 // under unified addressing, valid until cuMemFreeHost, aligned to 256 (checked).
 unsafe impl MemoryResource for Pinned {
-    properties!(Host = B1, Device = B1, Managed = B0, Alignment = U256);
+    properties!(
+        Host = B1,
+        Device = B1,
+        Managed = B0,
+        Pageable = B0,
+        Alignment = U256
+    );
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         driver_allocate::<Self>(

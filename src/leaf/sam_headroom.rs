@@ -10,7 +10,7 @@ use cudarc::driver::{result, sys, CudaContext};
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use typenum::{B1, U256};
+use typenum::{B0, B1, U256};
 
 /// The host page: allocations are whole pages, so that the placement advice of one never
 /// applies to another's bytes.
@@ -143,7 +143,13 @@ impl SamHeadroom {
 // Managed). It is freed only after the host waited for the stream it was freed on, and leaked
 // where that wait fails.
 unsafe impl MemoryResource for SamHeadroom {
-    properties!(Host = B1, Device = B1, Managed = B1, Alignment = U256);
+    properties!(
+        Host = B1,
+        Device = B1,
+        Managed = B1,
+        Pageable = B0,
+        Alignment = U256
+    );
 
     fn allocate(&self, size: usize, align: usize, _stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {

@@ -174,7 +174,13 @@ impl Simulated {
 // live, so no two live ranges overlap;
 // each is aligned to max(align, 256). The type claims no access property, so nothing dereferences it.
 unsafe impl MemoryResource for Simulated {
-    properties!(Host = B0, Device = B0, Managed = B0, Alignment = U256);
+    properties!(
+        Host = B0,
+        Device = B0,
+        Managed = B0,
+        Pageable = B0,
+        Alignment = U256
+    );
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {

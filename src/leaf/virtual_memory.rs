@@ -696,6 +696,7 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
     type Host = P::Host;
     type Device = P::Device;
     type Managed = P::Managed;
+    type Pageable = typenum::B0;
     type Alignment = U256;
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {

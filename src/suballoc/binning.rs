@@ -104,7 +104,8 @@ layer_by_new!(BinningConfig => Binning);
 /// free list or a chunk by, as long as it does (a stream with no free block and no chunk left in a
 /// bin is forgotten there, so per-stream state is bounded by the streams that hold something); on drop each chunk goes back on its own
 /// stream, ordered after every stream holding free blocks. Requests passed to the upstream keep
-/// their stream; `synchronize` and `order_after` are forwarded to the upstream.
+/// their stream; `synchronize` and `order_after` are forwarded to the upstream and to every bin's
+/// own resource ([`with_bin`](Self::with_bin)).
 ///
 /// # Upstream
 ///
@@ -164,12 +165,15 @@ impl std::fmt::Debug for OwnBin {
 }
 
 /// What `Binning` asks of a bin's own resource, object-safe: any `MemoryResource` with the
-/// upstream's properties is one.
+/// upstream's properties is one. It holds blocks of its own, so it hears every `synchronize` and
+/// `order_after` the binning hears.
 trait BinResource: Send + Sync {
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>>;
     /// # Safety
     /// As `MemoryResource::deallocate`.
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
+    fn synchronize(&self, stream: StreamRef) -> Result<()>;
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
     fn describe(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
 }
 
@@ -180,6 +184,12 @@ impl<B: MemoryResource + Send + Sync> BinResource for B {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
         // SAFETY: the caller's promise, passed on.
         unsafe { MemoryResource::deallocate(self, ptr, size, align, stream) }
+    }
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        MemoryResource::synchronize(self, stream)
+    }
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        MemoryResource::order_after(self, stream, after)
     }
     fn describe(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.describe_to(f)
@@ -219,13 +229,15 @@ impl<U: MemoryResource> Binning<U> {
     /// This binning with the bin of block size `size` served by `resource` instead of its free
     /// list (RMM's `add_bin(size, resource)`): every request that bin would take (of at most
     /// `size` bytes, above the bin below it, aligned to at most 256) goes to `resource` as asked
-    /// (its alignment raised to 256), and comes back to it. `resource` must give the upstream's
-    /// properties, so that the binning's type stays true; it is dropped with the binning.
+    /// (its alignment raised to 256), and comes back to it. `resource` must claim exactly the
+    /// upstream's property bits (`Pageable` too), so that what the binning's type claims from its
+    /// upstream holds for every block, whichever resource it came from; it is dropped with the
+    /// binning. Every `synchronize` and `order_after` the binning hears goes to the upstream and
+    /// to each bin's resource, since each holds blocks the binning handed out.
     ///
     /// It consumes the binning, so no container's block of that bin can be out when the bin
     /// changes hands (a container over the binning borrows or owns it); a block taken with raw
-    /// `allocate` before must not be freed after (it would go to `resource`). `synchronize` and
-    /// `order_after` go to the upstream only: `resource` orders its own blocks. `InvalidArgument`
+    /// `allocate` before must not be freed after (it would go to `resource`). `InvalidArgument`
     /// where `size` is not one of [`bin_sizes`](Self::bin_sizes).
     ///
     /// ```
@@ -246,10 +258,7 @@ impl<U: MemoryResource> Binning<U> {
     /// ```
     pub fn with_bin<B>(mut self, size: usize, resource: B) -> Result<Self, AllocError>
     where
-        B: MemoryResource<Host = U::Host, Device = U::Device, Managed = U::Managed>
-            + Send
-            + Sync
-            + 'static,
+        B: crate::property::SameProperties<U> + Send + Sync + 'static,
     {
         let i = match self.bin(size, GRANULE) {
             Some(i) if size.is_power_of_two() && 1 << (self.min_shift + i as u32) == size => i,
@@ -465,9 +474,35 @@ impl<U: MemoryResource> Binning<U> {
 
 // SAFETY: a binned request gets a whole block of its bin (block ≥ size, 256-aligned, distinct, see
 // `FixedSize`), handed to another stream only after `order_after`; other requests are the
-// upstream's, asked for at least 256-byte alignment, which the upstream honours or refuses.
+// upstream's, asked for at least 256-byte alignment, which the upstream honours or refuses. A bin
+// of its own resource is the upstream's or that resource's: `with_bin` takes only a resource
+// whose property bits are the upstream's, so the bits claimed from the upstream hold for every
+// block, and `synchronize`/`order_after` reach the upstream and every bin's resource.
 unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
-    forward_upstream!(U, upstream, Alignment = U256);
+    forward_upstream!(properties of U);
+    type Alignment = U256;
+
+    /// Waits for `stream` in the upstream and in every bin's own resource, each of which may hold
+    /// blocks freed on it; the first error, once all were asked.
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        let mut result = self.upstream.synchronize(stream);
+        for own in self.own.iter().flatten() {
+            let r = own.0.synchronize(stream);
+            result = result.and(r);
+        }
+        result
+    }
+
+    /// Orders `stream` after `after` in the upstream and in every bin's own resource: a block
+    /// freed on `after` may have come from any of them. The first error, once all were asked.
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        let mut result = self.upstream.order_after(stream, after);
+        for own in self.own.iter().flatten() {
+            let r = own.0.order_after(stream, after);
+            result = result.and(r);
+        }
+        result
+    }
 
     #[inline]
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
@@ -618,6 +653,9 @@ pub(crate) fn binning_from_item<P: crate::erased::PropertySet>(
     let mut binning = Binning::try_new(below, config).map_err(|e| item.resource_error(e))?;
     if let Some(field) = item.field("bins") {
         let expected = "`size = stack; …`, a bin's block size and the text config of the resource that serves it, e.g. bins=\"64 KiB = cuda_async\"";
+        // A bin given twice is an error, as a repeated field is: the second would silently
+        // replace the first.
+        let mut seen = Vec::new();
         for entry in field.value.split(';').filter(|e| !e.trim().is_empty()) {
             let (size, stack) = entry
                 .split_once('=')
@@ -626,6 +664,16 @@ pub(crate) fn binning_from_item<P: crate::erased::PropertySet>(
                 .ok()
                 .and_then(|s| usize::try_from(s).ok())
                 .ok_or_else(|| item.bad_value(field, expected))?;
+            if seen.contains(&size) {
+                return Err(item.bad_value(
+                    field,
+                    &format!(
+                        "each bin once: the {} bin is given twice",
+                        crate::units::ExactBytes::from(size)
+                    ),
+                ));
+            }
+            seen.push(size);
             let spec: crate::config::StackSpec = stack.trim().parse().map_err(|e| {
                 item.bad_value(field, &format!("a stack for the {size}-byte bin: {e}"))
             })?;
@@ -662,3 +710,5 @@ static_assertions::assert_not_impl_any!(Binning<crate::Cuda>: crate::Accessible<
 static_assertions::assert_impl_all!(Binning<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
 static_assertions::assert_not_impl_any!(Binning<crate::System>: crate::Accessible<crate::DeviceAccessible>);
 const _: () = assert!(crate::property::alignment_of::<Binning<crate::System>>() == 256);
+static_assertions::assert_impl_all!(Binning<crate::System>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_not_impl_any!(Binning<crate::Cuda>: crate::Accessible<crate::Pageable>);

@@ -333,12 +333,14 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
         }
     }
 
+    // Through the shared `Tlsf`, which every heap's chunks come from and which forwards to the
+    // upstream: whoever holds a block hears it.
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.upstream().synchronize(stream)
+        self.shared.global.synchronize(stream)
     }
 
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.upstream().order_after(stream, after)
+        self.shared.global.order_after(stream, after)
     }
 
     fn name(&self) -> &'static str {
@@ -391,3 +393,5 @@ static_assertions::assert_impl_all!(
 static_assertions::assert_impl_all!(ThreadHeaps<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
 static_assertions::assert_not_impl_any!(ThreadHeaps<crate::System>: crate::Accessible<crate::DeviceAccessible>);
 const _: () = assert!(crate::property::alignment_of::<ThreadHeaps<crate::System>>() == 256);
+static_assertions::assert_impl_all!(ThreadHeaps<crate::System>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_not_impl_any!(ThreadHeaps<crate::Pinned>: crate::Accessible<crate::Pageable>);

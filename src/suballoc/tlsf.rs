@@ -350,3 +350,5 @@ static_assertions::assert_impl_all!(
 static_assertions::assert_impl_all!(Tlsf<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
 static_assertions::assert_not_impl_any!(Tlsf<crate::System>: crate::Accessible<crate::DeviceAccessible>);
 const _: () = assert!(crate::property::alignment_of::<Tlsf<crate::System>>() == 256);
+static_assertions::assert_impl_all!(Tlsf<crate::System>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_not_impl_any!(Tlsf<crate::Cuda>: crate::Accessible<crate::Pageable>);

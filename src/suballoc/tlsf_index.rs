@@ -635,7 +635,8 @@ impl TlsfIndex {
 
     /// The granule sizes `(old, new)` of growing the allocated block at `addr` from `size` to
     /// `new_size` bytes: `None` unless a block starts there with `size` (rounded up) and
-    /// `new_size` is not below it (nor `size` zero, nor either size overflowing).
+    /// `new_size` is not below `size` (a smaller size is no growth, even where both round to one
+    /// block), nor `size` zero, nor either size overflowing.
     pub(crate) fn growth(
         &self,
         addr: usize,
@@ -646,7 +647,7 @@ impl TlsfIndex {
             crate::resource::align_up(size, GRANULE)?,
             crate::resource::align_up(new_size, GRANULE)?,
         );
-        (size > 0 && new >= old && self.live_size(addr) == Some(old)).then_some((old, new))
+        (size > 0 && new_size >= size && self.live_size(addr) == Some(old)).then_some((old, new))
     }
 
     /// Grows the allocated block at `addr` to `new_size` bytes (a granule multiple) in place, if

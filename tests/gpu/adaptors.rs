@@ -250,6 +250,43 @@ fn a_bin_of_its_own_resource_serves_kernels() {
     fill_and_check(&ctx, &mut v, 9);
 }
 
+/// A pool over a binning whose 1 MiB bin is device memory of its own, over an upstream that
+/// orders nothing (a stand-in of no memory): a block freed on `s` under a slow kernel and reused
+/// on `t` is ordered by the bin's resource, or `t`'s values are overwritten by `s`'s kernel.
+#[test]
+fn a_block_of_a_bins_own_resource_reused_on_another_stream_waits_for_the_first() {
+    use mrstack::adaptor::{BinningConfig, PoolConfig};
+    let Some(ctx) = gpu() else { return };
+    let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let binning = Binning::new(
+        mrstack::testing::DeviceStandIn::new(),
+        BinningConfig::default(),
+    )
+    .with_bin(1 << 20, Cuda::new(&ctx).unwrap())
+    .unwrap();
+    let pool = Pool::new(
+        binning,
+        PoolConfig {
+            initial: 1 << 20,
+            max: 1 << 20,
+        },
+    );
+    let n = (1 << 20) / 4;
+    let address = {
+        let mut v = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
+        crate::slow_fill!(&ctx, &s, &mut v, n, 3); // still running when `v` drops
+        v.device_address()
+    };
+    let x = DeviceVec::from_slice(&vec![0xdead_u32; n], &pool, &t).unwrap();
+    assert_eq!(x.device_address(), address, "the pool reused the block");
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        x.to_vec().unwrap(),
+        vec![0xdead_u32; n],
+        "s's kernel wrote the block after t's vector had it"
+    );
+}
+
 #[test]
 fn a_host_device_pair_serves_each_container_from_its_own_pool() {
     use mrstack::adaptor::{HostDevicePair, HostDevicePairConfig, PoolConfig, Storage};

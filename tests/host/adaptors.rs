@@ -38,6 +38,7 @@ unsafe impl MemoryResource for Refusing {
     type Host = B1;
     type Device = B0;
     type Managed = B0;
+    type Pageable = B0;
     type Alignment = U256;
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
@@ -453,6 +454,7 @@ unsafe impl MemoryResource for PanicsOnce {
     type Host = B1;
     type Device = B0;
     type Managed = B0;
+    type Pageable = B0;
     type Alignment = <System as MemoryResource>::Alignment;
     fn allocate(
         &self,
@@ -1272,6 +1274,7 @@ unsafe impl MemoryResource for StreamRecorder {
     type Host = B1;
     type Device = B1;
     type Managed = B1;
+    type Pageable = B0;
     type Alignment = U256;
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
         Err(AllocError::out_of_memory(size, align, "StreamRecorder"))

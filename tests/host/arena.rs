@@ -53,6 +53,7 @@ unsafe impl MemoryResource for Recorder {
     type Host = B0;
     type Device = B0;
     type Managed = B0;
+    type Pageable = B0;
     type Alignment = U256;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         self.sim.allocate(size, align, s)

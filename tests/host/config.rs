@@ -22,6 +22,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
     type Host = U::Host;
     type Device = U::Device;
     type Managed = U::Managed;
+    type Pageable = U::Pageable;
     type Alignment = U::Alignment;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         self.count.fetch_add(1, Ordering::Relaxed);
@@ -138,7 +139,7 @@ fn a_leaf_lacking_a_property_is_refused_before_it_is_built() {
     assert!(matches!(e.kind, ConfigErrorKind::Properties { .. }));
     assert_eq!(
         e.to_string(),
-        "column 1: `system` gives HostAccessible memory, but the stack must give DeviceAccessible"
+        "column 1: `system` gives HostAccessible + Pageable memory, but the stack must give DeviceAccessible"
     );
     // `cuda` lacks HostAccessible: refused without touching a driver.
     let e = config::build::<HostAccessible>("cuda(device=0)").unwrap_err();

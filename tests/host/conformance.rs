@@ -450,6 +450,7 @@ unsafe impl MemoryResource for Broken<'_> {
     type Host = typenum::B0;
     type Device = typenum::B0;
     type Managed = typenum::B0;
+    type Pageable = typenum::B0;
     type Alignment = typenum::U256;
 
     fn allocate(

@@ -97,10 +97,10 @@ fn properties_are_the_erased_resources_own() {
             device: false,
             managed: false,
             alignment: 16,
-            pageable: false
+            pageable: true
         }
     );
-    assert_eq!(host.properties().to_string(), "HostAccessible");
+    assert_eq!(host.properties().to_string(), "HostAccessible + Pageable");
     let sim = AnyResource::<()>::new(Simulated::new(1));
     assert_eq!(sim.properties().to_string(), "no access property");
     assert_eq!(sim.properties().alignment, 256);
@@ -316,6 +316,7 @@ fn erased_resources_ask_for_the_alignment_they_claim() {
         type Host = typenum::B1;
         type Device = typenum::B0;
         type Managed = typenum::B0;
+        type Pageable = typenum::B0;
         type Alignment = typenum::U1;
         fn allocate(
             &self,

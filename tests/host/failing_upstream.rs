@@ -113,6 +113,7 @@ unsafe impl MemoryResource for Hostile {
     type Host = B0;
     type Device = B0;
     type Managed = B0;
+    type Pageable = B0;
     type Alignment = U256;
     fn allocate(
         &self,

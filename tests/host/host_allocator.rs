@@ -21,11 +21,13 @@ struct Ledger {
     syncs: AtomicUsize,
 }
 
-// SAFETY: allocation and deallocation go to System unchanged; the ledger only records them.
+// SAFETY: allocation and deallocation go to System unchanged, whose memory the driver knows
+// nothing of (pageable); the ledger only records them.
 unsafe impl MemoryResource for Ledger {
     type Host = typenum::B1;
     type Device = typenum::B0;
     type Managed = typenum::B0;
+    type Pageable = typenum::B1;
     type Alignment = typenum::U16;
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
@@ -61,9 +63,6 @@ unsafe impl MemoryResource for Ledger {
         Ok(())
     }
 }
-
-// SAFETY: the memory is System's, which the driver knows nothing of.
-unsafe impl HostOnly for Ledger {}
 
 #[test]
 fn a_vec_grows_keeps_its_values_and_gives_everything_back() {
@@ -230,16 +229,78 @@ proptest! {
 }
 
 #[test]
-fn pageable_is_proven_by_the_type_never_granted_at_run_time() {
+fn pageable_is_granted_at_run_time_only_from_the_type_bit() {
     use mrstack::property::Properties;
-    // A run-time check cannot tell pinned from pageable memory, so it never grants Pageable,
-    // alone or in a tuple; the type-checked constructor does.
-    assert!(AnyResource::<Pageable>::try_new(System::new()).is_err());
-    assert!(AnyResource::<(Pageable, HostAccessible)>::try_new(System::new()).is_err());
+    // A run-time check reads the erased resource's own type bits: System claims Pageable, a
+    // simulated device does not, and a host resource of unknown kind (the type's bit unset) is
+    // refused, alone or in a tuple.
+    assert!(AnyResource::<Pageable>::try_new(System::new()).is_ok());
+    assert!(AnyResource::<(Pageable, HostAccessible)>::try_new(System::new()).is_ok());
+    assert!(AnyResource::<Pageable>::try_new(Simulated::new(1 << 20)).is_err());
+    assert!(AnyResource::<Pageable>::try_new(HostOfUnknownKind).is_err());
     assert!(Properties::of_set::<(HostAccessible, Pageable)>().pageable);
-    let any = AnyResource::<Pageable>::new(System::new());
-    assert!(any.clone().try_cast::<Pageable>().is_err());
+    let host = AnyResource::<HostAccessible>::new(HostOfUnknownKind);
+    assert!(host.try_cast::<Pageable>().is_err());
+    let any = AnyResource::<HostAccessible>::new(System::new())
+        .try_cast::<Pageable>()
+        .unwrap();
     let mut v = AVec::new_in(HostAllocator::new(any));
     v.push(7u64);
     assert_eq!(v[0], 7);
+}
+
+/// Host memory that does not claim to be pageable (it could be pinned, for all its type says).
+struct HostOfUnknownKind;
+
+// SAFETY: System's memory, claimed as host memory alone.
+unsafe impl MemoryResource for HostOfUnknownKind {
+    type Host = typenum::B1;
+    type Device = typenum::B0;
+    type Managed = typenum::B0;
+    type Pageable = typenum::B0;
+    type Alignment = typenum::U16;
+    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        System.allocate(size, align, s)
+    }
+    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
+        // SAFETY: forwarded from the caller.
+        unsafe { System.deallocate(p, size, align, s) }
+    }
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn suballocators_over_system_carry_its_pageable_claim_to_host_allocator() {
+    use mrstack::adaptor::{ThreadCacheConfig, ThreadHeapsConfig, TlsfConfig};
+    fn fill<R: MemoryResource + Accessible<Pageable>>(mr: R) {
+        let mut v = AVec::new_in(HostAllocator::new(mr));
+        v.extend(0..10_000u32);
+        assert_eq!(v.iter().map(|&x| x as u64).sum::<u64>(), 49_995_000);
+    }
+    fill(Tlsf::new(System::new(), TlsfConfig::default()));
+    fill(ThreadHeaps::new(
+        System::new(),
+        ThreadHeapsConfig::default(),
+    ));
+    fill(ThreadCache::new(
+        System::new(),
+        ThreadCacheConfig::default(),
+    ));
+    fill(Pool::new(
+        System::new(),
+        mrstack::adaptor::PoolConfig::default(),
+    ));
+    fill(Binning::new(
+        System::new(),
+        mrstack::adaptor::BinningConfig::default(),
+    ));
+    fill(AnyResource::<Pageable>::new(Tlsf::new(
+        System::new(),
+        TlsfConfig::default(),
+    )));
 }

@@ -517,6 +517,7 @@ unsafe impl<U: MemoryResource> MemoryResource for NoReuse<U> {
     type Host = U::Host;
     type Device = U::Device;
     type Managed = U::Managed;
+    type Pageable = U::Pageable;
     type Alignment = U::Alignment;
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
@@ -961,6 +962,7 @@ unsafe impl MemoryResource for PanicsOn999 {
     type Host = <Simulated as MemoryResource>::Host;
     type Device = <Simulated as MemoryResource>::Device;
     type Managed = <Simulated as MemoryResource>::Managed;
+    type Pageable = <Simulated as MemoryResource>::Pageable;
     type Alignment = <Simulated as MemoryResource>::Alignment;
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {

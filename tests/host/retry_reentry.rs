@@ -190,6 +190,7 @@ unsafe impl MemoryResource for Slow {
     type Host = <Simulated as MemoryResource>::Host;
     type Device = <Simulated as MemoryResource>::Device;
     type Managed = <Simulated as MemoryResource>::Managed;
+    type Pageable = <Simulated as MemoryResource>::Pageable;
     type Alignment = <Simulated as MemoryResource>::Alignment;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         std::thread::sleep(Duration::from_millis(50));

@@ -1097,6 +1097,7 @@ unsafe impl MemoryResource for PanicsOnce {
     type Host = <Simulated as MemoryResource>::Host;
     type Device = <Simulated as MemoryResource>::Device;
     type Managed = <Simulated as MemoryResource>::Managed;
+    type Pageable = <Simulated as MemoryResource>::Pageable;
     type Alignment = <Simulated as MemoryResource>::Alignment;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         if self
@@ -2296,6 +2297,10 @@ fn tlsf_grows_a_block_in_place_into_the_free_block_after_it() {
     );
     assert!(!grow(8192, 2 << 20, s), "beyond the chunk");
     assert!(!grow(8192, 4096, s), "no shrinking");
+    assert!(
+        !grow(8192, 8191, s),
+        "no shrinking, even to a size of the same block"
+    );
     // SAFETY: live; either size frees a grown block.
     unsafe {
         mr.deallocate(c, 256, 8, s);
@@ -2365,6 +2370,31 @@ fn binning_routes_a_bin_to_its_own_resource_and_only_that_bin() {
 }
 
 #[test]
+fn a_binning_orders_and_synchronizes_every_bins_own_resource() {
+    // A block of a bin's own resource freed on one stream and handed to another by a resource
+    // above must be ordered by whoever holds it: the bin's resource hears what the binning hears.
+    let main = Recorder::new(Simulated::new(1 << 30));
+    let bin = Arc::new(Recorder::new(Simulated::new(1 << 20)));
+    let other = Arc::new(Recorder::new(Simulated::new(1 << 20)));
+    let mr = Binning::new(&main, BinningConfig::default())
+        .with_bin(1024, bin.clone())
+        .unwrap()
+        .with_bin(64 << 10, other.clone())
+        .unwrap();
+    let (s, t) = (StreamRef::simulated(1), StreamRef::simulated(2));
+    mr.order_after(t, s).unwrap();
+    mr.synchronize(s).unwrap();
+    for (name, record) in [
+        ("the upstream", main.record()),
+        ("the 1 KiB bin", bin.record()),
+        ("the 64 KiB bin", other.record()),
+    ] {
+        assert_eq!(record.ordered(), [(t.id(), s.id())], "{name}");
+        assert_eq!(record.synchronized(), [s.id()], "{name}");
+    }
+}
+
+#[test]
 fn a_binning_with_own_bins_describes_itself_as_text_that_builds_it_back() {
     let sim = Arc::new(Simulated::new(1 << 30));
     let mr = Binning::new(sim.clone(), BinningConfig::default())
@@ -2404,6 +2434,10 @@ fn a_binning_with_own_bins_describes_itself_as_text_that_builds_it_back() {
         (
             "1 KiB = simulated(capacity=1 MiB) > binning(bins=\\\"1 KiB = system\\\")",
             "one level deep",
+        ),
+        (
+            "1 KiB = simulated(capacity=1 MiB); 1 KiB = simulated(capacity=2 MiB)",
+            "the 1 KiB bin is given twice",
         ),
     ] {
         let text = format!("simulated(capacity=1 GiB) > binning(bins=\"{bins}\")");

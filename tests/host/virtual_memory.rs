@@ -285,6 +285,10 @@ fn grows_in_place_while_the_range_after_is_free() {
         // growth on stream 7 is refused).
         unsafe { grow(&vm, p, size, new, stream) }
     };
+    assert!(
+        !g(a, PAGE / 2, PAGE / 2 - 1, s).unwrap(),
+        "a smaller size is no growth, even within the same block"
+    );
     assert!(g(a, PAGE / 2, 3 * PAGE, s).unwrap());
     assert_eq!(sim.mapped(), 3 * PAGE, "the new pages are mapped");
     let b = vm.allocate(PAGE, 256, s).unwrap();

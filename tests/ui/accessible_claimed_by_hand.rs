@@ -11,6 +11,7 @@ unsafe impl MemoryResource for MyWrap {
     type Host = typenum::B0;
     type Device = typenum::B0;
     type Managed = typenum::B0;
+    type Pageable = typenum::B0;
     type Alignment = typenum::U256;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         self.0.allocate(size, align, s)

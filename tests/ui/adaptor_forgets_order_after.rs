@@ -13,6 +13,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
     type Host = U::Host;
     type Device = U::Device;
     type Managed = U::Managed;
+    type Pageable = U::Pageable;
     type Alignment = U::Alignment;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         self.upstream.allocate(size, align, s)

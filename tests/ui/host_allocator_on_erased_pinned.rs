@@ -1,5 +1,5 @@
 // Erasing to `AnyResource<HostAccessible>` forgets that the memory is pinned, so the erased stack
-// is not known to be host-only either.
+// is not known to be pageable either.
 use mrstack::prelude::*;
 
 fn main() {

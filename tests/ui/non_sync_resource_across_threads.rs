@@ -15,6 +15,7 @@ unsafe impl MemoryResource for Counting {
     type Host = <System as MemoryResource>::Host;
     type Device = <System as MemoryResource>::Device;
     type Managed = <System as MemoryResource>::Managed;
+    type Pageable = <System as MemoryResource>::Pageable;
     type Alignment = <System as MemoryResource>::Alignment;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         self.count.set(self.count.get() + 1);

@@ -7,6 +7,7 @@ impl PropertySet for Everything {
     type Host = typenum::B1;
     type Device = typenum::B1;
     type Managed = typenum::B1;
+    type Pageable = typenum::B0;
 }
 
 fn main() {}
