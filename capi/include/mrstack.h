@@ -51,8 +51,9 @@ MrstackStack *mrstack_create(const char *config);
 MrstackStack *mrstack_create_ex(const char *config, int device, const char *log_path);
 
 // Destroys a stack: blocks still live go back to it (on the default stream: first synchronize
-// the streams whose work may still use them), and it gives back what it took. 0, or -1 for a
-// handle that names no live stack.
+// the streams whose work may still use them), it gives back what it took, and its log is
+// written out. 0; -1 for a handle that names no live stack, or when the stack's log could not
+// be written whole (the stack is destroyed all the same; `mrstack_last_error` names the file).
 int mrstack_destroy(MrstackStack *stack);
 
 // `size` bytes aligned to `align` (a power of two; 0 for the stack's own alignment), ordered on
@@ -98,8 +99,9 @@ int mrstack_properties(const MrstackStack *stack);
 // CuPy's `malloc`: `size` bytes from the stack `param` names (null: `device`'s). Null on error.
 void *mrstack_cupy_malloc(void *param, size_t size, int device);
 
-// CuPy's `free`: no size; the stack knows it. A pointer the stack did not hand out is reported
-// on standard error and left alone.
+// CuPy's `free`: no size; the stack knows it. A failure (a pointer the stack did not hand out,
+// a handle that names no live stack, no stack for `device`) is reported on standard error and in
+// `mrstack_last_error`, naming its cause; nothing is freed then.
 void mrstack_cupy_free(void *param, void *ptr, int device);
 
 // 0 when stack `ctx` can serve NVCV resource type `resource_type` (one of the
@@ -111,7 +113,9 @@ int mrstack_cvcuda_check(void *ctx, int resource_type);
 void *mrstack_cvcuda_alloc(void *ctx, int64_t size, int32_t align);
 
 // NVCV's free function: frees a block of stack `ctx` with the size and alignment it was
-// allocated with. A mismatch or a foreign pointer is reported on standard error and left alone.
+// allocated with. A failure (a mismatch, a foreign pointer, a negative size or alignment, a
+// handle that names no live stack) is reported on standard error and in `mrstack_last_error`,
+// naming its cause; nothing is freed then.
 void mrstack_cvcuda_free(void *ctx, void *ptr, int64_t size, int32_t align);
 
 // The handle of device `device`'s stack (built on first use), for the generic calls
@@ -125,8 +129,6 @@ MrstackStack *mrstack_device_stack(int device);
 //
 // `path` is null or a NUL-terminated string.
 int mrstack_report(const char *path);
-
-extern int atexit(void (*f)(void));
 
 // Why the last call on this thread that failed did: a NUL-terminated UTF-8 string owned by the
 // library, valid until the next failing call on this thread. Empty when no call failed yet.
@@ -155,10 +157,6 @@ void *mrstack_trt_allocate(MrstackStack *stack,
 // As for `mrstack_trt_allocate`.
 bool mrstack_trt_deallocate(MrstackStack *stack, void *memory, void *stream);
 
-extern void mrstack_throw_runtime_error(const char *what);
-
-extern void mrstack_throw_bad_alloc(void);
-
 // PyTorch's `alloc_fn`: as `mrstack_torch_malloc`, but a failure for a non-zero size throws
 // `std::runtime_error` naming the cause (a `RuntimeError` in Python).
 //
@@ -183,16 +181,18 @@ void *mrstack_cupy_malloc_or_throw(void *param, size_t size, int device);
 // `stream` is null or a live stream of `device`'s primary context (PyTorch's streams are).
 void *mrstack_torch_malloc(ptrdiff_t size, int device, void *stream);
 
-// PyTorch's `free_fn`: frees a block of `device`'s stack on `stream`. A pointer the stack did
-// not hand out is reported on standard error and left alone.
+// PyTorch's `free_fn`: frees a block of `device`'s stack on `stream`. A failure (a pointer the
+// stack did not hand out, a negative size, no stack for `device`) is reported on standard error
+// and in `mrstack_last_error`, naming its cause; nothing is freed then.
 //
 // # Safety
 //
 // As for `mrstack_torch_malloc`.
 void mrstack_torch_free(void *ptr, ptrdiff_t size, int device, void *stream);
 
-// Nothing to do per device at start: the stacks are built on first use. PyTorch's optional
-// `init_fn`-style hook, for symmetry with clients that call one.
+// Builds `device`'s stack now rather than at its first use. PyTorch's optional `init_fn`-style
+// hook, for symmetry with clients that call one; a stack that cannot be built is reported on
+// standard error and in `mrstack_last_error`.
 void mrstack_torch_init(int device);
 
 #ifdef __cplusplus

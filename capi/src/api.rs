@@ -1,7 +1,7 @@
 //! The generic C API: create a stack from a text config, allocate and free with size, alignment
 //! and stream, describe it, read its statistics, destroy it.
 
-use crate::error::{guard, set};
+use crate::error::guard;
 use crate::stack::{Expect, MrstackStack};
 use mrstack::cudarc::driver::sys::CUstream;
 use mrstack::StreamRef;
@@ -17,9 +17,8 @@ static HANDLES: LazyLock<RwLock<HashMap<usize, Arc<MrstackStack>>>> =
     LazyLock::new(|| RwLock::new(HashMap::new()));
 
 /// The next handle: a number never handed out before, not an address, so that a destroyed
-/// stack's handle cannot name the next stack made at the same address (helper 43: a stale
-/// destroy freed another owner's stack). Steps of 16 from 16: never null, aligned as a pointer
-/// would be.
+/// stack's handle cannot name the next stack made at the same address (a stale destroy must not
+/// free another owner's stack). Steps of 16 from 16: never null, aligned as a pointer would be.
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(16);
 
 /// Registers `stack` and returns its handle.
@@ -132,8 +131,9 @@ pub unsafe extern "C" fn mrstack_create_ex(
 }
 
 /// Destroys a stack: blocks still live go back to it (on the default stream: first synchronize
-/// the streams whose work may still use them), and it gives back what it took. 0, or -1 for a
-/// handle that names no live stack.
+/// the streams whose work may still use them), it gives back what it took, and its log is
+/// written out. 0; -1 for a handle that names no live stack, or when the stack's log could not
+/// be written whole (the stack is destroyed all the same; `mrstack_last_error` names the file).
 #[no_mangle]
 pub extern "C" fn mrstack_destroy(stack: *mut MrstackStack) -> c_int {
     guard(-1, || {
@@ -148,7 +148,7 @@ pub extern "C" fn mrstack_destroy(stack: *mut MrstackStack) -> c_int {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(stack as usize));
         match removed {
-            Some(_) => Ok(0),
+            Some(stack) => stack.close().map(|()| 0),
             None => Err(format!(
                 "{stack:p} is not a live stack (destroyed, or never created)"
             )),
@@ -273,15 +273,3 @@ pub const MRSTACK_HOST: c_int = 1;
 pub const MRSTACK_DEVICE: c_int = 2;
 /// The memory is managed (migratable) memory.
 pub const MRSTACK_MANAGED: c_int = 4;
-
-/// Reports a failure of a call that cannot return one (a client's `free` returning `void`) on
-/// standard error, besides recording it as the last error: the client cannot hear of it.
-pub(crate) fn report_void_failure(what: &str, result: Result<(), String>) {
-    if let Err(e) = result {
-        // Not `eprintln!`, which panics when standard error cannot be written (a full disk, a
-        // closed pipe), and a panic here would unwind into C (helper 43: the process aborted).
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "mrstack: {what}: {e}");
-        set(e);
-    }
-}

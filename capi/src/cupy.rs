@@ -3,9 +3,9 @@
 //! device's stack from the environment. CuPy passes no stream: blocks are ordered on the legacy
 //! default stream, which CuPy's (blocking) streams synchronize with.
 
-use crate::api::{lookup, report_void_failure};
+use crate::api::lookup;
 use crate::env::env_stack;
-use crate::error::guard;
+use crate::error::{guard, guard_void};
 use crate::stack::{Expect, MrstackStack};
 use mrstack::StreamRef;
 use std::ffi::{c_int, c_void};
@@ -34,12 +34,12 @@ pub extern "C" fn mrstack_cupy_malloc(
     })
 }
 
-/// CuPy's `free`: no size; the stack knows it. A pointer the stack did not hand out is reported
-/// on standard error and left alone.
+/// CuPy's `free`: no size; the stack knows it. A failure (a pointer the stack did not hand out,
+/// a handle that names no live stack, no stack for `device`) is reported on standard error and in
+/// `mrstack_last_error`, naming its cause; nothing is freed then.
 #[no_mangle]
 pub extern "C" fn mrstack_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
-    let result = guard(Err("internal error".to_string()), || {
-        Ok(stack_of(param, device)?.deallocate(ptr, Expect::NOTHING, StreamRef::DEFAULT))
+    guard_void("mrstack_cupy_free", || {
+        stack_of(param, device)?.deallocate(ptr, Expect::NOTHING, StreamRef::DEFAULT)
     });
-    report_void_failure("mrstack_cupy_free", result);
 }

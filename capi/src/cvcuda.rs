@@ -6,8 +6,8 @@
 //! CPU may touch, a device one a stack kernels may touch, and a stack that does not fit is
 //! refused there, at creation, not at the first allocation.
 
-use crate::api::{lookup, property_bits, report_void_failure, MRSTACK_DEVICE, MRSTACK_HOST};
-use crate::error::guard;
+use crate::api::{lookup, property_bits, MRSTACK_DEVICE, MRSTACK_HOST};
+use crate::error::{guard, guard_void};
 use crate::stack::Expect;
 use mrstack::StreamRef;
 use std::ffi::{c_int, c_void};
@@ -54,15 +54,16 @@ pub extern "C" fn mrstack_cvcuda_alloc(ctx: *mut c_void, size: i64, align: i32) 
 }
 
 /// NVCV's free function: frees a block of stack `ctx` with the size and alignment it was
-/// allocated with. A mismatch or a foreign pointer is reported on standard error and left alone.
+/// allocated with. A failure (a mismatch, a foreign pointer, a negative size or alignment, a
+/// handle that names no live stack) is reported on standard error and in `mrstack_last_error`,
+/// naming its cause; nothing is freed then.
 #[no_mangle]
 pub extern "C" fn mrstack_cvcuda_free(ctx: *mut c_void, ptr: *mut c_void, size: i64, align: i32) {
-    let result = guard(Err("internal error".to_string()), || {
+    guard_void("mrstack_cvcuda_free", || {
         let expect = Expect {
             size: Some(usize::try_from(size).map_err(|_| format!("size {size} < 0"))?),
             align: Some(usize::try_from(align).map_err(|_| format!("alignment {align} < 0"))?),
         };
-        Ok(lookup(ctx.cast())?.deallocate(ptr, expect, StreamRef::DEFAULT))
+        lookup(ctx.cast())?.deallocate(ptr, expect, StreamRef::DEFAULT)
     });
-    report_void_failure("mrstack_cvcuda_free", result);
 }

@@ -6,7 +6,10 @@
 //! * `MRSTACK_LOG=path`: record every request in RMM's log format (device 0 to `path`, device
 //!   `n` to `path.n`), to replay with `mrstack replay`;
 //! * `MRSTACK_REPORT=path`: write the statistics of every stack built so far as JSON at exit (and
-//!   whenever `mrstack_report` is called).
+//!   whenever `mrstack_report` is called);
+//! * `MRSTACK_ALLOW_HOST_MEMORY`: a boolean (`1`, `true`, `yes`, `on` or `0`, `false`, `no`,
+//!   `off`, in any case; unset or empty is false); true lets `MRSTACK_STACK` give memory kernels
+//!   cannot use, for tests of a client's calls where there is no GPU.
 
 use crate::api::{register, text};
 use crate::error::guard;
@@ -63,8 +66,7 @@ fn env_entry(device: c_int) -> Result<&'static EnvStack, String> {
             let handle = register(stack.clone());
             let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
             // At exit the logs are flushed (the stacks are never dropped, and a log's last
-            // lines wait in its buffer: helper 43 found a log of 200 ops empty) and the report
-            // written.
+            // lines wait in its buffer) and the report written.
             if built.is_empty() && (log.is_some() || std::env::var_os("MRSTACK_REPORT").is_some()) {
                 register_exit_report();
             }
@@ -74,9 +76,9 @@ fn env_entry(device: c_int) -> Result<&'static EnvStack, String> {
         .as_ref()
         .map_err(|e| format!("the stack of device {d}: {e}"))
         .and_then(|e| {
-            // PyTorch and CuPy hand this memory to kernels (helper 43: `system > pool` served
-            // them host memory, `simulated` made-up addresses).
-            if !e.stack.properties().device && env_text("MRSTACK_ALLOW_HOST_MEMORY")?.is_none() {
+            // PyTorch and CuPy hand this memory to kernels: a stack that gives none kernels may
+            // use is served only where the environment says that no kernel will run.
+            if !e.stack.properties().device && !env_flag("MRSTACK_ALLOW_HOST_MEMORY")? {
                 return Err(format!(
                     "the stack of device {d}: MRSTACK_STACK gives memory kernels cannot use, and \
                      the clients of the per-device stacks (PyTorch, CuPy) hand it to kernels \
@@ -96,6 +98,24 @@ fn env_text(name: &str) -> Result<Option<String>, String> {
             .into_string()
             .map(Some)
             .map_err(|_| format!("{name} is not UTF-8")),
+    }
+}
+
+/// Environment variable `name` as a boolean: `1`, `true`, `yes`, `on` or `0`, `false`, `no`,
+/// `off`, in any case, around any spaces; not set, or set to nothing, is false. Any other value is
+/// an error naming the variable and the value, never read as either.
+fn env_flag(name: &str) -> Result<bool, String> {
+    env_text(name)?.map_or(Ok(false), |v| flag(name, &v))
+}
+
+/// `value` of variable `name` as [`env_flag`] reads it.
+fn flag(name: &str, value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        "1" | "true" | "yes" | "on" => Ok(true),
+        _ => Err(format!(
+            "{name} is `{value}`, not a boolean (1, true, yes, on or 0, false, no, off)"
+        )),
     }
 }
 
@@ -154,11 +174,18 @@ pub unsafe extern "C" fn mrstack_report(path: *const c_char) -> c_int {
     })
 }
 
+/// Flushes the logs and writes the report to `path`, which is written even when a log cannot
+/// be; the first failure.
 fn write_report(path: &str) -> Result<(), String> {
-    flush_logs()?;
-    std::fs::write(path, report_json()).map_err(|e| format!("report `{path}`: {e}"))
+    let logs = flush_logs();
+    std::fs::write(path, report_json()).map_err(|e| format!("report `{path}`: {e}"))?;
+    logs
 }
 
+// The C library's, which this library calls: not part of its API, so not in its header (whose
+// declaration would differ from the system's, which C++ marks `noexcept`).
+#[allow(unused_doc_comments)]
+/// cbindgen:ignore
 extern "C" {
     fn atexit(f: extern "C" fn()) -> c_int;
 }
@@ -167,29 +194,63 @@ extern "C" fn at_exit() {
     // Nothing may unwind out of an exit handler.
     let _ = std::panic::catch_unwind(|| {
         use std::io::Write;
-        let done = match env_text("MRSTACK_REPORT") {
-            Ok(Some(path)) => write_report(&path).map_err(|e| format!("MRSTACK_REPORT: {e}")),
-            Ok(None) => flush_logs().map_err(|e| format!("MRSTACK_LOG: {e}")),
-            Err(e) => flush_logs().and(Err(e)),
+        // Each log's failure goes to standard error once: its writer's, or the flush's here.
+        for stack in built_stacks() {
+            stack.flush_log_or_report();
+        }
+        let report = match env_text("MRSTACK_REPORT") {
+            Ok(Some(path)) => std::fs::write(&path, report_json())
+                .map_err(|e| format!("MRSTACK_REPORT: report `{path}`: {e}")),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
         };
-        if let Err(e) = done {
+        if let Err(e) = report {
             let _ = writeln!(std::io::stderr(), "mrstack: {e}");
         }
     });
 }
 
-/// Writes out every per-device stack's buffered log lines.
-fn flush_logs() -> Result<(), String> {
+/// Every per-device stack built so far, in the order they were.
+fn built_stacks() -> Vec<Arc<MrstackStack>> {
     let built = BUILT.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for d in built {
-        if let Some(Ok(e)) = STACKS[d].get() {
-            e.stack.flush_log()?;
-        }
-    }
-    Ok(())
+    built
+        .into_iter()
+        .filter_map(|d| Some(STACKS[d].get()?.as_ref().ok()?.stack.clone()))
+        .collect()
+}
+
+/// Writes out every per-device stack's buffered log lines; the first failure, after trying
+/// every log.
+fn flush_logs() -> Result<(), String> {
+    built_stacks()
+        .iter()
+        .map(|stack| stack.flush_log())
+        .fold(Ok(()), Result::and)
 }
 
 fn register_exit_report() {
     // SAFETY: `at_exit` is a plain function that never unwinds; C's atexit takes such.
     unsafe { atexit(at_exit) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flag;
+
+    #[test]
+    fn a_flag_is_one_of_the_boolean_words_in_any_case() {
+        for on in ["1", "true", "TRUE", "Yes", "on", " On "] {
+            assert_eq!(flag("V", on), Ok(true), "{on:?}");
+        }
+        for off in ["", " ", "0", "false", "False", "NO", "off"] {
+            assert_eq!(flag("V", off), Ok(false), "{off:?}");
+        }
+        for bad in ["2", "maybe", "y", "enable", "1.0", "truee"] {
+            let e = flag("MRSTACK_X", bad).expect_err(bad);
+            assert!(
+                e.contains("MRSTACK_X") && e.contains(&format!("`{bad}`")),
+                "{e}"
+            );
+        }
+    }
 }

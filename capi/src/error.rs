@@ -1,4 +1,4 @@
-//! The thread-local last error, and the guard that keeps panics on the Rust side.
+//! The thread-local last error, and the guards that keep panics on the Rust side.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -16,24 +16,37 @@ pub(crate) fn set(msg: impl Display) {
     let _ = LAST.try_with(|last| *last.borrow_mut() = c);
 }
 
-/// Runs `f`; on `Err` records it and returns `fail`, and a panic inside (a bug of this library)
-/// is caught here, recorded, and returns `fail` too: no panic unwinds into C.
+/// Runs `f` with a panic inside (a bug of this library) turned into an `Err` that says so: no
+/// panic unwinds into C.
+fn caught<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_string());
+        Err(format!("internal error (please report): {what}"))
+    })
+}
+
+/// Runs `f`; on `Err`, or a panic inside, records it and returns `fail`.
 pub(crate) fn guard<T>(fail: T, f: impl FnOnce() -> Result<T, String>) -> T {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(msg)) => {
-            set(msg);
-            fail
-        }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_string());
-            set(format!("internal error (please report): {what}"));
-            fail
-        }
+    caught(f).unwrap_or_else(|msg| {
+        set(msg);
+        fail
+    })
+}
+
+/// Runs `f` for the entry point `what`, which returns nothing (a client's `free`): its `Err`, or
+/// a panic inside, is put on standard error as `mrstack: what: cause` besides being recorded as
+/// the last error, since the client cannot hear of it.
+pub(crate) fn guard_void(what: &str, f: impl FnOnce() -> Result<(), String>) {
+    if let Err(e) = caught(f) {
+        // Not `eprintln!`, which panics when standard error cannot be written (a full disk, a
+        // closed pipe), and a panic here would unwind into C.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "mrstack: {what}: {e}");
+        set(e);
     }
 }
 

@@ -3,13 +3,16 @@
 use mrstack::adaptor::Logging;
 use mrstack::config::{StackBuilder, StackSpec};
 use mrstack::property::Properties;
+use mrstack::stack::ItemWriter;
 use mrstack::Accessible;
 use mrstack::{AnyResource, MemoryResource, StreamRef};
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::fmt;
 use std::fs::File;
+use std::io::{self, Write};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 /// Shards of the live-block table: frees from many threads rarely meet on one lock.
@@ -19,8 +22,8 @@ const SHARDS: usize = 64;
 pub struct MrstackStack {
     /// The stack, with `Logging` at its top when a log was asked for.
     resource: AnyResource<()>,
-    /// Writes the log's buffered lines out, when there is a log.
-    flush: Option<Flush>,
+    /// The log, when there is one.
+    log: Option<Log>,
     config: String,
     /// Every block handed out and not yet freed, by address: a free is checked against it (a
     /// pointer this stack did not hand out, or a double free, is an error, not undefined
@@ -34,8 +37,88 @@ fn any_alignment(align: usize) -> usize {
     align.max(1)
 }
 
-/// Flushes a stack's log, whatever the type of the logged stack.
-type Flush = Box<dyn Fn() -> std::io::Result<()> + Send + Sync>;
+/// A stack's log: its file, and what reaches the `Logging` at the stack's top whatever the type
+/// of the stack below it.
+struct Log {
+    path: Arc<str>,
+    /// Writes the log's buffered lines out; the first write error since the last flush.
+    flush: Box<dyn Fn() -> io::Result<()> + Send + Sync>,
+    /// The stack's description, naming the file.
+    describe: Box<dyn Fn() -> String + Send + Sync>,
+    /// Set once a failure of this log is on standard error: each log puts one there, its first.
+    reported: Arc<AtomicBool>,
+}
+
+impl Log {
+    /// Writes the buffered lines out; the first failure since the last flush, naming the file.
+    fn flush(&self) -> Result<(), String> {
+        (self.flush)().map_err(|e| format!("log `{}` could not be written whole: {e}", self.path))
+    }
+
+    /// Puts `e` on standard error, unless a failure of this log is there already.
+    fn report(&self, e: &str) {
+        report_once(&self.reported, e);
+    }
+}
+
+/// Puts `msg` on standard error unless `reported` says a failure of the same log is there.
+fn report_once(reported: &AtomicBool, msg: &str) {
+    if !reported.swap(true, Relaxed) {
+        // Not `eprintln!`, which panics when standard error cannot be written.
+        let _ = writeln!(io::stderr(), "mrstack: {msg}");
+    }
+}
+
+/// The file a log is written to, which puts the log's first failed write on standard error as
+/// it happens: the lines are written on the log's own thread, which no caller waits for, long
+/// before anyone flushes. The failure also stays with the log for its next flush
+/// (`mrstack_destroy`, `mrstack_report`, the exit's), which returns it.
+struct LogFile {
+    file: File,
+    path: Arc<str>,
+    reported: Arc<AtomicBool>,
+}
+
+impl LogFile {
+    fn checked<T>(&self, result: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &result {
+            // An interrupted write is tried again by the log's writer: not a failure.
+            if e.kind() != io::ErrorKind::Interrupted {
+                report_once(
+                    &self.reported,
+                    &format!(
+                        "log `{}`: a write failed, the lines from here on may be lost: {e}",
+                        self.path
+                    ),
+                );
+            }
+        }
+        result
+    }
+}
+
+impl Write for LogFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.file.write(buf);
+        self.checked(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let flushed = self.file.flush();
+        self.checked(flushed)
+    }
+}
+
+/// `upstream > logging(path=…)`: the description a `Logging` gives of a file it opened itself.
+struct LoggingTo<'a, U>(&'a U, &'a str);
+
+impl<U: MemoryResource> fmt::Display for LoggingTo<'_, U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        ItemWriter::over(f, self.0, "logging")
+            .text("path", self.1)
+            .finish()
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Block {
@@ -71,10 +154,10 @@ impl MrstackStack {
     /// Builds `config` (CUDA leaves that name no device on `device`), recording every request
     /// in RMM's log format to `log` when given.
     pub(crate) fn build(config: &str, device: usize, log: Option<&str>) -> Result<Self, String> {
-        let (resource, flush) = build_erased(config, device, log)?;
+        let (resource, log) = build_erased(config, device, log)?;
         Ok(MrstackStack {
             resource,
-            flush,
+            log,
             config: config.to_string(),
             live: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             counts: Counts::default(),
@@ -154,7 +237,7 @@ impl MrstackStack {
             }
             shard.remove(&addr);
             // A table that held many blocks once gives the room back when most are gone, so
-            // that the host memory it takes follows what is live, not its peak (helper 43).
+            // that the host memory it takes follows what is live, not its peak.
             if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
                 let len = shard.len();
                 shard.shrink_to(len * 2);
@@ -169,11 +252,50 @@ impl MrstackStack {
         Ok(())
     }
 
-    /// Writes the log's buffered lines out, if there is a log.
+    /// Writes the log's buffered lines out, if there is a log; the first failure to write it
+    /// since the last flush, naming its file.
     pub(crate) fn flush_log(&self) -> Result<(), String> {
-        match &self.flush {
-            None => Ok(()),
-            Some(flush) => flush().map_err(|e| format!("log: {e}")),
+        self.log.as_ref().map_or(Ok(()), Log::flush)
+    }
+
+    /// As [`flush_log`](Self::flush_log), with a failure put on standard error, unless one of
+    /// this log's is there already: for a flush no caller hears of (the exit's).
+    pub(crate) fn flush_log_or_report(&self) {
+        if let (Err(e), Some(log)) = (self.flush_log(), &self.log) {
+            log.report(&e);
+        }
+    }
+
+    /// Ends the stack's life for the C caller: the blocks still live go back to it, and the log
+    /// is written out whole. The log's failure to be written, naming its file, is the error.
+    pub(crate) fn close(&self) -> Result<(), String> {
+        self.free_live();
+        self.flush_log()
+    }
+
+    /// Gives every block the client has not freed back to the stack, so that every byte it took
+    /// from its upstream is returned by the time it is dropped.
+    fn free_live(&self) {
+        let live: Vec<(usize, Block)> = self
+            .live
+            .iter()
+            .flat_map(|s| {
+                s.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .drain()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (addr, block) in live {
+            if let Some(p) = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(addr)) {
+                // SAFETY: a live block of this resource with this size and alignment, which left
+                // the table here, so it is freed once; the stack's life is over for the client
+                // (the C API's contract: `mrstack_destroy` ends every block's life).
+                unsafe {
+                    self.resource
+                        .deallocate(p, block.size, block.align, StreamRef::DEFAULT)
+                };
+            }
         }
     }
 
@@ -181,11 +303,11 @@ impl MrstackStack {
     /// its memory gives and its alignment.
     pub(crate) fn describe(&self) -> String {
         let p = self.properties();
-        format!(
-            "{} (gives {p}, {}-byte aligned)",
-            self.resource.describe(),
-            p.alignment
-        )
+        let stack = match &self.log {
+            Some(log) => (log.describe)(),
+            None => self.resource.describe().to_string(),
+        };
+        format!("{stack} (gives {p}, {}-byte aligned)", p.alignment)
     }
 
     /// The counts, as one JSON object.
@@ -227,30 +349,11 @@ impl std::fmt::Debug for MrstackStack {
 
 impl Drop for MrstackStack {
     fn drop(&mut self) {
-        // Blocks the client never freed go back to the stack, so that every byte it took from
-        // its upstream is returned when it is dropped.
-        let live: Vec<(usize, Block)> = self
-            .live
-            .iter_mut()
-            .flat_map(|s| {
-                s.get_mut()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .drain()
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        for (addr, block) in live {
-            if let Some(p) = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(addr)) {
-                // SAFETY: a live block of this resource with this size and alignment; the stack
-                // is being destroyed, so the client may no longer use it (the C API's contract:
-                // `mrstack_destroy` ends every block's life).
-                unsafe {
-                    self.resource
-                        .deallocate(p, block.size, block.align, StreamRef::DEFAULT)
-                };
-            }
-        }
-        let _ = self.flush_log();
+        // A stack is dropped once `mrstack_destroy` closed it (and returned its log's failure)
+        // and the calls in flight then are done: what they left is given back and written out
+        // here, where no caller hears of a failure.
+        self.free_live();
+        self.flush_log_or_report();
     }
 }
 
@@ -262,16 +365,16 @@ fn build_erased(
     config: &str,
     device: usize,
     log: Option<&str>,
-) -> Result<(AnyResource<()>, Option<Flush>), String> {
+) -> Result<(AnyResource<()>, Option<Log>), String> {
     use mrstack::{DeviceAccessible as D, HostAccessible as H, Migratable as M};
     fn with<P: mrstack::PropertySet>(
         spec: &StackSpec,
         device: usize,
         log: Option<&str>,
-    ) -> Result<(AnyResource<()>, Option<Flush>), String>
+    ) -> Result<(AnyResource<()>, Option<Log>), String>
     where
         AnyResource<P>: Accessible<P>,
-        Logging<AnyResource<P>, File>: Accessible<P>,
+        Logging<AnyResource<P>, LogFile>: Accessible<P>,
     {
         let r = StackBuilder::<P>::new()
             .on_device(device)
@@ -280,14 +383,30 @@ fn build_erased(
         let Some(path) = log else {
             return Ok((r.forget::<()>(), None));
         };
-        let logged = Arc::new(
-            Logging::create(r, path).map_err(|e| format!("log: cannot create `{path}`: {e}"))?,
-        );
-        let flush: Flush = {
+        let file = File::create(path).map_err(|e| format!("log: cannot create `{path}`: {e}"))?;
+        let path: Arc<str> = path.into();
+        let reported = Arc::new(AtomicBool::new(false));
+        let file = LogFile {
+            file,
+            path: path.clone(),
+            reported: reported.clone(),
+        };
+        let logged = Arc::new(Logging::new(r, file));
+        let flush = {
             let logged = logged.clone();
             Box::new(move || logged.flush())
         };
-        Ok((AnyResource::from_arc(logged).forget::<()>(), Some(flush)))
+        let describe = {
+            let (logged, path) = (logged.clone(), path.clone());
+            Box::new(move || LoggingTo(logged.upstream(), &path).to_string())
+        };
+        let log = Log {
+            path,
+            flush,
+            describe,
+            reported,
+        };
+        Ok((AnyResource::from_arc(logged).forget::<()>(), Some(log)))
     }
     let spec: StackSpec = config
         .parse()

@@ -8,6 +8,9 @@ use crate::error::mrstack_last_error;
 use crate::torch::mrstack_torch_malloc;
 use std::ffi::{c_char, c_int, c_void};
 
+// src/throwing.cpp's, which only this library calls: not part of its API, so not in its header.
+#[allow(unused_doc_comments)]
+/// cbindgen:ignore
 extern "C-unwind" {
     fn mrstack_throw_runtime_error(what: *const c_char) -> !;
     fn mrstack_throw_bad_alloc() -> !;

@@ -1,9 +1,9 @@
 //! PyTorch's door: `torch.cuda.memory.CUDAPluggableAllocator(path, "mrstack_torch_malloc",
 //! "mrstack_torch_free")`, one stack per device built from the environment (see [`crate::env`]).
 
-use crate::api::{report_void_failure, stream};
+use crate::api::stream;
 use crate::env::env_stack;
-use crate::error::guard;
+use crate::error::{guard, guard_void};
 use crate::stack::Expect;
 use std::ffi::{c_int, c_void};
 
@@ -29,8 +29,9 @@ pub unsafe extern "C" fn mrstack_torch_malloc(
     })
 }
 
-/// PyTorch's `free_fn`: frees a block of `device`'s stack on `stream`. A pointer the stack did
-/// not hand out is reported on standard error and left alone.
+/// PyTorch's `free_fn`: frees a block of `device`'s stack on `stream`. A failure (a pointer the
+/// stack did not hand out, a negative size, no stack for `device`) is reported on standard error
+/// and in `mrstack_last_error`, naming its cause; nothing is freed then.
 ///
 /// # Safety
 ///
@@ -42,23 +43,20 @@ pub unsafe extern "C" fn mrstack_torch_free(
     device: c_int,
     stream: *mut c_void,
 ) {
-    let result = guard(Err("internal error".to_string()), || {
+    guard_void("mrstack_torch_free", || {
         let expect = Expect {
             size: Some(usize::try_from(size).map_err(|_| format!("size {size} < 0"))?),
             align: Some(ALIGN),
         };
         // SAFETY: forwarded from the caller.
-        Ok(env_stack(device)?.deallocate(ptr, expect, unsafe { self::stream(stream) }))
+        env_stack(device)?.deallocate(ptr, expect, unsafe { self::stream(stream) })
     });
-    report_void_failure("mrstack_torch_free", result);
 }
 
-/// Nothing to do per device at start: the stacks are built on first use. PyTorch's optional
-/// `init_fn`-style hook, for symmetry with clients that call one.
+/// Builds `device`'s stack now rather than at its first use. PyTorch's optional `init_fn`-style
+/// hook, for symmetry with clients that call one; a stack that cannot be built is reported on
+/// standard error and in `mrstack_last_error`.
 #[no_mangle]
 pub extern "C" fn mrstack_torch_init(device: c_int) {
-    let result = guard(Err("internal error".to_string()), || {
-        Ok(env_stack(device).map(|_| ()))
-    });
-    report_void_failure("mrstack_torch_init", result);
+    guard_void("mrstack_torch_init", || env_stack(device).map(|_| ()));
 }

@@ -59,26 +59,31 @@ fn the_tensorrt_adapter_compiles_and_serves_through_the_interface() {
 }
 
 /// Compiles `host_test.c` as `name` and runs it with `args`, the library just built first in the
-/// library path, no `MRSTACK_STACK` from outside; checks that every check passed.
-fn run_host_test(name: &str, args: &[&std::ffi::OsStr]) {
+/// library path, no `MRSTACK_*` variable from outside; checks that every check passed, and
+/// returns what it wrote to standard error.
+fn run_host_test(name: &str, args: &[&std::ffi::OsStr]) -> String {
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     compile(&cc, &["-std=c11", "-D_DEFAULT_SOURCE"], "host_test.c", &exe);
     let run = Command::new(&exe)
         .args(args)
         .env_remove("MRSTACK_STACK")
+        .env_remove("MRSTACK_LOG")
+        .env_remove("MRSTACK_REPORT")
+        .env_remove("MRSTACK_ALLOW_HOST_MEMORY")
         // cargo puts target/<profile> first here, where an older copy of the library may be
         // (only `cargo build` refreshes it): the one beside this test is the one just built.
         .env("LD_LIBRARY_PATH", lib_dir())
         .output()
         .expect("run host_test");
     let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
     println!("{out}");
     assert!(
         run.status.success() && out.contains(" passed, 0 failed"),
-        "host_test failed:\n{out}\n{}",
-        String::from_utf8_lossy(&run.stderr)
+        "host_test failed:\n{out}\n{err}"
     );
+    err
 }
 
 #[test]
@@ -115,8 +120,7 @@ fn a_c_program_drives_the_generic_api_and_every_client_door() {
 }
 
 /// With `MRSTACK_LOG` and no `MRSTACK_REPORT`, the log is whole once the program exits: the
-/// per-device stacks are never dropped, so an exit hook flushes it (helper 43: a log of 200 ops
-/// came out empty without `MRSTACK_REPORT`).
+/// per-device stacks are never dropped, so an exit hook flushes it.
 #[test]
 fn a_log_without_a_report_is_flushed_at_exit() {
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("log_only.csv");
@@ -126,6 +130,82 @@ fn a_log_without_a_report_is_flushed_at_exit() {
         &["--log-only".as_ref(), log.as_os_str()],
     );
     let trace = mrstack::replay::rmm_log::read(&log).expect("the log parses");
+    assert_eq!(
+        (trace.workload.ops().len(), trace.workload.allocations()),
+        (20, 10)
+    );
+}
+
+/// The clients' frees return nothing, so a failure is reported on standard error and in the
+/// last error (host_test checks that one): each line names the entry point and the cause, never a
+/// placeholder.
+#[test]
+fn the_void_frees_report_the_cause() {
+    let err = run_host_test("host_test_void_frees", &["--void-frees".as_ref()]);
+    for line in [
+        "mrstack: mrstack_cvcuda_free: size -1 < 0",
+        "mrstack: mrstack_cvcuda_free: alignment -8 < 0",
+        "mrstack: mrstack_torch_free: size -5 < 0",
+        "mrstack: mrstack_cupy_free: ",
+    ] {
+        assert!(
+            err.lines().any(|l| l.starts_with(line)),
+            "no `{line}` in:\n{err}"
+        );
+    }
+    let no_stack = |call: &str| {
+        err.lines()
+            .any(|l| l.starts_with(&format!("mrstack: {call}: ")) && l.contains("no_such_leaf"))
+    };
+    for call in [
+        "mrstack_torch_free",
+        "mrstack_cupy_free",
+        "mrstack_torch_init",
+    ] {
+        assert!(
+            no_stack(call),
+            "{call}: no line names the stack's cause in:\n{err}"
+        );
+    }
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.contains("not a live stack"))
+            .count(),
+        2,
+        "{err}"
+    );
+    assert!(!err.contains("internal error"), "{err}");
+}
+
+/// A log that cannot be written is not lost silently: its first failed write goes to standard
+/// error once, as it happens, and `mrstack_destroy` returns the failure naming the file
+/// (host_test checks both); a log that can be written is whole after the destroy, the frees of
+/// the blocks left live in it.
+#[test]
+fn a_log_that_cannot_be_written_is_reported() {
+    assert!(
+        std::path::Path::new("/dev/full").exists(),
+        "this test writes a log to /dev/full, which this system lacks"
+    );
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let (captured, log) = (
+        tmp.join("full_log_stderr.txt"),
+        tmp.join("full_log_good.csv"),
+    );
+    let _ = std::fs::remove_file(&log);
+    run_host_test(
+        "host_test_full_log",
+        &["--full-log".as_ref(), captured.as_os_str(), log.as_os_str()],
+    );
+    let err = std::fs::read_to_string(&captured).expect("host_test's standard error");
+    let reports: Vec<&str> = err.lines().filter(|l| l.contains("/dev/full")).collect();
+    assert!(
+        reports.len() == 1
+            && reports[0].starts_with("mrstack: log `/dev/full`")
+            && reports[0].contains("No space left on device"),
+        "{err}"
+    );
+    let trace = mrstack::replay::rmm_log::read(&log).expect("the good log parses");
     assert_eq!(
         (trace.workload.ops().len(), trace.workload.allocations()),
         (20, 10)

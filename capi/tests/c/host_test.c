@@ -1,13 +1,17 @@
 /* mrstack's C API driven from C, on host-only stacks (`system`, `simulated`): what CI runs
  * (capi/tests/c_program.rs builds and runs it). Bad configs, bad frees, zero sizes, forged and
- * destroyed handles, threads, every client's entry points, the report and the log. Prints one
- * line per failed check and ends with "N passed, M failed". */
+ * destroyed handles, threads, every client's entry points, the report and the log; in runs of
+ * their own, the causes the clients' void frees report and a log that cannot be written. Prints
+ * one line per failed check and ends with "N passed, M failed". */
 #include "mrstack.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static int passed, failed;
 
@@ -209,7 +213,27 @@ static void clients(const char *report, const char *log) {
     setenv("MRSTACK_REPORT", report, 1);
     CHECK(mrstack_torch_malloc(8, 0, NULL) == NULL, "a host stack refused");
     CHECK(contains(mrstack_last_error(), "MRSTACK_ALLOW_HOST_MEMORY"), "%s", mrstack_last_error());
-    setenv("MRSTACK_ALLOW_HOST_MEMORY", "1", 1);
+    /* MRSTACK_ALLOW_HOST_MEMORY is a boolean: a false value refuses as no value does, and a value
+       that is neither is an error naming the variable and the value. */
+    {
+        static const char *const no[] = {"0", "false", "No", "OFF", ""};
+        for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+            setenv("MRSTACK_ALLOW_HOST_MEMORY", no[i], 1);
+            CHECK(mrstack_torch_malloc(8, 0, NULL) == NULL, "refused with \"%s\"", no[i]);
+            CHECK(contains(mrstack_last_error(), "MRSTACK_ALLOW_HOST_MEMORY"), "\"%s\"", no[i]);
+            CHECK(mrstack_device_stack(0) == NULL, "no handle with \"%s\"", no[i]);
+        }
+        setenv("MRSTACK_ALLOW_HOST_MEMORY", "maybe", 1);
+        CHECK(mrstack_torch_malloc(8, 0, NULL) == NULL, "\"maybe\" is no boolean");
+        CHECK(contains(mrstack_last_error(), "MRSTACK_ALLOW_HOST_MEMORY") &&
+                  contains(mrstack_last_error(), "maybe"),
+              "names the variable and the value");
+        static const char *const yes[] = {"TRUE", "yes", "On", "1"};
+        for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+            setenv("MRSTACK_ALLOW_HOST_MEMORY", yes[i], 1);
+            CHECK(mrstack_device_stack(0) != NULL, "allowed with \"%s\"", yes[i]);
+        }
+    }
     void *t[100];
     for (int i = 0; i < 100; i++) {
         t[i] = mrstack_torch_malloc(512 * (i + 1), 0, NULL);
@@ -226,6 +250,117 @@ static void clients(const char *report, const char *log) {
     CHECK(contains(mrstack_last_error(), "per-device"), "says why");
     CHECK(mrstack_device_stack(0) == dev0 && mrstack_properties(dev0) >= 0, "and still works");
     CHECK(mrstack_report(NULL) == 0, "report");
+}
+
+/* The last error, after a call that must have failed for `cause`: it names that, not a
+   placeholder. */
+static void names_cause(const char *call, const char *cause) {
+    const char *e = mrstack_last_error();
+    CHECK(contains(e, cause) && !contains(e, "internal error"), "%s names \"%s\"", call, cause);
+}
+
+/* The clients' frees return nothing: a failure is reported on standard error (which the Rust
+   side reads) and in the last error, naming its cause. Every per-device stack fails to build. */
+static int void_frees(void) {
+    setenv("MRSTACK_STACK", "no_such_leaf", 1);
+    unsetenv("MRSTACK_LOG");
+    unsetenv("MRSTACK_REPORT");
+    MrstackStack *s = mrstack_create("system > binning");
+    void *p = mrstack_cvcuda_alloc(s, 4096, 256);
+    CHECK(p != NULL, "cvcuda alloc");
+    /* Negative sizes and alignments. */
+    mrstack_cvcuda_free(s, p, -1, 256);
+    names_cause("cvcuda free of size -1", "size -1 < 0");
+    mrstack_cvcuda_free(s, p, 4096, -8);
+    names_cause("cvcuda free at alignment -8", "alignment -8 < 0");
+    mrstack_torch_free(p, -5, 0, NULL);
+    names_cause("torch free of size -5", "size -5 < 0");
+    /* No stack for the device. */
+    mrstack_torch_free(p, 4096, 0, NULL);
+    names_cause("torch free without a stack", "no_such_leaf");
+    mrstack_cupy_free(NULL, p, 1);
+    names_cause("cupy free without a stack", "no_such_leaf");
+    mrstack_torch_init(2);
+    names_cause("torch init without a stack", "no_such_leaf");
+    /* A block the stack did not hand out. */
+    int local;
+    mrstack_cupy_free(s, &local, 0);
+    names_cause("cupy free of a foreign pointer", "not a live block");
+    /* A dead handle. */
+    CHECK(mrstack_destroy(s) == 0, "destroy");
+    mrstack_cupy_free(s, p, 0);
+    names_cause("cupy free on a dead handle", "not a live stack");
+    mrstack_cvcuda_free(s, p, 4096, 256);
+    names_cause("cvcuda free on a dead handle", "not a live stack");
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
+
+/* Lines of the file at `path` that contain `needle`; -1 when it cannot be read. */
+static int lines_with(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += contains(line, needle);
+    fclose(f);
+    return n;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A log that cannot be written (`/dev/full`): its first failed write is reported on standard
+   error as it happens, before anyone flushes, and once; mrstack_destroy returns the failure,
+   naming the file. A log that can be written destroys with 0, the frees of the blocks left live
+   in it. Standard error goes to `captured`, read back here while the program runs. */
+static int full_log(const char *captured, const char *good_log) {
+    fflush(stderr);
+    int fd = open(captured, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    CHECK(fd >= 0 && dup2(fd, 2) == 2, "standard error to %s", captured);
+    if (fd >= 0) close(fd);
+
+    MrstackStack *full = mrstack_create_ex("system > pool", 0, "/dev/full");
+    CHECK(full != NULL, "a stack logged to /dev/full");
+    /* ~40,000 lines, ~1.8 MB: the log's 64 KiB buffer fills and is written many times over. */
+    for (int i = 0; i < 20000; i++) {
+        size_t size = 64 + (size_t)(i % 1000) * 8;
+        void *p = mrstack_allocate(full, size, 0, NULL);
+        CHECK(p != NULL, "allocation %d", i);
+        CHECK(mrstack_deallocate(full, p, size, 0, NULL) == 0, "free %d", i);
+    }
+    int seen = 0;
+    for (int waited = 0; waited < 10000 && seen == 0; waited += 10) {
+        seen = lines_with(captured, "/dev/full");
+        if (seen == 0) sleep_ms(10);
+    }
+    CHECK(seen == 1, "the failed write reported as it happened, once: %d lines", seen);
+    for (int i = 0; i < 2000; i++) {
+        void *p = mrstack_allocate(full, 4096, 0, NULL);
+        mrstack_deallocate(full, p, 4096, 0, NULL);
+    }
+    CHECK(mrstack_allocate(full, 100, 0, NULL) != NULL, "a block left live");
+    CHECK(mrstack_destroy(full) == -1, "destroy returns the log's failure");
+    CHECK(contains(mrstack_last_error(), "/dev/full"), "names the file: %s", mrstack_last_error());
+    CHECK(mrstack_destroy(full) == -1 && contains(mrstack_last_error(), "not a live stack"),
+          "destroyed all the same");
+    sleep_ms(100);
+    CHECK(lines_with(captured, "/dev/full") == 1, "reported once: %d lines",
+          lines_with(captured, "/dev/full"));
+
+    MrstackStack *good = mrstack_create_ex("system > pool", 0, good_log);
+    CHECK(good != NULL, "a stack logged to %s", good_log);
+    char text[512];
+    mrstack_describe(good, text, sizeof text);
+    CHECK(contains(text, "system > pool > logging(path=") && contains(text, good_log),
+          "the description names the log: %s", text);
+    for (int i = 0; i < 10; i++)
+        CHECK(mrstack_allocate(good, 256 * (size_t)(i + 1), 0, NULL) != NULL, "allocation %d", i);
+    CHECK(mrstack_destroy(good) == 0, "a log that can be written destroys with 0");
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
 }
 
 /* MRSTACK_LOG alone, no report: the log is complete once the program exits normally (the
@@ -246,8 +381,11 @@ static int log_only(const char *log) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--log-only") == 0) return log_only(argv[2]);
+    if (argc == 2 && strcmp(argv[1], "--void-frees") == 0) return void_frees();
+    if (argc == 4 && strcmp(argv[1], "--full-log") == 0) return full_log(argv[2], argv[3]);
     if (argc < 3) {
-        fprintf(stderr, "usage: host_test REPORT.json LOG.csv | host_test --log-only LOG.csv\n");
+        fprintf(stderr, "usage: host_test REPORT.json LOG.csv | host_test --log-only LOG.csv | "
+                        "host_test --void-frees | host_test --full-log STDERR.txt LOG.csv\n");
         return 2;
     }
     CHECK(strcmp(mrstack_last_error(), "") == 0, "no error yet");
