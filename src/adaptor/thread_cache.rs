@@ -189,9 +189,10 @@ fn class_size(i: usize) -> usize {
 /// caches keep no unused room until half of the budget is free again. A thread that finds no room gives
 /// the older half of each of its classes to the shared lists, or to the upstream where they have
 /// no room either. A thread that exits hands its blocks to the shared lists and its room back.
-/// When the upstream is out of memory, every cache and list is emptied into it and the request
-/// tried once more. What the caches hold fragments the upstream the way live blocks do: leave
-/// the upstream room for `bytes` beyond the peak the workload holds.
+/// When the upstream is out of memory, for a request of any size (one above `max_block`
+/// included), every cache and list is emptied into it and the request tried once more. What the
+/// caches hold fragments the upstream the way live blocks do: leave the upstream room for `bytes`
+/// beyond the peak the workload holds.
 ///
 /// # Streams
 ///
@@ -537,6 +538,25 @@ impl<U: MemoryResource> ThreadCache<U> {
         }
     }
 
+    /// Asks the upstream; where it is out of memory, every cache and list (exited threads'
+    /// blocks included) is emptied into it and the request tried once more: a request of any
+    /// size fails out of memory only when nothing cached could have served it.
+    fn upstream_or_empty(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Result<NonNull<u8>> {
+        match self.upstream.allocate(size, align, stream) {
+            Err(e) if e.is_out_of_memory() => {
+                // Blocks waiting in the caches may be what is missing.
+                self.empty();
+                self.upstream.allocate(size, align, stream)
+            }
+            r => r,
+        }
+    }
+
     fn give_back_one(&self, addr: usize, size: usize, stream: StreamRef) {
         // Cached addresses come from `NonNull`s: never null.
         let Some(ptr) = NonNull::new(std::ptr::with_exposed_provenance_mut(addr)) else {
@@ -562,7 +582,7 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
             return Ok(p);
         }
         let Some((i, class)) = self.class(size, align) else {
-            return self.upstream.allocate(size, align.max(GRANULE), stream);
+            return self.upstream_or_empty(size, align.max(GRANULE), stream);
         };
         let cached = match self.cache() {
             Some(mut cache) if cache.holds(stream) => {
@@ -588,14 +608,7 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
         {
             return Ok(ptr);
         }
-        match self.upstream.allocate(class, GRANULE, stream) {
-            Err(e) if e.is_out_of_memory() => {
-                // Blocks waiting in the caches may be what is missing.
-                self.empty();
-                self.upstream.allocate(class, GRANULE, stream)
-            }
-            r => r,
-        }
+        self.upstream_or_empty(class, GRANULE, stream)
     }
 
     #[inline]

@@ -6,6 +6,7 @@ use crate::resource::{
 use crate::stream::StreamRef;
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use typenum::{B0, U256};
 
@@ -17,9 +18,18 @@ use typenum::{B0, U256};
 /// allocations ([`live`](Self::live)) — so that every suballocator can be tested, fuzzed and
 /// replayed at any size on a machine with no GPU, and a test can check that a stack gave back
 /// everything it took. Each allocation gets a fresh range from a bump pointer (addresses are not
-/// reused until the address space runs out with nothing live), so a use-after-free in a test
-/// shows up as an unknown pointer; `deallocate` panics on
+/// reused until the instance's address range runs out with nothing live), so a use-after-free in
+/// a test shows up as an unknown pointer; `deallocate` panics on
 /// a pointer that is not live or a size that differs from the allocation's.
+///
+/// Each instance has an address range of its own, so that blocks of two instances in one stack
+/// (a bin's own `Simulated` inside a `Simulated` stack) never overlap: 256 times its capacity
+/// (rounded up to a power of two), at least 2^48 bytes, aligned to its size, between 2^48 and
+/// 2^63. New instances take the next range up, and start over at the lowest once they reach
+/// 2^63 (after 32,767 ranges of 2^48 bytes): an instance shares addresses only with one made
+/// before that.
+/// An instance of more than 2^52 bytes (4 PiB) has no range of its own: it takes everything from
+/// 2^44 up, which other instances' ranges lie in.
 ///
 /// # Cost
 ///
@@ -55,6 +65,9 @@ use typenum::{B0, U256};
 #[derive(Debug)]
 pub struct Simulated {
     capacity: usize,
+    /// This instance's address range: every block and reservation lies in `base..end`.
+    base: usize,
+    end: usize,
     /// The granule of [`PhysicalPages`](crate::leaf::PhysicalPages): what a virtual-memory
     /// resource over it maps at a time.
     page: usize,
@@ -77,8 +90,18 @@ struct State {
 
 impl Simulated {
     const NAME: &'static str = "Simulated";
-    /// Where the fake address space starts: far from null and from real heap addresses.
+    /// Where the range of an instance too large for a range of its own starts: far from null
+    /// and from real heap addresses.
     const BASE: usize = 1 << 44;
+    /// Where instances' own ranges lie: above every user-space address of a 4-level page table,
+    /// and below 2^63, so that an address is a non-negative `isize`.
+    const LOW: usize = 1 << 48;
+    const TOP: usize = 1 << 63;
+    /// The smallest range of an instance, and the factor of its capacity a range holds.
+    const MIN_RANGE: usize = 1 << 48;
+    const RANGE_PER_BYTE: usize = 256;
+    /// The largest range handed out: an instance that needs more takes everything from `BASE`.
+    const MAX_RANGE: usize = 1 << 60;
     /// The default page: 2 MiB, the granularity CUDA maps device memory in.
     const PAGE: usize = 2 << 20;
 
@@ -95,14 +118,47 @@ impl Simulated {
             .max(4096)
             .checked_next_power_of_two()
             .unwrap_or(Self::PAGE);
+        let (base, end) = Self::range(capacity);
         Simulated {
             capacity,
+            base,
+            end,
             page,
             state: Mutex::new(State {
-                next: Self::BASE,
+                next: base,
                 ..State::default()
             }),
         }
+    }
+
+    /// A new instance's address range for `capacity` bytes: the next range of its size
+    /// (a power of two, aligned to it) in `LOW..TOP`, starting over at `LOW` when the next one
+    /// would pass `TOP`; or everything from `BASE` for a capacity no range holds.
+    fn range(capacity: usize) -> (usize, usize) {
+        /// Where the next range may start: always in `LOW..=TOP`.
+        static NEXT: AtomicUsize = AtomicUsize::new(Simulated::LOW);
+        let size = capacity
+            .checked_next_power_of_two()
+            .and_then(|c| c.checked_mul(Self::RANGE_PER_BYTE))
+            .map(|r| r.max(Self::MIN_RANGE));
+        let Some(size) = size.filter(|&r| r <= Self::MAX_RANGE) else {
+            return (Self::BASE, usize::MAX);
+        };
+        // `next` ≤ TOP = 2^63, which is a multiple of `size` (a power of two, at most 2^60): a
+        // base rounded up from `next` is at most TOP, so `base + size` does not overflow.
+        let place = |next: usize| {
+            let base = next.next_multiple_of(size);
+            if base + size <= Self::TOP {
+                base
+            } else {
+                Self::LOW.next_multiple_of(size)
+            }
+        };
+        let next = NEXT
+            .fetch_update(Relaxed, Relaxed, |next| Some(place(next) + size))
+            .unwrap_or_else(|next| next);
+        let base = place(next);
+        (base, base + size)
     }
 
     /// The most bytes that may be allocated at once.
@@ -146,17 +202,18 @@ impl Simulated {
         self.lock().reserved.len()
     }
 
-    /// Takes `size` bytes (`bytes` rounded up to a page) of fresh address space from the bump
+    /// Takes `size` bytes of fresh address space of this instance's range from the bump
     /// pointer, aligned to `align`.
-    fn bump(s: &mut State, size: usize, align: usize) -> Option<usize> {
+    fn bump(&self, s: &mut State, size: usize, align: usize) -> Option<usize> {
         let fits = |next: usize| {
             let addr = align_up(next, align)?;
-            Some((addr, addr.checked_add(size)?))
+            let end = addr.checked_add(size)?;
+            (end <= self.end).then_some((addr, end))
         };
-        // The address space runs out long before the capacity when huge blocks come and go (a
-        // log replayed pass after pass): once nothing is live, start over at the base.
+        // The address range runs out long before the capacity when huge blocks come and go (a
+        // log replayed pass after pass): once nothing is live, start over at its base.
         let (addr, end) = match fits(s.next) {
-            None if s.live.is_empty() && s.reserved.is_empty() => fits(Self::BASE)?,
+            None if s.live.is_empty() && s.reserved.is_empty() => fits(self.base)?,
             found => found?,
         };
         s.next = end;
@@ -170,9 +227,10 @@ impl Simulated {
     }
 }
 
-// SAFETY: ranges are carved from a bump pointer, which goes back to the base only when no range is
-// live, so no two live ranges overlap;
-// each is aligned to max(align, 256). The type claims no access property, so nothing dereferences it.
+// SAFETY: ranges are carved from a bump pointer within the instance's own address range, which
+// goes back to the range's base only when no range is live, so no two live ranges overlap;
+// each is aligned to max(align, 256) and lies at 2^44 or above, never null. The type claims no
+// access property, so nothing dereferences it.
 unsafe impl MemoryResource for Simulated {
     properties!(
         Host = B0,
@@ -191,7 +249,7 @@ unsafe impl MemoryResource for Simulated {
         if size > self.capacity - s.in_use {
             return Err(oom);
         }
-        let addr = Self::bump(&mut s, size, align.max(256)).ok_or(oom)?;
+        let addr = self.bump(&mut s, size, align.max(256)).ok_or(oom)?;
         s.in_use += size;
         s.peak = s.peak.max(s.in_use);
         s.allocations += 1;
@@ -278,7 +336,7 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
             ));
         }
         let mut s = self.lock();
-        let addr = Self::bump(&mut s, size, self.page).ok_or(oom)?;
+        let addr = self.bump(&mut s, size, self.page).ok_or(oom)?;
         s.reserved.insert(addr, size);
         Ok(addr)
     }
@@ -408,6 +466,34 @@ mod tests {
         unsafe { sim.deallocate(b, 3000, 4096, StreamRef::DEFAULT) };
         assert_eq!(sim.in_use(), 0);
         assert_eq!(sim.allocation_count(), 2);
+    }
+
+    #[test]
+    fn instances_hand_out_disjoint_ranges() {
+        use crate::leaf::PhysicalPages;
+        let d = StreamRef::DEFAULT;
+        let sims: Vec<_> = [1 << 20, 1 << 30, 1 << 20, 1 << 40, 1 << 52]
+            .into_iter()
+            .map(Simulated::new)
+            .collect();
+        // Each instance's first blocks, and a reservation of one of them, all live at once.
+        let mut blocks = Vec::new();
+        for sim in &sims {
+            for size in [4096, sim.capacity() / 2] {
+                let p = sim.allocate(size, 256, d).unwrap();
+                assert_eq!(p.as_ptr() as usize % 256, 0);
+                blocks.push((p.as_ptr() as usize, size));
+            }
+        }
+        let reserved = sims[0].reserve(8 << 20).unwrap();
+        blocks.push((reserved, 8 << 20));
+        blocks.sort_unstable();
+        for pair in blocks.windows(2) {
+            let ((a, n), (b, _)) = (pair[0], pair[1]);
+            assert!(a + n <= b, "{a:#x} + {n} overlaps {b:#x}");
+        }
+        // SAFETY: the reservation is sims[0]'s, with nothing mapped.
+        unsafe { sims[0].unreserve(reserved, 8 << 20) };
     }
 
     #[test]

@@ -1487,6 +1487,41 @@ mod thread_cache {
     }
 
     #[test]
+    fn a_large_request_gets_the_blocks_of_exited_threads_back_first() {
+        let mr = Arc::new(resource_stack![
+            Simulated::new(1 << 30),
+            Limiting { limit: 64 MiB },
+            ThreadCache { bytes: 256 MiB }
+        ]);
+        // Four threads hold 13 MiB at once, free it and exit: their blocks wait on the shared
+        // lists, and nothing is live.
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = [4usize << 20, 4 << 20, 3 << 20, 2 << 20]
+            .into_iter()
+            .map(|size| {
+                let (mr, barrier) = (mr.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let p = mr.allocate(size, 256, S).unwrap();
+                    barrier.wait();
+                    // SAFETY: p came from mr with this size and alignment.
+                    unsafe { mr.deallocate(p, size, 256, S) };
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let limiting = mr.upstream();
+        assert_eq!((mr.cached(), limiting.in_use()), (13 << 20, 13 << 20));
+        // 60 MiB, above max_block, fits the limit only once the cached blocks are back.
+        let big = mr.allocate(60 << 20, 256, S).unwrap();
+        assert_eq!((mr.cached(), limiting.in_use()), (0, 60 << 20));
+        // SAFETY: big came from mr with this size and alignment.
+        unsafe { mr.deallocate(big, 60 << 20, 256, S) };
+        assert_eq!(limiting.upstream().in_use(), 0);
+    }
+
+    #[test]
     fn a_text_config_builds_and_describes_itself() {
         let mr = mrstack::config::build::<()>(
             "simulated(capacity=1 GiB) > tlsf > thread_cache(bytes=64 MiB, max_block=4 MiB)",

@@ -2395,6 +2395,32 @@ fn a_binning_orders_and_synchronizes_every_bins_own_resource() {
 }
 
 #[test]
+fn a_simulated_bin_inside_a_simulated_stack_gives_no_overlapping_blocks() {
+    // The 2 MiB bin (the tlsf's first chunk) comes from its own simulated, the larger chunks
+    // from the outer one: the tlsf carves blocks out of both.
+    let mr = mrstack::config::build::<()>(
+        "simulated(capacity=1 GiB) > binning(max=2 MiB, bins=\"2 MiB = simulated(capacity=64 MiB)\") > tlsf",
+    )
+    .unwrap();
+    let s = StreamRef::DEFAULT;
+    let sizes: Vec<usize> = (0..12).map(|i| (1 << 20) - 256 * (i % 3)).collect();
+    let mut live: Vec<(usize, usize)> = sizes
+        .iter()
+        .map(|&size| (mr.allocate(size, 256, s).unwrap().as_ptr() as usize, size))
+        .collect();
+    live.sort_unstable();
+    for pair in live.windows(2) {
+        let ((a, n), (b, _)) = (pair[0], pair[1]);
+        assert!(a + n <= b, "{a:#x} + {n} overlaps {b:#x}");
+    }
+    for (addr, size) in live {
+        let p = NonNull::new(std::ptr::without_provenance_mut(addr)).unwrap();
+        // SAFETY: allocated above with this size and alignment.
+        unsafe { mr.deallocate(p, size, 256, s) };
+    }
+}
+
+#[test]
 fn a_binning_with_own_bins_describes_itself_as_text_that_builds_it_back() {
     let sim = Arc::new(Simulated::new(1 << 30));
     let mr = Binning::new(sim.clone(), BinningConfig::default())
