@@ -6,7 +6,7 @@
 //! cost it adds is "with" minus "without". Each over `Null` is measured on one thread and on
 //! eight at once (`null-8-threads`: eight threads each doing their share of the pairs, timed
 //! together; the figure is wall time per pair, so a perfectly scaling adaptor shows 1/8 of its
-//! one-thread figure). Targets (issue 14), per operation (half a pair): Statistics ≤ 5 ns,
+//! one-thread figure). Targets, per operation (half a pair): Statistics ≤ 5 ns,
 //! Limiting ≤ 10, Tracking ≤ 30, Logging ≤ 100, Aligned 0, at 1 and 8 threads.
 //!
 //! `cargo bench --bench adaptors` (add `-- --quick` for a shorter run).

@@ -1,11 +1,11 @@
 //! GPU benchmark (no criterion: `harness = false`): the preset stacks over `Cuda` on device 0, with
 //! raw `cuMemAlloc` (`Cuda`) and the driver's stream-ordered pool (`CudaAsync`) measured in the
-//! same run, on the two workloads of issue 3. Prints one table: ns per op (a warm-up pass, then the
-//! median of 5 passes on the same resource; fewer passes where one pass is slow, said in the
-//! table), each stack's speed-up over `Cuda` and over `CudaAsync`, and its minimum capacity over
-//! peak live bytes, searched over `Simulated` with the same stack (host-side, to 0.1%); the
-//! project's traces (data/traces) join the two workloads. Then threads, and what the driver's
-//! virtual memory calls cost (`VirtualMemory`'s map and unmap).
+//! same run, on two workloads (random, and ResNet-50 training). Prints one table: ns per op (a
+//! warm-up pass, then the median of 5 passes on the same resource; fewer passes where one pass is
+//! slow, said in the table), each stack's speed-up over `Cuda` and over `CudaAsync`, and its
+//! minimum capacity over peak live bytes, searched over `Simulated` with the same stack (host-side,
+//! to 0.1%); the project's traces (data/traces) join the two workloads. Then threads, and what the
+//! driver's virtual memory calls cost (`VirtualMemory`'s map and unmap).
 //!
 //! Without a GPU it prints why and exits 0, unless `MRSTACK_REQUIRE_GPU=1`, where it exits 1. It
 //! also exits 1 when any measurement failed. Plain device memory only: the random workload holds up
@@ -34,7 +34,8 @@ const PASSES: usize = 5;
 /// Time allowed for the timed passes of one stack on one workload; a slower stack gets fewer.
 const BUDGET: Duration = Duration::from_secs(20);
 
-/// RMM 26.10 on the same H100, from issue 3 (ns/op: random, ResNet-50), by stack name.
+/// RMM 26.10 on an H100, measured apart from this benchmark (ns/op: random, ResNet-50), by stack
+/// name.
 const RMM: [(&str, f64, f64); 4] = [
     ("cuda-async", 1345.0, 1518.0),
     ("pool", 3480.0, 590.0),
@@ -317,7 +318,7 @@ fn main() {
         }
         println!("{line}");
     }
-    println!("(Np) after a time: only N timed passes fit the {BUDGET:?} budget. RMM ns/op: RMM 26.10 on the lent H100 as quoted in issue 3, not this run.");
+    println!("(Np) after a time: only N timed passes fit the {BUDGET:?} budget. RMM ns/op: RMM 26.10 on an H100, measured apart, not in this run.");
     failed |= !threads_table(&ctx);
     failed |= !page_costs(&ctx);
     if failed {
@@ -327,8 +328,8 @@ fn main() {
 
 /// Threads sharing one stack: the random workload (a different seed per thread) on 1 and on 8
 /// threads at once, over `Cuda`, each stack sized to twice the threads' summed peak. Prints
-/// aggregate ns/op and the 8-thread throughput as a multiple of the 1-thread one (the issue's
-/// target for Arena: >= 4x). Returns false when a measurement failed.
+/// aggregate ns/op and the 8-thread throughput as a multiple of the 1-thread one (the target
+/// for Arena: >= 4x). Returns false when a measurement failed.
 fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
     use mrstack::resource_stack;
     const THREADS: usize = 8;
@@ -388,7 +389,7 @@ fn threads_table(ctx: &Arc<cudarc::driver::CudaContext>) -> bool {
         }
     }
     println!(
-        "(RMM 26.10's pool with 8 threads on this workload: 58,956 ns/op aggregate, from issue 3.)"
+        "(RMM 26.10's pool with 8 threads on this workload: 58,956 ns/op aggregate, measured apart.)"
     );
     ok
 }

@@ -1,6 +1,6 @@
-//! Host-side benchmarks of the preset stacks over `Simulated`, on the two workloads of issue 3: the
-//! *random* workload and the ResNet-50 training trace (`../shared/traces/resnet50_train.csv.gz`
-//! from the repository root; skipped with a message where it is absent).
+//! Host-side benchmarks of the preset stacks over `Simulated`, on two workloads: the *random*
+//! workload and the ResNet-50 training trace (`../shared/traces/resnet50_train.csv.gz` from the
+//! repository root; skipped with a message where it is absent).
 //!
 //! Before criterion runs, a table is printed, computed outside criterion's timing: for each stack
 //! and workload, ns per op in steady state (a warm-up pass, then the median of 5 passes on the same

@@ -15,8 +15,8 @@
 //! A shard's own counts are not bounded by what is live: a thread that allocates what another
 //! frees counts up without end, the other down. So they are kept modulo 2^64 (wrapping), and
 //! only their differences are compared: a shard's reservation minus its live count is its slack,
-//! small and exact, and the shards' sum, `reserved`, is the true total (helper 40: comparing
-//! the counts themselves let a limit be passed once they wrapped, and panicked in debug builds).
+//! small and exact, and the shards' sum, `reserved`, is the true total. The counts themselves are
+//! never compared: once wrapped, they would let a limit be passed (and overflow in debug builds).
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::marker::PhantomData;

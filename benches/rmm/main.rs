@@ -1,4 +1,4 @@
-//! The mrstack side of the side-by-side benchmark with RMM (issue 14): it writes the op files that
+//! The mrstack side of the side-by-side benchmark with RMM: it writes the op files that
 //! both libraries replay ([`ops`]), and replays one over mrstack's stacks, printing one JSON line
 //! per stack. `rmm_bench.cpp` beside it is RMM's side, replaying the same files over RMM's
 //! resources with the same thread and stream layout and the same timing, and
@@ -67,7 +67,7 @@ const DEFAULT_STACKS: [&str; 10] = [
     "arena",
     "binning+arena",
 ];
-/// Thread counts when `--threads` is not given: the issue's targets (1, 8, 16) first, so that a
+/// Thread counts when `--threads` is not given: those the targets name (1, 8, 16) first, so that a
 /// run cut short by its deadline has them.
 const DEFAULT_THREADS: [usize; 5] = [1, 8, 16, 2, 4];
 

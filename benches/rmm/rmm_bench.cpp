@@ -1,4 +1,4 @@
-// RMM's side of the side-by-side benchmark with mrstack (issue 14).
+// RMM's side of the side-by-side benchmark with mrstack.
 //
 // Replays an op file written by the mrstack side (`rmm write-ops`, format in benches/rmm/ops.rs)
 // through RMM's resources, with the layout and the timing of the mrstack side

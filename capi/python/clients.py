@@ -1,4 +1,4 @@
-"""The GPU proof that PyTorch and CuPy run on libmrstack_c.so (issue 13). Runs each client
+"""The GPU proof that PyTorch and CuPy run on libmrstack_c.so. Runs each client
 script in a process of its own (an allocator is chosen once per process, before CUDA starts),
 compares what they computed, prints one table, and ends with `clients: N passed, M failed`
 (exit status 1 if anything failed).

@@ -530,7 +530,7 @@ fn help_documents_the_exit_status_and_the_stacks() {
     );
 }
 
-// ---------------------------------------------------------------- issue 11
+// ---------------------------------------------------------------- edge cases
 
 #[test]
 fn a_header_only_log_has_nothing_to_time() {

@@ -142,8 +142,8 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
         self.in_use
             .add([size as u64], false)
             .map_err(|_| refused())?;
-        // Given back if the upstream fails or panics (helper 40: a panicking upstream shrank the
-        // cap for good).
+        // Given back if the upstream fails or panics: a panicking upstream must not shrink the
+        // cap for good.
         let reserved = Undo(|| self.in_use.sub([size as u64]));
         let ptr = self.upstream.allocate(size, align, stream)?;
         std::mem::forget(reserved);

@@ -266,7 +266,7 @@ pub(crate) fn driver_allocate_checked(
     let addr = alloc(size).map_err(|e| AllocError::cuda(e, size, align, name))?;
     match NonNull::new(addr as *mut u8) {
         // The resource promises 256 whatever the request asked (its `Alignment`): checked
-        // against that, not the request's (helper 44: an `align` of 1 checked nothing).
+        // against that, not the request's (an `align` of 1 would check nothing).
         Some(ptr) if addr % align.max(CUDA_ALIGNMENT) == 0 => Ok(ptr),
         _ => {
             if addr != 0 {

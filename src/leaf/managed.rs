@@ -60,7 +60,7 @@ pub struct Managed {
     ctx: std::sync::Arc<CudaContext>,
 }
 
-// Host access to managed memory while kernels run needs concurrent managed access (helper 44).
+// Host access to managed memory while kernels run needs concurrent managed access.
 context_leaf!(
     Managed,
     "managed memory",

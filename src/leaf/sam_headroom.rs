@@ -207,7 +207,7 @@ unsafe impl MemoryResource for SamHeadroom {
             return;
         }
         // A host free is ordered on no stream: the work that used the memory finishes first,
-        // and where it cannot be waited for, the memory is leaked (helper 44: it was freed).
+        // and where it cannot be waited for, the memory is leaked rather than freed under it.
         let synced = super::driver_synchronize(&self.ctx, stream, Self::NAME);
         let waited = synced.is_ok();
         super::record(&self.ctx, synced);

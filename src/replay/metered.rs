@@ -95,7 +95,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Metered<U> {
             return;
         }
         // Uncounted first: once the upstream has the bytes, another thread may take and count
-        // them (helper 38: a peak three times what the upstream ever handed out).
+        // them, and the peak would count more than the upstream ever handed out.
         self.count_out(size);
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) };

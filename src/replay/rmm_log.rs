@@ -777,8 +777,8 @@ mod tests {
 
     #[test]
     fn stop_mode_stops_at_a_long_line_without_reading_it_to_its_end() {
-        // Helper 33: 10 GB of zeros on one line was decompressed to its end before the error.
-        // Here the line never ends: reading it to its end would never return.
+        // A line too long is refused as soon as it passes the bound, not read (or decompressed)
+        // to its end first. Here the line never ends: reading it to its end would never return.
         let endless = "Action,Pointer,Size\n".as_bytes().chain(io::repeat(b'x'));
         let e = parse(io::BufReader::new(endless), "t").unwrap_err();
         assert!(matches!(e.kind, TraceErrorKind::LineTooLong), "{e:?}");

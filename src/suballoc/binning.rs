@@ -398,7 +398,7 @@ impl<U: MemoryResource> Binning<U> {
             return None;
         }
         // The smallest power of two holding `size`, at least the smallest bin's (`with_bin`
-        // asks for any size, 0 included: helper 43's `bins="0 = system"` overflowed here).
+        // asks for any size, 0 included, as `bins="0 = system"` does: none may overflow the shift).
         let shift = (usize::BITS - size.saturating_sub(1).leading_zeros()).max(self.min_shift);
         let i = (shift - self.min_shift) as usize;
         (i < self.bins.len()).then_some(i)

@@ -546,8 +546,7 @@ impl Bin {
             }
             panicked.catch(|| {
                 // Where a stream can be neither ordered after nor waited for, its work may still
-                // use the chunk: it is leaked rather than given back under it (helper 42: it was
-                // given back unordered).
+                // use the chunk: it is leaked rather than given back unordered under it.
                 let ordered = streams.iter().all(|&s| {
                     order_or_wait(
                         upstream,

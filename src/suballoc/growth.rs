@@ -117,8 +117,8 @@ pub(super) fn drop_chunks<U: MemoryResource, C: Chunks>(upstream: &U, book: &mut
     for c in &free {
         // An upstream that panics on one chunk (ordering it or taking it back) still gets the
         // others, and a chunk whose ordering panics is leaked; the first panic goes on after them
-        // all (unless this drop runs while unwinding, where a second panic would abort; helper
-        // 42: the ordering ran outside, and lost every later chunk or aborted).
+        // all (unless this drop runs while unwinding, where a second panic would abort). The
+        // ordering runs inside the catch, or a panic there would lose every later chunk or abort.
         panicked.catch(|| {
             // Where a stream can be neither ordered after nor waited for, its work may still use
             // the chunk: it is leaked rather than given back under it.
@@ -328,7 +328,7 @@ pub(super) fn grow<'m, U: MemoryResource, C: Chunks>(
     }
     // One growth at a time (but a thread's own, from inside its growth): another thread's chunk
     // may serve this request, as it did when the lock was held around the upstream, and two
-    // growths at once would each take a chunk (helper 35: sixteen threads, 64 GiB for 64 KiB).
+    // growths at once would each take a chunk (sixteen threads could take 64 GiB for 64 KiB).
     if st.in_flight().worth_waiting() {
         return Ok((locks.wait(st), false));
     }

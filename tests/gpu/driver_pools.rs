@@ -107,7 +107,7 @@ fn the_managed_pool_gives_memory_kernels_and_the_host_both_use() {
     let stream = ctx.new_stream().unwrap();
     let mr = match CudaAsyncManaged::new(&ctx) {
         Ok(mr) => mr,
-        Err(e) => panic!("the lent GPU has managed pools (CUDA 13): {e}"),
+        Err(e) => panic!("the GPU has managed pools (CUDA 13): {e}"),
     };
     assert_eq!(mr.describe().to_string(), "cuda_async_managed(device=0)");
     let n = 100_000;

@@ -197,8 +197,8 @@ fn graph_pools_hold_against_a_hostile_closure() {
 /// A host read of a `PinnedVec` while its stream captures a graph (`begin_capture` is safe in
 /// cudarc), behind a slow kernel queued before the capture that writes the vector. A capturing
 /// stream refuses `cuStreamSynchronize` at once, so the read waits for the whole context instead,
-/// or panics where that fails too: it never hands out values the kernel is still writing
-/// (helper 39: the slice was handed out after the failed wait).
+/// or panics where that fails too: it never hands out values the kernel is still writing, not
+/// even after a failed wait.
 #[test]
 fn a_pinned_read_while_its_stream_captures_waits_or_refuses() {
     let Some(ctx) = gpu() else { return };

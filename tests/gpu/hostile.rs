@@ -1,4 +1,4 @@
-//! A hostile caller's uses of containers on several streams, each of which the events alone did not
+//! A hostile caller's uses of containers on several streams, each of which the events alone do not
 //! order: a stream dropped between its use and the container's drop or host read (its context
 //! then keeps no events), a stream of another `CudaContext` object that keeps none, a view handed
 //! to cudarc on such a stream, a memset the events never heard of, and reads on two streams

@@ -1,4 +1,4 @@
-//! A hostile reader's attacks on the CUDA leaves (helper 44): managed memory on a device whose
+//! Attacks on the CUDA leaves: managed memory on a device whose
 //! host may not touch it while kernels run, a pool of this process imported back after it was
 //! dropped, and the 256-byte alignment every driver leaf promises whatever a request asks.
 

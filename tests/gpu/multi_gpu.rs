@@ -47,7 +47,7 @@ fn two_gpus() -> Option<(Arc<CudaContext>, Arc<CudaContext>)> {
     gpu()?;
     let n = mrstack::device_count();
     if n < 2 {
-        // MRSTACK_REQUIRE_GPUS=2 on a machine lent with two GPUs makes a missing one a failure.
+        // MRSTACK_REQUIRE_GPUS=2 on a machine with two GPUs makes a missing one a failure.
         let required: usize = std::env::var("MRSTACK_REQUIRE_GPUS")
             .ok()
             .and_then(|v| v.parse().ok())

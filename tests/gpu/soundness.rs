@@ -1,4 +1,4 @@
-//! GPU tests of the soundness rules (issue 9): a block freed on a stream that its owner has since
+//! GPU tests of the soundness rules: a block freed on a stream that its owner has since
 //! dropped is reused by another stream only after the work that used it, for every suballocator;
 //! pinned memory copied into or written by kernels is waited for before the host reads it or the
 //! block is reused. Each test queues slow device work (`slow_fill`, ~100 ms), goes on at once on

@@ -390,7 +390,7 @@ fn hand_over<R: MemoryResource + Sync>(mr: &R, size: usize, rounds: usize) {
 }
 
 /// The cap holds whatever the threads' own counts did: one thread's count passing 2^63, and
-/// counts that wrapped through traffic between threads (helper 40: both let the cap be passed).
+/// counts that wrapped through traffic between threads: neither lets the cap be passed.
 #[test]
 fn limiting_holds_its_cap_when_thread_counts_wrap() {
     let sim = Simulated::new(usize::MAX);
@@ -425,9 +425,9 @@ fn limiting_holds_its_cap_when_thread_counts_wrap() {
     assert_eq!(sim.in_use(), 0);
 }
 
-/// Statistics counts sizes up to `isize::MAX` and any traffic between threads without a panic
-/// (helper 40: an overflow panicked after the upstream gave the block, and a thread's exit then
-/// aborted the process).
+/// Statistics counts sizes up to `isize::MAX` and any traffic between threads without a panic:
+/// an overflow after the upstream gave the block would panic, and a thread's exit then abort the
+/// process.
 #[test]
 fn statistics_count_huge_sizes_and_wrapping_thread_counts() {
     let sim = Simulated::new(usize::MAX);
@@ -480,8 +480,8 @@ unsafe impl MemoryResource for PanicsOnce {
     }
 }
 
-/// A panicking upstream leaves the cap as it was (helper 40: the bytes it was asked for stayed
-/// reserved for good).
+/// A panicking upstream leaves the cap as it was: the bytes it was asked for do not stay
+/// reserved for good.
 #[test]
 fn limiting_gives_back_the_reservation_when_the_upstream_panics() {
     let mr = Limiting::new(PanicsOnce(System::new(), Default::default()), 1 << 20);
@@ -853,9 +853,9 @@ fn logging_survives_a_writer_that_panics() {
 
 #[test]
 fn logging_keeps_a_panicking_writer_out_of_drop_and_into_parts() {
-    // Review 26: with a few lines (the buffer never filled), the writer was first called by the
-    // last flush, in the adaptor's drop or `into_parts`, on the caller's thread: its panic came
-    // out of `drop` (an abort when dropped while unwinding) and out of `into_parts`.
+    // With a few lines (the buffer never filled), the writer is first called by the last flush,
+    // in the adaptor's drop or `into_parts`, on the caller's thread: its panic must come out of
+    // neither `drop` (an abort when dropped while unwinding) nor `into_parts`.
     let few = |mr: &Logging<System, Panics>| {
         for _ in 0..4 {
             let p = mr.allocate(64, 8, S).unwrap();
@@ -1544,7 +1544,7 @@ mod thread_cache {
         );
     }
 
-    // The hostile review's cases (each failed before its fix).
+    // Blocks and room handed on between streams, threads and the shared lists.
 
     #[test]
     fn a_stream_switch_hands_the_blocks_on_with_their_room() {

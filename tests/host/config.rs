@@ -463,7 +463,7 @@ proptest! {
 
 #[test]
 fn the_issue_example_builds_a_pool_and_bins() {
-    // The stack from the issue, over a simulated device instead of CUDA.
+    // The example stack of the configuration text, over a simulated device instead of CUDA.
     let mr = config::build::<()>(
         "simulated(capacity=16GiB) > pool(initial=1GiB,max=8GiB) > binning(min=256KiB,max=4MiB) > statistics",
     )

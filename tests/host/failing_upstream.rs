@@ -1,9 +1,8 @@
-//! Stream order when an upstream cannot order or wait, or panics (helpers 41 and 42's
-//! reproducers): an upstream over `Simulated` whose `order_after` and `synchronize` fail or panic
-//! on command, and a vector-clock model of stream order fed by every ordering it grants. A block
-//! freed on stream S may go to another stream T only once T is ordered after S (or the host
-//! waited for S); where neither can be done, the memory is leaked. Arena's paths first, then the
-//! drops of the pools and bins.
+//! Stream order when an upstream cannot order or wait, or panics: an upstream over `Simulated`
+//! whose `order_after` and `synchronize` fail or panic on command, and a vector-clock model of
+//! stream order fed by every ordering it grants. A block freed on stream S may go to another stream
+//! T only once T is ordered after S (or the host waited for S); where neither can be done, the
+//! memory is leaked. Arena's paths first, then the drops of the pools and bins.
 
 use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use mrstack::prelude::*;
@@ -232,8 +231,8 @@ fn a_chunk_whose_wait_panics_goes_back_to_the_upstream() {
 }
 
 /// An upstream whose `order_after` panics while a large block carved from a free range is being
-/// ordered: the block goes back to the free ranges, and the drop gives every chunk back (helper
-/// 41: the block was recorded nowhere, and the drop leaked everything).
+/// ordered: the block goes back to the free ranges, and the drop gives every chunk back (a block
+/// recorded nowhere would make the drop leak everything).
 #[test]
 fn a_panicking_ordering_of_a_large_block_gives_the_block_back() {
     let h = Hostile::new(1 << 30);
@@ -294,7 +293,7 @@ fn given_back_unordered<R: MemoryResource>(h: &Hostile, mr: R, size: usize) -> b
 
 /// A bin's chunk whose blocks were freed on another stream, at a drop where that stream can be
 /// neither ordered after nor waited for: the chunk is leaked, not given back on its own stream
-/// unordered (helper 42: FixedSize and Binning gave it back).
+/// unordered (in FixedSize and in Binning alike).
 #[test]
 fn a_bin_chunk_that_cannot_be_ordered_at_the_drop_is_leaked() {
     let h = Hostile::new(1 << 30);
@@ -348,8 +347,8 @@ fn drop_with_one_panicking_ordering<R: MemoryResource>(h: &Hostile, mr: R) -> (u
 }
 
 /// A pool's drop whose upstream panics ordering one chunk gives the other chunks back, and the
-/// panic goes on after them (helper 42: the ordering ran outside the drop's catch, so the first
-/// panic lost every later chunk, and during an unwind aborted the process).
+/// panic goes on after them: the ordering runs inside the drop's catch, or the first panic would
+/// lose every later chunk, and during an unwind abort the process.
 #[test]
 fn a_pool_drop_whose_ordering_panics_gives_the_other_chunks_back() {
     let h = Hostile::new(1 << 30);

@@ -186,7 +186,7 @@ fn the_process_wide_registry_needs_a_driver() {
 }
 
 /// A default that lost to a resource stored meanwhile is dropped after the slot's lock goes: its
-/// drop may run the caller's code, which may get from the registry (helper 38: it hung forever).
+/// drop may run the caller's code, which may get from the registry without hanging.
 #[test]
 fn a_default_that_loses_a_race_is_dropped_outside_the_lock() {
     static REG: std::sync::OnceLock<DeviceRegistry<()>> = std::sync::OnceLock::new();
@@ -224,7 +224,7 @@ fn a_default_that_loses_a_race_is_dropped_outside_the_lock() {
 }
 
 /// A device count past any machine's is an error naming the bound, not a capacity panic or an
-/// abort (helper 38: `usize::MAX` panicked, 2^40 aborted); the bound itself is made.
+/// abort (neither `usize::MAX` nor 2^40 may panic or abort); the bound itself is made.
 #[test]
 fn a_registry_of_more_devices_than_any_machine_has_is_an_error() {
     for devices in [usize::MAX, 1 << 40, registry::MAX_DEVICES + 1] {

@@ -888,8 +888,8 @@ fn a_log_of_many_more_threads_than_the_replay_runs_completes() {
 }
 
 /// Threads taking the whole upstream in turn: the meter's peak is at most what the upstream ever
-/// handed out at once (helper 38: counting a free after the upstream had the bytes back let
-/// another thread count them first, and the peak read three times the capacity).
+/// handed out at once. A free is counted out before the upstream has the bytes back, or another
+/// thread could count them first and the peak read three times the capacity.
 #[test]
 fn metered_peak_never_exceeds_what_the_upstream_handed_out() {
     const CAP: usize = 1 << 20;

@@ -273,9 +273,9 @@ fn threads_that_need_room_while_another_grows_to_the_cap_wait_for_it() {
 
 #[test]
 fn growths_at_once_take_one_chunk_and_serve_every_thread() {
-    // Helper 35: with the lock let go, threads growing at once each took a chunk (sixteen
-    // threads: 64 GiB held for 64 KiB), and one whose upstream another's chunk had spent failed
-    // although that chunk had room. One growth at a time, as when the lock was held.
+    // With the lock let go, threads growing at once would each take a chunk (sixteen threads:
+    // 64 GiB held for 64 KiB), and one whose upstream another's chunk had spent would fail
+    // although that chunk had room. One growth at a time, as if the lock were held.
     let pool = Pool::new(Slow(Simulated::new(2 << 20)), PoolConfig::default());
     all_served_at_once(&pool, 16, 4096);
     assert_eq!(pool.usage().held, 2 << 20);

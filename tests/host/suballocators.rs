@@ -1128,7 +1128,7 @@ unsafe impl MemoryResource for PanicsOnce {
 
 #[test]
 fn thread_heaps_keep_their_cap_after_an_upstream_panics() {
-    // Review 26: the cap was counted before the upstream call and a panic kept it taken.
+    // The cap counted before the upstream call is given back when the upstream panics.
     let up = PanicsOnce::new();
     up.on_allocate
         .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1148,7 +1148,7 @@ fn thread_heaps_keep_their_cap_after_an_upstream_panics() {
 
 #[test]
 fn thread_heaps_report_only_what_the_upstream_gave() {
-    // Review 26: a refused request counted in the peak.
+    // A refused request does not count in the peak.
     let sim = Simulated::new(1 << 20);
     let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig::default());
     let p = heaps.allocate(256, 256, StreamRef::DEFAULT).unwrap();
@@ -1164,9 +1164,9 @@ fn thread_heaps_report_only_what_the_upstream_gave() {
 
 #[test]
 fn thread_heaps_under_a_small_cap_serve_every_thread() {
-    // Review 26: the first heap took the whole cap for 256 bytes (its growth rule read its own
-    // bytes against the cap) and the second thread's 256 bytes were refused. Each heap takes
-    // 2 MiB at least from the shared pool: three of them fit under 8 MiB.
+    // The first heap must not take the whole cap for 256 bytes (as a growth rule reading its own
+    // bytes against the cap would) and leave the second thread's 256 bytes refused. Each heap
+    // takes 2 MiB at least from the shared pool: three of them fit under 8 MiB.
     let sim = Simulated::new(1 << 30);
     let heaps = ThreadHeaps::new(&sim, ThreadHeapsConfig { max: 8 << 20 });
     on_workers(&heaps, 2, |run| {
@@ -1184,8 +1184,8 @@ fn thread_heaps_under_a_small_cap_serve_every_thread() {
 
 #[test]
 fn a_panicking_upstream_free_loses_no_other_chunk() {
-    // Review 27: `release` forgot every free chunk before giving any back, so a panic on the
-    // first lost the others for good (the pools' shared growth rules: Pool, Tlsf, ThreadHeaps).
+    // A panic giving back one free chunk in `release` loses none of the others for good (the
+    // pools' shared growth rules: Pool, Tlsf, ThreadHeaps).
     let up = PanicsOnce::new();
     let heaps = ThreadHeaps::new(&up, ThreadHeapsConfig::default());
     // Three upstream chunks in the shared pool (each request larger than what is free).
@@ -1211,8 +1211,8 @@ fn a_panicking_upstream_free_loses_no_other_chunk() {
 
 #[test]
 fn a_panicking_upstream_free_at_drop_loses_no_other_chunk_of_a_bin() {
-    // Helper 36: FixedSize's and Binning's drops gave their chunks back with no catch, so a panic
-    // on one lost the rest (and every later bin's) for good.
+    // A panic giving back one chunk at FixedSize's or Binning's drop loses none of the rest (nor
+    // any later bin's).
     let d = StreamRef::DEFAULT;
     let up = PanicsOnce::new();
     let fixed = FixedSize::new(
@@ -1262,8 +1262,8 @@ fn a_panicking_upstream_free_at_drop_loses_no_other_chunk_of_a_bin() {
 
 #[test]
 fn a_request_above_the_cap_gives_nothing_back() {
-    // Review 27: a request no chunk under the cap could hold made every heap and the shared
-    // pool give their free chunks to the upstream (cuMemFree of everything, on a GPU).
+    // A request no chunk under the cap could hold is refused without every heap and the shared
+    // pool giving their free chunks to the upstream (cuMemFree of everything, on a GPU).
     let rec = Recorder::new(Simulated::new(1 << 30));
     let heaps = ThreadHeaps::new(&rec, ThreadHeapsConfig { max: 64 << 20 });
     on_workers(&heaps, 1, |run| {
@@ -1674,7 +1674,7 @@ fn absurd_configurations_still_serve_what_fits() {
 #[test]
 fn fixed_size_preallocates_any_count_without_listing_each_block() {
     // 2^54 blocks of 256 bytes fit Simulated's address space; one address each would take 128
-    // PiB of host memory (helper 33 took 7.6 GB with 10^9 blocks): a fresh chunk is a range.
+    // PiB of host memory (10^9 blocks alone would take 7.6 GB): a fresh chunk is a range.
     let sim = Simulated::new(usize::MAX);
     let config = FixedSizeConfig {
         block_size: 256,
@@ -1702,8 +1702,8 @@ fn fixed_size_preallocates_any_count_without_listing_each_block() {
 
 #[test]
 fn binning_usage_is_read_at_one_instant_under_threads() {
-    // Helper 36: the caches were counted before the bins were locked, so a block moving between
-    // a thread's cache and its bin meanwhile was counted twice (or not at all).
+    // Usage is read at one instant: a block moving between a thread's cache and its bin
+    // meanwhile is counted once, not twice (or not at all).
     use std::sync::atomic::{AtomicBool, Ordering};
     let sim = Simulated::new(1 << 30);
     let mr = Binning::new(&sim, BinningConfig { min: 256, max: 256 });
@@ -1832,7 +1832,7 @@ fn every_suballocator_reports_usage_with_its_peak() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-stream state is bounded by the streams that hold something (issue 11)
+// Per-stream state is bounded by the streams that hold something
 
 /// Runs the two idle-stream phases over `mr`, whose `tracked` gives (per-stream lists, streams
 /// kept), and checks after each that both are bounded by `bound`, not by the streams seen.
@@ -2360,7 +2360,7 @@ fn binning_routes_a_bin_to_its_own_resource_and_only_that_bin() {
     drop((mr, slab));
     assert_eq!(other.in_use(), 0, "everything went back");
     assert_eq!(main.in_use(), 0);
-    // Not a bin size: refused, naming it (0 overflowed the bin search in debug builds).
+    // Not a bin size: refused, naming it (0 must not overflow the bin search).
     for size in [0, 1000, 48 << 10, 2 << 20] {
         let e = Binning::new(main.clone(), config.clone())
             .with_bin(size, Arc::new(Simulated::new(1 << 20)))

@@ -330,7 +330,7 @@ fn a_leaked_block_keeps_its_pages_and_range() {
 
 #[test]
 fn a_virtual_memory_over_a_source_of_no_capacity_builds_and_refuses_requests() {
-    // A replay of a log of zero-size requests sizes its simulated source at 0 bytes (helper 33).
+    // A replay of a log of zero-size requests sizes its simulated source at 0 bytes.
     let sim = Simulated::new(0);
     let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
     let e = vm.allocate(256, 256, StreamRef::DEFAULT).unwrap_err();

@@ -135,7 +135,7 @@ impl Global {
     /// the holds the merged range forgot (see [`Tags::absorb`]).
     /// A merge whose tags would overflow names streams the merged range forgets: it happens
     /// only once `wait` has waited for them all (true); where it cannot, the ranges stay apart,
-    /// each with its own tags (helper 41: the merged range went to any stream unordered).
+    /// each with its own tags, so that no stream gets the merged range unordered.
     #[must_use]
     fn give(
         &mut self,

@@ -346,8 +346,8 @@ impl<U: MemoryResource> Arena<U> {
             tags.absorb(&sp.tags, &mut sync, &mut dup);
         }
         // Every hold stays with `taken` until the superblocks are ordered: on failure they go
-        // back to the spare list as they were, and so they do when the upstream panics (helper
-        // 41: they were lost, and with them, at the drop, every chunk).
+        // back to the spare list as they were, and so they do when the upstream panics (lost, they
+        // would take every chunk with them at the drop).
         let put_back = Undo(|| lock(&self.global).spare.extend(taken.iter().copied()));
         sync.into_iter()
             .try_for_each(|s| self.upstream.synchronize(self.stream_of(s)))
