@@ -261,7 +261,7 @@ impl<P: PropertySet> AnyResource<P> {
 
     /// The first layer of type `T` from the top of the stack down, through every erased layer:
     /// [`AnyLayer::find`]. The layers of a stack built from text have the types
-    /// [`config`](crate::config#the-types-of-a-text-stacks-layers) lists.
+    /// `config`'s docs list ("The types of a text stack's layers").
     ///
     /// ```
     /// use mrstack::prelude::*;

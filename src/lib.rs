@@ -103,19 +103,22 @@
 //! * [`leaf`]: leaf resources (also at their former path, `upstream`). [`suballoc`]: the
 //!   suballocators and their [`Usage`](suballoc::Usage) report. [`adaptor`]: behaviour adaptors.
 //!   All are configured through [`layer`]; [`units`] reads and shows byte sizes.
-//! * [`replay`]: workloads (built, random, or RMM logs read by [`replay::rmm_log`]) replayed
-//!   through stacks to time them and to find the smallest capacity they complete with (also at
-//!   their former paths, `workload` and `trace`).
+//! * `replay` (cargo feature `replay`, on by default): workloads (built, random, or RMM logs read
+//!   by `replay::rmm_log`) replayed through stacks to time them and to find the smallest capacity
+//!   they complete with (also at their former paths, `workload` and `trace`).
 //! * [`container`]: typed containers with cudarc interop, and [`HostAllocator`] for
 //!   `allocator-api2` collections in host-accessible memory.
 //! * [`erased`]: [`AnyResource`] and [`ResourceRef`], stacks chosen at run time with their
-//!   properties still checked; [`registry`]: the per-device current resource;
-//!   [`config`]: stacks built from text such as `"cuda > pool(initial=1GiB)"`.
+//!   properties still checked; [`registry`]: the per-device current resource; `config` (cargo
+//!   feature `config`, on by default, and with `replay`): stacks built from text such as
+//!   `"cuda > pool(initial=1GiB)"`.
 //! * `testing` (cargo feature `testing`, off by default): the conformance battery every resource
 //!   here passes, `testing::conformance`, and the recording upstream it reads, to run over your
 //!   own resources.
 //! * The `mrstack replay` command is the `mrstack-cli` package (`cli/` in the repository): the
 //!   library carries none of its dependencies.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 extern crate self as mrstack;
 
@@ -123,14 +126,22 @@ extern crate self as mrstack;
 #[path = "macro_support.rs"]
 pub mod __private;
 pub mod adaptor;
+#[cfg(feature = "config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub mod config;
 pub mod container;
 pub mod erased;
 mod hash;
 pub mod layer;
 pub mod leaf;
+// The log format `Logging` writes, public through the replay's log reader: without it, the
+// names `Logging` does not write are unused and unreachable.
+#[cfg_attr(not(feature = "replay"), allow(dead_code, unreachable_pub))]
+mod log_format;
 pub mod property;
 pub mod registry;
+#[cfg(feature = "replay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub mod replay;
 pub mod resource;
 mod shard;
@@ -144,9 +155,13 @@ pub mod units;
 pub use leaf as upstream;
 /// The replay module under its former name (`mrstack::workload::Workload`): the same module as
 /// [`replay`].
+#[cfg(feature = "replay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay as workload;
 /// RMM log reading under its former name (`mrstack::trace::read`): the same module as
 /// [`replay::rmm_log`].
+#[cfg(feature = "replay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::rmm_log as trace;
 
 pub use container::{DeviceBox, DeviceVec, DeviceView, DeviceViewMut, HostAllocator, PinnedVec};

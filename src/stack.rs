@@ -4,7 +4,7 @@
 //!
 //! # Descriptions
 //!
-//! `mr.describe()` shows a stack in the syntax of [text configurations](crate::config), leaf
+//! `mr.describe()` shows a stack in the syntax of text configurations (`mrstack::config`), leaf
 //! first, each layer with the configuration it was built with:
 //!
 //! ```
@@ -23,7 +23,7 @@
 //! ```
 //!
 //! Sizes are written exactly ([`ExactBytes`]), so a stack built from
-//! text describes itself as text that [`config::build`](crate::config::build) builds into the same
+//! text describes itself as text that `config::build` builds into the same
 //! stack again. A macro stack does too when each of its layers has a text form (everything but
 //! `Retry`, `Callback`, and a `Logging` over a writer it did not open). Erased layers
 //! ([`AnyResource`](crate::AnyResource), [`ResourceRef`](crate::ResourceRef)) and pointers (`&R`,
@@ -60,7 +60,7 @@
 //!
 //! At run time, [`AnyLayer::find`] walks the stack from the top, erased layers included, and
 //! returns the first layer of the type asked: how to reach into a stack built from text, whose
-//! layers have the types listed in [`config`](crate::config#the-types-of-a-text-stacks-layers).
+//! layers have the types listed in `config`'s docs ("The types of a text stack's layers").
 //! It needs `'static` types (it compares [`TypeId`](std::any::TypeId)s), and stops at `&R`,
 //! `Arc<R>` (which it finds as themselves: `find::<Arc<Cuda>>()`) and
 //! [`ResourceRef`](crate::ResourceRef) layers.
@@ -198,7 +198,7 @@ impl<'a, 'b> ItemWriter<'a, 'b> {
 
     /// Text, quoted when the parser would not read it back plain (`path="a, b.csv"`).
     pub fn text(self, name: &str, value: &str) -> Self {
-        self.field(name, |f| crate::config::write_value(f, value))
+        self.field(name, |f| write_value(f, value))
     }
 
     /// Closes the item; the first write error, if any.
@@ -217,6 +217,33 @@ impl fmt::Debug for ItemWriter<'_, '_> {
             .field("fields", &self.fields)
             .finish_non_exhaustive()
     }
+}
+
+/// Writes `value` as the parser reads it back: plain, or quoted with `\"` and `\\` escaped when
+/// it is empty, holds a character that ends a plain value, or starts or ends with white space.
+/// Allocates nothing: descriptions of stacks write their paths through it, and text
+/// configurations their values.
+pub(crate) fn write_value(f: &mut fmt::Formatter<'_>, value: &str) -> fmt::Result {
+    let plain = !value.is_empty()
+        && !value.contains(ends_raw_value)
+        && !value.starts_with(char::is_whitespace)
+        && !value.ends_with(char::is_whitespace);
+    if plain {
+        return f.write_str(value);
+    }
+    f.write_str("\"")?;
+    for c in value.chars() {
+        if matches!(c, '"' | '\\') {
+            f.write_str("\\")?;
+        }
+        fmt::Write::write_char(f, c)?;
+    }
+    f.write_str("\"")
+}
+
+/// Characters that end an unquoted value, in descriptions and in the text that reads them.
+pub(crate) fn ends_raw_value(c: char) -> bool {
+    matches!(c, ',' | '(' | ')' | '>' | '=' | '"')
 }
 
 /// One layer of a stack seen at run time: itself as [`Any`] and the layer below, which

@@ -1,7 +1,5 @@
 //! `Aligned<A, U>`: every allocation aligned to at least `A` bytes, and the type says so.
 
-use crate::config::{ConfigError, ItemSpec};
-use crate::erased::{AnyResource, PropertySet};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource,
     Result,
@@ -286,26 +284,6 @@ mod tests {
             alignment_of::<Aligned<U16, Aligned<U256, crate::System>>>(),
             256
         );
-    }
-}
-
-/// Builds `aligned(alignment=…)` over `below`: the alignment is a type parameter, so the text
-/// picks one of a few instantiations.
-pub(crate) fn aligned_from_item<P: PropertySet>(
-    item: &ItemSpec,
-    below: AnyResource<P>,
-) -> Result<AnyResource<P>, ConfigError> {
-    use typenum::{U1024, U256, U4096, U512};
-    item.check_fields(&["alignment"])?;
-    let f = item
-        .field("alignment")
-        .ok_or_else(|| item.missing("alignment"))?;
-    match item.required_size("alignment")? {
-        256 => item.layer(AlignedConfig::<U256>::default(), below),
-        512 => item.layer(AlignedConfig::<U512>::default(), below),
-        1024 => item.layer(AlignedConfig::<U1024>::default(), below),
-        4096 => item.layer(AlignedConfig::<U4096>::default(), below),
-        _ => Err(item.bad_value(f, "256, 512, 1024 or 4096")),
     }
 }
 

@@ -1,7 +1,6 @@
 //! `GraphPools`: allocations made while a stream captures a CUDA graph come from a pool private to
 //! that capture, kept until the graph is dropped (PyTorch's graph memory pools).
 
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource, Result,
 };
@@ -24,14 +23,6 @@ impl<U: MemoryResource> Layer<U> for GraphPoolsConfig {
     type Resource = GraphPools<U>;
     fn layer(self, upstream: U) -> GraphPools<U> {
         GraphPools::new(upstream)
-    }
-}
-
-impl FromItem for GraphPoolsConfig {
-    /// `graph_pools` (no fields).
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&[])?;
-        Ok(GraphPoolsConfig {})
     }
 }
 

@@ -1,6 +1,5 @@
 //! `Limiting<U>`: a cap on the bytes allocated at once through it.
 
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, Layer, MemoryResource, Result,
     Undo,
@@ -199,16 +198,6 @@ impl<U: MemoryResource> Layer<U> for LimitingConfig {
     type Resource = Limiting<U>;
     fn layer(self, upstream: U) -> Limiting<U> {
         Limiting::new(upstream, self.limit)
-    }
-}
-
-impl FromItem for LimitingConfig {
-    /// `limiting(limit=…)`: the limit is required.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["limit"])?;
-        Ok(LimitingConfig {
-            limit: item.required_size("limit")?,
-        })
     }
 }
 

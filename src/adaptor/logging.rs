@@ -1,7 +1,6 @@
 //! `Logging<U, W>`: one CSV line per allocation event, in the format of RMM's logging adaptor.
 
-use crate::config::{ConfigError, FromItem, ItemSpec};
-use crate::replay::rmm_log;
+use crate::log_format;
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
@@ -138,9 +137,9 @@ enum Action {
 impl Action {
     fn text(self) -> &'static str {
         match self {
-            Action::Allocate => rmm_log::ALLOCATE,
-            Action::AllocateFailure => rmm_log::ALLOCATE_FAILURE,
-            Action::Free => rmm_log::FREE,
+            Action::Allocate => log_format::ALLOCATE,
+            Action::AllocateFailure => log_format::ALLOCATE_FAILURE,
+            Action::Free => log_format::FREE,
         }
     }
 }
@@ -572,7 +571,7 @@ impl<U: MemoryResource, W: Write + Send + 'static> Logging<U, W> {
     /// shows in the next [`flush`](Self::flush).
     pub fn new(upstream: U, writer: W) -> Self {
         let mut sink = Sink::new(BufWriter::with_capacity(64 << 10, writer));
-        if let Err(e) = writeln!(sink.out, "{}", rmm_log::HEADER) {
+        if let Err(e) = writeln!(sink.out, "{}", log_format::HEADER) {
             sink.error = Some(e);
         }
         let shared = Arc::new(Shared {
@@ -618,7 +617,7 @@ impl<U: MemoryResource, W: Write + Send + 'static> Logging<U, W> {
     }
 
     /// As [`new`](Self::new), for a writer to the file at `path` (shown in the description).
-    fn with_path(upstream: U, writer: W, path: &str) -> Self {
+    pub(crate) fn with_path(upstream: U, writer: W, path: &str) -> Self {
         let mut logging = Self::new(upstream, writer);
         logging.path = Some(path.into());
         logging
@@ -917,35 +916,6 @@ impl<U: MemoryResource> Layer<U> for LoggingConfig {
     fn layer(self, upstream: U) -> Logging<U, LogWriter> {
         Logging::new(upstream, self.to)
     }
-}
-
-impl FromItem for LoggingConfig {
-    /// `logging(path=…)`: a file created (or truncated) at `path`; stderr without it.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["path"])?;
-        let to: LogWriter = match item.field("path") {
-            None => Box::new(io::stderr()),
-            Some(f) => Box::new(
-                std::fs::File::create(&f.value)
-                    .map_err(|_| item.bad_value(f, "a file path that can be created"))?,
-            ),
-        };
-        Ok(LoggingConfig { to })
-    }
-}
-
-/// Builds `logging(path=…)` over `below` as [`LoggingConfig`] reads it, keeping the path for the
-/// stack's description (a configuration has no room for it: its one field is the writer).
-pub(crate) fn logging_from_item<P: crate::erased::PropertySet>(
-    item: &ItemSpec,
-    below: crate::erased::AnyResource<P>,
-) -> Result<crate::erased::AnyResource<P>, ConfigError> {
-    let LoggingConfig { to } = LoggingConfig::from_item(item)?;
-    let logging = match item.text("path") {
-        Some(path) => Logging::with_path(below, to, path),
-        None => Logging::new(below, to),
-    };
-    item.erase(logging)
 }
 
 static_assertions::assert_impl_all!(Logging<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);

@@ -13,15 +13,12 @@ mod statistics;
 mod thread_cache;
 mod tracking;
 
-/// The header line `Logging` writes first: [`rmm_log::HEADER`](crate::replay::rmm_log::HEADER).
-pub use crate::replay::rmm_log::HEADER as LOG_HEADER;
-pub(crate) use aligned::aligned_from_item;
+/// The header line `Logging` writes first: `replay::rmm_log::HEADER`, which reads it.
+pub use crate::log_format::HEADER as LOG_HEADER;
 pub use aligned::{Aligned, AlignedConfig};
 pub use graph_pools::{CapturedGraph, GraphPools, GraphPoolsConfig};
 pub use limiting::{Limiting, LimitingConfig};
-pub(crate) use logging::logging_from_item;
 pub use logging::{LogWriter, Logging, LoggingConfig};
-pub(crate) use prefetch::prefetch_from_item;
 pub use prefetch::{Prefetch, PrefetchConfig};
 pub use retry::{Retry, RetryCallback, RetryConfig};
 pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};

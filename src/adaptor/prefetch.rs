@@ -1,7 +1,5 @@
 //! `Prefetch<U>`: each allocation of managed memory prefetched to a device on its stream.
 
-use crate::config::{ConfigError, ConfigErrorKind, ItemSpec};
-use crate::erased::{AnyResource, Properties, PropertySet};
 use crate::property::{Accessible, Migratable};
 use crate::resource::{check_request, forward_upstream, AllocError, Layer, MemoryResource, Result};
 use crate::stack::{has_upstream, ItemWriter};
@@ -189,27 +187,6 @@ impl<U: MemoryResource + Accessible<Migratable>> Layer<U> for PrefetchConfig {
     fn layer(self, upstream: U) -> Prefetch<U> {
         Prefetch::new(upstream, self.device)
     }
-}
-
-/// Builds `prefetch(device=…)` over `below`, which must give managed memory: checked at run time,
-/// since text erases the upstream's type.
-pub(crate) fn prefetch_from_item<P: PropertySet>(
-    item: &ItemSpec,
-    below: AnyResource<P>,
-) -> Result<AnyResource<P>, ConfigError> {
-    use crate::property::{DeviceAccessible, HostAccessible};
-    type ManagedMemory = (HostAccessible, DeviceAccessible, Migratable);
-    item.check_fields(&["device"])?;
-    let device = item.number("device")?.unwrap_or(0);
-    let gives = below.properties();
-    let managed = below.try_cast::<ManagedMemory>().map_err(|_| {
-        item.error(ConfigErrorKind::Properties {
-            item: item.name.clone(),
-            gives,
-            wants: Properties::of_set::<ManagedMemory>(),
-        })
-    })?;
-    item.erase(PrefetchConfig { device }.layer(managed))
 }
 
 static_assertions::assert_impl_all!(

@@ -1,6 +1,5 @@
 //! `Statistics<U>`: counts of bytes and allocations — current, peak and total — with nested scopes.
 
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::shard::{Reading, Sharded};
 use crate::stack::{has_upstream, ItemWriter};
@@ -355,14 +354,6 @@ impl<U: MemoryResource> Layer<U> for StatisticsConfig {
     type Resource = Statistics<U>;
     fn layer(self, upstream: U) -> Statistics<U> {
         Statistics::new(upstream)
-    }
-}
-
-impl FromItem for StatisticsConfig {
-    /// `statistics` (no fields).
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&[])?;
-        Ok(StatisticsConfig {})
     }
 }
 

@@ -1,6 +1,5 @@
 //! `ThreadCache<U>`: blocks a thread freed, kept for that thread's next requests of their size class.
 
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
@@ -689,22 +688,6 @@ impl<U: MemoryResource> Layer<U> for ThreadCacheConfig {
 impl<U: MemoryResource> Drop for ThreadCache<U> {
     fn drop(&mut self) {
         self.empty();
-    }
-}
-
-impl FromItem for ThreadCacheConfig {
-    /// `thread_cache(bytes=…, max_block=…)`: both optional (256 MiB, 16 MiB); `max_block` may
-    /// not exceed `bytes`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["bytes", "max_block"])?;
-        let default = ThreadCacheConfig::default();
-        let bytes = item.size_or("bytes", default.bytes)?;
-        let config = ThreadCacheConfig {
-            max_block: item.size_or("max_block", default.max_block.min(bytes))?,
-            bytes,
-        };
-        item.check_order(("max_block", config.max_block), ("bytes", config.bytes))?;
-        Ok(config)
     }
 }
 

@@ -1,6 +1,5 @@
 //! `Tracking<U>`: a table of every live allocation, with leak reports and refused bad frees.
 
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamId, StreamRef};
@@ -370,16 +369,6 @@ impl<U: MemoryResource> Layer<U> for TrackingConfig {
     type Resource = Tracking<U>;
     fn layer(self, upstream: U) -> Tracking<U> {
         Tracking::with_backtraces(upstream, self.backtraces)
-    }
-}
-
-impl FromItem for TrackingConfig {
-    /// `tracking(backtraces=true|false)`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["backtraces"])?;
-        Ok(TrackingConfig {
-            backtraces: item.flag_or("backtraces", false)?,
-        })
     }
 }
 

@@ -80,13 +80,13 @@
 //! );
 //! ```
 
+mod adaptors;
 mod error;
 mod leaves;
 mod parser;
 mod spec;
 
 pub use error::{ConfigError, ConfigErrorKind};
-pub(crate) use spec::write_value;
 pub use spec::{FieldSpec, ItemSpec, StackSpec};
 
 use crate::erased::{AnyResource, PropertySet};
@@ -194,7 +194,7 @@ impl<P: PropertySet> StackBuilder<P> {
         self.with_suballocator("pool", Pool::try_new)
             .with_suballocator("tlsf", Tlsf::try_new)
             // Its `bins` are stacks of their own, built here too.
-            .with_adaptor("binning", crate::suballoc::binning_from_item)
+            .with_adaptor("binning", adaptors::binning_from_item)
             .with_suballocator("fixed_size", FixedSize::try_new)
             .with_suballocator("arena", Arena::try_new)
             .with_layer::<layer::Statistics>("statistics")
@@ -204,11 +204,11 @@ impl<P: PropertySet> StackBuilder<P> {
             .with_layer::<layer::ThreadCache>("thread_cache")
             .with_layer::<layer::ThreadHeaps>("thread_heaps")
             // Logging keeps its file's path, which its configuration has no room for.
-            .with_adaptor("logging", crate::adaptor::logging_from_item)
+            .with_adaptor("logging", adaptors::logging_from_item)
             // The alignment is a type parameter and prefetch needs a property of what is below:
             // each picks its resource type from the text at run time.
-            .with_adaptor("aligned", crate::adaptor::aligned_from_item)
-            .with_adaptor("prefetch", crate::adaptor::prefetch_from_item)
+            .with_adaptor("aligned", adaptors::aligned_from_item)
+            .with_adaptor("prefetch", adaptors::prefetch_from_item)
     }
 
     /// Registers the adaptor that configuration `C` builds under `name`; `C` reads its own fields

@@ -1,6 +1,7 @@
 //! The grammar of text configurations: `leaf(field=value, …) > adaptor > …`, parsed by recursive descent.
 
 use super::{ConfigError, ConfigErrorKind, FieldSpec, ItemSpec, StackSpec};
+use crate::stack::ends_raw_value;
 use std::collections::HashSet;
 
 impl std::str::FromStr for StackSpec {
@@ -27,11 +28,6 @@ fn is_name_start(c: char) -> bool {
 
 fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
-}
-
-/// Characters that end an unquoted value.
-pub(super) fn ends_raw_value(c: char) -> bool {
-    matches!(c, ',' | '(' | ')' | '>' | '=' | '"')
 }
 
 impl Parser {

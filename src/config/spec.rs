@@ -3,6 +3,7 @@
 use super::{ConfigError, ConfigErrorKind};
 use crate::erased::{AnyResource, Properties, PropertySet};
 use crate::resource::{AllocError, Layer, MemoryResource};
+use crate::stack::write_value;
 use std::fmt;
 
 /// A parsed stack: items bottom (leaf) first.
@@ -227,27 +228,6 @@ impl ItemSpec {
             error,
         })
     }
-}
-
-/// Writes `value` as the parser reads it back: plain, or quoted with `\"` and `\\` escaped when
-/// it is empty, holds a character that ends a plain value, or starts or ends with white space.
-/// Allocates nothing: descriptions of stacks write their paths through it too.
-pub(crate) fn write_value(f: &mut fmt::Formatter<'_>, value: &str) -> fmt::Result {
-    let plain = !value.is_empty()
-        && !value.contains(super::parser::ends_raw_value)
-        && !value.starts_with(char::is_whitespace)
-        && !value.ends_with(char::is_whitespace);
-    if plain {
-        return f.write_str(value);
-    }
-    f.write_str("\"")?;
-    for c in value.chars() {
-        if matches!(c, '"' | '\\') {
-            f.write_str("\\")?;
-        }
-        fmt::Write::write_char(f, c)?;
-    }
-    f.write_str("\"")
 }
 
 impl fmt::Display for FieldSpec {

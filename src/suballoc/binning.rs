@@ -2,7 +2,6 @@
 
 use super::free_list::{BinLock, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
@@ -624,76 +623,6 @@ impl<U: MemoryResource> Drop for Binning<U> {
         }
         panicked.resume();
     }
-}
-
-impl FromItem for BinningConfig {
-    /// `binning(min=…, max=…)`, with `min` at most `max`; `bins` (bins of resources of their own)
-    /// is read by the text builder, which builds each bin's stack.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["min", "max", "bins"])?;
-        let default = Self::default();
-        let config = BinningConfig {
-            min: item.size_or("min", default.min)?,
-            max: item.size_or("max", default.max)?,
-        };
-        item.check_order(("min", config.min), ("max", config.max))?;
-        Ok(config)
-    }
-}
-
-/// Builds `binning(min=…, max=…, bins="64 KiB = cuda_async; 1 MiB = cuda > fixed_size(…)")` over
-/// `below`: each entry of `bins` a bin's block size and the text config of the resource that
-/// serves it, built like the whole stack (its leaf on device 0 unless it names one). One level
-/// deep: a bin's resource has no `bins` of its own (the nesting of quoted text is bounded so).
-pub(crate) fn binning_from_item<P: crate::erased::PropertySet>(
-    item: &ItemSpec,
-    below: crate::erased::AnyResource<P>,
-) -> Result<crate::erased::AnyResource<P>, ConfigError> {
-    let config = BinningConfig::from_item(item)?;
-    let mut binning = Binning::try_new(below, config).map_err(|e| item.resource_error(e))?;
-    if let Some(field) = item.field("bins") {
-        let expected = "`size = stack; …`, a bin's block size and the text config of the resource that serves it, e.g. bins=\"64 KiB = cuda_async\"";
-        // A bin given twice is an error, as a repeated field is: the second would silently
-        // replace the first.
-        let mut seen = Vec::new();
-        for entry in field.value.split(';').filter(|e| !e.trim().is_empty()) {
-            let (size, stack) = entry
-                .split_once('=')
-                .ok_or_else(|| item.bad_value(field, expected))?;
-            let size = crate::units::parse_size(size.trim())
-                .ok()
-                .and_then(|s| usize::try_from(s).ok())
-                .ok_or_else(|| item.bad_value(field, expected))?;
-            if seen.contains(&size) {
-                return Err(item.bad_value(
-                    field,
-                    &format!(
-                        "each bin once: the {} bin is given twice",
-                        crate::units::ExactBytes::from(size)
-                    ),
-                ));
-            }
-            seen.push(size);
-            let spec: crate::config::StackSpec = stack.trim().parse().map_err(|e| {
-                item.bad_value(field, &format!("a stack for the {size}-byte bin: {e}"))
-            })?;
-            if spec.items.iter().any(|i| i.field("bins").is_some()) {
-                return Err(item.bad_value(
-                    field,
-                    "bins whose resources have no `bins` of their own (one level deep)",
-                ));
-            }
-            let resource = crate::config::StackBuilder::<P>::new()
-                .build_spec(&spec)
-                .map_err(|e| {
-                    item.bad_value(field, &format!("a stack for the {size}-byte bin: {e}"))
-                })?;
-            binning = binning
-                .with_bin(size, resource)
-                .map_err(|e| item.bad_value(field, &format!("a bin size: {e}")))?;
-        }
-    }
-    item.erase(binning)
 }
 
 static_assertions::assert_impl_all!(

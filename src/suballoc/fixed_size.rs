@@ -2,7 +2,6 @@
 
 use super::free_list::{Bin, BinLock, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
@@ -256,20 +255,6 @@ impl<U: MemoryResource> Drop for FixedSize<U> {
         let bin = self.bin.get_mut();
         // SAFETY: the resource is being dropped, so it hands out no block any more.
         unsafe { bin.release_all(from) };
-    }
-}
-
-impl FromItem for FixedSizeConfig {
-    /// `fixed_size(block_size=…, blocks_to_preallocate=…)`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["block_size", "blocks_to_preallocate"])?;
-        let default = Self::default();
-        Ok(FixedSizeConfig {
-            block_size: item.size_or("block_size", default.block_size)?,
-            blocks_to_preallocate: item
-                .number("blocks_to_preallocate")?
-                .unwrap_or(default.blocks_to_preallocate),
-        })
     }
 }
 

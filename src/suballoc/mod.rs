@@ -39,7 +39,6 @@ pub(crate) mod tlsf_index;
 mod usage;
 
 pub use arena::{Arena, ArenaConfig};
-pub(crate) use binning::binning_from_item;
 pub use binning::{Binning, BinningConfig};
 pub use fixed_size::{FixedSize, FixedSizeConfig};
 pub use host_device_pair::{HostDevicePair, HostDevicePairConfig, Storage};

@@ -3,7 +3,6 @@
 
 use super::tlsf::{Tlsf, TlsfConfig};
 use super::usage::Usage;
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{check_request, forward_upstream, AllocError, MemoryResource, Result};
 use crate::shard;
 use crate::stack::{HasUpstream, ItemWriter};
@@ -368,16 +367,6 @@ impl<U: MemoryResource> HasUpstream for ThreadHeaps<U> {
     type Upstream = U;
     fn upstream(&self) -> &U {
         self.shared.global.upstream()
-    }
-}
-
-impl FromItem for ThreadHeapsConfig {
-    /// `thread_heaps(max=…)`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["max"])?;
-        Ok(ThreadHeapsConfig {
-            max: item.size_or("max", ThreadHeapsConfig::default().max)?,
-        })
     }
 }
 

@@ -3,7 +3,6 @@
 use super::growth::{self, Request, GRANULE};
 use super::tlsf_index::TlsfIndex;
 use super::usage::Usage;
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
@@ -321,20 +320,6 @@ impl<U: MemoryResource> Drop for Tlsf<U> {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         growth::drop_chunks(&self.upstream, st);
-    }
-}
-
-impl FromItem for TlsfConfig {
-    /// `tlsf(initial=…, max=…)`, with `initial` at most `max`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["initial", "max"])?;
-        let default = Self::default();
-        let config = TlsfConfig {
-            initial: item.size_or("initial", default.initial)?,
-            max: item.size_or("max", default.max)?,
-        };
-        item.check_order(("initial", config.initial), ("max", config.max))?;
-        Ok(config)
     }
 }
 

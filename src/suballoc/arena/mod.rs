@@ -10,7 +10,6 @@ mod tags;
 mod threads;
 
 use super::usage::Usage;
-use crate::config::{ConfigError, FromItem, ItemSpec};
 use crate::resource::{
     align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
@@ -523,18 +522,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every update under the arena's mutexes completes before anything can panic, so a poisoned
     // one still guards consistent state.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl FromItem for ArenaConfig {
-    /// `arena(size=…, superblock=…)`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["size", "superblock"])?;
-        let default = Self::default();
-        Ok(ArenaConfig {
-            size: item.size_or("size", default.size)?,
-            superblock: item.size_or("superblock", default.superblock)?,
-        })
-    }
 }
 
 static_assertions::assert_impl_all!(
