@@ -1,6 +1,7 @@
-//! Host-side benchmarks of the preset stacks over `Simulated`, on two workloads: the *random*
-//! workload and the ResNet-50 training trace (`../shared/traces/resnet50_train.csv.gz` from the
-//! repository root; skipped with a message where it is absent).
+//! Host-side benchmarks of the preset stacks over `Simulated`, on two workloads: the
+//! *random* workload and the ResNet-50 training trace (`data/traces/resnet50_train.csv.gz` of the
+//! repository, or `$MRSTACK_TRACES/resnet50_train.csv.gz`; skipped with a message where it cannot
+//! be read).
 //!
 //! Before criterion runs, a table is printed, computed outside criterion's timing: for each stack
 //! and workload, ns per op in steady state (a warm-up pass, then the median of 5 passes on the same
@@ -25,7 +26,7 @@ use mrstack::Simulated;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The random workload, and the ResNet-50 trace where `shared/` is beside the repository.
+/// The random workload, and the ResNet-50 trace of `data/traces/`.
 fn workloads() -> Vec<Workload> {
     let mut all = vec![replay::random(&Default::default())];
     let path = traces::resnet50_path();

@@ -131,6 +131,9 @@ pub mod adaptor;
 pub mod config;
 pub mod container;
 pub mod erased;
+/// The guide: choosing a stack, streams, soundness, text configs, the C library, performance and
+/// the architecture, as chapters of documentation.
+pub mod guide;
 mod hash;
 pub mod layer;
 pub mod leaf;

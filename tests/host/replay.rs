@@ -27,15 +27,16 @@ fn free(id: usize) -> Op {
     Op::Free { id }
 }
 
-/// The shared ResNet-50 trace, or None (with a message) where `shared/` is not beside the repo.
-fn resnet_trace() -> Option<PathBuf> {
+/// The ResNet-50 training trace of the repository (`data/traces/resnet50_train.csv.gz`); a missing
+/// file fails the test that asks for it.
+fn resnet_trace() -> PathBuf {
     let path = crate::support::traces::resnet50_path();
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!("skipping: no trace at {}", path.display());
-        None
-    }
+    assert!(
+        path.exists(),
+        "no trace at {} (data/traces/ of the repository, or $MRSTACK_TRACES)",
+        path.display()
+    );
+    path
 }
 
 // ---------------------------------------------------------------- parsing
@@ -335,7 +336,7 @@ fn a_line_without_an_end_takes_no_memory_of_its_size() {
 
 #[test]
 fn resnet_trace_parses() {
-    let Some(path) = resnet_trace() else { return };
+    let path = resnet_trace();
     let t = rmm_log::read(path).unwrap();
     let w = &t.workload;
     assert_eq!(w.name(), "resnet50_train");

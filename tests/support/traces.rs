@@ -2,12 +2,21 @@
 
 use std::path::{Path, PathBuf};
 
-/// The ResNet-50 training trace this project measures with (an RMM log of a real run on an H100):
-/// `$MRSTACK_TRACES/resnet50_train.csv.gz` where that variable is set (a GPU machine that gets the
-/// file beside the test binaries), else `shared/traces/` beside the repository.
+/// The ResNet-50 training trace this project measures with (RMM's log of a real training run,
+/// `data/traces/resnet50_train.csv.gz` in the repository): `$MRSTACK_TRACES/resnet50_train.csv.gz`
+/// where that variable is set, else `data/traces/` of the source tree, else `data/traces/` of the
+/// working directory (a GPU machine that runs the test binaries from a copy of the repository,
+/// where the source tree's path does not exist).
 pub(crate) fn resnet50_path() -> PathBuf {
     let dir = std::env::var_os("MRSTACK_TRACES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"));
+        .unwrap_or_else(|| {
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/traces");
+            if source.is_dir() {
+                source
+            } else {
+                PathBuf::from("data/traces")
+            }
+        });
     dir.join("resnet50_train.csv.gz")
 }

@@ -1,0 +1,170 @@
+//! Performance: the latest measured tables, each from one run of one command on one machine, and
+//! the commands that made them. Compare figures only within one table: machines differ by up to
+//! 2x for the same binary, and one-thread figures move between runs. The detailed result files stay
+//! in `benches/` (`benches/rmm/results-*.md`, `benches/gpu-results-*.md`).
+//!
+//! # Side by side with RMM
+//!
+//! `bash scripts/gpu-bench-rmm` (on a GPU machine, with `gpu-bin/` from `scripts/gpu-test`; knobs
+//! in its header) compiles RMM's side (`benches/rmm/rmm_bench.cpp`) with the machine's nvcc
+//! against the `librmm-cu13` wheel, then replays the same op files through RMM's resources and
+//! mrstack's stacks, alternating between the two libraries, with a warm-up pass and then the
+//! median of the timed passes. `scripts/rmm-bench-check` runs the same steps where there is no
+//! GPU (RMM's side over host memory, mrstack's over `Simulated`). The table is one call of 341 s
+//! on an NVIDIA H100 80GB HBM3 (driver 580.159.04, nvcc 13.0; host: 16 cores of an Intel Xeon),
+//! RMM 26.10.00, 2026-11-24:
+//!
+//! ```text
+//! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_MIN_OPS=200000 RMM_BENCH_BUDGET_MS=600 RMM_BENCH_PASSES=3 \
+//! RMM_BENCH_STACKS=cuda_async,pool,tlsf,heaps,tlsf+cache,binning,arena,binning+arena \
+//! RMM_BENCH_WORKLOADS=random,resnet50_train_pytorch,transformer_infer,transformer_train \
+//! RMM_BENCH_DEADLINE_S=400 bash scripts/gpu-bench-rmm
+//! ```
+//!
+//! The workloads: *random* (50,000 allocations of 1 B to 1 MiB), and three traces of
+//! `data/traces`: PyTorch's ResNet-50 training, the transformer inference with random shapes and
+//! the transformer training with random lengths. Each is repeated until it has 200,000 ops (each
+//! copy frees what the one before left live, so the peak stays the workload's). Each runs at 1, 8
+//! and 16 threads, the allocations dealt round-robin (each thread frees what it allocated), each
+//! thread on a stream of its own (`own`) or all on the default stream (`one`); a log of several
+//! threads also as recorded (`logged`, where a thread frees blocks another allocated). ns/op is the
+//! aggregate: wall time over all ops of all threads, so a stack that scales perfectly shows 1/8 of
+//! its one-thread figure at 8 threads.
+//!
+//! The stacks: `pool`, `binning` (over the pool), `arena`, `binning+arena` and `cuda_async`, each
+//! against RMM's counterpart, and three with no RMM counterpart: `tlsf`
+//! (`Tlsf { initial: cap, max: cap }`), `heaps` (`ThreadHeaps { max: cap }`) and `tlsf+cache`
+//! (that `Tlsf` under a `ThreadCache { bytes: cap / 4 }`). The best stack of each library per row
+//! (ns/op; a ratio below 1: mrstack is faster); every pair of stacks and the throughput against
+//! one thread are in `benches/rmm/results-2026-11-24-h100-same-lane.md`, 2 and 4 threads in
+//! `benches/rmm/results-2026-11-24-h100-heaps-2-4-threads.md`:
+//!
+//! | workload | threads | streams | mrstack best | RMM best | mrstack/RMM |
+//! |---|---:|---|---:|---:|---:|
+//! | random | 1 | own | 23.8 (binning+arena) | 243 (binning) | 0.10 |
+//! | random | 1 | one | 26.4 (binning+arena) | 566 (binning+arena) | 0.05 |
+//! | random | 8 | own | 30.6 (heaps) | 608 (binning+arena) | 0.05 |
+//! | random | 8 | one | 20.5 (heaps) | 1,333 (binning) | 0.02 |
+//! | random | 16 | own | 17.3 (heaps) | 343 (arena) | 0.05 |
+//! | random | 16 | one | 15.8 (heaps) | 1,411 (binning+arena) | 0.01 |
+//! | resnet50_train_pytorch | 1 | own | 58.7 (tlsf) | 437 (pool) | 0.13 |
+//! | resnet50_train_pytorch | 1 | one | 61.4 (heaps) | 562 (pool) | 0.11 |
+//! | resnet50_train_pytorch | 2 | logged | 104 (tlsf+cache) | 645 (binning) | 0.16 |
+//! | resnet50_train_pytorch | 8 | own | 15.8 (heaps) | 702 (binning) | 0.02 |
+//! | resnet50_train_pytorch | 8 | one | 14.3 (heaps) | 1,507 (binning) | 0.01 |
+//! | resnet50_train_pytorch | 16 | own | 10.3 (heaps) | 776 (binning) | 0.01 |
+//! | resnet50_train_pytorch | 16 | one | 11.4 (heaps) | 1,721 (binning) | 0.01 |
+//! | transformer_infer | 1 | own | 66.2 (tlsf) | 233 (binning) | 0.28 |
+//! | transformer_infer | 1 | one | 86.3 (tlsf) | 325 (pool) | 0.27 |
+//! | transformer_infer | 8 | own | 15.4 (heaps) | 941 (binning) | 0.02 |
+//! | transformer_infer | 8 | one | 12.3 (heaps) | 1,500 (binning) | 0.01 |
+//! | transformer_infer | 16 | own | 9.6 (heaps) | 1,057 (binning) | 0.01 |
+//! | transformer_infer | 16 | one | 9.3 (heaps) | 1,578 (binning) | 0.01 |
+//! | transformer_train | 1 | own | 100 (tlsf) | 274 (binning) | 0.37 |
+//! | transformer_train | 1 | one | 92.4 (tlsf) | 386 (pool) | 0.24 |
+//! | transformer_train | 2 | logged | 243 (tlsf+cache) | 950 (binning) | 0.26 |
+//! | transformer_train | 8 | own | 18.1 (heaps) | 881 (binning) | 0.02 |
+//! | transformer_train | 8 | one | 13.3 (heaps) | 1,678 (binning) | 0.01 |
+//! | transformer_train | 16 | own | 10.2 (heaps) | 1,050 (binning) | 0.01 |
+//! | transformer_train | 16 | one | 9.7 (heaps) | 1,834 (binning) | 0.01 |
+//!
+//! * mrstack's best is faster than RMM's best in all 26 rows (0.01–0.37 of its time).
+//! * **Many threads: `ThreadHeaps`.** Each thread allocates from a `Tlsf` of its own and frees
+//!   into it, so threads that free what they allocate share no lock: at 8 and 16 threads it is the
+//!   best stack in every row, 9.3–18.1 ns/op aggregate on the traces where RMM's best takes
+//!   702–1,834. Where a thread frees the other's blocks (`logged`), `tlsf+cache` is faster.
+//! * **One thread:** 23.8–26.4 ns/op on *random* (`binning+arena`), 58.7–100 on the traces
+//!   (`tlsf` best in five rows of six).
+//! * `pool`, `tlsf`, `binning`, `tlsf+cache` and `cuda_async` lose throughput with threads, as
+//!   RMM's stacks do: each serializes on a shared lock (`std`'s mutex, whose waiters park in the
+//!   kernel). Locks that spin before they park made the rows with one stream 2–4x faster at 8 and
+//!   16 threads but the rows with a stream per thread 1.3–3x slower at 16, so `std`'s mutex stays
+//!   (`benches/rmm/lock-experiments-2026-11-24.md`).
+//!
+//! # Footprint and speed of each preset, one thread on a GPU
+//!
+//! `gpu-bin/bench/gpu` (built by `scripts/gpu-test`, run by `bash gpu-bin/run.sh bench`): one
+//! thread over `Cuda`, ns/op the median of 5 timed passes after a warm-up, each stack built with
+//! twice the peak live bytes; min capacity / peak live over `Simulated` (to 0.1%, `vmm` with the
+//! 2 MiB page model). One run on an NVIDIA H100 80GB HBM3, 2026-11-24
+//! (`benches/gpu-results-2026-11-24-h100.md`); min capacity / ns/op:
+//!
+//! | stack | random | resnet50_train | transformer_infer | transformer_train | resnet50_train_pytorch |
+//! |---|---|---|---|---|---|
+//! | `cuda` (`cuMemAlloc`) | – / 21,211 | – / 46,766 | – / 40,100 | – / 37,595 | – / 43,837 |
+//! | `cuda-async` | – / 2,516 | – / 1,492 | – / 1,289 | – / 1,529 | – / 1,520 |
+//! | `pool` | 1.011 / 414 | 1.011 / 239 | 1.085 / 169 | 1.121 / 232 | 1.007 / 188 |
+//! | `tlsf` | 1.012 / 125 | 1.017 / 104 | 1.085 / 86 | 1.120 / 100 | 1.011 / 97 |
+//! | `vmm` | 1.011 / 174 | **1.003** / 155 | **1.017** / 139 | **1.024** / 146 | **1.003** / 138 |
+//! | `binning` | 1.358 / 39 | 1.019 / 125 | 1.099 / 117 | 1.195 / 153 | 1.016 / 109 |
+//! | `arena` | 1.042 / 184 | 1.011 / 284 | 1.098 / 220 | 1.177 / 337 | 1.020 / 253 |
+//! | `heaps` | 1.012 / 138 | 1.021 / 118 | 1.305 / 105 | 1.157 / 72 | 1.015 / 61 |
+//!
+//! * `vmm` (`VirtualMemory` over `DevicePages`: a TLSF index over a virtual range of twice the
+//!   device's memory, physical 2 MiB pages mapped only under live blocks, its cache of free mapped
+//!   pages the whole capacity, emptied only under pressure) needs the least memory on every trace:
+//!   within 1.05x of the peak live bytes on all, within 1.01x on both ResNet-50 training traces,
+//!   1.024x on transformer_train. There, at its worst moment, 227 live blocks of about 200 distinct
+//!   sizes lie in 23 runs with free holes between them, and 25 of the 425 pages of 2 MiB they touch
+//!   are partly free (2 MiB is the smallest page the H100 maps). `scripts/placement-bound` models
+//!   any placement over 2 MiB pages: none reaches the 419 pages that 1.01x allows on that trace,
+//!   not even one that knows every block's lifetime (421).
+//!   `cargo run --release --example page_footprint -- data/traces/transformer_train.csv.gz` counts
+//!   the pages a log's live blocks touch after every allocation.
+//! * On the same GPU, `mrstack replay --upstream cuda` saw `vmm` map, its cache included, 532 MiB
+//!   for 490 MiB live on transformer_infer, 970 MiB for 830 MiB on transformer_train, and 5.51 GiB
+//!   for 5.43 GiB on resnet50_train_pytorch.
+//! * The driver's page calls (the same bench, 64 pages of 2 MiB, median of 5 rounds): a page
+//!   mapped (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`) costs 42.6–55.0 µs, unmapped
+//!   (`cuMemUnmap` + `cuMemRelease`) 28.9–33.7 µs. That is why `VirtualMemory` keeps free pages
+//!   mapped: a workload whose working set repeats maps nothing after its first pass, and
+//!   unmapping happens in batches (down to half the cache), each after one synchronization of the
+//!   streams that freed blocks since the last.
+//!
+//! # Clients through the C library
+//!
+//! `bash gpu-bin/run.sh clients` ([C library](super::c_library#the-gpu-proof)) on an NVIDIA H100
+//! 80GB HBM3 (driver 580.159.04; torch 2.11.0+cu130, torchvision 0.26.0, CuPy 14.2.0, cuDNN 9.19),
+//! 2026-11-23: `clients: 98 passed, 0 failed`. ResNet-50 training, batch 64, 5 warm-up and 50 timed
+//! steps (55 losses compared):
+//!
+//! | config | median step ms | ratio to native | peak device MiB | stack peak live MiB | losses equal |
+//! |---|---:|---:|---:|---:|---|
+//! | native | 41.24 | 1.000 | 7429 | 5583 * | (reference) |
+//! | native (again: the control) | 40.91 | 0.992 | 7429 | 5583 * | yes |
+//! | cudaMallocAsync | 41.89 | 1.016 | 6857 | 5560 * | yes |
+//! | mrstack `cuda > pool` | 41.15 | 0.998 | 8899 | 5560 | yes |
+//! | mrstack `cuda > pool > binning` | 41.06 | 0.996 | 8899 | 5560 | yes |
+//! | mrstack `cuda > pool > binning` + `MRSTACK_LOG` | 41.04 | 0.995 | 8899 | 5560 | yes |
+//! | mrstack `cuda > arena(size=6.1 GiB)` (the replay's recommendation) | 41.13 | 0.997 | 6955 | 5560 | yes |
+//!
+//! Median step: forward + backward + SGD step, `torch.cuda.synchronize()` before and after;
+//! deterministic mode also fills every new tensor, in every row. Peak device: the most of
+//! `torch.cuda.mem_get_info()` total − free, sampled after forward, after backward and after each
+//! step (the CUDA context and libraries included). Stack peak live: the stack's
+//! `peak_live_bytes` (`mrstack_statistics_json`); * native rows: `torch.cuda.max_memory_allocated()`
+//! instead. The pool rows hold more device memory than native: the pool grows by doubling (8 GiB
+//! for 5.4 GiB live); the recommended arena stays below native. The recorded log is
+//! `data/traces/resnet50_train_pytorch.csv.gz`. The transformer's logits (40 batches of random
+//! lengths) equal native's bit for bit; CuPy's matrix products and FFTs equal NumPy's and leave 0
+//! live blocks at exit; a 200 GiB request raises `RuntimeError` in PyTorch and `MemoryError` in
+//! CuPy, and both go on working.
+//!
+//! # What each adaptor adds
+//!
+//! `cargo bench --bench adaptors`, over `Null` (a resource that does nothing). The figures are ns
+//! per operation, half an allocate + deallocate pair; "8 threads" is the wall time of eight threads
+//! at once over the pairs they made in all, so it is 1/8 of the one-thread figure where an adaptor
+//! scales perfectly. The ranges are two runs on two machines:
+//!
+//! | adaptor | 1 thread | 8 threads |
+//! |---|---:|---:|
+//! | `Statistics` (sharded per thread) | 4.8–6.4 | 0.8–0.9 |
+//! | `Limiting` (per-thread reservations) | 2.3–4.4 | 0.5 |
+//! | `Tracking` (16 address-striped locks) | 24–30 | 6–10 |
+//! | `Logging` to `io::sink()` (writer thread) | 125–128 | 83–90 |
+//!
+//! `Logging`'s row predates its time-stamp-counter clock, recycled buffers and merging writer,
+//! which took its one-thread figure to about 0.7x in a run of the old and new binaries side by
+//! side. On a machine without a GPU, `cargo bench --bench suballocators` runs the replay
+//! workloads over `Simulated`.
