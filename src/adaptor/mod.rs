@@ -14,7 +14,6 @@ mod thread_cache;
 mod tracking;
 
 /// The header line `Logging` writes first: [`rmm_log::HEADER`](crate::replay::rmm_log::HEADER).
-pub use crate::replay::rmm_log::HEADER as LOG_HEADER;
 pub(crate) use aligned::aligned_from_item;
 pub use aligned::{Aligned, AlignedConfig};
 pub use graph_pools::{CapturedGraph, GraphPools, GraphPoolsConfig};
@@ -27,9 +26,3 @@ pub use retry::{Retry, RetryCallback, RetryConfig};
 pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
 pub use thread_cache::{ThreadCache, ThreadCacheConfig};
 pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
-
-pub use crate::suballoc::{
-    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, HostDevicePair,
-    HostDevicePairConfig, Pool, PoolConfig, Storage, ThreadHeaps, ThreadHeapsConfig, Tlsf,
-    TlsfConfig, Usage,
-};
