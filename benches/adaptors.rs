@@ -19,6 +19,7 @@
 // every field is given (`Limiting { limit: 1 TiB }`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
+use mrstack::adaptor::{Logging, Retry};
 use mrstack::prelude::*;
 use mrstack::resource::AllocError;
 use std::hint::black_box;

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, missing_docs)] // criterion's macros make undocumented pub fns
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use mrstack::erased::{AnyResource, ResourceRef};
 use mrstack::prelude::*;
 use std::hint::black_box;
 

@@ -24,7 +24,7 @@ use mrstack::replay::rmm_log;
 use mrstack::replay::{
     self, measure, min_capacity, stack, timing_capacity, StackFactory, Workload,
 };
-use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
+use mrstack::{leaf::Cuda, leaf::CudaAsync, leaf::Simulated, stream::StreamHandle};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

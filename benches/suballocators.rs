@@ -20,9 +20,9 @@ use criterion::{criterion_group, criterion_main, Criterion};
 #[path = "../tests/support/traces.rs"]
 mod traces;
 
+use mrstack::leaf::Simulated;
 use mrstack::replay::rmm_log;
 use mrstack::replay::{self, measure, min_capacity, timing_capacity, Replay, Workload};
-use mrstack::Simulated;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -8,6 +8,7 @@
 
 use mrstack::prelude::*;
 use mrstack::registry;
+use mrstack::{container::HostAllocator, erased::AnyResource, leaf::Callback};
 
 #[path = "shared/cudarc_allocator.rs"]
 mod cudarc_allocator;

@@ -12,6 +12,7 @@
 //! Counting every page after every allocation is O(live blocks) per op: a probe, not a tool for
 //! large logs.
 
+use mrstack::leaf::{VirtualMemory, VirtualMemoryConfig};
 use mrstack::prelude::*;
 use mrstack::replay::{random, rmm_log, Op, RandomConfig};
 use std::collections::BTreeMap;

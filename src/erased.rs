@@ -2,7 +2,7 @@
 
 use crate::adaptor::{Statistics, Tracking};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
-pub use crate::property::{Properties, PropertySet};
+pub(crate) use crate::property::{Properties, PropertySet};
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::stack::AnyLayer;
 use crate::stream::StreamRef;
@@ -265,7 +265,8 @@ impl<P: PropertySet> AnyResource<P> {
     ///
     /// ```
     /// use mrstack::prelude::*;
-    /// use mrstack::adaptor::Binning;
+    /// use mrstack::{erased::AnyResource, stack::Reach};
+    /// use mrstack::suballoc::Binning;
     ///
     /// let mr = mrstack::config::build::<()>("simulated(capacity=1GiB) > binning(max=64KiB) > tracking").unwrap();
     /// let binning = mr.find::<Binning<AnyResource<()>>>().unwrap();

@@ -97,15 +97,16 @@
 //!
 //! ## Modules
 //!
-//! * [`property`]: the property markers and [`Accessible`].
+//! * [`property`]: the property markers and [`Accessible`](property::Accessible).
 //! * [`resource`]: [`MemoryResource`], [`Layer`], [`AllocError`]. [`stack`]: a stack described
 //!   as text (`mr.describe()`) and a layer reached by type (`mr.reach()`, `mr.find::<T>()`).
-//! * [`leaf`]: leaf resources (also at their former path, `upstream`). [`suballoc`]: the
-//!   suballocators and their [`Usage`](suballoc::Usage) report. [`adaptor`]: behaviour adaptors.
-//!   All are configured through [`layer`]; [`units`] reads and shows byte sizes.
+//! * [`leaf`]: leaf resources. [`suballoc`]: the suballocators and their
+//!   [`Usage`](suballoc::Usage) report. [`adaptor`]: behaviour adaptors. Each is configured by its
+//!   `…Config` type beside it, which `resource_stack!`'s lines name without the suffix; [`units`]
+//!   reads and shows byte sizes.
 //! * `replay` (cargo feature `replay`, on by default): workloads (built, random, or RMM logs read
 //!   by `replay::rmm_log`) replayed through stacks to time them and to find the smallest capacity
-//!   they complete with (also at their former paths, `workload` and `trace`).
+//!   they complete with.
 //! * [`container`]: typed containers with cudarc interop, and [`HostAllocator`] for
 //!   `allocator-api2` collections in host-accessible memory.
 //! * [`erased`]: [`AnyResource`] and [`ResourceRef`], stacks chosen at run time with their
@@ -117,6 +118,27 @@
 //!   own resources.
 //! * The `mrstack replay` command is the `mrstack-cli` package (`cli/` in the repository): the
 //!   library carries none of its dependencies.
+//!
+//! [`AllocError`]: resource::AllocError
+//! [`AnyResource`]: erased::AnyResource
+//! [`Cuda`]: leaf::Cuda
+//! [`CudaAsync`]: leaf::CudaAsync
+//! [`DeviceAccessible`]: property::DeviceAccessible
+//! [`DeviceBox`]: container::DeviceBox
+//! [`DeviceVec`]: container::DeviceVec
+//! [`HostAccessible`]: property::HostAccessible
+//! [`HostAllocator`]: container::HostAllocator
+//! [`Layer`]: resource::Layer
+//! [`Managed`]: leaf::Managed
+//! [`MemoryResource`]: resource::MemoryResource
+//! [`MemoryResource::allocate`]: resource::MemoryResource::allocate
+//! [`Migratable`]: property::Migratable
+//! [`Pinned`]: leaf::Pinned
+//! [`PinnedVec`]: container::PinnedVec
+//! [`ResourceRef`]: erased::ResourceRef
+//! [`Simulated`]: leaf::Simulated
+//! [`System`]: leaf::System
+//! [`VirtualMemory`]: leaf::VirtualMemory
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -135,7 +157,6 @@ pub mod erased;
 /// the architecture, as chapters of documentation.
 pub mod guide;
 mod hash;
-pub mod layer;
 pub mod leaf;
 // The log format `Logging` writes, public through the replay's log reader: without it, the
 // names `Logging` does not write are unused and unreachable.
@@ -154,41 +175,19 @@ pub mod suballoc;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod units;
-/// The leaves under their former name (`mrstack::upstream::Cuda`): the same module as [`leaf`].
-pub use leaf as upstream;
-/// The replay module under its former name (`mrstack::workload::Workload`): the same module as
-/// [`replay`].
-#[cfg(feature = "replay")]
-#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
-pub use replay as workload;
-/// RMM log reading under its former name (`mrstack::trace::read`): the same module as
-/// [`replay::rmm_log`].
-#[cfg(feature = "replay")]
-#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
-pub use replay::rmm_log as trace;
-
-pub use container::{DeviceBox, DeviceVec, DeviceView, DeviceViewMut, HostAllocator, PinnedVec};
-pub use erased::{AnyResource, PropertySet, ResourceRef};
-pub use leaf::enable_peer_access;
-pub use leaf::{
-    cuda_context, device_count, driver_available, Callback, Cuda, CudaAsync, CudaAsyncOptions,
-    Managed, Pinned, Simulated, System, VirtualMemory, VirtualMemoryConfig,
-};
-pub use property::{Accessible, DeviceAccessible, HostAccessible, Migratable, Pageable};
-pub use resource::{AllocError, AllocErrorKind, GrowInPlace, Layer, MemoryResource};
-pub use stream::{StreamHandle, StreamId, StreamRef};
+pub use leaf::driver::{cuda_context, device_count, driver_available, enable_peer_access};
 
 /// The cudarc crate mrstack is built on, re-exported so that a program names the same version
 /// (`mrstack::cudarc::driver::CudaStream`). Which CUDA version cudarc binds is the program's
 /// choice: see the README's "CUDA versions" section.
 pub use cudarc;
 
-/// The `allocator-api2` crate [`HostAllocator`] implements, re-exported so that its `Vec` and
+/// The `allocator-api2` crate [`HostAllocator`](container::HostAllocator) implements, re-exported so that its `Vec` and
 /// `Box` match the version mrstack uses.
 pub use allocator_api2;
 
 /// Builds a resource stack from a list: the first item is a leaf resource (any expression of a
-/// resource type), each following line wraps the one above through its [`Layer`] configuration.
+/// resource type), each following line wraps the one above through its [`Layer`](resource::Layer) configuration.
 ///
 /// ```
 /// use mrstack::prelude::*;
@@ -203,10 +202,12 @@ pub use allocator_api2;
 /// # let _ = mr;
 /// ```
 ///
-/// A line is `Name`, `Name<Args>` or `Name { field: value, … }` (the configuration
-/// `mrstack::layer::Name`, other fields defaulted), or any other expression implementing `Layer`:
-/// write a configuration of your own as an expression (`(MyLayer)`, `my_layer`,
-/// `MyLayer::new()`), since a bare capitalized name is looked up in `mrstack::layer`.
+/// A line is `Name`, `Name<Args>` or `Name { field: value, … }` (the configuration `NameConfig`
+/// of mrstack's adaptor or suballocator `Name`, such as
+/// [`suballoc::PoolConfig`], other fields defaulted), or any other
+/// expression implementing `Layer`: write a configuration of your own as an expression
+/// (`(MyLayer)`, `my_layer`, `MyLayer::new()`), since a bare capitalized name is taken for one of
+/// mrstack's.
 ///
 /// Sizes follow the convention of [`mrstack::units`](crate::units) (`KB` and `KiB` both 1024
 /// bytes, decimals truncated to whole bytes) and are checked at compile time, as is
@@ -238,23 +239,12 @@ pub use typenum;
 
 /// The names a user of mrstack needs, in one `use`.
 pub mod prelude {
-    pub use crate::adaptor::{
-        Aligned, Arena, Binning, FixedSize, Limiting, Logging, Pool, Prefetch, Retry, Statistics,
-        ThreadCache, ThreadHeaps, Tlsf, Tracking,
-    };
-    pub use crate::container::{DeviceBox, DeviceVec, HostAllocator, PinnedVec};
-    pub use crate::erased::{AnyResource, ResourceRef};
-    pub use crate::leaf::{
-        Callback, Cuda, CudaAsync, CudaAsyncOptions, DevicePages, Managed, Pinned, Simulated,
-        System, VirtualMemory, VirtualMemoryConfig,
-    };
+    pub use crate::container::{DeviceBox, DeviceVec, PinnedVec};
+    pub use crate::leaf::{Cuda, CudaAsync, Managed, Pinned, Simulated, System};
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable, Pageable};
-    pub use crate::resource::{AllocError, AllocErrorKind, GrowInPlace, Layer, MemoryResource};
-    pub use crate::stack::{AnyLayer, Reach};
+    pub use crate::resource::{AllocError, Layer, MemoryResource};
     pub use crate::stream::StreamRef;
     pub use mrstack_macros::resource_stack;
-    /// Alignments for `Aligned<A>` lines (`resource_stack![Cuda::new(&ctx)?, Aligned<U4096>]`).
-    pub use typenum::{U1024, U128, U16384, U2048, U256, U4096, U512, U64, U65536, U8192};
 }
 
 /// The README's examples, compiled as doctests so they cannot rot.

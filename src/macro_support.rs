@@ -18,6 +18,10 @@
 
 use crate::resource::MemoryResource;
 
+/// The configurations under the names `resource_stack!`'s lines use.
+#[path = "layer.rs"]
+pub mod layer;
+
 /// The leaf of a `resource_stack!`, before lookup picks one of the traits.
 #[derive(Debug)]
 pub struct Wrap<T>(pub T);

@@ -51,13 +51,14 @@ pub struct Migratable;
 /// A bound on a type parameter carries to every pointer and adaptor over it: with `R:
 /// MemoryResource + Accessible<DeviceAccessible>`, the compiler knows that `&R`, `Arc<R>`,
 /// `Statistics<&R>` or `Pool<Arc<R>>` give device memory too, so a library function can hand
-/// `&R` to a [`DeviceVec`](crate::DeviceVec). Write one bound per property (`Accessible<HostAccessible> +
-/// Accessible<DeviceAccessible>`, as [`PinnedVec`](crate::PinnedVec) asks): a tuple bound
+/// `&R` to a [`DeviceVec`](crate::container::DeviceVec). Write one bound per property (`Accessible<HostAccessible> +
+/// Accessible<DeviceAccessible>`, as [`PinnedVec`](crate::container::PinnedVec) asks): a tuple bound
 /// (`Accessible<(HostAccessible, DeviceAccessible)>`) holds for the same concrete resources but
 /// does not carry to `&R` in generic code.
 ///
 /// ```
 /// use mrstack::prelude::*;
+/// use mrstack::adaptor::Statistics;
 /// fn needs_device<R: Accessible<DeviceAccessible>>() {}
 /// fn library<R: MemoryResource + Accessible<DeviceAccessible>>() {
 ///     needs_device::<&R>();
@@ -167,16 +168,16 @@ impl<R: ?Sized + Selects<P>, P> Claimed<P> for R where <R as Selects<P>>::Bit: I
 
 /// Pageable host memory: host-accessible like [`HostAccessible`], and memory that the CUDA
 /// driver knows neither as pinned (page-locked, registered) nor as managed, such as
-/// [`System`](crate::System)'s. A resource claims it with `type Pageable = B1` in its `unsafe impl
+/// [`System`](crate::leaf::System)'s. A resource claims it with `type Pageable = B1` in its `unsafe impl
 /// MemoryResource`; adaptors and suballocators carry their upstream's claim, and a composite whose
 /// blocks come from several resources claims it only where every one of them does.
 ///
-/// [`HostAllocator`](crate::HostAllocator) needs it (`R: Accessible<Pageable>`). Its collections
+/// [`HostAllocator`](crate::container::HostAllocator) needs it (`R: Accessible<Pageable>`). Its collections
 /// hand out plain `&mut [T]`, and cudarc copies into a plain slice asynchronously when the memory
 /// is pinned or managed (it assumes a Rust slice is pageable, whose copies the driver completes
 /// before returning): a `Vec` in pinned memory could be dropped, and its block reused, while a DMA
 /// still writes into it. For host memory the device shares, use
-/// [`PinnedVec`](crate::PinnedVec), which tracks the copies.
+/// [`PinnedVec`](crate::container::PinnedVec), which tracks the copies.
 ///
 /// `Device = B0` is not enough: it says only that the type does not promise device access
 /// (`AnyResource<HostAccessible>` may hold `Pinned`), so this is a claim of its own. Run-time
@@ -191,7 +192,7 @@ impl<R: MemoryResource + ?Sized> Selects<Pageable> for R {
 /// `B: SameProperties<U>`: resource `B` claims exactly the property bits of resource `U`
 /// (host, device, managed, pageable). What a composite asks of a second resource whose blocks it
 /// hands out under the claims it makes from `U`, such as a bin of
-/// [`Binning::with_bin`](crate::adaptor::Binning::with_bin). Implemented for every such pair;
+/// [`Binning::with_bin`](crate::suballoc::Binning::with_bin). Implemented for every such pair;
 /// it cannot be implemented by hand.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not claim the same memory properties as `{U}`",
@@ -215,7 +216,7 @@ where
 }
 
 /// A set of properties as a type: a marker ([`HostAccessible`], [`DeviceAccessible`],
-/// [`Migratable`]), a tuple of them, or `()` for none (what [`Simulated`](crate::Simulated) gives).
+/// [`Migratable`]), a tuple of them, or `()` for none (what [`Simulated`](crate::leaf::Simulated) gives).
 ///
 /// It maps the markers to the typenum bits a [`MemoryResource`] states, so that
 /// `AnyResource<(HostAccessible, DeviceAccessible)>` is a resource with `Host = B1, Device = B1`.
@@ -363,6 +364,10 @@ pub const fn alignment_of<R: MemoryResource + ?Sized>() -> usize {
 mod tests {
     use super::*;
     use crate::prelude::*;
+    use crate::{
+        adaptor::{Limiting, Statistics, Tracking},
+        suballoc::{Binning, Pool},
+    };
 
     fn device<R: Accessible<DeviceAccessible>>() {}
     fn host<R: Accessible<HostAccessible>>() {}

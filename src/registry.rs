@@ -18,7 +18,8 @@
 
 use crate::container::{DeviceBox, DeviceVec};
 use crate::erased::{AnyResource, PropertySet};
-use crate::leaf::{device_count, driver_available, Cuda};
+use crate::leaf::driver::{device_count, driver_available};
+use crate::leaf::Cuda;
 use crate::property::DeviceAccessible;
 use crate::resource::{AllocError, AllocErrorKind};
 use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -46,7 +47,7 @@ type MakeDefault<P> = dyn Fn(usize) -> Result<AnyResource<P>, AllocError> + Send
 /// let previous = reg.set(1, AnyResource::new(Simulated::new(1 << 20))).unwrap();
 /// assert!(previous.unwrap().ptr_eq(&default));
 /// assert!(reg.get(2).is_err()); // no device 2
-/// # Ok::<(), mrstack::AllocError>(())
+/// # Ok::<(), mrstack::resource::AllocError>(())
 /// ```
 pub struct DeviceRegistry<P: PropertySet> {
     slots: Box<[RwLock<Option<AnyResource<P>>>]>,

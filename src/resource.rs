@@ -136,8 +136,8 @@ pub unsafe trait MemoryResource {
     /// `B1` when the memory is managed memory the driver migrates (it can be prefetched).
     type Managed: Bit;
     /// `B1` when the memory is pageable host memory that the CUDA driver knows neither as pinned
-    /// (page-locked, registered) nor as managed: what [`HostAllocator`](crate::HostAllocator)
-    /// needs ([`Pageable`](crate::Pageable) says why). `B1` implies `Host = B1`.
+    /// (page-locked, registered) nor as managed: what [`HostAllocator`](crate::container::HostAllocator)
+    /// needs ([`Pageable`](crate::property::Pageable) says why). `B1` implies `Host = B1`.
     type Pageable: Bit;
     /// The alignment every returned pointer meets (a typenum unsigned: `U256` for CUDA memory).
     /// A power of two, like every alignment; the zero-size pointer rules rely on it.
@@ -241,10 +241,10 @@ pub unsafe trait MemoryResource {
 macro_rules! forward_upstream {
     // Through `Selects`, so that in generic code a bound `U: Accessible<P>` carries over.
     (properties of $U:ty) => {
-        type Host = <$U as $crate::property::sealed::Selects<$crate::HostAccessible>>::Bit;
-        type Device = <$U as $crate::property::sealed::Selects<$crate::DeviceAccessible>>::Bit;
-        type Managed = <$U as $crate::property::sealed::Selects<$crate::Migratable>>::Bit;
-        type Pageable = <$U as $crate::property::sealed::Selects<$crate::Pageable>>::Bit;
+        type Host = <$U as $crate::property::sealed::Selects<$crate::property::HostAccessible>>::Bit;
+        type Device = <$U as $crate::property::sealed::Selects<$crate::property::DeviceAccessible>>::Bit;
+        type Managed = <$U as $crate::property::sealed::Selects<$crate::property::Migratable>>::Bit;
+        type Pageable = <$U as $crate::property::sealed::Selects<$crate::property::Pageable>>::Bit;
     };
     // A pointer to a resource `R` is that resource: every item goes through.
     (everything to *self as $R:ty) => {
@@ -364,11 +364,11 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for Arc<R> {
 }
 
 /// A resource that can grow a live allocation without moving it: what lets
-/// [`DeviceVec::grow_zeroed_in_place`](crate::DeviceVec::grow_zeroed_in_place) extend a vector
+/// [`DeviceVec::grow_zeroed_in_place`](crate::container::DeviceVec::grow_zeroed_in_place) extend a vector
 /// with no copy (TensorRT's `reallocate` on a `kRESIZABLE` allocator, PyTorch's expandable
 /// segments).
 ///
-/// [`VirtualMemory`](crate::VirtualMemory) grows into the free virtual range after a block and
+/// [`VirtualMemory`](crate::leaf::VirtualMemory) grows into the free virtual range after a block and
 /// maps the pages it needs; [`Tlsf`](crate::suballoc::Tlsf) into the free block after it, within
 /// its chunk. Both only into free bytes on the request's stream, so the new bytes need no ordering
 /// after other streams as long as the allocation is later freed on that stream (or after it): a
@@ -473,7 +473,7 @@ unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for Arc<R> {
 /// }
 ///
 /// /// Its configuration. In `resource_stack!` a bare capitalized name means a configuration of
-/// /// this crate (`mrstack::layer::Name`), so write your own as an expression:
+/// /// this crate (`mrstack::adaptor::NameConfig`), so write your own as an expression:
 /// /// `resource_stack![System::new(), (Count)]`.
 /// struct Count;
 /// impl<U: MemoryResource> Layer<U> for Count {
@@ -542,7 +542,7 @@ impl std::fmt::Display for AllocErrorKind {
 /// names the kind to match on; `{:#?}` shows every field.
 ///
 /// ```
-/// use mrstack::{AllocError, AllocErrorKind};
+/// use mrstack::{resource::AllocError, resource::AllocErrorKind};
 ///
 /// let e = AllocError::new(AllocErrorKind::NoDriver, 0, 0, "Cuda");
 /// assert_eq!(

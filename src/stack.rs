@@ -26,7 +26,7 @@
 //! text describes itself as text that `config::build` builds into the same
 //! stack again. A macro stack does too when each of its layers has a text form (everything but
 //! `Retry`, `Callback`, and a `Logging` over a writer it did not open). Erased layers
-//! ([`AnyResource`](crate::AnyResource), [`ResourceRef`](crate::ResourceRef)) and pointers (`&R`,
+//! ([`AnyResource`](crate::erased::AnyResource), [`ResourceRef`](crate::erased::ResourceRef)) and pointers (`&R`,
 //! `Arc<R>`) do not show: they are the resource they hold.
 //!
 //! Describing allocates nothing and takes no lock; it is never on an allocation's path. A
@@ -41,6 +41,7 @@
 //!
 //! ```
 //! use mrstack::prelude::*;
+//! use mrstack::{adaptor::{Statistics, Tracking}, stack::Reach};
 //!
 //! let mr = resource_stack![Simulated::new(1 << 30), Pool, Tracking, Statistics, Limiting { limit: 1 GiB }];
 //! let p = mr.allocate(4096, 256, StreamRef::DEFAULT).unwrap();
@@ -63,11 +64,12 @@
 //! layers have the types listed in `config`'s docs ("The types of a text stack's layers").
 //! It needs `'static` types (it compares [`TypeId`](std::any::TypeId)s), and stops at `&R`,
 //! `Arc<R>` (which it finds as themselves: `find::<Arc<Cuda>>()`) and
-//! [`ResourceRef`](crate::ResourceRef) layers.
+//! [`ResourceRef`](crate::erased::ResourceRef) layers.
 //!
 //! ```
 //! use mrstack::prelude::*;
-//! use mrstack::adaptor::Pool;
+//! use mrstack::{erased::AnyResource, stack::Reach};
+//! use mrstack::suballoc::Pool;
 //!
 //! let mr = mrstack::config::build::<()>("simulated(capacity=1GiB) > pool(max=64MiB) > statistics").unwrap();
 //! let p = mr.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
@@ -253,9 +255,9 @@ pub trait AnyLayer {
     /// This layer, for a downcast.
     fn as_any(&self) -> &dyn Any;
 
-    /// The layer below: an adaptor's upstream, the resource an [`AnyResource`](crate::AnyResource)
+    /// The layer below: an adaptor's upstream, the resource an [`AnyResource`](crate::erased::AnyResource)
     /// holds; `None` for a leaf, a pointer (`&R`, `Arc<R>`) and a
-    /// [`ResourceRef`](crate::ResourceRef).
+    /// [`ResourceRef`](crate::erased::ResourceRef).
     fn below(&self) -> Option<&dyn AnyLayer>;
 
     /// The Rust type of this layer (`std::any::type_name`), for diagnostics.
@@ -401,6 +403,7 @@ where
 ///
 /// ```
 /// use mrstack::prelude::*;
+/// use mrstack::{stack::Reach, suballoc::Pool};
 ///
 /// let sim = Simulated::new(1 << 30);
 /// let mr = resource_stack![&sim, Pool, Statistics];
@@ -413,6 +416,7 @@ where
 ///
 /// ```compile_fail,E0277
 /// use mrstack::prelude::*;
+/// use mrstack::{adaptor::Tracking, stack::Reach};
 /// let mr = resource_stack![Simulated::new(1 << 30), Pool, Statistics];
 /// let t: &Tracking<_> = mr.reach();
 /// ```

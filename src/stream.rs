@@ -79,7 +79,7 @@ impl StreamRef<'static> {
     /// A simulated stream `n` (`n` = 0 is [`DEFAULT`](Self::DEFAULT)): distinct streams for
     /// replaying many-stream workloads over `Simulated` or `System`, where no stream exists. No
     /// work is ever queued on one: `CudaAsync` refuses to allocate on it
-    /// ([`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported)), CUDA leaves have
+    /// ([`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported)), CUDA leaves have
     /// nothing to wait for on it, and ordering one after a real stream waits for that stream on
     /// the host (a suballocator may hand the real stream's blocks on through it).
     pub const fn simulated(n: u32) -> Self {

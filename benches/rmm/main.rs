@@ -48,7 +48,7 @@ mod ops;
 use mrstack::prelude::*;
 use mrstack::replay::rmm_log;
 use mrstack::replay::{self, simulated_streams, stack, StackFactory, Workload};
-use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
+use mrstack::{leaf::Cuda, leaf::CudaAsync, leaf::Simulated, stream::StreamHandle};
 use ops::{Layout, OpFile, Streams};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

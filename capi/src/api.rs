@@ -4,7 +4,7 @@
 use crate::error::guard;
 use crate::stack::{Expect, MrstackStack};
 use mrstack::cudarc::driver::sys::CUstream;
-use mrstack::StreamRef;
+use mrstack::stream::StreamRef;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,7 +7,7 @@ use crate::api::lookup;
 use crate::env::env_stack;
 use crate::error::{guard, guard_void};
 use crate::stack::{Expect, MrstackStack};
-use mrstack::StreamRef;
+use mrstack::stream::StreamRef;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 

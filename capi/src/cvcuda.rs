@@ -9,7 +9,7 @@
 use crate::api::{lookup, property_bits, MRSTACK_DEVICE, MRSTACK_HOST};
 use crate::error::{guard, guard_void};
 use crate::stack::Expect;
-use mrstack::StreamRef;
+use mrstack::stream::StreamRef;
 use std::ffi::{c_int, c_void};
 
 /// NVCV's `NVCV_RESOURCE_MEM_HOST`: pageable or any host memory.

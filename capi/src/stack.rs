@@ -2,10 +2,10 @@
 
 use mrstack::adaptor::Logging;
 use mrstack::config::{StackBuilder, StackSpec};
+use mrstack::property::Accessible;
 use mrstack::property::Properties;
 use mrstack::stack::ItemWriter;
-use mrstack::Accessible;
-use mrstack::{AnyResource, MemoryResource, StreamRef};
+use mrstack::{erased::AnyResource, resource::MemoryResource, stream::StreamRef};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
@@ -366,8 +366,10 @@ fn build_erased(
     device: usize,
     log: Option<&str>,
 ) -> Result<(AnyResource<()>, Option<Log>), String> {
-    use mrstack::{DeviceAccessible as D, HostAccessible as H, Migratable as M};
-    fn with<P: mrstack::PropertySet>(
+    use mrstack::{
+        property::DeviceAccessible as D, property::HostAccessible as H, property::Migratable as M,
+    };
+    fn with<P: mrstack::property::PropertySet>(
         spec: &StackSpec,
         device: usize,
         log: Option<&str>,

@@ -32,7 +32,7 @@
 //! ```
 //! use mrstack_cli::{run_stack, Candidate, Settings};
 //! use mrstack::replay::{self, Workload, Op};
-//! use mrstack::Simulated;
+//! use mrstack::leaf::Simulated;
 //! use std::sync::Arc;
 //!
 //! let w = Workload::new("tiny", vec![
@@ -695,8 +695,8 @@ mod tests {
         assert_eq!(r.min_capacity, Some(300));
 
         let broken = replay::stack("broken", |_: Arc<Simulated>, _| {
-            Err::<Simulated, _>(mrstack::AllocError::new(
-                mrstack::AllocErrorKind::Unsupported("test"),
+            Err::<Simulated, _>(mrstack::resource::AllocError::new(
+                mrstack::resource::AllocErrorKind::Unsupported("test"),
                 0,
                 0,
                 "broken",

@@ -11,7 +11,7 @@ use mrstack::replay::rmm_log::{self, OnError};
 use mrstack::replay::{
     random, simulated_streams, stack, Metered, RandomConfig, StackFactory, Workload,
 };
-use mrstack::{Cuda, CudaAsync, Simulated, StreamHandle};
+use mrstack::{leaf::Cuda, leaf::CudaAsync, leaf::Simulated, stream::StreamHandle};
 use mrstack_cli::args::{self, Cli, Command, OnErrorArg, ReplayArgs, UpstreamArg, CUDA_ASYNC};
 use mrstack_cli::{
     self as replay, probes_estimate, run_stack, timed_capacity, Candidate, Report, Settings,

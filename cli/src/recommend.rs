@@ -35,10 +35,10 @@
 
 use crate::{Report, StackReport};
 use mrstack::config::{StackBuilder, StackSpec};
+use mrstack::erased::AnyResource;
 use mrstack::replay::rmm_log::MAX_SIZE;
 use mrstack::replay::{simulated_streams, Replayer, Workload};
 use mrstack::units::Bytes;
-use mrstack::AnyResource;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -531,9 +531,15 @@ pub(crate) fn render(report: &Report) -> String {
             let _ = writeln!(out, "  {line}");
         }
         let _ = writeln!(out);
+        // The vmm block names a leaf and its config beyond the prelude.
+        let imports = if r.resource_stack.contains("VirtualMemory::new") {
+            "`use mrstack::prelude::*;`, `use mrstack::leaf::{DevicePages, VirtualMemory, VirtualMemoryConfig};`"
+        } else {
+            "`use mrstack::prelude::*;`"
+        };
         let _ = writeln!(
             out,
-            "as resource_stack! (after `use mrstack::prelude::*;` and `let ctx = mrstack::cuda_context(0)?;`):"
+            "as resource_stack! (after {imports} and `let ctx = mrstack::cuda_context(0)?;`):"
         );
         let _ = writeln!(out, "{}", r.resource_stack);
         let _ = writeln!(out);

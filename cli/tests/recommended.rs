@@ -230,7 +230,7 @@ fn the_printed_text_config_builds_and_allocates() {
     }
 }
 
-/// Stands in for `mrstack::Cuda` and `mrstack::DevicePages` so that the golden blocks run on a
+/// Stands in for `mrstack::leaf::Cuda` and `mrstack::DevicePages` so that the golden blocks run on a
 /// host: `Cuda::new(&ctx)?` and `DevicePages::new(&ctx)?`, with `ctx` a number of bytes, build a
 /// `Simulated` of that capacity (whose 2 MiB pages model the H100's).
 mod host_leaf {
@@ -239,8 +239,10 @@ mod host_leaf {
     impl Cuda {
         // Named as what it stands in for, it builds another type: that is its point.
         #[allow(clippy::new_ret_no_self)]
-        pub(crate) fn new(capacity: &usize) -> Result<mrstack::Simulated, mrstack::AllocError> {
-            Ok(mrstack::Simulated::new(*capacity))
+        pub(crate) fn new(
+            capacity: &usize,
+        ) -> Result<mrstack::leaf::Simulated, mrstack::resource::AllocError> {
+            Ok(mrstack::leaf::Simulated::new(*capacity))
         }
     }
 
@@ -248,8 +250,10 @@ mod host_leaf {
 
     impl DevicePages {
         #[allow(clippy::new_ret_no_self)]
-        pub(crate) fn new(capacity: &usize) -> Result<mrstack::Simulated, mrstack::AllocError> {
-            Ok(mrstack::Simulated::new(*capacity))
+        pub(crate) fn new(
+            capacity: &usize,
+        ) -> Result<mrstack::leaf::Simulated, mrstack::resource::AllocError> {
+            Ok(mrstack::leaf::Simulated::new(*capacity))
         }
     }
 }
@@ -273,6 +277,7 @@ mod on_host {
     }
     pub(crate) fn vmm(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
         use super::host_leaf::DevicePages;
+        use mrstack::leaf::{VirtualMemory, VirtualMemoryConfig};
         Ok(include!("data/recommended_vmm.rs"))
     }
 }
@@ -301,6 +306,7 @@ mod on_gpu {
         Ok(include!("data/recommended_binning.rs"))
     }
     pub(crate) fn vmm() -> Result<impl MemoryResource, Box<dyn Error>> {
+        use mrstack::leaf::{DevicePages, VirtualMemory, VirtualMemoryConfig};
         let ctx = mrstack::cuda_context(0)?;
         Ok(include!("data/recommended_vmm.rs"))
     }

@@ -3,6 +3,7 @@
 //! code is the code the tests run on a GPU.
 
 use cudarc::driver::{result, CudaStream};
+use mrstack::leaf::Callback;
 use mrstack::prelude::*;
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -41,7 +41,7 @@ impl Stack {
                         let args = g.args;
                         quote!(::<#args>)
                     });
-                    let path = quote_spanned!(span=> #krate::layer::#name #generics);
+                    let path = quote_spanned!(span=> #krate::__private::layer::#name #generics);
                     let config = match fields {
                         None => {
                             quote_spanned!(span=> <#path as ::core::default::Default>::default())
@@ -65,7 +65,7 @@ impl Stack {
                 }
             };
             let krate = crate_path(&krate_name, span);
-            acc = quote_spanned!(span=> #krate::Layer::layer(#config, #acc));
+            acc = quote_spanned!(span=> #krate::resource::Layer::layer(#config, #acc));
         }
         acc
     }

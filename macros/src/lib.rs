@@ -11,8 +11,8 @@ use proc_macro::TokenStream;
 /// ```ignore
 /// let mr = resource_stack![
 ///     Cuda::new(&ctx)?,                     // the leaf: any expression of a resource type
-///     Pool { initial: 1 GiB, max: 8 GiB },  // mrstack::layer::Pool, other fields defaulted
-///     Statistics,                           // mrstack::layer::Statistics::default()
+///     Pool { initial: 1 GiB, max: 8 GiB },  // mrstack::suballoc::PoolConfig, other fields defaulted
+///     Statistics,                           // mrstack::adaptor::StatisticsConfig::default()
 /// ];
 /// ```
 ///
@@ -22,11 +22,11 @@ use proc_macro::TokenStream;
 /// resource_stack![ leaf (, layer)* ,? ]
 /// leaf   = an expression whose type implements MemoryResource (a constructor that returns a
 ///          Result needs its `?`)
-/// layer  = Name | Name<Args> | Name { field: value, … }   (the configuration mrstack::layer::Name)
+/// layer  = Name | Name<Args> | Name { field: value, … }   (the configuration NameConfig of mrstack's Name)
 ///        | any other expression of a type that implements Layer
 /// ```
 ///
-/// The leaf comes first: a configuration of `mrstack::layer` there is an error that says so.
+/// The leaf comes first: one of mrstack's configurations there is an error that says so.
 /// Items are separated by commas, and so are fields; a missing one is an error that names it.
 ///
 /// # Sizes

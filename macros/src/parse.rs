@@ -7,7 +7,7 @@ use quote::ToTokens;
 use syn::parse::{Parse, ParseStream};
 use syn::{braced, AngleBracketedGenericArguments, Expr, Ident, Token};
 
-/// The configurations of `mrstack::layer`: such a name first in the list is a layer where the leaf
+/// mrstack's configurations (`Pool` for `suballoc::PoolConfig`, …): such a name first in the list is a layer where the leaf
 /// should be.
 const LAYERS: [&str; 15] = [
     "Aligned",
@@ -33,7 +33,7 @@ pub(crate) struct Stack {
 }
 
 pub(crate) enum Item {
-    /// `Name`, `Name<Args>`, `Name { field: value, … }`: a configuration in `mrstack::layer`.
+    /// `Name`, `Name<Args>`, `Name { field: value, … }`: one of mrstack's configurations.
     Config {
         name: Ident,
         generics: Option<AngleBracketedGenericArguments>,

@@ -48,6 +48,7 @@ use typenum::{Max, Maximum, NonZero, PowerOfTwo, Unsigned};
 ///
 /// ```
 /// use mrstack::prelude::*;
+/// use mrstack::adaptor::Aligned;
 /// use typenum::U4096;
 ///
 /// let mr = resource_stack![System::new(), Aligned<U4096>];
@@ -277,37 +278,40 @@ mod tests {
     #[test]
     fn alignment_is_the_maximum() {
         use crate::property::alignment_of;
-        assert_eq!(alignment_of::<Aligned<U4096, crate::System>>(), 4096);
-        assert_eq!(alignment_of::<Aligned<U64, crate::Cuda>>(), 256);
-        assert_eq!(alignment_of::<Aligned<U1024, crate::Simulated>>(), 1024);
+        assert_eq!(alignment_of::<Aligned<U4096, crate::leaf::System>>(), 4096);
+        assert_eq!(alignment_of::<Aligned<U64, crate::leaf::Cuda>>(), 256);
         assert_eq!(
-            alignment_of::<Aligned<U16, Aligned<U256, crate::System>>>(),
+            alignment_of::<Aligned<U1024, crate::leaf::Simulated>>(),
+            1024
+        );
+        assert_eq!(
+            alignment_of::<Aligned<U16, Aligned<U256, crate::leaf::System>>>(),
             256
         );
     }
 }
 
 static_assertions::assert_impl_all!(
-    Aligned<typenum::U4096, crate::System>: Send,
+    Aligned<typenum::U4096, crate::leaf::System>: Send,
     Sync,
-    crate::Accessible<crate::HostAccessible>
+    crate::property::Accessible<crate::property::HostAccessible>
 );
 static_assertions::assert_impl_all!(
-    Aligned<typenum::U4096, crate::Managed>: Send,
+    Aligned<typenum::U4096, crate::leaf::Managed>: Send,
     Sync,
-    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
-    crate::Accessible<crate::Migratable>
+    crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>,
+    crate::property::Accessible<crate::property::Migratable>
 );
-static_assertions::assert_not_impl_any!(Aligned<typenum::U4096, crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(Aligned<typenum::U4096, crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 // The alignment costs no bytes (the config is a zero-sized type); the side table for upstreams
 // that refuse large alignments is the only state, the same for every upstream.
 static_assertions::assert_eq_size!(AlignedConfig<typenum::U4096>, ());
 static_assertions::const_assert_eq!(
-    std::mem::size_of::<Aligned<typenum::U4096, crate::System>>(),
-    std::mem::size_of::<Aligned<typenum::U16, crate::System>>()
+    std::mem::size_of::<Aligned<typenum::U4096, crate::leaf::System>>(),
+    std::mem::size_of::<Aligned<typenum::U16, crate::leaf::System>>()
 );
 static_assertions::const_assert_eq!(
-    std::mem::size_of::<Aligned<typenum::U4096, crate::Cuda>>(),
-    std::mem::size_of::<crate::Cuda>()
+    std::mem::size_of::<Aligned<typenum::U4096, crate::leaf::Cuda>>(),
+    std::mem::size_of::<crate::leaf::Cuda>()
         + std::mem::size_of::<(Mutex<HashMap<usize, usize>>, AtomicUsize)>()
 );

@@ -643,5 +643,5 @@ unsafe impl<U: MemoryResource + Send + Sync> Send for GraphPools<U> {}
 // SAFETY: as above: every access to the state is under the mutex.
 unsafe impl<U: MemoryResource + Send + Sync> Sync for GraphPools<U> {}
 
-static_assertions::assert_impl_all!(GraphPools<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(GraphPools<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(GraphPools<crate::leaf::Cuda>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(GraphPools<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);

@@ -50,6 +50,7 @@ use std::ptr::NonNull;
 ///
 /// ```
 /// use mrstack::prelude::*;
+/// use mrstack::resource::AllocErrorKind;
 ///
 /// let mr = resource_stack![Simulated::new(1 << 30), Limiting { limit: 1 MiB }];
 /// let a = mr.allocate(768 << 10, 256, StreamRef::DEFAULT).unwrap();
@@ -201,8 +202,8 @@ impl<U: MemoryResource> Layer<U> for LimitingConfig {
     }
 }
 
-static_assertions::assert_impl_all!(Limiting<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_impl_all!(Limiting<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(Limiting<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Limiting<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_impl_all!(Limiting<crate::leaf::Cuda>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(Limiting<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 // The cap and the counter, nothing else.
-static_assertions::assert_eq_size!(Limiting<crate::System>, [usize; 2]);
+static_assertions::assert_eq_size!(Limiting<crate::leaf::System>, [usize; 2]);

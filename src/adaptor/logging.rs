@@ -496,7 +496,7 @@ enum Writer<W: Write> {
 ///   the column, and an integer sorts and subtracts across midnight).
 /// * `Action`: `allocate`, `allocate failure` or `free`. `Pointer`: hexadecimal, `0x0` for a
 ///   failure. `Size`: bytes. `Stream`: the `CUstream` handle as a decimal integer, `0` for the
-///   default stream (see [`StreamId::get`](crate::StreamId::get)).
+///   default stream (see [`StreamId::get`](crate::stream::StreamId::get)).
 ///
 /// An allocation is logged after the upstream returns it and a free before the upstream gets it
 /// back, so that when an address is reused its `free` line always precedes the next `allocate`.
@@ -543,6 +543,7 @@ enum Writer<W: Write> {
 ///
 /// ```
 /// use mrstack::prelude::*;
+/// use mrstack::adaptor::Logging;
 ///
 /// let mr = Logging::new(Simulated::new(1 << 30), Vec::new());
 /// let p = mr.allocate(1024, 256, StreamRef::DEFAULT).unwrap();
@@ -918,9 +919,9 @@ impl<U: MemoryResource> Layer<U> for LoggingConfig {
     }
 }
 
-static_assertions::assert_impl_all!(Logging<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_impl_all!(Logging<crate::Cuda, std::fs::File>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(Logging<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Logging<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_impl_all!(Logging<crate::leaf::Cuda, std::fs::File>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(Logging<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 
 #[cfg(test)]
 mod tests {

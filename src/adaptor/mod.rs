@@ -14,7 +14,6 @@ mod thread_cache;
 mod tracking;
 
 /// The header line `Logging` writes first: `replay::rmm_log::HEADER`, which reads it.
-pub use crate::log_format::HEADER as LOG_HEADER;
 pub use aligned::{Aligned, AlignedConfig};
 pub use graph_pools::{CapturedGraph, GraphPools, GraphPoolsConfig};
 pub use limiting::{Limiting, LimitingConfig};
@@ -24,9 +23,3 @@ pub use retry::{Retry, RetryCallback, RetryConfig};
 pub use statistics::{Counter, Statistics, StatisticsConfig, Stats};
 pub use thread_cache::{ThreadCache, ThreadCacheConfig};
 pub use tracking::{Allocation, BadFree, BadFreeKind, Tracking, TrackingConfig};
-
-pub use crate::suballoc::{
-    Arena, ArenaConfig, Binning, BinningConfig, FixedSize, FixedSizeConfig, HostDevicePair,
-    HostDevicePairConfig, Pool, PoolConfig, Storage, ThreadHeaps, ThreadHeapsConfig, Tlsf,
-    TlsfConfig, Usage,
-};

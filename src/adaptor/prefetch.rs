@@ -32,11 +32,11 @@ use std::sync::{Arc, OnceLock};
 ///
 /// # Upstream
 ///
-/// Requires an upstream whose memory is [`Migratable`] (managed: [`Managed`](crate::Managed), or an
+/// Requires an upstream whose memory is [`Migratable`] (managed: [`Managed`](crate::leaf::Managed), or an
 /// adaptor stack over it); over anything else — `Cuda`, `Pinned`, `System` — it does not compile,
 /// since the driver would refuse the prefetch at run time. It keeps the upstream's properties and
 /// alignment. It calls the CUDA driver, so it needs one: without it the first allocation fails
-/// with [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver).
+/// with [`AllocErrorKind::NoDriver`](crate::resource::AllocErrorKind::NoDriver).
 ///
 /// # Examples
 ///
@@ -82,7 +82,7 @@ impl<U: MemoryResource + Accessible<Migratable>> Prefetch<U> {
         if let Some(ctx) = self.context.get() {
             return Ok(ctx);
         }
-        let opened = crate::leaf::cuda_context(self.device)?;
+        let opened = crate::cuda_context(self.device)?;
         // Another thread may have opened it meanwhile: both are the same primary context.
         Ok(self.context.get_or_init(|| opened))
     }
@@ -190,9 +190,9 @@ impl<U: MemoryResource + Accessible<Migratable>> Layer<U> for PrefetchConfig {
 }
 
 static_assertions::assert_impl_all!(
-    Prefetch<crate::Managed>: Send,
+    Prefetch<crate::leaf::Managed>: Send,
     Sync,
-    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
+    crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>,
     Accessible<Migratable>
 );
-static_assertions::assert_impl_all!(Prefetch<crate::adaptor::Statistics<crate::Managed>>: Send, Sync, Accessible<Migratable>);
+static_assertions::assert_impl_all!(Prefetch<crate::adaptor::Statistics<crate::leaf::Managed>>: Send, Sync, Accessible<Migratable>);

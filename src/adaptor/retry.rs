@@ -38,6 +38,7 @@ use std::ptr::NonNull;
 ///
 /// ```
 /// use mrstack::prelude::*;
+/// use mrstack::adaptor::{Limiting, Retry};
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
 /// let calls = AtomicUsize::new(0);
@@ -179,13 +180,13 @@ fn never(_: &AllocError, _: usize) -> bool {
     false
 }
 
-static_assertions::assert_impl_all!(Retry<crate::System, RetryCallback>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_impl_all!(Retry<crate::Cuda, RetryCallback>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_impl_all!(Retry<crate::leaf::System, RetryCallback>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_impl_all!(Retry<crate::leaf::Cuda, RetryCallback>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
 // A stateless callback (a function item, a closure capturing nothing) adds no bytes.
 const _: () = {
     let r = Retry {
-        upstream: crate::System,
+        upstream: crate::leaf::System,
         on_failure: never,
     };
-    assert!(std::mem::size_of_val(&r) == std::mem::size_of::<crate::System>());
+    assert!(std::mem::size_of_val(&r) == std::mem::size_of::<crate::leaf::System>());
 };

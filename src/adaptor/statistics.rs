@@ -357,12 +357,12 @@ impl<U: MemoryResource> Layer<U> for StatisticsConfig {
     }
 }
 
-static_assertions::assert_impl_all!(Statistics<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Statistics<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_impl_all!(
-    Statistics<crate::Managed>: Send,
+    Statistics<crate::leaf::Managed>: Send,
     Sync,
-    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
-    crate::Accessible<crate::Migratable>
+    crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>,
+    crate::property::Accessible<crate::property::Migratable>
 );
-static_assertions::assert_not_impl_any!(Statistics<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(Statistics<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_eq_size!(StatisticsConfig, ());

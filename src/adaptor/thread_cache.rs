@@ -207,7 +207,7 @@ fn class_size(i: usize) -> usize {
 /// # Upstream
 ///
 /// Any [`MemoryResource`] that honours a 256-byte alignment request; it gives the upstream's
-/// properties. Typically a [`Pool`](crate::adaptor::Pool) or [`Tlsf`](crate::adaptor::Tlsf)
+/// properties. Typically a [`Pool`](crate::suballoc::Pool) or [`Tlsf`](crate::suballoc::Tlsf)
 /// whose one lock the caches keep most threads off.
 ///
 /// # Examples
@@ -721,13 +721,13 @@ mod tests {
 }
 
 static_assertions::assert_impl_all!(
-    ThreadCache<crate::adaptor::Pool<crate::Cuda>>: Send,
+    ThreadCache<crate::suballoc::Pool<crate::leaf::Cuda>>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(ThreadCache<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_impl_all!(ThreadCache<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_not_impl_any!(ThreadCache<crate::System>: crate::Accessible<crate::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<ThreadCache<crate::System>>() == 256);
-static_assertions::assert_impl_all!(ThreadCache<crate::System>: crate::Accessible<crate::Pageable>);
-static_assertions::assert_not_impl_any!(ThreadCache<crate::Cuda>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_not_impl_any!(ThreadCache<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_impl_all!(ThreadCache<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_not_impl_any!(ThreadCache<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<ThreadCache<crate::leaf::System>>() == 256);
+static_assertions::assert_impl_all!(ThreadCache<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
+static_assertions::assert_not_impl_any!(ThreadCache<crate::leaf::Cuda>: crate::property::Accessible<crate::property::Pageable>);

@@ -372,7 +372,7 @@ impl<U: MemoryResource> Layer<U> for TrackingConfig {
     }
 }
 
-static_assertions::assert_impl_all!(Tracking<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_impl_all!(Tracking<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(Tracking<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Tracking<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_impl_all!(Tracking<crate::leaf::Cuda>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(Tracking<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_impl_all!(Allocation: Send, Sync);

@@ -1,6 +1,6 @@
 //! What can be wrong with a text configuration, and where.
 
-use crate::erased::Properties;
+use crate::property::Properties;
 use crate::resource::AllocError;
 use crate::units::Bytes;
 

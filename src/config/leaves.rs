@@ -3,11 +3,13 @@
 //! `simulated`, `vmm`.
 
 use super::{ConfigError, ItemSpec};
-use crate::erased::{AnyResource, PropertySet};
+use crate::cuda_context;
+use crate::erased::AnyResource;
 use crate::leaf::{
-    cuda_context, Cuda, CudaAsync, CudaAsyncManaged, CudaAsyncOptions, CudaAsyncView, DevicePages,
-    Managed, Pinned, SamHeadroom, Simulated, System, VirtualMemory, VirtualMemoryConfig,
+    Cuda, CudaAsync, CudaAsyncManaged, CudaAsyncOptions, CudaAsyncView, DevicePages, Managed,
+    Pinned, SamHeadroom, Simulated, System, VirtualMemory, VirtualMemoryConfig,
 };
+use crate::property::PropertySet;
 
 /// The leaf resources, by name.
 pub(super) const LEAVES: &[&str] = &[

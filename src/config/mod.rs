@@ -13,7 +13,7 @@
 //!
 //! Leaves: `cuda(device=0)`, `cuda_async(device=0, initial=…, release_threshold=…)`,
 //! `managed(device=0)`, `pinned(device=0)`, `system`, `simulated(capacity=…)`,
-//! `vmm(device=0, max=…, cache=…, reservation=…, page=…)` ([`VirtualMemory`](crate::VirtualMemory)
+//! `vmm(device=0, max=…, cache=…, reservation=…, page=…)` ([`VirtualMemory`](crate::leaf::VirtualMemory)
 //! over the device's pages; `vmm(simulated=64 MiB, …)` over a `Simulated` of that capacity,
 //! for tests). Adaptors: those
 //! registered on the [`StackBuilder`] (the crate's own, and any the caller adds with
@@ -30,7 +30,7 @@
 //! text; the built stack costs one virtual call per operation at its top (each adaptor layer over
 //! an `AnyResource` adds one more).
 //!
-//! A built stack describes itself in this syntax ([`describe`](crate::MemoryResource::describe)),
+//! A built stack describes itself in this syntax ([`describe`](crate::resource::MemoryResource::describe)),
 //! with every size exact, so that the description builds the same stack again.
 //!
 //! # The types of a text stack's layers
@@ -42,7 +42,7 @@
 //!
 //! | item | layer |
 //! |---|---|
-//! | `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated` | [`Cuda`](crate::Cuda), [`CudaAsync`](crate::CudaAsync), [`Managed`](crate::Managed), [`Pinned`](crate::Pinned), [`System`](crate::System), [`Simulated`](crate::Simulated) |
+//! | `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated` | [`Cuda`](crate::leaf::Cuda), [`CudaAsync`](crate::leaf::CudaAsync), [`Managed`](crate::leaf::Managed), [`Pinned`](crate::leaf::Pinned), [`System`](crate::leaf::System), [`Simulated`](crate::leaf::Simulated) |
 //! | `vmm(device=…)`, `vmm(simulated=…)` | `VirtualMemory<DevicePages>`, `VirtualMemory<Simulated>` ([`leaf`](crate::leaf)) |
 //! | `pool`, `tlsf`, `binning`, `fixed_size`, `arena`, `thread_heaps` | `Pool<AnyResource<P>>`, `Tlsf<…>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>`, `ThreadHeaps<…>` ([`suballoc`](crate::suballoc)) |
 //! | `statistics`, `tracking`, `limiting`, `thread_cache`, `graph_pools` | `Statistics<AnyResource<P>>`, `Tracking<…>`, `Limiting<…>`, `ThreadCache<…>`, `GraphPools<…>` ([`adaptor`](crate::adaptor)) |
@@ -55,7 +55,8 @@
 //!
 //! ```
 //! use mrstack::prelude::*;
-//! use mrstack::adaptor::Pool;
+//! use mrstack::{erased::AnyResource, stack::Reach};
+//! use mrstack::suballoc::Pool;
 //!
 //! let text = "simulated(capacity=1GiB) > pool(initial=1MiB) > tracking";
 //! let mr = mrstack::config::build::<()>(text).unwrap();
@@ -107,6 +108,7 @@ pub const MAX_ITEMS: usize = 64;
 /// ```
 /// use mrstack::config::{ConfigError, FromItem, ItemSpec, StackBuilder};
 /// use mrstack::prelude::*;
+/// use mrstack::adaptor::Limiting;
 ///
 /// /// A caller's own configuration, with one field.
 /// struct Cap { bytes: usize }
@@ -189,7 +191,7 @@ impl<P: PropertySet> StackBuilder<P> {
     /// initial reservation the upstream refuses is an error. A name not registered here is an
     /// unknown adaptor.
     fn with_crate_adaptors(self) -> Self {
-        use crate::layer;
+        use crate::__private::layer;
         use crate::suballoc::{Arena, FixedSize, Pool, Tlsf};
         self.with_suballocator("pool", Pool::try_new)
             .with_suballocator("tlsf", Tlsf::try_new)

@@ -62,4 +62,4 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceBox<
 
 cudarc_interop!(DeviceBox, inner.buf where R: MemoryResource + Accessible<DeviceAccessible>);
 
-static_assertions::assert_impl_all!(DeviceBox<u64, &'static crate::CudaAsync>: Send, Sync);
+static_assertions::assert_impl_all!(DeviceBox<u64, &'static crate::leaf::CudaAsync>: Send, Sync);

@@ -27,7 +27,7 @@ use std::sync::Arc;
 /// events alone, which hold in the first case: elsewhere launch on the vector's stream.
 ///
 /// ```no_run
-/// # fn main() -> Result<(), mrstack::AllocError> {
+/// # fn main() -> Result<(), mrstack::resource::AllocError> {
 /// use mrstack::prelude::*;
 /// let ctx = mrstack::cuda_context(0)?;
 /// let stream = ctx.default_stream();
@@ -86,7 +86,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     }
 
     /// Grows the vector to `new_len` values, the new ones zero, without moving it: the resource
-    /// extends the allocation in place ([`GrowInPlace`]: [`VirtualMemory`](crate::VirtualMemory)
+    /// extends the allocation in place ([`GrowInPlace`]: [`VirtualMemory`](crate::leaf::VirtualMemory)
     /// maps pages after it, [`Tlsf`](crate::suballoc::Tlsf) takes the free block after it), so
     /// nothing is copied and [`device_address`](Self::device_address) stays. `Ok(false)`, the
     /// vector unchanged, where the bytes after it are not free on the vector's stream (always for
@@ -98,6 +98,7 @@ impl<T: DeviceRepr, R: MemoryResource + Accessible<DeviceAccessible>> DeviceVec<
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use mrstack::prelude::*;
+    /// use mrstack::leaf::VirtualMemory;
     /// use mrstack::leaf::DevicePages;
     /// let ctx = mrstack::cuda_context(0)?;
     /// let stream = ctx.new_stream()?;
@@ -433,4 +434,4 @@ fn copy_and_wait(
     stream.synchronize().map_err(err())
 }
 
-static_assertions::assert_impl_all!(DeviceVec<f32, crate::Cuda>: Send, Sync);
+static_assertions::assert_impl_all!(DeviceVec<f32, crate::leaf::Cuda>: Send, Sync);

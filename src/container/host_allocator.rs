@@ -1,12 +1,12 @@
 //! `HostAllocator<R>`: a host-only resource as an [`allocator_api2`] allocator, so that
 //! `allocator_api2::vec::Vec<T, HostAllocator<&Pool<System>>>` (or `Box`, or hashbrown's maps)
 //! keep their values in a pool, or any stack that gives pageable host memory
-//! ([`Pageable`](crate::Pageable)).
+//! ([`Pageable`](crate::property::Pageable)).
 //!
 //! Not pinned or managed memory: a plain collection hands out `&mut [T]`, which cudarc copies
 //! into asynchronously when the memory is pinned (it assumes Rust slices are pageable), so a
 //! `Vec` dropped after such a copy would free memory a DMA still writes. That does not compile;
-//! [`PinnedVec`](crate::PinnedVec) is the container for memory the device shares.
+//! [`PinnedVec`](crate::container::PinnedVec) is the container for memory the device shares.
 //!
 //! Cost: the resource's own, plus a `synchronize` of the allocator's stream after each non-empty
 //! allocation, so the host may write at once even into a block that a suballocator reclaimed from
@@ -129,7 +129,7 @@ impl<R: ?Sized> Clone for HostAllocator<Arc<R>> {
     }
 }
 
-impl<P: crate::erased::PropertySet> Clone for HostAllocator<crate::erased::AnyResource<P>> {
+impl<P: crate::property::PropertySet> Clone for HostAllocator<crate::erased::AnyResource<P>> {
     fn clone(&self) -> Self {
         HostAllocator {
             resource: self.resource.clone(),
@@ -149,12 +149,12 @@ macro_rules! leaf_clone {
     )+};
 }
 
-leaf_clone!(crate::System);
+leaf_clone!(crate::leaf::System);
 
-static_assertions::assert_impl_all!(HostAllocator<crate::System>: Allocator, Send, Sync, Clone);
-static_assertions::assert_impl_all!(HostAllocator<&'static crate::System>: Allocator, Clone);
-static_assertions::assert_not_impl_any!(HostAllocator<crate::Pinned>: Allocator);
-static_assertions::assert_not_impl_any!(HostAllocator<crate::Managed>: Allocator);
-static_assertions::assert_not_impl_any!(HostAllocator<crate::Cuda>: Allocator);
-static_assertions::assert_not_impl_any!(HostAllocator<crate::Simulated>: Allocator, Clone);
-static_assertions::assert_eq_size!(HostAllocator<&'static crate::System>, [usize; 3]);
+static_assertions::assert_impl_all!(HostAllocator<crate::leaf::System>: Allocator, Send, Sync, Clone);
+static_assertions::assert_impl_all!(HostAllocator<&'static crate::leaf::System>: Allocator, Clone);
+static_assertions::assert_not_impl_any!(HostAllocator<crate::leaf::Pinned>: Allocator);
+static_assertions::assert_not_impl_any!(HostAllocator<crate::leaf::Managed>: Allocator);
+static_assertions::assert_not_impl_any!(HostAllocator<crate::leaf::Cuda>: Allocator);
+static_assertions::assert_not_impl_any!(HostAllocator<crate::leaf::Simulated>: Allocator, Clone);
+static_assertions::assert_eq_size!(HostAllocator<&'static crate::leaf::System>, [usize; 3]);

@@ -53,7 +53,7 @@ use std::sync::Arc;
 /// `len` values of `T` in host+device memory from `R`, derefs to `[T]`.
 ///
 /// ```no_run
-/// # fn main() -> Result<(), mrstack::AllocError> {
+/// # fn main() -> Result<(), mrstack::resource::AllocError> {
 /// use mrstack::prelude::*;
 /// let ctx = mrstack::cuda_context(0)?;
 /// let stream = ctx.default_stream();
@@ -346,4 +346,4 @@ fn refuse_capture(stream: &CudaStream) {
 
 cudarc_interop!(PinnedVec, buf where R: MemoryResource + Accessible<HostAccessible> + Accessible<DeviceAccessible>);
 
-static_assertions::assert_impl_all!(PinnedVec<u8, crate::Pinned>: Send, Sync);
+static_assertions::assert_impl_all!(PinnedVec<u8, crate::leaf::Pinned>: Send, Sync);

@@ -1,6 +1,6 @@
 //! Views of a container's values: [`DeviceView`] (`&[T]`-like) and [`DeviceViewMut`]
-//! (`&mut [T]`-like), what [`DeviceVec::slice`](crate::DeviceVec::slice) and
-//! [`DeviceVec::slice_mut`](crate::DeviceVec::slice_mut) hand out.
+//! (`&mut [T]`-like), what [`DeviceVec::slice`](crate::container::DeviceVec::slice) and
+//! [`DeviceVec::slice_mut`](crate::container::DeviceVec::slice_mut) hand out.
 //!
 //! They wrap cudarc's `CudaView`/`CudaViewMut` and order their uses as the container orders its
 //! own: cudarc's views would rely on its events alone, which its contexts skip in some cases (a

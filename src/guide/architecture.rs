@@ -2,7 +2,7 @@
 //! tests.
 //!
 //! Each folder names a role; each file holds one resource named after it, with its
-//! [`Layer`](crate::Layer) configuration, its text configuration (`FromItem`) and, at its end, the
+//! [`Layer`](crate::resource::Layer) configuration, its text configuration (`FromItem`) and, at its end, the
 //! `static_assertions` of what it provides.
 //!
 //! ```text
@@ -57,10 +57,12 @@
 //!   allocation" follows `DeviceVec::zeroed` through `Statistics<Binning<Pool<Cuda>>>` to
 //!   `cuMemAlloc`.
 //! * **One definition per format:** sizes in `mrstack-units` (the macro, text configs and
-//!   reports), the RMM log in `replay/rmm_log.rs` (read by replay, written by `Logging`).
-//! * **Former paths stay as aliases:** `mrstack::upstream` is [`leaf`](crate::leaf),
-//!   `mrstack::workload` is [`replay`](crate::replay), `mrstack::trace` is
-//!   [`replay::rmm_log`](crate::replay::rmm_log).
+//!   reports), the RMM log's names in `log_format.rs` (read by replay, written by `Logging`).
+//! * **One path per item:** every public item lives in one module (`leaf`, `suballoc`,
+//!   `adaptor`, `container`, `erased`, `property`, `resource`, `stream`, …); the crate root adds
+//!   only `cuda_context`, `device_count`, `driver_available`, `enable_peer_access`, the macro and
+//!   the crates it re-exports, and the prelude repeats the 19 names of a first hour.
+//!   `scripts/one-path` checks it from the source (CI runs it).
 //! * **The library carries no command-line dependency:** the `mrstack` command is its own package.
 //!
 //! # Tests

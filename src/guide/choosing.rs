@@ -91,6 +91,7 @@
 //!
 //! ```no_run
 //! use mrstack::prelude::*;
+//! use mrstack::{adaptor::{Statistics, Tracking}, stack::Reach};
 //!
 //! fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let ctx = mrstack::cuda_context(0)?;

@@ -1,7 +1,7 @@
 //! The guide: which stack to build, the rules the resources keep, the C library, what was
 //! measured, and where each piece lives. Every chapter is a module of documentation only; its
-//! examples are compiled and run as doctests (over [`Simulated`](crate::Simulated) or
-//! [`System`](crate::System) where they need no GPU).
+//! examples are compiled and run as doctests (over [`Simulated`](crate::leaf::Simulated) or
+//! [`System`](crate::leaf::System) where they need no GPU).
 //!
 //! * [`choosing`](crate::guide::choosing): which stack to start with; every leaf, suballocator and adaptor, and what each
 //!   gives; a library function over any resource.

@@ -2,7 +2,7 @@
 //!
 //! The command replays an allocation workload through every preset stack, prints how fast each
 //! is and how much memory each needs, and ends with the stack to use, ready to paste. It works on
-//! any machine: without a GPU it runs on [`Simulated`](crate::Simulated). It is its own package,
+//! any machine: without a GPU it runs on [`Simulated`](crate::leaf::Simulated). It is its own package,
 //! `mrstack-cli` in `cli/`, so the library pulls none of its dependencies (clap, indicatif, serde);
 //! `cargo run` at the repository root runs it. The library side is [`replay`](crate::replay).
 //!
@@ -163,7 +163,7 @@
 //! ];
 //! let w = Workload::new("two", ops)?;
 //! assert_eq!(w.peak_live(), 2 << 20);
-//! for stack in replay::stacks::<Arc<mrstack::Simulated>>() {
+//! for stack in replay::stacks::<Arc<mrstack::leaf::Simulated>>() {
 //!     let cap = replay::min_capacity(stack.as_ref(), &w, 0.001)?;
 //!     assert!(cap.capacity >= w.peak_live(), "{}", stack.name());
 //! }

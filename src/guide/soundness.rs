@@ -6,11 +6,11 @@
 //! # The rules
 //!
 //! * A property comes only from the bits of an `unsafe impl MemoryResource`.
-//!   [`Accessible`](crate::Accessible) and [`PropertySet`](crate::PropertySet) are sealed, and
+//!   [`Accessible`](crate::property::Accessible) and [`PropertySet`](crate::property::PropertySet) are sealed, and
 //!   run-time `Properties` are derived from the type-level bits.
 //! * `synchronize` and `order_after` have no default: an adaptor says what it does with stream
 //!   order, usually forwarding it, and cannot forget it.
-//! * A [`StreamRef<'a>`](crate::StreamRef) borrows its stream, so safe code cannot hand a resource
+//! * A [`StreamRef<'a>`](crate::stream::StreamRef) borrows its stream, so safe code cannot hand a resource
 //!   a dropped stream. A suballocator keeps alive every stream it keys a free list or a chunk by
 //!   (until it is dropped): a block freed on a stream whose owner has dropped it is still ordered
 //!   after that stream's work when another stream takes it, and no new stream can get the same
@@ -21,7 +21,7 @@
 //!   `StreamRef::simulated(n)`, on which `CudaAsync` refuses to allocate; ordering one after a real
 //!   stream waits for it.
 //! * No safe path yields a `&mut` into memory that a DMA may write behind Rust's back.
-//!   [`HostAllocator<R>`](crate::HostAllocator) (an `allocator_api2` allocator) takes only pageable
+//!   [`HostAllocator<R>`](crate::container::HostAllocator) (an `allocator_api2` allocator) takes only pageable
 //!   host memory (`R: Accessible<Pageable>`), never pinned or managed memory: cudarc copies into a
 //!   `&mut [T]` of such memory asynchronously, and a `Vec` dropped after that would free memory a
 //!   DMA still writes. `PinnedVec` hands out `&[T]` for reading and cells for writing.
@@ -56,6 +56,7 @@
 //! ```
 //! use mrstack::allocator_api2::vec::Vec;
 //! use mrstack::prelude::*;
+//! use mrstack::container::HostAllocator;
 //!
 //! let pool = resource_stack![System::new(), Pool { initial: 1 MiB }];
 //! let mut v = Vec::new_in(HostAllocator::new(&pool));

@@ -3,8 +3,8 @@
 //!
 //! # Containers on several streams
 //!
-//! [`DeviceVec`](crate::DeviceVec), [`DeviceBox`](crate::DeviceBox) and
-//! [`PinnedVec`](crate::PinnedVec) may be used on several streams. Each carries a cudarc
+//! [`DeviceVec`](crate::container::DeviceVec), [`DeviceBox`](crate::container::DeviceBox) and
+//! [`PinnedVec`](crate::container::PinnedVec) may be used on several streams. Each carries a cudarc
 //! `CudaSlice` whose write event orders every cudarc copy, view and kernel argument on another
 //! stream after the writes queued before it, and an event per read on another stream, which every
 //! write, the container's drop and a host write wait for (cudarc's one read event keeps only the
@@ -36,7 +36,7 @@
 //! * **Growing**: `v.grow_zeroed(n)?` moves a `DeviceVec` into a new allocation of `n` values
 //!   (copied on its stream, the new values zero, the old memory freed after the copy), over any
 //!   resource. Over a resource that can extend an allocation where it lies
-//!   ([`GrowInPlace`](crate::GrowInPlace): `VirtualMemory`, which maps pages after the block, and
+//!   ([`GrowInPlace`](crate::resource::GrowInPlace): `VirtualMemory`, which maps pages after the block, and
 //!   `Tlsf`, which takes the free block after it), `v.grow_zeroed_in_place(n)?` grows it with no
 //!   copy and the same device address, or returns `false` when the bytes after it are not free on
 //!   its stream (TensorRT's `reallocate`, PyTorch's expandable segments). Both come after every
@@ -67,7 +67,7 @@
 //! }
 //! ```
 //!
-//! Growth in place is a property of the resource ([`GrowInPlace`](crate::GrowInPlace)), usable
+//! Growth in place is a property of the resource ([`GrowInPlace`](crate::resource::GrowInPlace)), usable
 //! without a container, here over host memory:
 //!
 //! ```

@@ -4,7 +4,7 @@
 //! # Text configs
 //!
 //! [`config::build::<P>(text)`](crate::config::build) builds from text the stack
-//! `resource_stack!` would, erased into an [`AnyResource<P>`](crate::AnyResource):
+//! `resource_stack!` would, erased into an [`AnyResource<P>`](crate::erased::AnyResource):
 //!
 //! ```text
 //! cuda > pool(initial=1GiB, max=8GiB) > binning(min=256KiB, max=4MiB) > statistics
@@ -66,6 +66,7 @@
 //!
 //! ```
 //! use mrstack::prelude::*;
+//! use mrstack::{adaptor::Tracking, stack::Reach};
 //!
 //! let mr = resource_stack![Simulated::new(1 << 30), Pool { initial: 64 MiB }, Binning, Tracking, Statistics];
 //! assert_eq!(
@@ -93,22 +94,23 @@
 //!
 //! # Choosing at run time
 //!
-//! * [`AnyResource<P>`](crate::AnyResource) holds any stack whose properties include `P`, for
+//! * [`AnyResource<P>`](crate::erased::AnyResource) holds any stack whose properties include `P`, for
 //!   example `AnyResource<DeviceAccessible>` or `AnyResource<(HostAccessible, DeviceAccessible)>`.
 //!   The check happens at compile time, and each operation costs one virtual call.
-//!   [`ResourceRef<'a, P>`](crate::ResourceRef) is the borrowed form.
+//!   [`ResourceRef<'a, P>`](crate::erased::ResourceRef) is the borrowed form.
 //! * A per-device current resource works like RMM's ([`registry`](crate::registry)):
 //!   `set_current_device_resource`, `current_device_resource`, and
 //!   `DeviceVec::zeroed_in_current(len, &stream)`.
-//! * [`Callback`](crate::Callback) wraps a foreign allocator. You provide the functions and a
+//! * [`Callback`](crate::leaf::Callback) wraps a foreign allocator. You provide the functions and a
 //!   context, and you state the properties at the type level.
-//! * [`HostAllocator<R>`](crate::HostAllocator) implements `allocator_api2::alloc::Allocator` over
+//! * [`HostAllocator<R>`](crate::container::HostAllocator) implements `allocator_api2::alloc::Allocator` over
 //!   pageable host memory (`R: Accessible<Pageable>`: `System`, every adaptor and suballocator over
 //!   it, and `AnyResource<Pageable>`), so `allocator_api2::vec::Vec<T, HostAllocator<&Pool<System>>>`
 //!   works ([soundness](super::soundness) says why not over pinned or managed memory).
 //!
 //! ```
 //! use mrstack::prelude::*;
+//! use mrstack::erased::AnyResource;
 //!
 //! fn pick(small: bool) -> AnyResource<()> {
 //!     if small {

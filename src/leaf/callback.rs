@@ -51,7 +51,7 @@ pub type OrderAfterFn<Ctx> = fn(&Ctx, StreamRef, StreamRef) -> Result<(), AllocE
 ///
 /// ```
 /// use mrstack::prelude::*;
-/// use mrstack::upstream::Callback;
+/// use mrstack::leaf::Callback;
 /// use std::alloc::{alloc, dealloc, Layout};
 /// use std::ptr::NonNull;
 /// use typenum::U16;
@@ -262,15 +262,15 @@ unsafe impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> MemoryResou
 }
 
 static_assertions::assert_impl_all!(
-    Callback<(), crate::DeviceAccessible, typenum::U256>: Send,
+    Callback<(), crate::property::DeviceAccessible, typenum::U256>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
 static_assertions::assert_not_impl_any!(
-    Callback<(), crate::DeviceAccessible>: crate::Accessible<crate::HostAccessible>
+    Callback<(), crate::property::DeviceAccessible>: crate::property::Accessible<crate::property::HostAccessible>
 );
 static_assertions::assert_impl_all!(
-    Callback<(), (crate::HostAccessible, crate::DeviceAccessible)>: crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+    Callback<(), (crate::property::HostAccessible, crate::property::DeviceAccessible)>: crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
 static_assertions::assert_not_impl_any!(Callback<std::cell::Cell<u8>, ()>: Sync);
 static_assertions::assert_eq_size!(Callback<(), ()>, [usize; 6]);

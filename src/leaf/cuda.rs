@@ -32,9 +32,9 @@ use typenum::{B0, B1, U256};
 ///
 /// None: a leaf. It calls the CUDA driver (`cuMemAlloc`, `cuMemFree`), loaded at run time through
 /// cudarc, and needs a CUDA device: on a machine without the driver the constructors return
-/// [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver). It gives device-accessible
+/// [`AllocErrorKind::NoDriver`](crate::resource::AllocErrorKind::NoDriver). It gives device-accessible
 /// memory and guarantees 256-byte alignment; a larger alignment is refused with
-/// [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported) (wrap the resource in
+/// [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported) (wrap the resource in
 /// [`Aligned`](crate::adaptor::Aligned)).
 ///
 /// # Examples
@@ -94,6 +94,6 @@ unsafe impl MemoryResource for Cuda {
     context_leaf!(describe "cuda");
 }
 
-static_assertions::assert_impl_all!(Cuda: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(Cuda: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(Cuda: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(Cuda: crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_eq_size!(Cuda, usize);

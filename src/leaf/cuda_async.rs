@@ -43,7 +43,7 @@ pub struct CudaAsyncOptions {
 /// Allocation and free are queued on the stream: the driver's pool reuses memory freed on a stream
 /// for later work on that stream without a device synchronization. `allocate` on a stream the pool
 /// cannot queue on — a simulated stream, another thread's per-thread stream, a stream of another
-/// context — fails with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported);
+/// context — fails with [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported);
 /// `deallocate` on such a stream waits for it on the host, then frees on the null stream.
 /// `synchronize` makes the stream's context current and synchronizes the stream (the whole context
 /// for another thread's per-thread stream). `order_after` records an event on `after` and makes
@@ -56,14 +56,15 @@ pub struct CudaAsyncOptions {
 /// `cuMemPoolSetAttribute`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuMemPoolDestroy`),
 /// loaded at run time through cudarc, and needs a CUDA device: on a machine without the driver
 /// [`on_device`](Self::on_device) returns
-/// [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver).
+/// [`AllocErrorKind::NoDriver`](crate::resource::AllocErrorKind::NoDriver).
 /// It gives device-accessible memory and guarantees 256-byte alignment; a larger alignment is
-/// refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+/// refused with [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported).
 ///
 /// # Examples
 ///
 /// ```no_run
 /// use mrstack::prelude::*;
+/// use mrstack::leaf::CudaAsyncOptions;
 ///
 /// # fn main() -> Result<(), AllocError> {
 /// let ctx = mrstack::cuda_context(0)?; // Err(NoDriver) on a machine without CUDA
@@ -404,5 +405,5 @@ impl Drop for CudaAsync {
     }
 }
 
-static_assertions::assert_impl_all!(CudaAsync: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(CudaAsync: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(CudaAsync: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(CudaAsync: crate::property::Accessible<crate::property::HostAccessible>);

@@ -12,8 +12,8 @@ use typenum::{B0, B1, U256};
 /// location the device), `cuMemFreeAsync` on the stream.
 ///
 /// The memory is reachable from host and device and migrates on demand or on prefetch
-/// ([`Prefetch`](crate::adaptor::Prefetch)): host + device + [`Migratable`](crate::Migratable) in
-/// its type, as [`Managed`](crate::Managed), but allocated and freed in stream order rather than
+/// ([`Prefetch`](crate::adaptor::Prefetch)): host + device + [`Migratable`](crate::property::Migratable) in
+/// its type, as [`Managed`](crate::leaf::Managed), but allocated and freed in stream order rather than
 /// with `cuMemAllocManaged` / `cuMemFree` (which synchronize the device).
 ///
 /// # Cost
@@ -24,15 +24,15 @@ use typenum::{B0, B1, U256};
 ///
 /// # Streams
 ///
-/// As [`CudaAsync`](crate::CudaAsync): allocation and free are queued on the stream. The host may
+/// As [`CudaAsync`](crate::leaf::CudaAsync): allocation and free are queued on the stream. The host may
 /// touch the memory only once the work queued before on that stream is done (containers wait for
-/// it before host access, as for [`Managed`](crate::Managed)).
+/// it before host access, as for [`Managed`](crate::leaf::Managed)).
 ///
 /// # Upstream
 ///
 /// None: a leaf over the CUDA driver (13.0 or later: managed memory pools), loaded at run time
 /// through cudarc. [`new`](Self::new) refuses with
-/// [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported) a device without
+/// [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported) a device without
 /// concurrent managed access (the driver's condition for managed pools: Windows, WSL, some Tegra)
 /// and a driver without managed pools. Do not ask for more managed memory than the device has
 /// free: oversubscription can stall the whole GPU. 256-byte alignment; a larger one is refused.
@@ -142,6 +142,6 @@ unsafe impl MemoryResource for CudaAsyncManaged {
 static_assertions::assert_impl_all!(
     CudaAsyncManaged: Send,
     Sync,
-    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
-    crate::Accessible<crate::Migratable>
+    crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>,
+    crate::property::Accessible<crate::property::Migratable>
 );

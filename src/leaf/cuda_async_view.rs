@@ -20,22 +20,22 @@ use typenum::{B0, B1, U256};
 /// # Cost
 ///
 /// One driver call per operation (`cuMemAllocFromPoolAsync`, `cuMemFreeAsync`), after making the
-/// context current, as [`CudaAsync`](crate::CudaAsync). What the pool keeps across
+/// context current, as [`CudaAsync`](crate::leaf::CudaAsync). What the pool keeps across
 /// synchronizations is up to its owner's release threshold (the default pool's is 0: it gives
 /// freed memory back at each synchronization unless someone raised it).
 ///
 /// # Streams
 ///
-/// As [`CudaAsync`](crate::CudaAsync): allocation and free are queued on the stream; a stream the
+/// As [`CudaAsync`](crate::leaf::CudaAsync): allocation and free are queued on the stream; a stream the
 /// pool cannot queue on is refused at `allocate` and waited for on the host at `deallocate`.
 /// `order_after` records an event. It keeps no stream alive.
 ///
 /// # Upstream
 ///
 /// None: a leaf over the CUDA driver, loaded at run time through cudarc
-/// ([`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver) without it). Device-accessible
+/// ([`AllocErrorKind::NoDriver`](crate::resource::AllocErrorKind::NoDriver) without it). Device-accessible
 /// memory of the context's device, 256-byte aligned; a larger alignment is refused with
-/// [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+/// [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported).
 ///
 /// # Examples
 ///
@@ -156,5 +156,5 @@ unsafe impl MemoryResource for CudaAsyncView {
     }
 }
 
-static_assertions::assert_impl_all!(CudaAsyncView: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(CudaAsyncView: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_impl_all!(CudaAsyncView: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(CudaAsyncView: crate::property::Accessible<crate::property::HostAccessible>);

@@ -474,7 +474,7 @@ macro_rules! context_leaf {
             #[doc = concat!("A resource allocating ", $memory, " for device `ordinal`; ")]
             /// `Err(NoDriver)` on a machine without CUDA.
             pub fn on_device(ordinal: usize) -> Result<Self, $crate::resource::AllocError> {
-                Self::new(&$crate::leaf::cuda_context(ordinal)?)
+                Self::new(&$crate::cuda_context(ordinal)?)
             }
 
             /// The context this resource allocates in.

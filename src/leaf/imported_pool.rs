@@ -1,4 +1,4 @@
-//! `ImportedPool`: the import side of an exportable [`CudaAsync`](crate::CudaAsync) pool: another
+//! `ImportedPool`: the import side of an exportable [`CudaAsync`](crate::leaf::CudaAsync) pool: another
 //! process's pool, and the allocations of it that process shares.
 
 use crate::resource::{AllocError, AllocErrorKind};
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// What names one allocation of an exported pool to the processes that imported the pool: the
 /// 64 opaque bytes of `cuMemPoolExportPointer`
-/// ([`CudaAsync::export_pointer`](crate::CudaAsync::export_pointer)), to send as bytes.
+/// ([`CudaAsync::export_pointer`](crate::leaf::CudaAsync::export_pointer)), to send as bytes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct IpcPointer([u8; 64]);
 
@@ -35,14 +35,14 @@ impl std::fmt::Debug for IpcPointer {
 }
 
 /// Another process's memory pool, imported from the file descriptor its
-/// [`CudaAsync::export_pool`](crate::CudaAsync::export_pool) made (PyTorch's and RMM's IPC
+/// [`CudaAsync::export_pool`](crate::leaf::CudaAsync::export_pool) made (PyTorch's and RMM's IPC
 /// handles): the allocations that process shares ([`import`](Self::import)) are then mapped here.
 ///
 /// It allocates nothing (the driver allows no allocation from an imported pool), so it is not a
 /// `MemoryResource`. Dropping it destroys this process's import of the pool, not the pool. Two
 /// imports of one pool may get one handle from the driver: the last of them to drop destroys it,
 /// and an allocation is imported once in the process, whichever import asks. A pool this process
-/// exported itself (an exportable [`CudaAsync`](crate::CudaAsync)) is refused, where the driver
+/// exported itself (an exportable [`CudaAsync`](crate::leaf::CudaAsync)) is refused, where the driver
 /// hands back its handle: that import's drop would destroy the pool under the `CudaAsync`.
 ///
 /// # Devices
@@ -68,7 +68,7 @@ impl std::fmt::Debug for IpcPointer {
 /// fn read_shared(
 ///     fd: std::os::fd::OwnedFd,
 ///     bytes: [u8; 64],
-/// ) -> Result<Vec<u8>, mrstack::AllocError> {
+/// ) -> Result<Vec<u8>, mrstack::resource::AllocError> {
 ///     let ctx = mrstack::cuda_context(0)?;
 ///     let pool = ImportedPool::from_fd(&ctx, fd)?;
 ///     let mem = pool.import(&IpcPointer::from_bytes(bytes))?;
@@ -87,7 +87,7 @@ pub struct ImportedPool {
 /// What this process holds of a driver pool handle.
 #[derive(Debug)]
 enum Known {
-    /// An exportable [`CudaAsync`](crate::CudaAsync) of this process made it: an import that
+    /// An exportable [`CudaAsync`](crate::leaf::CudaAsync) of this process made it: an import that
     /// returns it is refused and destroys nothing.
     Own,
     /// Imported, by this many [`ImportedPool`]s (the driver may give several imports of one pool

@@ -11,12 +11,12 @@ use typenum::{B0, B1, U256};
 ///
 /// The memory is reachable from host and device: the driver migrates pages on demand (or on
 /// prefetch, see [`Prefetch`](crate::adaptor::Prefetch)), so it is
-/// [`Migratable`](crate::Migratable). The resource is bound to one context and makes it current
+/// [`Migratable`](crate::property::Migratable). The resource is bound to one context and makes it current
 /// before each call, so any thread may allocate.
 ///
 /// # Cost
 ///
-/// One driver call per operation, like [`Cuda`](crate::Cuda), after making the context current;
+/// One driver call per operation, like [`Cuda`](crate::leaf::Cuda), after making the context current;
 /// `cuMemFree` synchronizes the device. No lock or atomic of its own; the resource is one `Arc` of
 /// its context.
 ///
@@ -33,10 +33,10 @@ use typenum::{B0, B1, U256};
 ///
 /// None: a leaf. It calls the CUDA driver (`cuMemAllocManaged`, `cuMemFree`), loaded at run time
 /// through cudarc, and needs a CUDA device: on a machine without the driver the constructors
-/// return [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver). Do not ask for more
+/// return [`AllocErrorKind::NoDriver`](crate::resource::AllocErrorKind::NoDriver). Do not ask for more
 /// managed memory than the device has free: oversubscription can stall the whole GPU. It gives
 /// host- and device-accessible, migratable memory and guarantees 256-byte alignment; a larger
-/// alignment is refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+/// alignment is refused with [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported).
 /// The constructors refuse a device without concurrent managed access (Windows under WDDM, some
 /// Tegra, devices before Pascal) with `Unsupported`: there the host may not touch managed memory
 /// while any kernel runs on the device, which no wait on one stream ensures.
@@ -111,7 +111,7 @@ unsafe impl MemoryResource for Managed {
 static_assertions::assert_impl_all!(
     Managed: Send,
     Sync,
-    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
-    crate::Accessible<crate::Migratable>
+    crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>,
+    crate::property::Accessible<crate::property::Migratable>
 );
 static_assertions::assert_eq_size!(Managed, usize);

@@ -3,16 +3,16 @@
 //! The CUDA ones (`Cuda`, `CudaAsync`, `CudaAsyncView`, `CudaAsyncManaged`, `Managed`, `Pinned`,
 //! `VirtualMemory` over `DevicePages`) call the driver through cudarc's
 //! dynamically loaded bindings, so the crate builds and runs with no CUDA toolkit: on a machine with
-//! no driver their constructors return [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver) instead of panicking.
+//! no driver their constructors return [`AllocErrorKind::NoDriver`](crate::resource::AllocErrorKind::NoDriver) instead of panicking.
 //! `System` is host memory, `Simulated` hands out address ranges and no memory, for tests and replay;
 //! `Callback` wraps a foreign allocator given as functions.
 
-pub mod callback;
+mod callback;
 mod cuda;
 mod cuda_async;
 mod cuda_async_managed;
 mod cuda_async_view;
-mod driver;
+pub(crate) mod driver;
 mod imported_pool;
 mod managed;
 pub(crate) mod pages;
@@ -22,7 +22,7 @@ mod simulated;
 mod system;
 mod virtual_memory;
 
-pub use callback::Callback;
+pub use callback::{AllocateFn, Callback, DeallocateFn, OrderAfterFn, SynchronizeFn};
 pub use cuda::Cuda;
 pub(crate) use cuda_async::{pool_allocate, pool_free};
 pub use cuda_async::{CudaAsync, CudaAsyncOptions};
@@ -38,8 +38,7 @@ pub use system::System;
 pub use virtual_memory::{VirtualMemory, VirtualMemoryConfig, VmUsage};
 
 pub(crate) use driver::{
-    context_leaf, driver_allocate, driver_allocate_checked, driver_free, driver_order_after,
-    driver_symbol, driver_synchronize, make_current, make_current_or_record, park_error, record,
-    stream_in, synchronize_context,
+    context_leaf, cuda_context, driver_allocate, driver_allocate_checked, driver_available,
+    driver_free, driver_order_after, driver_symbol, driver_synchronize, make_current,
+    make_current_or_record, park_error, record, stream_in, synchronize_context,
 };
-pub use driver::{cuda_context, device_count, driver_available, enable_peer_access};

@@ -1,5 +1,5 @@
 //! [`PhysicalPages`]: what a virtual-memory resource maps its pages from, the CUDA driver's VMM
-//! API ([`DevicePages`]) or the simulated device ([`Simulated`](crate::Simulated)).
+//! API ([`DevicePages`]) or the simulated device ([`Simulated`](crate::leaf::Simulated)).
 
 use crate::resource::{AllocError, AllocErrorKind, Result};
 use crate::stack::ItemWriter;
@@ -10,14 +10,14 @@ use typenum::{Bit, B0, B1};
 
 pub(crate) mod sealed {
     /// Only mrstack's page sources: the properties of the memory a
-    /// [`VirtualMemory`](crate::VirtualMemory) gives come from them.
+    /// [`VirtualMemory`](crate::leaf::VirtualMemory) gives come from them.
     pub trait Sealed {}
 }
 
 /// A source of physical pages mapped into reserved virtual ranges: the device's memory through
 /// the CUDA driver's virtual memory management ([`DevicePages`]) or the simulated device
-/// ([`Simulated`](crate::Simulated), which counts mapped pages against its capacity). Sealed:
-/// [`VirtualMemory`](crate::VirtualMemory) takes its properties from it.
+/// ([`Simulated`](crate::leaf::Simulated), which counts mapped pages against its capacity). Sealed:
+/// [`VirtualMemory`](crate::leaf::VirtualMemory) takes its properties from it.
 ///
 /// # Safety
 ///
@@ -26,7 +26,7 @@ pub(crate) mod sealed {
 /// `unreserve`; after `map(addr, size)` returns `Ok` and `enable` covered the range,
 /// `[addr, addr + size)` is memory with the `Host`/`Device`/`Managed` properties below, backed by
 /// its own physical pages, until `unmap`; `synchronize` and `order_after` keep the promises of
-/// [`MemoryResource`](crate::MemoryResource)'s.
+/// [`MemoryResource`](crate::resource::MemoryResource)'s.
 pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     /// Whether mapped memory is accessible from the host.
     type Host: Bit;
@@ -75,9 +75,9 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     /// `addr`/`size`/`page` are one mapping `map` returned, and no work (host or device, queued
     /// or running) uses the range any more.
     unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page);
-    /// As [`MemoryResource::synchronize`](crate::MemoryResource::synchronize).
+    /// As [`MemoryResource::synchronize`](crate::resource::MemoryResource::synchronize).
     fn synchronize(&self, stream: StreamRef) -> Result<()>;
-    /// As [`MemoryResource::order_after`](crate::MemoryResource::order_after).
+    /// As [`MemoryResource::order_after`](crate::resource::MemoryResource::order_after).
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
     /// A short name for errors.
     fn name(&self) -> &'static str;
@@ -160,7 +160,7 @@ unsafe impl<P: PhysicalPages + ?Sized> PhysicalPages for &P {
 /// ```no_run
 /// use mrstack::prelude::*;
 /// use mrstack::leaf::DevicePages;
-/// use mrstack::{VirtualMemory, VirtualMemoryConfig};
+/// use mrstack::{leaf::VirtualMemory, leaf::VirtualMemoryConfig};
 ///
 /// # fn main() -> Result<(), AllocError> {
 /// let ctx = mrstack::cuda_context(0)?;
@@ -178,7 +178,7 @@ pub struct DevicePages {
     granularity: usize,
     total: usize,
     /// Other devices granted access to every page mapped from now on
-    /// ([`VirtualMemory::grant_access`](crate::VirtualMemory::grant_access)).
+    /// ([`VirtualMemory::grant_access`](crate::leaf::VirtualMemory::grant_access)).
     peers: std::sync::Mutex<Vec<sys::CUdevice>>,
 }
 
@@ -206,8 +206,8 @@ impl DevicePages {
 
     /// Pages of `page` bytes, rounded up to a power-of-two multiple of the device's granularity
     /// (0 for the granularity itself): 6 MiB on a GPU of 2 MiB granularity gives 8 MiB pages.
-    /// Powers of two let [`VirtualMemory`](crate::VirtualMemory) find a block's pages with
-    /// shifts; [`Simulated`](crate::Simulated)'s pages are rounded the same way.
+    /// Powers of two let [`VirtualMemory`](crate::leaf::VirtualMemory) find a block's pages with
+    /// shifts; [`Simulated`](crate::leaf::Simulated)'s pages are rounded the same way.
     pub fn with_page_size(ctx: &Arc<CudaContext>, page: usize) -> Result<Self> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
         let _current = crate::leaf::make_current(ctx).map_err(err)?;

@@ -33,9 +33,9 @@ use typenum::{B0, B1, U256};
 ///
 /// None: a leaf. It calls the CUDA driver (`cuMemHostAlloc`, `cuMemFreeHost`), loaded at run time
 /// through cudarc, and needs a CUDA device: on a machine without the driver the constructors
-/// return [`AllocErrorKind::NoDriver`](crate::AllocErrorKind::NoDriver). It gives host- and
+/// return [`AllocErrorKind::NoDriver`](crate::resource::AllocErrorKind::NoDriver). It gives host- and
 /// device-accessible memory (not migratable) and guarantees 256-byte alignment; a larger
-/// alignment is refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported).
+/// alignment is refused with [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported).
 ///
 /// # Examples
 ///
@@ -102,7 +102,7 @@ unsafe impl MemoryResource for Pinned {
 static_assertions::assert_impl_all!(
     Pinned: Send,
     Sync,
-    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+    crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
-static_assertions::assert_not_impl_any!(Pinned: crate::Accessible<crate::Migratable>);
+static_assertions::assert_not_impl_any!(Pinned: crate::property::Accessible<crate::property::Migratable>);
 static_assertions::assert_eq_size!(Pinned, usize);

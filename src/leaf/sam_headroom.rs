@@ -28,7 +28,7 @@ const PAGE: usize = 4096;
 ///
 /// Its type says host + device + migratable, and that claim is checked where it is made:
 /// [`new`](Self::new) refuses, with
-/// [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported), a device that does not
+/// [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported), a device that does not
 /// report pageable memory access. So a `SamHeadroom` exists only where kernels may use its memory.
 ///
 /// # Cost
@@ -234,6 +234,6 @@ unsafe impl MemoryResource for SamHeadroom {
 static_assertions::assert_impl_all!(
     SamHeadroom: Send,
     Sync,
-    crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>,
-    crate::Accessible<crate::Migratable>
+    crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>,
+    crate::property::Accessible<crate::property::Migratable>
 );

@@ -46,7 +46,7 @@ use typenum::{B0, U256};
 ///
 /// None: a leaf. It calls no driver and needs nothing of the machine. Every range is aligned to
 /// `max(align, 256)`, and an allocation beyond the capacity left fails with
-/// [`AllocErrorKind::OutOfMemory`](crate::AllocErrorKind::OutOfMemory).
+/// [`AllocErrorKind::OutOfMemory`](crate::resource::AllocErrorKind::OutOfMemory).
 ///
 /// # Examples
 ///
@@ -111,7 +111,7 @@ impl Simulated {
     }
 
     /// An address space of `capacity` bytes whose physical pages (for
-    /// [`VirtualMemory`](crate::VirtualMemory) over it) are `page` bytes: a power of two of at
+    /// [`VirtualMemory`](crate::leaf::VirtualMemory) over it) are `page` bytes: a power of two of at
     /// least 4 KiB; other values are rounded up to one.
     pub fn with_page_size(capacity: usize, page: usize) -> Self {
         let page = page
@@ -440,8 +440,8 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
 
 static_assertions::assert_impl_all!(Simulated: Send, Sync);
 static_assertions::assert_not_impl_any!(
-    Simulated: crate::Accessible<crate::HostAccessible>,
-    crate::Accessible<crate::DeviceAccessible>
+    Simulated: crate::property::Accessible<crate::property::HostAccessible>,
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
 
 #[cfg(test)]

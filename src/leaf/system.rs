@@ -119,6 +119,6 @@ unsafe impl MemoryResource for System {
     }
 }
 
-static_assertions::assert_impl_all!(System: Send, Sync, Copy, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_not_impl_any!(System: crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_impl_all!(System: Send, Sync, Copy, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_not_impl_any!(System: crate::property::Accessible<crate::property::DeviceAccessible>);
 static_assertions::assert_eq_size!(System, ());

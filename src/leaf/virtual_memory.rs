@@ -255,7 +255,7 @@ fn page_span(base: usize, addr: usize, len: usize, shift: u32) -> (usize, usize,
 /// of physical pages into one virtual range).
 ///
 /// It reserves a large virtual range from its page source `P` ([`DevicePages`](crate::leaf::DevicePages)
-/// on a GPU, [`Simulated`](crate::Simulated) anywhere) and keeps the free ranges in a two-level
+/// on a GPU, [`Simulated`](crate::leaf::Simulated) anywhere) and keeps the free ranges in a two-level
 /// segregated fit index per stream, as [`Tlsf`](crate::suballoc::Tlsf) does. An allocation maps the pages
 /// under its block that are not mapped yet; a deallocation leaves a page whose last live block
 /// went in a bounded cache of free pages ([`VirtualMemoryConfig::cache`]), and unmaps the oldest
@@ -292,7 +292,7 @@ fn page_span(base: usize, addr: usize, len: usize, shift: u32) -> (usize, usize,
 ///
 /// ```
 /// use mrstack::prelude::*;
-/// use mrstack::{VirtualMemory, VirtualMemoryConfig};
+/// use mrstack::{leaf::VirtualMemory, leaf::VirtualMemoryConfig};
 ///
 /// let sim = Simulated::new(64 << 20); // 2 MiB pages, 64 MiB of "physical" memory
 /// let vm = VirtualMemory::new(&sim, VirtualMemoryConfig { cache: 0, ..Default::default() })?;
@@ -923,16 +923,17 @@ impl<P: PhysicalPages> Drop for VirtualMemory<P> {
 static_assertions::assert_impl_all!(
     VirtualMemory<super::DevicePages>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
 static_assertions::assert_not_impl_any!(
-    VirtualMemory<super::DevicePages>: crate::Accessible<crate::HostAccessible>
+    VirtualMemory<super::DevicePages>: crate::property::Accessible<crate::property::HostAccessible>
 );
 static_assertions::assert_not_impl_any!(
-    VirtualMemory<crate::Simulated>: crate::Accessible<crate::HostAccessible>,
-    crate::Accessible<crate::DeviceAccessible>
+    VirtualMemory<crate::leaf::Simulated>: crate::property::Accessible<crate::property::HostAccessible>,
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-const _: () = assert!(crate::property::alignment_of::<VirtualMemory<crate::Simulated>>() == 256);
+const _: () =
+    assert!(crate::property::alignment_of::<VirtualMemory<crate::leaf::Simulated>>() == 256);
 
 #[cfg(test)]
 mod tests {
@@ -940,8 +941,8 @@ mod tests {
     //! that records them (the trait is sealed, so only the crate can write one).
     use super::*;
     use crate::leaf::pages::sealed::Sealed;
+    use crate::leaf::Simulated;
     use crate::stream::StreamId;
-    use crate::Simulated;
 
     #[derive(Debug, Clone, PartialEq)]
     enum Ev {

@@ -148,7 +148,7 @@ pub const MIN_CAPACITY_LIMIT: usize = 1 << 30;
 /// ];
 /// let w = Workload::new("tiny", ops)?;
 /// assert_eq!(w.peak_live(), 300);
-/// let raw = &replay::stacks::<Arc<mrstack::Simulated>>()[0];
+/// let raw = &replay::stacks::<Arc<mrstack::leaf::Simulated>>()[0];
 /// let cap = replay::min_capacity(raw.as_ref(), &w, 0.001)?;
 /// assert_eq!(cap.capacity, 300); // the raw upstream wastes nothing
 /// # Ok(()) }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 /// Counts the bytes a stack takes from its upstream: what a replay reports as the stack's upstream
 /// peak where the upstream keeps no count of its own (`Cuda`; `Simulated` has
-/// [`peak`](crate::Simulated::peak)). Two relaxed atomic operations per call that reaches it,
+/// [`peak`](crate::leaf::Simulated::peak)). Two relaxed atomic operations per call that reaches it,
 /// which for a suballocator is only when it grows or shrinks; the `Statistics` adaptor counts more.
 ///
 /// Share it behind an `Arc` to read it after the stack that holds it is built:
@@ -196,7 +196,7 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
     }
 }
 
-static_assertions::assert_impl_all!(Metered<crate::Simulated>: Send, Sync);
+static_assertions::assert_impl_all!(Metered<crate::leaf::Simulated>: Send, Sync);
 static_assertions::assert_impl_all!(
-    Metered<crate::Cuda>: Send, Sync, crate::Accessible<crate::DeviceAccessible>
+    Metered<crate::leaf::Cuda>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>
 );

@@ -90,7 +90,7 @@ where
 ///
 /// ```
 /// use mrstack::replay::{stack, StackFactory};
-/// use mrstack::Simulated;
+/// use mrstack::leaf::Simulated;
 /// use std::sync::Arc;
 ///
 /// let raw: Box<dyn StackFactory<Arc<Simulated>>> = stack("raw", |upstream, _capacity| Ok(upstream));

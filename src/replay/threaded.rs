@@ -351,5 +351,5 @@ impl<R: MemoryResource + Sync> Replay for ThreadedReplayer<'_, R> {
 }
 
 static_assertions::assert_impl_all!(
-    ThreadedReplayer<'static, std::sync::Arc<crate::Simulated>>: Send, Sync
+    ThreadedReplayer<'static, std::sync::Arc<crate::leaf::Simulated>>: Send, Sync
 );

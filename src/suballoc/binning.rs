@@ -68,11 +68,11 @@ layer_by_new!(BinningConfig => Binning);
 /// Power-of-two bins over an upstream resource `U`.
 ///
 /// Bins of block sizes `min, 2·min, 4·min, …, max` ([`BinningConfig`]) each work as a
-/// [`FixedSize`](crate::adaptor::FixedSize) resource: a request of at most `max` bytes (aligned to
+/// [`FixedSize`](crate::suballoc::FixedSize) resource: a request of at most `max` bytes (aligned to
 /// at most 256) takes one block of the smallest bin that holds it; a larger request, or one aligned
 /// beyond 256 bytes, goes to the upstream directly. The bins are not resources of their own but
 /// free lists that `Binning` refills from the upstream it owns, so that the bins and the large
-/// requests share one upstream (typically a [`Pool`](crate::adaptor::Pool)) with no `Arc` or
+/// requests share one upstream (typically a [`Pool`](crate::suballoc::Pool)) with no `Arc` or
 /// borrow between them. A bin grows geometrically: each refill doubles the blocks it holds, up to
 /// 128 blocks at a time (RMM's `fixed_size_memory_resource` step), so a little-used bin holds
 /// little memory; the bins start empty. Every chunk goes back to the upstream when the resource is
@@ -241,7 +241,8 @@ impl<U: MemoryResource> Binning<U> {
     ///
     /// ```
     /// use mrstack::prelude::*;
-    /// use mrstack::adaptor::{BinningConfig, FixedSizeConfig};
+    /// use mrstack::suballoc::{Binning, FixedSize};
+    /// use mrstack::suballoc::{BinningConfig, FixedSizeConfig};
     ///
     /// let sim = Simulated::new(1 << 30);
     /// let slabs = std::sync::Arc::new(Simulated::new(64 << 20));
@@ -287,7 +288,7 @@ impl<U: MemoryResource> Binning<U> {
 
     /// Bins from `config.min` to `config.max` over `upstream`, as [`new`](Self::new) builds
     /// them (the bins take memory when first used), or an
-    /// [`InvalidArgument`](crate::AllocErrorKind::InvalidArgument) error where no bin would be
+    /// [`InvalidArgument`](crate::resource::AllocErrorKind::InvalidArgument) error where no bin would be
     /// left: `min` above `max` (the error's size is `min`), or `max` below 256 bytes, the
     /// smallest bin (the error's size is `max`).
     pub fn try_new(upstream: U, config: BinningConfig) -> Result<Self, AllocError> {
@@ -626,18 +627,18 @@ impl<U: MemoryResource> Drop for Binning<U> {
 }
 
 static_assertions::assert_impl_all!(
-    Binning<crate::Cuda>: Send,
+    Binning<crate::leaf::Cuda>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
 static_assertions::assert_impl_all!(
-    Binning<crate::adaptor::Pool<crate::Cuda>>: Send,
+    Binning<crate::suballoc::Pool<crate::leaf::Cuda>>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(Binning<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_impl_all!(Binning<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_not_impl_any!(Binning<crate::System>: crate::Accessible<crate::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<Binning<crate::System>>() == 256);
-static_assertions::assert_impl_all!(Binning<crate::System>: crate::Accessible<crate::Pageable>);
-static_assertions::assert_not_impl_any!(Binning<crate::Cuda>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_not_impl_any!(Binning<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_impl_all!(Binning<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_not_impl_any!(Binning<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<Binning<crate::leaf::System>>() == 256);
+static_assertions::assert_impl_all!(Binning<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
+static_assertions::assert_not_impl_any!(Binning<crate::leaf::Cuda>: crate::property::Accessible<crate::property::Pageable>);

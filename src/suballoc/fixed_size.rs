@@ -105,7 +105,7 @@ pub struct FixedSize<U: MemoryResource> {
 
 impl<U: MemoryResource> FixedSize<U> {
     /// A resource over `upstream` that takes its first chunk at once if the upstream has it, and
-    /// starts empty otherwise, growing on demand (a [`Layer`](crate::Layer) cannot fail; use
+    /// starts empty otherwise, growing on demand (a [`Layer`](crate::resource::Layer) cannot fail; use
     /// [`try_new`](Self::try_new) to learn whether the reservation succeeded).
     pub fn new(upstream: U, config: FixedSizeConfig) -> Self {
         let (mr, count) = Self::empty(upstream, &config);
@@ -259,11 +259,11 @@ impl<U: MemoryResource> Drop for FixedSize<U> {
 }
 
 static_assertions::assert_impl_all!(
-    FixedSize<crate::Cuda>: Send,
+    FixedSize<crate::leaf::Cuda>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(FixedSize<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_impl_all!(FixedSize<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_not_impl_any!(FixedSize<crate::System>: crate::Accessible<crate::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<FixedSize<crate::System>>() == 256);
+static_assertions::assert_not_impl_any!(FixedSize<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_impl_all!(FixedSize<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_not_impl_any!(FixedSize<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<FixedSize<crate::leaf::System>>() == 256);

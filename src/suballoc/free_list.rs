@@ -37,7 +37,7 @@ pub(crate) enum Growth {
 }
 
 /// The state of one block size: free lists per stream and the chunks they were carved from. It
-/// does not own its upstream, so that [`Binning`](crate::adaptor::Binning) can keep one per bin
+/// does not own its upstream, so that [`Binning`](crate::suballoc::Binning) can keep one per bin
 /// over the upstream it owns: every call that needs the upstream is given it.
 ///
 /// The stream used last owns `lists[0]`, the current list; every other list holds at least one

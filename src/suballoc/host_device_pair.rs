@@ -60,7 +60,7 @@ pub enum Storage {
 ///
 /// ```no_run
 /// use mrstack::prelude::*;
-/// use mrstack::adaptor::{HostDevicePair, HostDevicePairConfig, PoolConfig};
+/// use mrstack::suballoc::{HostDevicePair, HostDevicePairConfig, PoolConfig};
 ///
 /// # fn main() -> Result<(), AllocError> {
 /// let ctx = mrstack::cuda_context(0)?;

@@ -121,7 +121,7 @@ pub struct Pool<U: MemoryResource> {
 
 impl<U: MemoryResource> Pool<U> {
     /// A pool over `upstream`. It takes `config.initial` bytes at once if the upstream has them,
-    /// and starts empty otherwise, growing on demand (a [`Layer`](crate::Layer) cannot fail; use
+    /// and starts empty otherwise, growing on demand (a [`Layer`](crate::resource::Layer) cannot fail; use
     /// [`try_new`](Self::try_new) to learn whether the reservation succeeded). A configuration
     /// that contradicts itself is clamped: an `initial` above `max` takes `max` bytes.
     pub fn new(upstream: U, config: PoolConfig) -> Self {
@@ -318,14 +318,14 @@ impl<U: MemoryResource> Drop for Pool<U> {
 }
 
 static_assertions::assert_impl_all!(
-    Pool<crate::Cuda>: Send,
+    Pool<crate::leaf::Cuda>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(Pool<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(Pool<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_impl_all!(
-    Pool<crate::Pinned>: crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+    Pool<crate::leaf::Pinned>: crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
-static_assertions::assert_impl_all!(Pool<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_not_impl_any!(Pool<crate::System>: crate::Accessible<crate::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<Pool<crate::System>>() == 256);
+static_assertions::assert_impl_all!(Pool<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_not_impl_any!(Pool<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<Pool<crate::leaf::System>>() == 256);

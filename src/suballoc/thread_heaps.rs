@@ -371,16 +371,16 @@ impl<U: MemoryResource> HasUpstream for ThreadHeaps<U> {
 }
 
 static_assertions::assert_impl_all!(
-    ThreadHeaps<crate::Cuda>: Send,
+    ThreadHeaps<crate::leaf::Cuda>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(ThreadHeaps<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(ThreadHeaps<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_impl_all!(
-    ThreadHeaps<crate::Pinned>: crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+    ThreadHeaps<crate::leaf::Pinned>: crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
-static_assertions::assert_impl_all!(ThreadHeaps<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_not_impl_any!(ThreadHeaps<crate::System>: crate::Accessible<crate::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<ThreadHeaps<crate::System>>() == 256);
-static_assertions::assert_impl_all!(ThreadHeaps<crate::System>: crate::Accessible<crate::Pageable>);
-static_assertions::assert_not_impl_any!(ThreadHeaps<crate::Pinned>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_impl_all!(ThreadHeaps<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_not_impl_any!(ThreadHeaps<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<ThreadHeaps<crate::leaf::System>>() == 256);
+static_assertions::assert_impl_all!(ThreadHeaps<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
+static_assertions::assert_not_impl_any!(ThreadHeaps<crate::leaf::Pinned>: crate::property::Accessible<crate::property::Pageable>);

@@ -324,16 +324,16 @@ impl<U: MemoryResource> Drop for Tlsf<U> {
 }
 
 static_assertions::assert_impl_all!(
-    Tlsf<crate::Cuda>: Send,
+    Tlsf<crate::leaf::Cuda>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(Tlsf<crate::Cuda>: crate::Accessible<crate::HostAccessible>);
+static_assertions::assert_not_impl_any!(Tlsf<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_impl_all!(
-    Tlsf<crate::Pinned>: crate::Accessible<(crate::HostAccessible, crate::DeviceAccessible)>
+    Tlsf<crate::leaf::Pinned>: crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
-static_assertions::assert_impl_all!(Tlsf<crate::System>: Send, Sync, crate::Accessible<crate::HostAccessible>);
-static_assertions::assert_not_impl_any!(Tlsf<crate::System>: crate::Accessible<crate::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<Tlsf<crate::System>>() == 256);
-static_assertions::assert_impl_all!(Tlsf<crate::System>: crate::Accessible<crate::Pageable>);
-static_assertions::assert_not_impl_any!(Tlsf<crate::Cuda>: crate::Accessible<crate::Pageable>);
+static_assertions::assert_impl_all!(Tlsf<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+static_assertions::assert_not_impl_any!(Tlsf<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<Tlsf<crate::leaf::System>>() == 256);
+static_assertions::assert_impl_all!(Tlsf<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
+static_assertions::assert_not_impl_any!(Tlsf<crate::leaf::Cuda>: crate::property::Accessible<crate::property::Pageable>);

@@ -1,6 +1,6 @@
 //! The bookkeeping of a two-level segregated fit (TLSF) allocator, per stream: block records,
 //! size classes searched through bitmaps, immediate coalescing. Shared by [`Tlsf`](super::Tlsf)
-//! (over chunks of an upstream) and [`VirtualMemory`](crate::VirtualMemory) (over reserved
+//! (over chunks of an upstream) and [`VirtualMemory`](crate::leaf::VirtualMemory) (over reserved
 //! virtual ranges).
 //!
 //! Every free block belongs to the stream it was freed on (the stream of the chunk that added it,

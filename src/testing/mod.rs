@@ -1,4 +1,4 @@
-//! A conformance battery for [`MemoryResource`](crate::MemoryResource) implementations, as RMM runs over every resource:
+//! A conformance battery for [`MemoryResource`](crate::resource::MemoryResource) implementations, as RMM runs over every resource:
 //! [`conformance`] checks a resource against the trait's rules, and [`Recorder`] is the upstream
 //! that lets it see what reaches the layer below. Behind the cargo feature `testing` (off by
 //! default), so that you can run the same battery over your own adaptors.
@@ -12,12 +12,12 @@
 //!
 //! * **Bad requests are errors:** an alignment that is zero or not a power of two, and a size that
 //!   overflows once aligned (up to `usize::MAX`), return `Err` with
-//!   [`AllocErrorKind::InvalidArgument`](crate::AllocErrorKind::InvalidArgument), and take nothing from the upstream.
+//!   [`AllocErrorKind::InvalidArgument`](crate::resource::AllocErrorKind::InvalidArgument), and take nothing from the upstream.
 //! * **Zero size:** `allocate(0, align)` returns a non-null pointer aligned to
 //!   `max(align, R::Alignment)` and deallocating it is a no-op; neither reaches the upstream.
 //! * **Alignment:** every pointer is aligned to `R::Alignment` and to the alignment asked, for
 //!   every power of two up to [`Options::max_align`]; an alignment above `R::Alignment` may instead
-//!   be refused with [`AllocErrorKind::Unsupported`](crate::AllocErrorKind::Unsupported), never ignored.
+//!   be refused with [`AllocErrorKind::Unsupported`](crate::resource::AllocErrorKind::Unsupported), never ignored.
 //! * **No overlap under threads:** [`Options::threads`] threads allocate and free random sizes and
 //!   alignments on the [`Options::streams`]; every allocation's range is checked disjoint from
 //!   every live one, and a pattern written into it (host-accessible memory, or through
@@ -32,6 +32,7 @@
 //!
 //! ```
 //! use mrstack::prelude::*;
+//! use mrstack::suballoc::Pool;
 //! use mrstack::testing::{conformance, Options, Recorder};
 //!
 //! // A pool over a recording upstream over a fake 1 GiB address space.

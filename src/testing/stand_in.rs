@@ -25,7 +25,7 @@ const GRANULE: usize = 256;
 /// addresses and no memory) and that is never given back. Addresses are real and unique: no two
 /// live allocations of any stand-ins in the process overlap, no other allocation of the process
 /// (host or device) can lie in the region, and freed ranges are reused. Accounting is exact, as
-/// [`Simulated`](crate::Simulated)'s: [`in_use`](Self::in_use), [`peak`](Self::peak),
+/// [`Simulated`](crate::leaf::Simulated)'s: [`in_use`](Self::in_use), [`peak`](Self::peak),
 /// [`live`](Self::live), a [`capacity`](Self::capacity); `deallocate` panics on a pointer that is
 /// not live or a size that differs from the allocation's.
 ///
@@ -428,9 +428,9 @@ fn reserve_no_access() -> Option<(usize, usize)> {
     None
 }
 
-static_assertions::assert_impl_all!(DeviceStandIn: Send, Sync, crate::Accessible<crate::DeviceAccessible>);
+static_assertions::assert_impl_all!(DeviceStandIn: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
 static_assertions::assert_not_impl_any!(
-    DeviceStandIn: crate::Accessible<crate::HostAccessible>,
-    crate::Accessible<crate::Migratable>,
-    crate::Accessible<crate::Pageable>
+    DeviceStandIn: crate::property::Accessible<crate::property::HostAccessible>,
+    crate::property::Accessible<crate::property::Migratable>,
+    crate::property::Accessible<crate::property::Pageable>
 );

@@ -9,6 +9,10 @@
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
+use mrstack::{
+    resource::AllocErrorKind,
+    suballoc::{Binning, Pool},
+};
 use std::sync::Arc;
 use typenum::U4096;
 
@@ -223,9 +227,9 @@ fn a_bin_of_its_own_resource_serves_kernels() {
     let mr = Binning::new(
         Pool::new(
             Cuda::new(&ctx).unwrap(),
-            mrstack::adaptor::PoolConfig::default(),
+            mrstack::suballoc::PoolConfig::default(),
         ),
-        mrstack::adaptor::BinningConfig::default(),
+        mrstack::suballoc::BinningConfig::default(),
     )
     .with_bin(64 << 10, own.clone())
     .unwrap();
@@ -255,7 +259,7 @@ fn a_bin_of_its_own_resource_serves_kernels() {
 /// on `t` is ordered by the bin's resource, or `t`'s values are overwritten by `s`'s kernel.
 #[test]
 fn a_block_of_a_bins_own_resource_reused_on_another_stream_waits_for_the_first() {
-    use mrstack::adaptor::{BinningConfig, PoolConfig};
+    use mrstack::suballoc::{BinningConfig, PoolConfig};
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let binning = Binning::new(
@@ -289,7 +293,7 @@ fn a_block_of_a_bins_own_resource_reused_on_another_stream_waits_for_the_first()
 
 #[test]
 fn a_host_device_pair_serves_each_container_from_its_own_pool() {
-    use mrstack::adaptor::{HostDevicePair, HostDevicePairConfig, PoolConfig, Storage};
+    use mrstack::suballoc::{HostDevicePair, HostDevicePairConfig, PoolConfig, Storage};
     let Some(ctx) = gpu() else { return };
     let stream = ctx.new_stream().unwrap();
     let pair = HostDevicePair::new(

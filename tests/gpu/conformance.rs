@@ -13,6 +13,10 @@ use crate::support::gpu;
 use cudarc::driver::{result, CudaContext, CudaStream};
 use mrstack::prelude::*;
 use mrstack::testing::{conformance, MemoryAccess, Options, Recorder};
+use mrstack::{
+    adaptor::Prefetch,
+    leaf::{VirtualMemory, VirtualMemoryConfig},
+};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use typenum::U4096;

@@ -6,6 +6,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
+use mrstack::{leaf::CudaAsyncOptions, resource::AllocErrorKind};
 use std::sync::Arc;
 
 use crate::support::{fill_and_check, gpu, kernel};

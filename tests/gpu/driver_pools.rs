@@ -7,6 +7,7 @@ use crate::support::{expected_fill, fill_and_check, gpu};
 use cudarc::driver::{result, sys, CudaContext, PushKernelArg};
 use mrstack::leaf::{CudaAsyncManaged, CudaAsyncView};
 use mrstack::prelude::*;
+use mrstack::{leaf::CudaAsyncOptions, resource::AllocErrorKind};
 use std::sync::Arc;
 
 /// A pointer attribute the driver reports as one `T` (a pool handle, a flag).

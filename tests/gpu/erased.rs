@@ -9,6 +9,7 @@
 use cudarc::driver::{result, CudaContext, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use mrstack::registry::{self, DeviceResource};
+use mrstack::{erased::AnyResource, leaf::Callback, resource::AllocErrorKind};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use typenum::U256;

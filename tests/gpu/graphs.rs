@@ -9,8 +9,9 @@ use crate::slow_fill;
 use crate::support::{expected_fill, gpu, kernel};
 use cudarc::driver::sys::CUstreamCaptureMode;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use mrstack::adaptor::{GraphPools, PoolConfig};
 use mrstack::prelude::*;
+use mrstack::suballoc::Pool;
+use mrstack::{adaptor::GraphPools, suballoc::PoolConfig};
 
 #[test]
 fn a_graph_replayed_a_hundred_times_keeps_its_memory_while_other_work_allocates() {

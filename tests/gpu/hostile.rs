@@ -8,8 +8,9 @@
 use crate::slow_fill;
 use crate::support::{expected_fill, gpu, kernel};
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
-use mrstack::adaptor::PoolConfig;
 use mrstack::prelude::*;
+use mrstack::suballoc::Pool;
+use mrstack::suballoc::PoolConfig;
 use std::ops::Bound;
 use std::sync::Arc;
 

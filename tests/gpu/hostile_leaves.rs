@@ -5,6 +5,7 @@
 use crate::slow_fill;
 use crate::support::gpu;
 use cudarc::driver::{sys, PushKernelArg};
+use mrstack::leaf::CudaAsyncOptions;
 use mrstack::leaf::CudaAsyncView;
 use mrstack::prelude::*;
 

@@ -10,9 +10,13 @@
 use crate::slow_fill;
 use crate::support::{expected_fill, fill_and_check, gpu, kernel};
 use cudarc::driver::{result, sys, CudaContext, LaunchConfig, PushKernelArg};
-use mrstack::adaptor::PoolConfig;
 use mrstack::leaf::{CudaAsyncView, DevicePages};
 use mrstack::prelude::*;
+use mrstack::suballoc::PoolConfig;
+use mrstack::{
+    adaptor::Logging, erased::AnyResource, leaf::VirtualMemory, resource::AllocErrorKind,
+    suballoc::Pool,
+};
 use std::sync::Arc;
 
 /// The device a pointer's memory is on, from the driver.

@@ -6,6 +6,7 @@ use crate::support::{expected_fill, fill_and_check, gpu};
 use cudarc::driver::sys;
 use mrstack::leaf::SamHeadroom;
 use mrstack::prelude::*;
+use mrstack::resource::AllocErrorKind;
 
 /// The preferred location the driver reports for `[ptr, ptr + len)`: a device ordinal, -1 for
 /// the CPU, -2 where the range is mixed; `None` where the driver does not answer.

@@ -10,8 +10,12 @@
 use crate::slow_fill;
 use crate::support::{expected_fill, gpu, kernel};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
-use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
 use mrstack::prelude::*;
+use mrstack::suballoc::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
+use mrstack::{
+    resource::AllocErrorKind,
+    suballoc::{Arena, Binning, FixedSize, Pool},
+};
 use std::sync::Arc;
 
 /// Frees a block on stream `a` while slow work on `a` still writes it, drops `a`, then takes a

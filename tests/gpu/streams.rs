@@ -4,8 +4,9 @@
 //! device work (`slow_fill`, ~100 ms) so that a missing wait shows as wrong values.
 
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
-use mrstack::adaptor::PoolConfig;
 use mrstack::prelude::*;
+use mrstack::suballoc::Pool;
+use mrstack::suballoc::PoolConfig;
 use std::sync::Arc;
 
 use crate::slow_fill;

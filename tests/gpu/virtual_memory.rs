@@ -5,7 +5,9 @@
 use crate::support::{fill_and_check, gpu};
 use cudarc::driver::{result, PushKernelArg};
 use mrstack::leaf::{DevicePages, PhysicalPages};
+use mrstack::leaf::{VirtualMemory, VirtualMemoryConfig};
 use mrstack::prelude::*;
+use mrstack::resource::GrowInPlace;
 
 /// Free device memory now, from the driver.
 fn free_memory(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> usize {

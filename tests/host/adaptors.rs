@@ -1,10 +1,17 @@
 //! Host-only tests of the behaviour adaptors: Statistics, Tracking, Logging, Limiting, Aligned,
 //! Retry (Prefetch needs a GPU: tests/gpu_adaptors.rs), each through `resource_stack!`.
 
-use mrstack::adaptor::{BadFreeKind, Counter, RetryCallback, Stats, LOG_HEADER};
+use mrstack::adaptor::{BadFreeKind, Counter, RetryCallback, Stats};
 use mrstack::prelude::*;
+use mrstack::replay::rmm_log::HEADER as LOG_HEADER;
 use mrstack::resource::{check_request, dangling};
-use mrstack::StreamId;
+use mrstack::stream::StreamId;
+use mrstack::{
+    adaptor::{Aligned, Limiting, Logging, Prefetch, Retry, Statistics, Tracking},
+    erased::{AnyResource, ResourceRef},
+    resource::AllocErrorKind,
+    suballoc::{Arena, Binning, FixedSize, Pool},
+};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -1310,7 +1317,7 @@ fn check_forwarding<R: MemoryResource>(name: &str, mr: &R, rec: &StreamRecorder)
 
 #[test]
 fn every_adaptor_forwards_synchronize_and_order_after() {
-    use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
+    use mrstack::suballoc::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
     let rec = StreamRecorder::default();
     let r = &rec;
     check_forwarding("&R", &r, r);

@@ -3,9 +3,10 @@
 
 use crate::support::gpu;
 
-use mrstack::adaptor::ArenaConfig;
 use mrstack::prelude::*;
 use mrstack::resource::AllocError;
+use mrstack::suballoc::ArenaConfig;
+use mrstack::{resource::AllocErrorKind, suballoc::Arena};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;

@@ -3,6 +3,9 @@
 
 use mrstack::prelude::*;
 use mrstack::property::Pageable;
+use mrstack::{
+    container::HostAllocator, erased::AnyResource, leaf::Callback, resource::AllocErrorKind,
+};
 use std::alloc::{alloc, dealloc, Layout};
 use std::collections::HashMap;
 use std::ptr::NonNull;

@@ -3,6 +3,7 @@
 
 use mrstack::config::{self, ConfigError, ConfigErrorKind, StackBuilder, StackSpec};
 use mrstack::prelude::*;
+use mrstack::{erased::AnyResource, leaf::VirtualMemory, resource::AllocErrorKind, suballoc::Pool};
 use proptest::prelude::*;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,7 +60,7 @@ impl<U: MemoryResource> Layer<U> for CountingConfig {
 }
 
 /// A builder that knows `count(label=…)`, as the crate's adaptors are registered.
-fn builder<P: mrstack::PropertySet>() -> StackBuilder<P> {
+fn builder<P: mrstack::property::PropertySet>() -> StackBuilder<P> {
     StackBuilder::new().with_adaptor("count", |item, below| {
         item.check_fields(&["label"])?;
         let label = item.text("label").ok_or_else(|| item.missing("label"))?;

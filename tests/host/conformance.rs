@@ -7,9 +7,15 @@
 // every field is given.
 #![allow(clippy::needless_update)]
 
-use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use mrstack::prelude::*;
+use mrstack::suballoc::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use mrstack::testing::{conformance, DeviceStandIn, Options, Recorder, Report};
+use mrstack::{
+    adaptor::{Aligned, Limiting, Logging, Retry, Statistics, Tracking},
+    erased::{AnyResource, ResourceRef},
+    leaf::{VirtualMemory, VirtualMemoryConfig},
+    suballoc::{Arena, Binning, FixedSize, Pool, Tlsf},
+};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use typenum::U4096;
@@ -127,7 +133,7 @@ fn tlsf_over_simulated_with_an_initial_chunk() {
 
 #[test]
 fn thread_heaps_over_system_and_over_simulated() {
-    use mrstack::adaptor::{ThreadHeaps, ThreadHeapsConfig};
+    use mrstack::suballoc::{ThreadHeaps, ThreadHeapsConfig};
     let rec = system();
     refused_none(conformance(
         ThreadHeaps::new(&rec, ThreadHeapsConfig::default()),
@@ -221,7 +227,7 @@ fn thread_cache_over_system_and_over_tlsf() {
     };
     refused_none(conformance(ThreadCache::new(&rec, config), &over(&rec)));
     let rec = system();
-    let tlsf = mrstack::adaptor::Tlsf::new(&rec, TlsfConfig::default());
+    let tlsf = mrstack::suballoc::Tlsf::new(&rec, TlsfConfig::default());
     refused_none(conformance(ThreadCache::new(tlsf, config), &over(&rec)));
 }
 

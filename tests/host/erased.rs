@@ -1,9 +1,13 @@
 //! Host tests of type erasure: `AnyResource<P>` and `ResourceRef<'a, P>` over `System` (real bytes)
 //! and `Simulated` (exact accounting), against a model in property tests.
 
-use mrstack::erased::Properties;
 use mrstack::prelude::*;
+use mrstack::property::Properties;
 use mrstack::testing::Recorder;
+use mrstack::{
+    erased::{AnyResource, ResourceRef},
+    resource::AllocErrorKind,
+};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;

@@ -4,9 +4,10 @@
 //! T only once T is ordered after S (or the host waited for S); where neither can be done, the
 //! memory is leaked. Arena's paths first, then the drops of the pools and bins.
 
-use mrstack::adaptor::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use mrstack::prelude::*;
 use mrstack::resource::{AllocError, AllocErrorKind};
+use mrstack::suballoc::{Arena, Binning, FixedSize, Pool, Tlsf};
+use mrstack::suballoc::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

@@ -5,7 +5,13 @@ use allocator_api2::boxed::Box as ABox;
 use allocator_api2::vec::Vec as AVec;
 use mrstack::prelude::*;
 use mrstack::property::Pageable;
-use mrstack::StreamId;
+use mrstack::stream::StreamId;
+use mrstack::{
+    adaptor::ThreadCache,
+    container::HostAllocator,
+    erased::AnyResource,
+    suballoc::{Binning, Pool, ThreadHeaps, Tlsf},
+};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -276,7 +282,10 @@ unsafe impl MemoryResource for HostOfUnknownKind {
 
 #[test]
 fn suballocators_over_system_carry_its_pageable_claim_to_host_allocator() {
-    use mrstack::adaptor::{ThreadCacheConfig, ThreadHeapsConfig, TlsfConfig};
+    use mrstack::{
+        adaptor::ThreadCacheConfig,
+        suballoc::{ThreadHeapsConfig, TlsfConfig},
+    };
     fn fill<R: MemoryResource + Accessible<Pageable>>(mr: R) {
         let mut v = AVec::new_in(HostAllocator::new(mr));
         v.extend(0..10_000u32);
@@ -293,11 +302,11 @@ fn suballocators_over_system_carry_its_pageable_claim_to_host_allocator() {
     ));
     fill(Pool::new(
         System::new(),
-        mrstack::adaptor::PoolConfig::default(),
+        mrstack::suballoc::PoolConfig::default(),
     ));
     fill(Binning::new(
         System::new(),
-        mrstack::adaptor::BinningConfig::default(),
+        mrstack::suballoc::BinningConfig::default(),
     ));
     fill(AnyResource::<Pageable>::new(Tlsf::new(
         System::new(),

@@ -3,6 +3,7 @@
 
 use mrstack::prelude::*;
 use mrstack::resource::dangling;
+use mrstack::{adaptor::Limiting, resource::AllocErrorKind, typenum::U4096};
 use std::sync::Arc;
 
 const S: StreamRef = StreamRef::DEFAULT;

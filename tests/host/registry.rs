@@ -3,6 +3,7 @@
 
 use mrstack::prelude::*;
 use mrstack::registry::{self, DeviceRegistry};
+use mrstack::{adaptor::Retry, erased::AnyResource, resource::AllocErrorKind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -7,8 +7,9 @@ use mrstack::replay::{
     self, measure, min_capacity, random, simulated_streams, stack, Op, RandomConfig, ReplayError,
     Replayer, Workload, WorkloadError,
 };
-use mrstack::resource::check_request;
-use mrstack::StreamHandle;
+use mrstack::resource::{check_request, AllocErrorKind};
+use mrstack::stack::AnyLayer;
+use mrstack::stream::StreamHandle;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -1025,7 +1026,7 @@ fn threads_share_one_stack_and_failures_come_back() {
         )
         .unwrap()
     };
-    let sim = mrstack::Simulated::new(1 << 20);
+    let sim = mrstack::leaf::Simulated::new(1 << 20);
     let ns = measure_threads(&sim, &[w(1000), w(2000), w(3000)], 3).unwrap();
     assert!(ns.is_finite() && ns > 0.0);
     assert_eq!((sim.in_use(), sim.allocation_count()), (0, 3 * 2 * 4));
@@ -1040,8 +1041,8 @@ fn threads_share_one_stack_and_failures_come_back() {
 #[test]
 fn former_paths_name_the_same_items() {
     let ops = vec![alloc(0, 64), free(0)];
-    let w: Workload = mrstack::workload::Workload::new("former", ops).unwrap();
-    let raw = &mrstack::workload::stacks::<Arc<Simulated>>()[0];
+    let w: Workload = mrstack::replay::Workload::new("former", ops).unwrap();
+    let raw = &mrstack::replay::stacks::<Arc<Simulated>>()[0];
     assert_eq!(
         replay::min_capacity(raw.as_ref(), &w, 0.01)
             .unwrap()
@@ -1049,9 +1050,9 @@ fn former_paths_name_the_same_items() {
         64
     );
     let log = format!("{HEADER}0,1,allocate,0x1000,64,0\n");
-    let t: rmm_log::Trace = mrstack::trace::parse(log.as_bytes(), "former").unwrap();
+    let t: rmm_log::Trace = mrstack::replay::rmm_log::parse(log.as_bytes(), "former").unwrap();
     assert_eq!(t.workload.allocations(), 1);
-    assert_eq!(mrstack::adaptor::LOG_HEADER, rmm_log::HEADER);
+    assert_eq!(mrstack::replay::rmm_log::HEADER, rmm_log::HEADER);
 }
 
 #[test]

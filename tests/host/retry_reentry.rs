@@ -8,6 +8,10 @@ use mrstack::prelude::*;
 use mrstack::suballoc::{
     ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, ThreadHeapsConfig, TlsfConfig,
 };
+use mrstack::{
+    adaptor::{Limiting, Retry},
+    suballoc::{Arena, Binning, FixedSize, Pool, ThreadHeaps, Tlsf},
+};
 use std::ptr::NonNull;
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;

@@ -7,12 +7,15 @@
 #![allow(clippy::needless_update)]
 
 use crate::support::files::TempFile;
-use mrstack::adaptor::{
-    Aligned, Arena, Binning, FixedSize, Limiting, Logging, Pool, Statistics, Tracking,
-};
+use mrstack::adaptor::Retry;
 use mrstack::config::{self, StackBuilder};
+use mrstack::erased::{AnyResource, ResourceRef};
 use mrstack::prelude::*;
-use mrstack::stack::{AnyLayer, HasLayer};
+use mrstack::stack::{AnyLayer, HasLayer, Reach};
+use mrstack::{
+    adaptor::{Aligned, Limiting, Logging, Statistics, Tracking},
+    suballoc::{Arena, Binning, FixedSize, Pool},
+};
 use proptest::prelude::*;
 use std::sync::Arc;
 use typenum::U4096;
@@ -21,7 +24,7 @@ const S: StreamRef = StreamRef::DEFAULT;
 
 /// `text` built, described, and the description built and described again: both descriptions
 /// must be `expected`.
-fn round_trip<P: mrstack::PropertySet>(text: &str, expected: &str) {
+fn round_trip<P: mrstack::property::PropertySet>(text: &str, expected: &str) {
     let mr = config::build::<P>(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
     assert_eq!(mr.describe().to_string(), expected, "built from {text:?}");
     let again = config::build::<P>(expected).unwrap_or_else(|e| panic!("{expected:?}: {e}"));

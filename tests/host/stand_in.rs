@@ -4,6 +4,7 @@
 
 use mrstack::prelude::*;
 use mrstack::testing::DeviceStandIn;
+use mrstack::{erased::AnyResource, resource::AllocErrorKind};
 use std::ptr::NonNull;
 
 const S: StreamRef = StreamRef::DEFAULT;

@@ -3,10 +3,17 @@
 //! pattern checks), stream ordering with a recording upstream, out of memory and recovery, and a
 //! 16-thread stress test.
 
-use mrstack::adaptor::{BinningConfig, FixedSizeConfig, PoolConfig, ThreadHeapsConfig, TlsfConfig};
 use mrstack::prelude::*;
-use mrstack::resource::align_up;
+use mrstack::resource::{align_up, GrowInPlace};
+use mrstack::suballoc::{
+    BinningConfig, FixedSizeConfig, PoolConfig, ThreadHeapsConfig, TlsfConfig,
+};
 use mrstack::testing::Recorder;
+use mrstack::{
+    adaptor::{Limiting, Retry, Statistics},
+    resource::AllocErrorKind,
+    suballoc::{Arena, Binning, FixedSize, Pool, ThreadHeaps, Tlsf},
+};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -1657,9 +1664,9 @@ fn absurd_configurations_still_serve_what_fits() {
     drop(fixed);
     assert_eq!(sim.in_use(), 0);
 
-    let arena = mrstack::adaptor::Arena::new(
+    let arena = mrstack::suballoc::Arena::new(
         &sim,
-        mrstack::adaptor::ArenaConfig {
+        mrstack::suballoc::ArenaConfig {
             size: usize::MAX,
             ..Default::default()
         },
@@ -2084,7 +2091,7 @@ fn a_suballocator_dropped_with_a_block_live_leaks_its_chunk() {
         block_size: 4096,
         blocks_to_preallocate: 4,
     };
-    let arena = || mrstack::adaptor::ArenaConfig {
+    let arena = || mrstack::suballoc::ArenaConfig {
         size: 8 << 20,
         ..Default::default()
     };

@@ -5,6 +5,10 @@
 use mrstack::leaf::VmUsage;
 use mrstack::prelude::*;
 use mrstack::resource::align_up;
+use mrstack::{
+    leaf::{VirtualMemory, VirtualMemoryConfig},
+    resource::GrowInPlace,
+};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;

@@ -1,8 +1,9 @@
 // A bin of its own resource must claim what the binning claims from its upstream: a bin of pinned
 // memory under a binning over System would make the binning pageable on paper, and a
 // HostAllocator's Vec would land in memory the driver may DMA into.
-use mrstack::adaptor::BinningConfig;
+use mrstack::suballoc::BinningConfig;
 use mrstack::prelude::*;
+use mrstack::{container::HostAllocator, erased::AnyResource, suballoc::{Binning, BinningConfig}};
 
 fn main() {
     let ctx = mrstack::cuda_context(0).unwrap();

@@ -1,5 +1,6 @@
 // Items are separated by commas: one missing after the leaf is named.
 use mrstack::prelude::*;
+use mrstack::suballoc::Pool;
 
 fn main() {
     let _mr = resource_stack![

@@ -1,6 +1,7 @@
 // A HostDevicePair's device side is device memory: a PinnedVec (host + device) over it is refused.
-use mrstack::adaptor::{HostDevicePair, Pool};
+use mrstack::suballoc::{HostDevicePair, Pool};
 use mrstack::prelude::*;
+use mrstack::suballoc::{HostDevicePair, Pool};
 use std::sync::Arc;
 
 fn staging<'a>(

@@ -1,7 +1,7 @@
 // A view borrows its vector: it cannot outlive it (the vector's drop frees the memory the view
 // points at).
 use mrstack::prelude::*;
-use mrstack::DeviceView;
+use mrstack::container::DeviceView;
 use std::sync::Arc;
 
 fn escape<'a>(stream: &'a Arc<cudarc::driver::CudaStream>, mr: &'a Cuda) -> DeviceView<'a, u32> {

@@ -4,8 +4,8 @@
 use super::*;
 use crate::tests::{report, row, tiny};
 use crate::{run_stack, Candidate as Row, Settings};
+use mrstack::leaf::Simulated;
 use mrstack::replay::{self, random, RandomConfig};
-use mrstack::Simulated;
 use proptest::prelude::*;
 use std::sync::Arc;
 
@@ -291,8 +291,8 @@ fn printed_stacks_are_the_presets_that_were_measured() {
         let printed = replay::stack(name, move |_: Arc<Simulated>, capacity: usize| {
             let config = text_config(name, &capacity.to_string()).unwrap();
             over_simulated(&config, &capacity.to_string()).map_err(|_| {
-                mrstack::AllocError::new(
-                    mrstack::AllocErrorKind::Unsupported("config"),
+                mrstack::resource::AllocError::new(
+                    mrstack::resource::AllocErrorKind::Unsupported("config"),
                     0,
                     0,
                     "test",

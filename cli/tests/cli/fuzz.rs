@@ -6,9 +6,9 @@
 //!
 //! `PROPTEST_CASES` sets the number of cases (64 by default here, a few seconds in a debug build).
 
+use mrstack::leaf::Simulated;
 use mrstack::replay::rmm_log::{self, OnError};
 use mrstack::replay::{self, simulated_streams};
-use mrstack::Simulated;
 use mrstack_cli::{args, run_stack, select, Candidate, Settings};
 use proptest::prelude::*;
 use std::io::Write;

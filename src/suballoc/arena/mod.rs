@@ -525,15 +525,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 static_assertions::assert_impl_all!(
-    Arena<crate::System>: Send,
+    Arena<crate::leaf::System>: Send,
     Sync,
-    crate::Accessible<crate::HostAccessible>
+    crate::property::Accessible<crate::property::HostAccessible>
 );
 static_assertions::assert_impl_all!(
-    Arena<crate::Cuda>: Send,
+    Arena<crate::leaf::Cuda>: Send,
     Sync,
-    crate::Accessible<crate::DeviceAccessible>
+    crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_impl_all!(Arena<&crate::Simulated>: Send, Sync);
-static_assertions::assert_not_impl_any!(Arena<crate::System>: crate::Accessible<crate::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<Arena<crate::System>>() == 256);
+static_assertions::assert_impl_all!(Arena<&crate::leaf::Simulated>: Send, Sync);
+static_assertions::assert_not_impl_any!(Arena<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+const _: () = assert!(crate::property::alignment_of::<Arena<crate::leaf::System>>() == 256);
