@@ -433,8 +433,17 @@ pub trait Reach {
 impl<S: MemoryResource + ?Sized> Reach for S {}
 
 /// Implements [`HasUpstream`] for an adaptor whose field `upstream` holds its resource `U`:
-/// `has_upstream!(impl<U> for Pool<U> where U: MemoryResource)`.
+/// `has_upstream!(impl<U> for Limiting<U>)`; or, `through` a field whose `upstream()` method
+/// gives it, `has_upstream!(impl<U> for Pool<U>, through shell, where U: MemoryResource)`.
 macro_rules! has_upstream {
+    (impl<$($p:ident),+> for $T:ty, through $field:ident $(, where $($bound:tt)+)?) => {
+        impl<$($p),+> $crate::stack::HasUpstream for $T $(where $($bound)+)? {
+            type Upstream = U;
+            fn upstream(&self) -> &U {
+                self.$field.upstream()
+            }
+        }
+    };
     (impl<$($p:ident),+> for $T:ty $(where $($bound:tt)+)?) => {
         impl<$($p),+> $crate::stack::HasUpstream for $T $(where $($bound)+)? {
             type Upstream = U;

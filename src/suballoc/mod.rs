@@ -27,6 +27,7 @@ macro_rules! layer_by_new {
 
 mod arena;
 mod binning;
+mod chunk_pool;
 mod fixed_size;
 mod free_list;
 pub(crate) mod growth;

@@ -1,16 +1,10 @@
 //! `Pool`: a coalescing best-fit pool with free lists per stream.
 
-use super::growth::{self, Request, GRANULE};
+use super::chunk_pool::{shell_methods, shell_resource, ChunkPool, FreeIndex};
 use super::pool_state::State;
 use super::usage::Usage;
-use crate::resource::{
-    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
-};
-use crate::stack::{has_upstream, ItemWriter};
-use crate::stream::StreamRef;
-use std::ptr::NonNull;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use typenum::U256;
+use crate::resource::MemoryResource;
+use crate::stream::{Held, StreamRef};
 
 const NAME: &str = "Pool";
 
@@ -108,122 +102,55 @@ layer_by_new!(PoolConfig => Pool);
 /// ```
 #[derive(Debug)]
 pub struct Pool<U: MemoryResource> {
-    upstream: U,
-    /// The cap on `pool_size`, rounded down to the granule.
-    max: usize,
-    /// The first reservation asked for (rounded up to the granule, at most `max`): for the
-    /// pool's description.
-    initial: usize,
-    state: Mutex<State>,
-    /// Signalled when a growth (with the lock let go) ends.
-    grown: Condvar,
+    shell: ChunkPool<U, State>,
 }
 
-impl<U: MemoryResource> Pool<U> {
-    /// A pool over `upstream`. It takes `config.initial` bytes at once if the upstream has them,
-    /// and starts empty otherwise, growing on demand (a [`Layer`](crate::resource::Layer) cannot fail; use
-    /// [`try_new`](Self::try_new) to learn whether the reservation succeeded). A configuration
-    /// that contradicts itself is clamped: an `initial` above `max` takes `max` bytes.
-    pub fn new(upstream: U, config: PoolConfig) -> Self {
-        let pool = Self::empty(upstream, &config);
-        let _ = pool.reserve(config.initial);
-        pool
+shell_methods!(Pool, PoolConfig);
+
+/// The best-fit index: the block taken is the smallest free one of the stream that fits, carved
+/// from its end; another stream's blocks are taken all at once, after one `order_after`.
+impl FreeIndex for State {
+    const NAME: &'static str = NAME;
+    const ITEM: &'static str = "pool";
+    const INITIAL_ABOVE_MAX: &'static str = "Pool's `initial` is above its `max`";
+
+    fn empty() -> Self {
+        State::default()
     }
 
-    /// A pool over `upstream` that takes `config.initial` bytes at once, or the upstream's error
-    /// when it cannot; `initial > max` is an invalid argument, and an `initial` above
-    /// `isize::MAX` is out of memory.
-    pub fn try_new(upstream: U, config: PoolConfig) -> Result<Self, AllocError> {
-        if config.initial > config.max {
-            return Err(AllocError::new(
-                AllocErrorKind::InvalidArgument("Pool's `initial` is above its `max`"),
-                config.initial,
-                GRANULE,
-                NAME,
-            ));
-        }
-        let pool = Self::empty(upstream, &config);
-        pool.reserve(config.initial)?;
-        Ok(pool)
+    #[inline]
+    fn take_own(&mut self, stream: StreamRef, size: usize, align: usize) -> Option<usize> {
+        let addr = self.take(stream, size, align)?;
+        self.allocated += size;
+        Some(addr)
     }
 
-    fn empty(upstream: U, config: &PoolConfig) -> Self {
-        let max = config.max & !(GRANULE - 1);
-        Pool {
-            upstream,
-            max,
-            initial: align_up(config.initial, GRANULE)
-                .unwrap_or(usize::MAX)
-                .min(max),
-            state: Mutex::new(State::default()),
-            grown: Condvar::new(),
-        }
+    fn stream_with_fit(&mut self, stream: StreamRef, need: usize) -> Option<Held> {
+        self.other_with_fit(stream, need)
     }
 
-    /// Takes one chunk of `bytes` (rounded up to the granule, capped at `max`) from the upstream.
-    fn reserve(&self, bytes: usize) -> Result<(), AllocError> {
-        growth::reserve(&self.upstream, &mut *self.lock(), bytes, self.max, NAME)
+    fn move_all(&mut self, from: Held, to: StreamRef) {
+        self.merge(from, to);
     }
 
-    /// The cap on the bytes held from the upstream (the configured maximum rounded down to 256
-    /// bytes).
-    pub fn max_size(&self) -> usize {
-        self.max
+    #[inline]
+    fn free_block(&mut self, addr: usize, size: usize, stream: StreamRef) {
+        self.allocated -= size;
+        self.free(addr, size, stream);
     }
 
-    /// What the pool holds, read at one instant.
-    pub fn usage(&self) -> Usage {
-        let st = self.lock();
+    fn usage(&self) -> Usage {
         Usage {
-            held: st.pool_size,
-            peak_held: st.peak,
-            allocated: st.allocated,
-            free_blocks: st.starts.len(),
-            chunks: st.chunks.len(),
+            held: self.pool_size,
+            peak_held: self.peak,
+            allocated: self.allocated,
+            free_blocks: self.starts.len(),
+            chunks: self.chunks.len(),
         }
     }
 
-    /// The per-stream free lists and the streams kept alive (the default stream always counts),
-    /// read at one instant: both are bounded by the streams that have free blocks or chunks in
-    /// the pool now, not by the streams ever seen. For tests of that bound.
-    #[doc(hidden)]
-    pub fn tracked_streams(&self) -> (usize, usize) {
-        let st = self.lock();
-        (st.lists.iter().flatten().count(), st.streams.held())
-    }
-
-    /// The resource the pool takes its chunks from.
-    pub fn upstream(&self) -> &U {
-        &self.upstream
-    }
-
-    /// Gives every wholly free chunk back to the upstream; returns the bytes given back.
-    ///
-    /// A chunk whose free blocks were freed on several streams is given back on the stream it was
-    /// allocated on, after `order_after` that stream behind the others; a chunk whose ordering
-    /// fails is kept.
-    pub fn release(&self) -> usize {
-        let mut st = self.lock();
-        self.release_locked(&mut st)
-    }
-
-    fn release_locked(&self, st: &mut State) -> usize {
-        growth::release(&self.upstream, st)
-    }
-
-    fn locks(&self) -> growth::Locks<'_, State> {
-        growth::Locks {
-            state: &self.state,
-            grown: &self.grown,
-            in_flight: growth::Chunks::in_flight_mut,
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every update of State completes before the next upstream call, which is the only thing
-        // that may panic inside the lock (a test upstream catching a broken contract), so the state
-        // behind a poisoned lock is consistent.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn tracked_streams(&self) -> (usize, usize) {
+        (self.lists.iter().flatten().count(), self.streams.held())
     }
 }
 
@@ -232,89 +159,7 @@ impl<U: MemoryResource> Pool<U> {
 // and blocks are carved at `align` multiples); a block goes to another stream only after
 // `order_after`. The memory is the upstream's, with its properties.
 unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
-    forward_upstream!(U, upstream, Alignment = U256);
-
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(p) = check_request::<Self>(size, align, NAME)? {
-            return Ok(p);
-        }
-        let (align, block, need) = growth::block_of(size, align);
-        let oom = || AllocError::out_of_memory(size, align, NAME);
-        let req = Request {
-            need,
-            stream,
-            size,
-            align,
-            name: NAME,
-        };
-        let mut st = self.lock();
-        let addr = loop {
-            if let Some(addr) = st.take(stream, block, align) {
-                break addr;
-            }
-            if let Some(other) = st.other_with_fit(stream, need) {
-                self.upstream.order_after(stream, st.streams.get(other))?;
-                st.merge(other, stream);
-                break st.take(stream, block, align).ok_or_else(oom)?;
-            }
-            let (locked, added) =
-                growth::grow(&self.upstream, st, &self.locks(), self.max, req, |st| {
-                    self.release_locked(st)
-                })?;
-            st = locked;
-            if added {
-                break st.take(stream, block, align).ok_or_else(oom)?;
-            }
-            // It waited for another thread's growth: look again.
-        };
-        st.allocated += block;
-        drop(st);
-        NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
-            .ok_or(AllocError::out_of_memory(size, align, NAME))
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // The size was accepted by `allocate`, so rounding it up does not overflow.
-        let block = align_up(size, GRANULE).unwrap_or(usize::MAX);
-        let mut st = self.lock();
-        st.allocated -= block;
-        st.free(ptr.as_ptr() as usize, block, stream);
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    /// `pool(initial=…, max=…)`, leaving out what the defaults give (no reservation, no cap).
-    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut item = ItemWriter::over(f, &self.upstream, "pool");
-        if self.initial > 0 {
-            item = item.size("initial", self.initial);
-        }
-        if self.max != PoolConfig::default().max & !(GRANULE - 1) {
-            item = item.size("max", self.max);
-        }
-        item.finish()
-    }
-
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
-}
-
-has_upstream!(impl<U> for Pool<U> where U: MemoryResource);
-
-impl<U: MemoryResource> Drop for Pool<U> {
-    fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        growth::drop_chunks(&self.upstream, st);
-    }
+    shell_resource!(NAME);
 }
 
 static_assertions::assert_impl_all!(

@@ -1,16 +1,12 @@
 //! `Tlsf`: a coalescing good-fit pool in O(1) (two-level segregated fit), with free blocks per stream.
 
-use super::growth::{self, Request, GRANULE};
+use super::chunk_pool::{shell_methods, shell_resource, ChunkPool, FreeIndex};
+use super::pool::PoolConfig;
 use super::tlsf_index::TlsfIndex;
 use super::usage::Usage;
-use crate::resource::{
-    align_up, check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
-};
-use crate::stack::{has_upstream, ItemWriter};
-use crate::stream::StreamRef;
+use crate::resource::{AllocError, MemoryResource, Result};
+use crate::stream::{Held, StreamRef};
 use std::ptr::NonNull;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use typenum::U256;
 
 const NAME: &str = "Tlsf";
 
@@ -26,11 +22,10 @@ pub struct TlsfConfig {
 }
 
 impl Default for TlsfConfig {
+    /// [`PoolConfig`]'s defaults.
     fn default() -> Self {
-        TlsfConfig {
-            initial: 0,
-            max: usize::MAX,
-        }
+        let PoolConfig { initial, max } = PoolConfig::default();
+        TlsfConfig { initial, max }
     }
 }
 
@@ -100,121 +95,74 @@ layer_by_new!(TlsfConfig => Tlsf);
 /// ```
 #[derive(Debug)]
 pub struct Tlsf<U: MemoryResource> {
-    upstream: U,
-    /// The cap on the bytes held, rounded down to the granule.
-    max: usize,
-    /// The first reservation asked for, for the description.
-    initial: usize,
-    state: Mutex<TlsfIndex>,
-    /// Signalled when a growth (with the lock let go) ends.
-    grown: Condvar,
+    shell: ChunkPool<U, TlsfIndex>,
 }
 
+shell_methods!(Tlsf, TlsfConfig);
+
 impl<U: MemoryResource> Tlsf<U> {
-    /// A pool over `upstream`. It takes `config.initial` bytes at once if the upstream has them,
-    /// and starts empty otherwise (use [`try_new`](Self::try_new) to learn whether it did); an
-    /// `initial` above `max` takes `max` bytes.
-    pub fn new(upstream: U, config: TlsfConfig) -> Self {
-        let pool = Self::empty(upstream, &config);
-        let _ = pool.reserve(config.initial);
-        pool
-    }
-
-    /// A pool over `upstream` that takes `config.initial` bytes at once, or the upstream's error
-    /// when it cannot; `initial > max` is an invalid argument.
-    pub fn try_new(upstream: U, config: TlsfConfig) -> Result<Self, AllocError> {
-        if config.initial > config.max {
-            return Err(AllocError::new(
-                AllocErrorKind::InvalidArgument("Tlsf's `initial` is above its `max`"),
-                config.initial,
-                GRANULE,
-                NAME,
-            ));
-        }
-        let pool = Self::empty(upstream, &config);
-        pool.reserve(config.initial)?;
-        Ok(pool)
-    }
-
-    fn empty(upstream: U, config: &TlsfConfig) -> Self {
-        let max = config.max & !(GRANULE - 1);
-        Tlsf {
-            upstream,
-            max,
-            initial: align_up(config.initial, GRANULE)
-                .unwrap_or(usize::MAX)
-                .min(max),
-            state: Mutex::new(TlsfIndex::address_ordered()),
-            grown: Condvar::new(),
-        }
-    }
-
-    fn reserve(&self, bytes: usize) -> Result<(), AllocError> {
-        growth::reserve(&self.upstream, &mut *self.lock(), bytes, self.max, NAME)
-    }
-
-    /// The cap on the bytes held from the upstream (the configured maximum rounded down to 256
-    /// bytes).
-    pub fn max_size(&self) -> usize {
-        self.max
-    }
-
-    /// What the pool holds, read at one instant.
-    pub fn usage(&self) -> Usage {
-        let st = self.lock();
-        Usage {
-            held: st.size,
-            peak_held: st.peak,
-            allocated: st.allocated,
-            free_blocks: st.free_blocks(),
-            chunks: st.chunks.len(),
-        }
-    }
-
-    /// The per-stream free lists and the streams kept alive (the default stream always counts),
-    /// read at one instant. For tests of the bound on per-stream state.
-    #[doc(hidden)]
-    pub fn tracked_streams(&self) -> (usize, usize) {
-        let st = self.lock();
-        (st.lists(), st.streams.held())
-    }
-
-    /// The resource the pool takes its chunks from.
-    pub fn upstream(&self) -> &U {
-        &self.upstream
-    }
-
-    /// Gives every wholly free chunk back to the upstream; returns the bytes given back. A chunk
-    /// whose blocks were freed on other streams than its own is given back after `order_after`
-    /// its stream behind them; a chunk whose ordering fails is kept.
-    pub fn release(&self) -> usize {
-        let mut st = self.lock();
-        self.release_locked(&mut st)
-    }
-
-    fn release_locked(&self, st: &mut TlsfIndex) -> usize {
-        growth::release(&self.upstream, st)
-    }
-
     /// Frees the block at `ptr` on `stream` if this pool handed it out and it is live; false
     /// (nothing done) otherwise: `deallocate`, and [`ThreadHeaps`](crate::suballoc::ThreadHeaps)'s
     /// free, which asks the calling thread's own heap first.
     pub(crate) fn free_if_owned(&self, ptr: NonNull<u8>, stream: StreamRef) -> bool {
-        self.lock().free(ptr.as_ptr() as usize, stream).is_some()
+        self.shell
+            .lock()
+            .free(ptr.as_ptr() as usize, stream)
+            .is_some()
+    }
+}
+
+/// The TLSF index, taking the lowest-addressed fit of a larger class. The index knows each live
+/// block's size: a free is by address alone, and an address it never handed out is ignored.
+impl FreeIndex for TlsfIndex {
+    const NAME: &'static str = NAME;
+    const ITEM: &'static str = "tlsf";
+    const INITIAL_ABOVE_MAX: &'static str = "Tlsf's `initial` is above its `max`";
+
+    fn empty() -> Self {
+        TlsfIndex::address_ordered()
     }
 
-    fn locks(&self) -> growth::Locks<'_, TlsfIndex> {
-        growth::Locks {
-            state: &self.state,
-            grown: &self.grown,
-            in_flight: growth::Chunks::in_flight_mut,
+    #[inline]
+    fn take_own(&mut self, stream: StreamRef, size: usize, align: usize) -> Option<usize> {
+        self.take(stream, size, align)
+    }
+
+    fn stream_with_fit(&mut self, stream: StreamRef, need: usize) -> Option<Held> {
+        self.other_with_fit(stream, need)
+    }
+
+    fn move_all(&mut self, from: Held, to: StreamRef) {
+        self.merge(from, to);
+    }
+
+    fn take_run(
+        &mut self,
+        stream: StreamRef,
+        size: usize,
+        align: usize,
+        order_after: impl FnMut(StreamRef<'static>) -> Result<(), AllocError>,
+    ) -> Result<Option<usize>, AllocError> {
+        self.steal_run(stream, size, align, order_after)
+    }
+
+    #[inline]
+    fn free_block(&mut self, addr: usize, _size: usize, stream: StreamRef) {
+        self.free(addr, stream);
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            held: self.size,
+            peak_held: self.peak,
+            allocated: self.allocated,
+            free_blocks: self.free_blocks(),
+            chunks: self.chunks.len(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, TlsfIndex> {
-        // Every update of the index completes before the next upstream call, which is the only
-        // thing that may panic inside the lock, so the index behind a poisoned lock is consistent.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn tracked_streams(&self) -> (usize, usize) {
+        (self.lists(), self.streams.held())
     }
 }
 
@@ -223,74 +171,7 @@ impl<U: MemoryResource> Tlsf<U> {
 // max(align, 256) (chunks are 256-aligned and blocks are carved at `align` multiples); a block
 // freed on one stream goes to another only after `order_after`. The memory is the upstream's.
 unsafe impl<U: MemoryResource> MemoryResource for Tlsf<U> {
-    forward_upstream!(U, upstream, Alignment = U256);
-
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(p) = check_request::<Self>(size, align, NAME)? {
-            return Ok(p);
-        }
-        let (align, block, need) = growth::block_of(size, align);
-        let oom = || AllocError::out_of_memory(size, align, NAME);
-        let req = Request {
-            need,
-            stream,
-            size,
-            align,
-            name: NAME,
-        };
-        let mut st = self.lock();
-        let addr = loop {
-            let stolen = st.take_or_steal(stream, block, align, |after| {
-                self.upstream.order_after(stream, after)
-            })?;
-            if let Some(addr) = stolen {
-                break addr;
-            }
-            let (locked, added) =
-                growth::grow(&self.upstream, st, &self.locks(), self.max, req, |st| {
-                    self.release_locked(st)
-                })?;
-            st = locked;
-            if added {
-                break st.take(stream, block, align).ok_or_else(oom)?;
-            }
-            // It waited for another thread's growth: look again.
-        };
-        drop(st);
-        NonNull::new(std::ptr::with_exposed_provenance_mut(addr))
-            .ok_or(AllocError::out_of_memory(size, align, NAME))
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // The index knows the block's size; an address it never handed out is ignored.
-        self.free_if_owned(ptr, stream);
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    /// `tlsf(initial=…, max=…)`, leaving out what the defaults give.
-    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut item = ItemWriter::over(f, &self.upstream, "tlsf");
-        if self.initial > 0 {
-            item = item.size("initial", self.initial);
-        }
-        if self.max != TlsfConfig::default().max & !(GRANULE - 1) {
-            item = item.size("max", self.max);
-        }
-        item.finish()
-    }
-
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    shell_resource!(NAME);
 }
 
 // SAFETY: a block grows only into the free block right after it in its chunk, on `stream`'s own
@@ -306,20 +187,11 @@ unsafe impl<U: MemoryResource> crate::resource::GrowInPlace for Tlsf<U> {
         stream: StreamRef,
     ) -> Result<bool> {
         let addr = ptr.as_ptr() as usize;
-        let mut st = self.lock();
+        let mut st = self.shell.lock();
         let Some((old, new)) = st.growth(addr, size, new_size) else {
             return Ok(false);
         };
         Ok(new == old || st.grow_in_place(addr, new, stream))
-    }
-}
-
-has_upstream!(impl<U> for Tlsf<U> where U: MemoryResource);
-
-impl<U: MemoryResource> Drop for Tlsf<U> {
-    fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        growth::drop_chunks(&self.upstream, st);
     }
 }
 

@@ -11,6 +11,7 @@
 //! same stream and in the same chunk. The only map is from an allocated block's address to its
 //! record, for `free`.
 
+use super::chunk_pool::FreeIndex;
 use super::growth::{Chunks, FreeChunk};
 use crate::resource::AllocError;
 use crate::stream::{Held, StreamKeeper, StreamRef};
@@ -402,17 +403,22 @@ impl TlsfIndex {
         stream: StreamRef,
         size: usize,
         align: usize,
+        order_after: impl FnMut(StreamRef<'static>) -> Result<(), AllocError>,
+    ) -> Result<Option<usize>, AllocError> {
+        FreeIndex::take_any(self, stream, size, align, order_after)
+    }
+
+    /// The last step of [`take_or_steal`](Self::take_or_steal), when no one stream has a fit: a
+    /// block carved from a run of neighbouring free blocks of several streams, after
+    /// `order_after` each of them.
+    pub(crate) fn steal_run(
+        &mut self,
+        stream: StreamRef,
+        size: usize,
+        align: usize,
         mut order_after: impl FnMut(StreamRef<'static>) -> Result<(), AllocError>,
     ) -> Result<Option<usize>, AllocError> {
-        if let Some(addr) = self.take(stream, size, align) {
-            return Ok(Some(addr));
-        }
         let need = size.saturating_add(align - GRANULE);
-        if let Some(other) = self.other_with_fit(stream, need) {
-            order_after(self.streams.get(other))?;
-            self.merge(other, stream);
-            return Ok(self.take(stream, size, align));
-        }
         // Blocks freed on different streams do not merge, so memory freed by several streams
         // can lie in pieces no one request fits. Only on the way to growing: O(blocks).
         let Some(run) = self.free_run(need) else {
