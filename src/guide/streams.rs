@@ -72,6 +72,7 @@
 //!
 //! ```
 //! use mrstack::prelude::*;
+//! use mrstack::resource::GrowInPlace;
 //!
 //! # fn main() -> Result<(), AllocError> {
 //! let mr = resource_stack![System::new(), Tlsf { initial: 1 MiB }];
