@@ -27,6 +27,18 @@
 // NVCV's `NVCV_RESOURCE_MEM_HOST_PINNED`: host memory the device may access.
 #define MRSTACK_CVCUDA_HOST_PINNED 2
 
+// No call on this thread failed yet.
+#define MRSTACK_ERROR_NONE 0
+
+// The last error is the text of a stack config's: its syntax, an unknown name, a bad or
+// missing field, fields that contradict each other, a leaf whose memory the stack cannot give.
+// The message names the column.
+#define MRSTACK_ERROR_CONFIG 1
+
+// The last error is any other: a resource that could not be built (no driver, no such device,
+// an initial reservation refused), an allocation that failed, a bad handle or pointer.
+#define MRSTACK_ERROR_OTHER 2
+
 // A memory-resource stack behind the C API. Opaque to C: only pointers to it cross.
 typedef struct MrstackStack MrstackStack;
 
@@ -96,6 +108,17 @@ size_t mrstack_statistics_json(const MrstackStack *stack, char *buf, size_t cap)
 // -1 for a bad handle.
 int mrstack_properties(const MrstackStack *stack);
 
+// Checks the text of a stack config without building it: its syntax, and that every item names
+// a leaf or an adaptor the library knows. 0 when it passes; -1 otherwise, with the reason (which
+// names the column) in `mrstack_last_error` and `MRSTACK_ERROR_CONFIG` in
+// `mrstack_last_error_kind`. Fields and what the stack gives are checked when it is built
+// (`mrstack_create`).
+//
+// # Safety
+//
+// `config` is null or a NUL-terminated string.
+int mrstack_check_config(const char *config);
+
 // CuPy's `malloc`: `size` bytes from the stack `param` names (null: `device`'s). Null on error.
 void *mrstack_cupy_malloc(void *param, size_t size, int device);
 
@@ -133,6 +156,11 @@ int mrstack_report(const char *path);
 // Why the last call on this thread that failed did: a NUL-terminated UTF-8 string owned by the
 // library, valid until the next failing call on this thread. Empty when no call failed yet.
 const char *mrstack_last_error(void);
+
+// What the error `mrstack_last_error` describes is: `MRSTACK_ERROR_CONFIG` for the text of a
+// stack config (the message names the column), `MRSTACK_ERROR_OTHER` for any other,
+// `MRSTACK_ERROR_NONE` when no call on this thread failed yet.
+int mrstack_last_error_kind(void);
 
 // `allocateAsync`: `size` bytes aligned to `alignment` (0: the stack's own), ordered on
 // `stream`. `flags` (TensorRT's `AllocatorFlags`) asks for resizable memory at bit 0, which

@@ -273,3 +273,39 @@ pub const MRSTACK_HOST: c_int = 1;
 pub const MRSTACK_DEVICE: c_int = 2;
 /// The memory is managed (migratable) memory.
 pub const MRSTACK_MANAGED: c_int = 4;
+
+/// Checks the text of a stack config without building it: its syntax, and that every item names
+/// a leaf or an adaptor the library knows. 0 when it passes; -1 otherwise, with the reason (which
+/// names the column) in `mrstack_last_error` and `MRSTACK_ERROR_CONFIG` in
+/// `mrstack_last_error_kind`. Fields and what the stack gives are checked when it is built
+/// (`mrstack_create`).
+///
+/// # Safety
+///
+/// `config` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn mrstack_check_config(config: *const c_char) -> c_int {
+    use mrstack::config::{ConfigError, ConfigErrorKind, StackBuilder, StackSpec};
+    guard(-1, || {
+        // SAFETY: forwarded from the caller.
+        let text = unsafe { text(config, "config") }?;
+        let fail = |e: ConfigError| {
+            crate::error::set_kind(crate::error::MRSTACK_ERROR_CONFIG);
+            format!("config `{text}`: {e}")
+        };
+        let spec: StackSpec = text.parse().map_err(fail)?;
+        let builder = StackBuilder::<()>::new();
+        let names = builder.names();
+        if let Some(item) = spec
+            .items
+            .iter()
+            .find(|i| !names.contains(&i.name.as_str()))
+        {
+            return Err(fail(item.error(ConfigErrorKind::Unknown {
+                name: item.name.clone(),
+                known: names.join(", "),
+            })));
+        }
+        Ok(0)
+    })
+}

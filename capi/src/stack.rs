@@ -1,9 +1,10 @@
 //! `MrstackStack`: a stack built from a text config, the live blocks it handed out, its counts.
 
 use mrstack::adaptor::Logging;
-use mrstack::config::{StackBuilder, StackSpec};
+use mrstack::config::{ConfigErrorKind, ItemSpec, StackBuilder, StackSpec, MAX_ITEMS};
 use mrstack::property::Accessible;
 use mrstack::property::Properties;
+use mrstack::replay::Metered;
 use mrstack::stack::ItemWriter;
 use mrstack::{erased::AnyResource, resource::MemoryResource, stream::StreamRef};
 use std::collections::HashMap;
@@ -13,7 +14,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Shards of the live-block table: frees from many threads rarely meet on one lock.
 const SHARDS: usize = 64;
@@ -25,6 +26,8 @@ pub struct MrstackStack {
     /// The log, when there is one.
     log: Option<Log>,
     config: String,
+    /// The layers' counts as JSON fields (`"driver_bytes":…,"layers":[…]`), read from the stack.
+    layers: LayersJson,
     /// Every block handed out and not yet freed, by address: a free is checked against it (a
     /// pointer this stack did not hand out, or a double free, is an error, not undefined
     /// behaviour), and the clients that free without a size (CuPy, TensorRT) find it here.
@@ -154,11 +157,12 @@ impl MrstackStack {
     /// Builds `config` (CUDA leaves that name no device on `device`), recording every request
     /// in RMM's log format to `log` when given.
     pub(crate) fn build(config: &str, device: usize, log: Option<&str>) -> Result<Self, String> {
-        let (resource, log) = build_erased(config, device, log)?;
+        let (resource, log, layers) = build_erased(config, device, log)?;
         Ok(MrstackStack {
             resource,
             log,
             config: config.to_string(),
+            layers,
             live: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             counts: Counts::default(),
         })
@@ -310,7 +314,12 @@ impl MrstackStack {
         format!("{stack} (gives {p}, {}-byte aligned)", p.alignment)
     }
 
-    /// The counts, as one JSON object.
+    /// The counts, as one JSON object: the calls' (allocations, deallocations, failed
+    /// allocations, bad frees, live blocks and bytes, peak live bytes), the bytes the stack's leaf
+    /// handed out and not yet back (`driver_bytes`, what the stack holds from the driver for a
+    /// CUDA leaf) and their peak (`peak_driver_bytes`; both null for a stack of `MAX_ITEMS`
+    /// items, which has no room for the meter), and each suballocator layer's usage, leaf side
+    /// first (`layers`: `layer`, `held`, `peak_held`, `allocated`, `free_blocks`, `chunks`).
     pub(crate) fn statistics_json(&self) -> String {
         let c = &self.counts;
         let live_blocks: usize = self
@@ -322,7 +331,7 @@ impl MrstackStack {
             concat!(
                 "{{\"config\":{},\"properties\":{},\"allocations\":{},\"deallocations\":{},",
                 "\"failed_allocations\":{},\"bad_frees\":{},\"live_blocks\":{},",
-                "\"live_bytes\":{},\"peak_live_bytes\":{}}}"
+                "\"live_bytes\":{},\"peak_live_bytes\":{},{}}}"
             ),
             json_string(&self.config),
             json_string(&self.properties().to_string()),
@@ -333,6 +342,7 @@ impl MrstackStack {
             live_blocks,
             c.live_bytes.load(Relaxed),
             c.peak_live_bytes.load(Relaxed),
+            (self.layers)(),
         )
     }
 }
@@ -357,33 +367,124 @@ impl Drop for MrstackStack {
     }
 }
 
+/// The JSON fields of a stack's layers, read when asked.
+type LayersJson = Box<dyn Fn() -> String + Send + Sync>;
+
+/// The name under which the meter between a stack's leaf and the item above it is registered:
+/// one the text syntax cannot write, so that no config names it.
+const LEAF_METER: &str = "(leaf meter)";
+
+/// Each suballocator layer of `stack`, leaf side first, as a JSON array of its usage.
+fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> String {
+    use mrstack::stack::AnyLayer;
+    use mrstack::suballoc::{Arena, Binning, FixedSize, Pool, ThreadHeaps, Tlsf, Usage};
+    fn usage_of<P: mrstack::property::PropertySet>(
+        layer: &dyn AnyLayer,
+    ) -> Option<(&'static str, Usage)> {
+        let any = layer.as_any();
+        if let Some(r) = any.downcast_ref::<Pool<AnyResource<P>>>() {
+            return Some(("pool", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<Tlsf<AnyResource<P>>>() {
+            return Some(("tlsf", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<Binning<AnyResource<P>>>() {
+            return Some(("binning", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<Arena<AnyResource<P>>>() {
+            return Some(("arena", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<FixedSize<AnyResource<P>>>() {
+            return Some(("fixed_size", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<ThreadHeaps<AnyResource<P>>>() {
+            return Some(("thread_heaps", r.usage()));
+        }
+        None
+    }
+    let mut layers: Vec<String> = stack
+        .layers()
+        .filter_map(usage_of::<P>)
+        .map(|(name, u)| {
+            format!(
+                concat!(
+                    "{{\"layer\":\"{}\",\"held\":{},\"peak_held\":{},\"allocated\":{},",
+                    "\"free_blocks\":{},\"chunks\":{}}}"
+                ),
+                name, u.held, u.peak_held, u.allocated, u.free_blocks, u.chunks
+            )
+        })
+        .collect();
+    layers.reverse();
+    format!("[{}]", layers.join(","))
+}
+
 /// Builds `config` (with `Logging` to `log` on top when given), erased to `AnyResource<()>`
 /// with what its memory gives kept. A stack built over `AnyResource<()>` would lose its leaf's
 /// properties in each layer above it (a layer's properties are those of the type below it): so
 /// it is built with the set its leaf gives, read from the leaf's name, and only then erased.
+/// A meter goes between the leaf and the item above it, counting what the leaf hands out.
 fn build_erased(
     config: &str,
     device: usize,
     log: Option<&str>,
-) -> Result<(AnyResource<()>, Option<Log>), String> {
-    use mrstack::{
-        property::DeviceAccessible as D, property::HostAccessible as H, property::Migratable as M,
-    };
+) -> Result<(AnyResource<()>, Option<Log>, LayersJson), String> {
+    use mrstack::property::{DeviceAccessible as D, HostAccessible as H, Migratable as M};
     fn with<P: mrstack::property::PropertySet>(
         spec: &StackSpec,
         device: usize,
         log: Option<&str>,
-    ) -> Result<(AnyResource<()>, Option<Log>), String>
+    ) -> Result<(AnyResource<()>, Option<Log>, LayersJson), String>
     where
         AnyResource<P>: Accessible<P>,
+        Metered<AnyResource<P>>: Accessible<P>,
         Logging<AnyResource<P>, LogFile>: Accessible<P>,
     {
+        let meter: Arc<OnceLock<Arc<Metered<AnyResource<P>>>>> = Arc::default();
+        let mut metered = spec.clone();
+        if (1..MAX_ITEMS).contains(&spec.items.len()) {
+            let position = spec.items[0].position;
+            metered.items.insert(
+                1,
+                ItemSpec {
+                    name: LEAF_METER.into(),
+                    position,
+                    fields: Vec::new(),
+                },
+            );
+        }
+        let built = meter.clone();
         let r = StackBuilder::<P>::new()
             .on_device(device)
-            .build_spec(spec)
-            .map_err(|e| e.to_string())?;
+            .with_adaptor(LEAF_METER, move |_, below| {
+                let m = Arc::new(Metered::new(below));
+                let _ = built.set(m.clone());
+                Ok(AnyResource::from_arc(m))
+            })
+            .build_spec(&metered)
+            .map_err(|mut e| {
+                if !matches!(e.kind, ConfigErrorKind::Resource { .. }) {
+                    crate::error::set_kind(crate::error::MRSTACK_ERROR_CONFIG);
+                }
+                if let ConfigErrorKind::Unknown { known, .. } = &mut e.kind {
+                    *known = known.replace(&format!(", {LEAF_METER}"), "");
+                }
+                e.to_string()
+            })?;
+        let layers: LayersJson = {
+            let r = r.clone();
+            Box::new(move || {
+                let (now, peak) = meter.get().map_or(("null".into(), "null".into()), |m| {
+                    (m.in_use().to_string(), m.peak().to_string())
+                });
+                format!(
+                    "\"driver_bytes\":{now},\"peak_driver_bytes\":{peak},\"layers\":{}",
+                    layers_json(&r)
+                )
+            })
+        };
         let Some(path) = log else {
-            return Ok((r.forget::<()>(), None));
+            return Ok((r.forget::<()>(), None, layers));
         };
         let file = File::create(path).map_err(|e| format!("log: cannot create `{path}`: {e}"))?;
         let path: Arc<str> = path.into();
@@ -408,11 +509,16 @@ fn build_erased(
             describe,
             reported,
         };
-        Ok((AnyResource::from_arc(logged).forget::<()>(), Some(log)))
+        Ok((
+            AnyResource::from_arc(logged).forget::<()>(),
+            Some(log),
+            layers,
+        ))
     }
-    let spec: StackSpec = config
-        .parse()
-        .map_err(|e| format!("config `{config}`: {e}"))?;
+    let spec: StackSpec = config.parse().map_err(|e| {
+        crate::error::set_kind(crate::error::MRSTACK_ERROR_CONFIG);
+        format!("config `{config}`: {e}")
+    })?;
     let built = match spec.items.first().map(|i| i.name.as_str()) {
         Some("cuda" | "cuda_async" | "cuda_async_view") => with::<D>(&spec, device, log),
         Some("pinned") => with::<(H, D)>(&spec, device, log),

@@ -1,5 +1,6 @@
 //! `mrstack`: the command-line tool. `mrstack replay [TRACE]` replays an allocation log (RMM's CSV,
-//! as the `Logging` adaptor writes it) or the built-in random workload through the preset stacks of
+//! as the `Logging` adaptor writes it; or a PyTorch memory snapshot, the pickle of
+//! `torch.cuda.memory._dump_snapshot`, told by its first byte) or the built-in random workload through the preset stacks of
 //! `mrstack::replay::stacks()`, over a GPU or over `Simulated`, and prints for each stack its ns
 //! per op, the peak it took from its upstream and its minimum capacity, and ends with the stack to
 //! use, as a `resource_stack!` block and a text config. The work itself is in
@@ -8,6 +9,7 @@
 use cudarc::driver::CudaContext;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mrstack::replay::rmm_log::{self, OnError};
+use mrstack::replay::snapshot;
 use mrstack::replay::{
     random, simulated_streams, stack, Metered, RandomConfig, StackFactory, Workload,
 };
@@ -119,7 +121,7 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: {e}");
-                if args.on_error == OnErrorArg::Stop && e.skippable {
+                if args.on_error == OnErrorArg::Stop && e.skippable() {
                     eprintln!("hint: --on-error skip leaves bad lines out and replays the rest");
                 }
                 return ExitCode::FAILURE;
@@ -200,8 +202,78 @@ fn print_report(report: &Report, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Why a trace could not be read: a log's error, or a snapshot's.
+enum ReadError {
+    Log(rmm_log::TraceError),
+    Snapshot(snapshot::SnapshotError),
+}
+
+impl ReadError {
+    /// Whether `--on-error skip` would have gone on past it (a log's bad line).
+    fn skippable(&self) -> bool {
+        matches!(self, ReadError::Log(e) if e.skippable)
+    }
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Log(e) => e.fmt(f),
+            ReadError::Snapshot(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<rmm_log::TraceError> for ReadError {
+    fn from(e: rmm_log::TraceError) -> Self {
+        ReadError::Log(e)
+    }
+}
+
+/// Reads the trace at `path`: a PyTorch memory snapshot when it is a pickle (plain or
+/// gzip-compressed, told by its first byte), else an RMM log.
+fn read_trace(path: &std::path::Path, args: &ReplayArgs) -> Result<rmm_log::Trace, ReadError> {
+    // A file that cannot be opened or read is the log reader's to report.
+    if snapshot::is_pickle_file(path).unwrap_or(false) {
+        let s = snapshot::read(path, None).map_err(ReadError::Snapshot)?;
+        report_snapshot(&s, path);
+        return Ok(s.trace);
+    }
+    Ok(read_log(path, args)?)
+}
+
+/// Says on standard error what of a snapshot the replay uses, and what it leaves out.
+fn report_snapshot(s: &snapshot::Snapshot, path: &std::path::Path) {
+    let mut note = format!(
+        "note: {}: PyTorch memory snapshot, device {}",
+        path.display(),
+        s.device
+    );
+    if s.devices.len() > 1 {
+        note += &format!(
+            " (of the devices with a history, {:?}: the most allocations)",
+            s.devices
+        );
+    }
+    eprintln!("{note}");
+    if s.older_frees > 0 {
+        eprintln!(
+            "note: {} free{} of blocks allocated before the recorded history began left out",
+            s.older_frees,
+            if s.older_frees == 1 { "" } else { "s" }
+        );
+    }
+    if let Some(peak) = s.reserved_peak {
+        eprintln!(
+            "note: PyTorch's caching allocator held at most {peak} bytes ({}) from the driver \
+             during the recorded history",
+            mrstack::units::Bytes::from(peak)
+        );
+    }
+}
+
 /// Reads the log at `path` with a progress bar over its bytes.
-fn read_trace(
+fn read_log(
     path: &std::path::Path,
     args: &ReplayArgs,
 ) -> Result<rmm_log::Trace, rmm_log::TraceError> {

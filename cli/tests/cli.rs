@@ -687,3 +687,64 @@ fn a_threaded_replay_is_timed_with_room_for_its_threads() {
     ]));
     assert_eq!(v["base_capacity"], 2u64 << 20);
 }
+
+/// The PyTorch memory snapshot of the repository's fixtures (python/tests/snapshot_fixture.py
+/// writes it; src/replay/snapshot.rs's tests say what it holds).
+fn small_snapshot() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/snapshots/small.pickle")
+}
+
+#[test]
+fn a_pytorch_snapshot_replays_like_a_log() {
+    let path = small_snapshot();
+    let o = replay(&[path.to_str().unwrap(), "--json", "--stack", "upstream,pool"]);
+    let v = json(&o);
+    let w = &v["workload"];
+    assert_eq!(w["name"], "small");
+    assert_eq!(w["allocations"], 6);
+    assert_eq!(w["streams"], 2);
+    assert_eq!(w["peak_live"], 3 << 20);
+    assert_eq!(w["unfreed"], 1);
+    assert_eq!(w["log_failures"], 1);
+    assert!(v["recommendation"].is_object(), "{v}");
+    let err = stderr(&o);
+    assert!(err.contains("PyTorch memory snapshot, device 0"), "{err}");
+    assert!(
+        err.contains("1 free of blocks allocated before the recorded history began"),
+        "{err}"
+    );
+    assert!(err.contains("held at most 20971520 bytes"), "{err}");
+
+    // Gzip-compressed, it reads the same.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &std::fs::read(&path).unwrap()).unwrap();
+    let f = TempFile::new("mrstack-cli", "small.pickle.gz", &gz.finish().unwrap());
+    let v2 = json(&replay(&[f.text(), "--json", "--stack", "upstream,pool"]));
+    assert_eq!(v2["workload"]["peak_live"], w["peak_live"]);
+}
+
+#[test]
+fn a_snapshot_without_history_or_cut_short_exits_1_naming_why() {
+    // pickle.dumps({'segments': []}, protocol=4): no device_traces.
+    let f = TempFile::new(
+        "mrstack-cli",
+        "nohistory.pickle",
+        b"\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x08segments\x94]\x94s.",
+    );
+    let o = replay(&[f.text()]);
+    expect(&o, 1);
+    let err = stderr(&o);
+    assert!(err.contains("has no allocation history"), "{err}");
+    assert!(err.contains("_record_memory_history"), "{err}");
+    assert!(!err.contains("--on-error skip"), "{err}");
+
+    let bytes = std::fs::read(small_snapshot()).unwrap();
+    let f = TempFile::new("mrstack-cli", "cut.pickle", &bytes[..bytes.len() / 2]);
+    let o = replay(&[f.text()]);
+    expect(&o, 1);
+    let err = stderr(&o);
+    assert!(
+        err.contains("cut.pickle: byte ") && err.contains("malformed pickle"),
+        "{err}"
+    );
+}

@@ -6,6 +6,7 @@ mod presets;
 mod random;
 mod replayer;
 pub mod rmm_log;
+pub mod snapshot;
 mod threaded;
 mod workload;
 
