@@ -11,20 +11,27 @@ mod support;
 
 mod adaptors;
 mod arena;
+mod binning;
 mod callback;
 mod config;
 mod conformance;
 mod erased;
+mod every_suballocator;
 mod failing_upstream;
+mod fixed_size;
 mod host_allocator;
 mod misc;
+mod pool;
 mod registry;
 mod replay;
 mod retry_reentry;
+mod stack;
+mod stand_in;
+mod suballoc_model;
+mod suballoc_support;
+mod thread_heaps;
+mod tlsf;
+mod virtual_memory;
 // The op files of the side-by-side benchmark with RMM (benches/rmm): its round-trip tests.
 #[path = "../../benches/rmm/ops.rs"]
 mod rmm_ops;
-mod stack;
-mod stand_in;
-mod suballocators;
-mod virtual_memory;
