@@ -9,22 +9,37 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-mod adaptors;
+mod adaptor_support;
+mod aligned;
 mod arena;
+mod binning;
 mod callback;
 mod config;
 mod conformance;
 mod erased;
+mod every_adaptor;
+mod every_suballocator;
 mod failing_upstream;
+mod fixed_size;
 mod host_allocator;
-mod misc;
+mod leaves;
+mod limiting;
+mod logging;
+mod pool;
 mod registry;
 mod replay;
+mod retry;
 mod retry_reentry;
+mod stack;
+mod stand_in;
+mod statistics;
+mod suballoc_model;
+mod suballoc_support;
+mod thread_cache;
+mod thread_heaps;
+mod tlsf;
+mod tracking;
+mod virtual_memory;
 // The op files of the side-by-side benchmark with RMM (benches/rmm): its round-trip tests.
 #[path = "../../benches/rmm/ops.rs"]
 mod rmm_ops;
-mod stack;
-mod stand_in;
-mod suballocators;
-mod virtual_memory;

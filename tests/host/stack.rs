@@ -1,16 +1,19 @@
 //! Host tests of stacks seen whole: descriptions of macro and text stacks (and that a text stack's
 //! description builds the same stack again), layers reached by type at compile time (`reach`) and
-//! at run time through erased layers (`find`).
+//! at run time through erased layers (`find`), a stack of a leaf alone, and the sizes
+//! `resource_stack!` fields take.
 
 // resource_stack! always adds `..Default::default()`, which clippy flags for a configuration whose
 // every field is given.
 #![allow(clippy::needless_update)]
 
+use crate::leaves::zero_size_is_dangling;
 use crate::support::files::TempFile;
 use mrstack::adaptor::Retry;
 use mrstack::config::{self, StackBuilder};
 use mrstack::erased::{AnyResource, ResourceRef};
 use mrstack::prelude::*;
+use mrstack::resource::AllocErrorKind;
 use mrstack::stack::{AnyLayer, HasLayer, Reach};
 use mrstack::{
     adaptor::{Aligned, Limiting, Logging, Statistics, Tracking},
@@ -411,4 +414,109 @@ fn find_reaches_every_layer_type_of_a_text_stack() {
     // A stack without the adaptor has none to give.
     let bare = config::build::<()>("simulated(capacity=1MiB) > pool").unwrap();
     assert!(bare.statistics().is_none() && bare.tracking().is_none());
+}
+
+#[test]
+fn stack_of_a_leaf() {
+    let sim = Simulated::new(1 << 30);
+    let mr = resource_stack![&sim];
+    let p = mr.allocate(1 << 20, 256, S).unwrap();
+    assert_eq!(sim.in_use(), 1 << 20);
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
+    let owned: System = resource_stack![System::new(),];
+    zero_size_is_dangling(&owned);
+    // A borrowed temporary lives as long as `mr`, as `let mr = &Simulated::new(…);` would.
+    let mr = resource_stack![&Simulated::new(1 << 20)];
+    let p = mr.allocate(64, 8, S).unwrap();
+    assert_eq!(mr.in_use(), 64);
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 64, 8, S) };
+}
+
+#[test]
+fn macro_fields_take_sizes_literals_and_expressions() {
+    let sim = Simulated::new(1 << 50);
+    let shift = 30;
+    let mr = resource_stack![
+        &sim,
+        Pool {
+            initial: 1 << 20,
+            max: 1 << shift
+        },
+        Limiting { limit: "512 MiB" },
+    ];
+    let e = mr.allocate(600 << 20, 256, S).unwrap_err();
+    assert!(
+        matches!(e.kind, AllocErrorKind::LimitExceeded { limit, .. } if limit == 512 << 20),
+        "{e}"
+    );
+    let p = mr.allocate(1 << 20, 256, S).unwrap();
+    assert_eq!(mr.upstream().usage().held, 1 << 20);
+    // SAFETY: p came from mr with this size and align.
+    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
+    let aligned = resource_stack![System::new(), Aligned<U4096>];
+    let p = aligned.allocate(10, 1, S).unwrap();
+    assert_eq!(p.as_ptr() as usize % 4096, 0);
+    // SAFETY: p came from aligned with this size and align.
+    unsafe { aligned.deallocate(p, 10, 1, S) };
+}
+
+#[test]
+fn macro_size_literals_in_every_spelling() {
+    let sim = Simulated::new(1 << 40);
+    let limit = |mr: &Limiting<&Simulated>| {
+        let e = mr.allocate(1 << 41, 256, S).unwrap_err();
+        match e.kind {
+            AllocErrorKind::LimitExceeded { limit, .. } => limit,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 0x10 MiB }]),
+        16 << 20
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 2KiB }]),
+        2048
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 1_024 B }]),
+        1024
+    );
+    // An expression is bytes; a number literal alone needs its unit (tests/ui/size_without_unit.rs).
+    let kib = 1024;
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 3 * kib }]),
+        3072
+    );
+    // KB/MB/GB/TB are powers of 1024, as Holoscan reads them.
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 3 GB }]),
+        3 << 30
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: "64 KB" }]),
+        64 << 10
+    );
+    // Decimals, truncated to whole bytes: as a literal and its unit, or as a string.
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 1.5 GiB }]),
+        3 << 29
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 1.5GiB }]),
+        3 << 29
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: "1.5GB" }]),
+        3 << 29
+    );
+    assert_eq!(
+        limit(&resource_stack![&sim, Limiting { limit: 0.3 KiB }]),
+        307
+    );
+    // Both literal and in order: accepted.
+    let pool = resource_stack![&sim, Pool { initial: 1 MiB, max: "2MB" }];
+    assert_eq!(pool.usage().held, 1 << 20);
 }

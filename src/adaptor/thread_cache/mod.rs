@@ -3,11 +3,17 @@
 use crate::resource::{check_request, forward_upstream, Layer, MemoryResource, Result};
 use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
-use crate::stream::{StreamHandle, StreamRef};
+use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use typenum::U256;
+
+mod classes;
+mod shared;
+
+use classes::{class_of, class_size};
+use shared::{lock, Cache, Evicted, Shared};
 
 const NAME: &str = "ThreadCache";
 /// Every cached block is a multiple of this and asked for at this alignment.
@@ -43,123 +49,6 @@ impl Default for ThreadCacheConfig {
             max_block: 16 << 20,
         }
     }
-}
-
-/// One thread's free blocks, all freed on `stream`, by size class.
-#[derive(Debug, Default)]
-struct Cache {
-    /// The token of the thread whose exit hands this slot's blocks on ([`shard::token`]).
-    hooked: u64,
-    /// Keeps the stream alive while blocks freed on it wait here.
-    stream: Option<StreamHandle>,
-    /// Bytes in `classes` (class sizes, not request sizes).
-    held: usize,
-    /// Bytes of the shared budget this cache has reserved: at least `held`.
-    quota: usize,
-    /// By class index, oldest first (grown to the largest class used).
-    classes: Vec<Vec<usize>>,
-}
-
-impl Cache {
-    fn holds(&self, stream: StreamRef) -> bool {
-        self.stream.as_ref().is_some_and(|s| s.id() == stream.id())
-    }
-
-    /// Takes every block out, with its class size, and lets the stream go (the quota stays).
-    fn take_all(&mut self, out: &mut Vec<(usize, usize)>) -> Option<StreamHandle> {
-        for (i, blocks) in self.classes.iter_mut().enumerate() {
-            let size = class_size(i);
-            out.extend(blocks.drain(..).map(|a| (a, size)));
-        }
-        self.held = 0;
-        self.stream.take()
-    }
-
-    /// Takes the older half of every class (at least one block of each non-empty class) out,
-    /// with its class size: at least half of what the cache holds.
-    fn take_older_half(&mut self, out: &mut Vec<(usize, usize)>) {
-        for (i, blocks) in self.classes.iter_mut().enumerate() {
-            if blocks.is_empty() {
-                continue;
-            }
-            let size = class_size(i);
-            let n = blocks.len().div_ceil(2);
-            self.held -= n * size;
-            out.extend(blocks.drain(..n).map(|a| (a, size)));
-        }
-    }
-}
-
-/// The blocks of one size class that threads gave up, per stream they were freed on: where a
-/// thread's miss looks before the upstream.
-#[derive(Debug, Default)]
-struct Central {
-    /// Each stream's blocks, newest last; a stream with none is dropped (and let go).
-    lists: Vec<(StreamHandle, Vec<usize>)>,
-}
-
-impl Central {
-    fn pop(&mut self, stream: StreamRef) -> Option<usize> {
-        let at = self.lists.iter().position(|(s, _)| s.id() == stream.id())?;
-        let addr = self.lists[at].1.pop();
-        if self.lists[at].1.is_empty() {
-            // `remove`, not `swap_remove`: the lists stay oldest first, for `push`.
-            self.lists.remove(at);
-        }
-        addr
-    }
-
-    /// Adds `blocks` to `stream`'s list; a list of a new stream beyond [`STREAMS_PER_CLASS`]
-    /// pushes the oldest stream's list out, which the caller gives back to the upstream.
-    fn push(
-        &mut self,
-        stream: StreamRef,
-        blocks: impl Iterator<Item = usize>,
-    ) -> Vec<(StreamHandle, Vec<usize>)> {
-        match self.lists.iter_mut().find(|(s, _)| s.id() == stream.id()) {
-            Some((_, list)) => {
-                list.extend(blocks);
-                Vec::new()
-            }
-            None => {
-                self.lists.push((stream.to_handle(), blocks.collect()));
-                let over = self.lists.len().saturating_sub(STREAMS_PER_CLASS);
-                self.lists.drain(..over).collect()
-            }
-        }
-    }
-
-    fn bytes(&self, class: usize) -> usize {
-        self.lists.iter().map(|(_, l)| l.len() * class).sum()
-    }
-}
-
-/// The class of a request of `size` bytes (1 ≤ size ≤ 2^(usize::BITS - 2)): its index and the
-/// size of its blocks. Up to 2 KiB, classes of 256 bytes; above, 8 classes per power of two.
-#[inline]
-fn class_of(size: usize) -> (usize, usize) {
-    let s = size.max(1) - 1;
-    if s < 8 * GRANULE {
-        let i = s / GRANULE;
-        return (i, (i + 1) * GRANULE);
-    }
-    // s >= 2048: the top bit p >= 11; the class steps by 2^(p - 3) within (2^p, 2^(p+1)].
-    let p = usize::BITS - 1 - s.leading_zeros();
-    let step = p - SUBCLASSES.trailing_zeros();
-    let top = s >> step; // in [8, 16)
-    let i = ((p - 11) * SUBCLASSES) as usize + top;
-    (i, (top + 1) << step)
-}
-
-/// The block size of class `i` (the inverse of [`class_of`]).
-#[inline]
-fn class_size(i: usize) -> usize {
-    if i < 8 {
-        return (i + 1) * GRANULE;
-    }
-    let p = (i / SUBCLASSES as usize) as u32 + 10;
-    let top = i % SUBCLASSES as usize + 8;
-    (top + 1) << (p - SUBCLASSES.trailing_zeros())
 }
 
 /// A cache per thread in front of an upstream resource `U`: a block freed by a thread is kept
@@ -233,154 +122,6 @@ pub struct ThreadCache<U: MemoryResource> {
     /// What the caches hold, apart from the upstream: shared with the exit hooks of the threads
     /// that used this resource.
     shared: Arc<Shared>,
-}
-
-/// A stream's list of blocks of one class leaving the shared lists for the upstream: the
-/// stream they were freed on, the class size, the addresses. Their bytes are still reserved.
-type Evicted = (StreamHandle, usize, Vec<usize>);
-
-/// The caches, the shared lists and the budget.
-#[derive(Debug)]
-struct Shared {
-    bytes: usize,
-    /// Bytes of `bytes` that no cache and no list holds reserved: the caches' quotas, the lists'
-    /// blocks and this sum to `bytes`.
-    unreserved: AtomicUsize,
-    /// What a cache reserves at a time, at least.
-    piece: usize,
-    /// Set when a cache found the budget full: caches then keep no room beyond what they hold,
-    /// until half the budget is free again.
-    tight: AtomicBool,
-    /// One per thread slot ([`shard::SLOTS`]), and the shared one.
-    caches: Box<[shard::SlotLock<Cache>]>,
-    /// One per size class up to `max_block`'s, each under its own lock.
-    central: Box<[Mutex<Central>]>,
-    /// Lists an exit hook pushed out of `central` (their bytes still reserved), for the next call
-    /// to give back; `has_orphans` says there are some.
-    orphans: Mutex<Vec<Evicted>>,
-    has_orphans: AtomicBool,
-}
-
-fn lock(central: &Mutex<Central>) -> MutexGuard<'_, Central> {
-    // Central's updates are whole vector operations that complete before the lock is released
-    // (nothing inside calls out), so a poisoned one holds consistent lists.
-    central.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Shared {
-    /// Takes `n` bytes of the budget, if that many are left.
-    fn take(&self, n: usize) -> bool {
-        self.unreserved
-            .fetch_update(Relaxed, Relaxed, |left| left.checked_sub(n))
-            .is_ok()
-    }
-
-    /// [`take`](Self::take), and on a refusal the caches turn tight: the first refusal also
-    /// takes back the unused room of every cache whose thread is not in a call (an idle thread
-    /// makes no call that would give it back), and tries once more. The caller's own cache, if
-    /// it holds it, is locked, so `try_lock` passes it by and nothing waits.
-    fn reserve(&self, n: usize) -> bool {
-        if self.take(n) {
-            return true;
-        }
-        if self.tight.swap(true, Relaxed) {
-            return false;
-        }
-        for cache in self.caches.iter() {
-            if let Some(mut c) = cache.try_lock() {
-                let room = c.quota - c.held;
-                c.quota -= room;
-                self.release_quiet(room);
-            }
-        }
-        self.take(n)
-    }
-
-    /// Gives `n` reserved bytes back without touching `tight`.
-    fn release_quiet(&self, n: usize) {
-        self.unreserved.fetch_add(n, Relaxed);
-    }
-
-    /// Gives `n` reserved bytes back to the budget.
-    fn release(&self, n: usize) {
-        let left = self.unreserved.fetch_add(n, Relaxed) + n;
-        if left >= self.bytes / 2 && self.tight.load(Relaxed) {
-            self.tight.store(false, Relaxed);
-        }
-    }
-
-    /// Makes `cache`'s quota cover what it holds: from the budget (a piece at a time, or just
-    /// what is needed once the caches are tight), or, where the budget has no room, by taking
-    /// the older half of its classes out into `out` (their bytes then reserved by no one) until
-    /// it does. Gives back what it reserved beyond two pieces of room (beyond none when tight),
-    /// so that an idle thread keeps little of the budget from the others.
-    fn fit(&self, cache: &mut Cache, out: &mut Vec<(usize, usize)>) {
-        let piece = if self.tight.load(Relaxed) {
-            0
-        } else {
-            self.piece
-        };
-        if cache.held > cache.quota {
-            let need = cache.held - cache.quota;
-            let want = need.max(piece);
-            if want > need && self.take(want) {
-                cache.quota += want;
-            } else if self.reserve(need) {
-                cache.quota += need;
-            } else {
-                while cache.held > cache.quota {
-                    cache.take_older_half(out);
-                }
-            }
-        }
-        let room = cache.quota - cache.held;
-        if room > 2 * piece {
-            let back = room - piece;
-            cache.quota -= back;
-            self.release(back);
-        }
-    }
-
-    /// Puts `blocks` (address, class size; a class's blocks side by side, as [`Cache`] takes
-    /// them out), whose bytes are already reserved, on their classes' shared lists for
-    /// `stream`. Returns the lists that pushed out, for the upstream.
-    #[must_use]
-    fn keep(&self, blocks: &[(usize, usize)], stream: StreamRef) -> Vec<Evicted> {
-        let mut out = Vec::new();
-        for run in blocks.chunk_by(|a, b| a.1 == b.1) {
-            let class = run[0].1;
-            let pushed =
-                lock(&self.central[class_of(class).0]).push(stream, run.iter().map(|b| b.0));
-            out.extend(pushed.into_iter().map(|(old, list)| (old, class, list)));
-        }
-        out
-    }
-}
-
-impl shard::Flush for Shared {
-    /// The slot's thread is exiting: its blocks go to the shared lists, with their reservation,
-    /// and the rest of its quota back to the budget. Lists this pushes past
-    /// [`STREAMS_PER_CLASS`] keep the extra streams until the next push there (no upstream is
-    /// at hand here).
-    fn flush(&self, slot: usize) {
-        // The cache stays locked until its blocks are on the lists: an `empty` (a drop) that
-        // runs meanwhile waits for it here, and finds them there (it empties the caches first).
-        let mut cache = self.caches[slot].lock();
-        cache.hooked = 0;
-        let mut blocks = Vec::new();
-        let stream = cache.take_all(&mut blocks);
-        let held: usize = blocks.iter().map(|b| b.1).sum();
-        self.release(std::mem::take(&mut cache.quota) - held);
-        let Some(stream) = stream else { return };
-        let evicted = self.keep(&blocks, stream.as_ref());
-        if !evicted.is_empty() {
-            // No upstream here: the next free (or `empty`) on any thread gives them back, their
-            // bytes reserved until then.
-            let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
-            orphans.extend(evicted);
-            self.has_orphans.store(true, Relaxed);
-        }
-    }
 }
 
 impl<U: MemoryResource> ThreadCache<U> {
@@ -688,35 +429,6 @@ impl<U: MemoryResource> Layer<U> for ThreadCacheConfig {
 impl<U: MemoryResource> Drop for ThreadCache<U> {
     fn drop(&mut self) {
         self.empty();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn classes_round_up_by_at_most_an_eighth_and_invert() {
-        let sizes = (1..70_000)
-            .chain((1..62).map(|p| (1usize << p) + 1))
-            .chain([1 << 62]);
-        for size in sizes {
-            let (i, block) = class_of(size);
-            assert!(block >= size, "{size}: block {block}");
-            assert_eq!(block % GRANULE, 0, "{size}");
-            assert!(
-                block - size < GRANULE || (block - size) * 8 <= size,
-                "{size}: block {block}"
-            );
-            assert_eq!(class_size(i), block, "class {i} of {size}");
-        }
-        // Classes grow with the size, one index at a time.
-        let mut last = 0;
-        for size in 1..70_000 {
-            let (i, _) = class_of(size);
-            assert!(i == last || i == last + 1, "{size}: class {i} after {last}");
-            last = i;
-        }
     }
 }
 

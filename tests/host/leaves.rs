@@ -1,9 +1,10 @@
-//! Host-only tests of the foundation: request validation on every resource, zero-size requests,
-//! `&R` / `Arc<R>` forwarding, `resource_stack!` on leaves, and CUDA constructors without a driver.
+//! Host tests of the leaves and the rules every resource follows: request validation and
+//! zero-size requests on `System`, `Simulated`, `&R` and `Arc<R>`, out of memory and what errors
+//! say, `Simulated`'s address space starting over, and the CUDA constructors without a driver.
 
 use mrstack::prelude::*;
 use mrstack::resource::dangling;
-use mrstack::{adaptor::Limiting, resource::AllocErrorKind, typenum::U4096};
+use mrstack::resource::AllocErrorKind;
 use std::sync::Arc;
 
 const S: StreamRef = StreamRef::DEFAULT;
@@ -40,7 +41,7 @@ fn rejects_bad_input<R: MemoryResource>(r: &R) {
 }
 
 /// Size 0: a dangling pointer aligned to max(align, R::Alignment), no upstream call, free is a no-op.
-fn zero_size_is_dangling<R: MemoryResource>(r: &R) {
+pub(crate) fn zero_size_is_dangling<R: MemoryResource>(r: &R) {
     for align in [1usize, 8, 256, 4096] {
         let p = r.allocate(0, align, S).unwrap();
         let expect = align.max(mrstack::property::alignment_of::<R>());
@@ -101,47 +102,6 @@ fn simulated_out_of_memory_is_an_error_and_recoverable() {
 }
 
 #[test]
-fn stack_of_a_leaf() {
-    let sim = Simulated::new(1 << 30);
-    let mr = resource_stack![&sim];
-    let p = mr.allocate(1 << 20, 256, S).unwrap();
-    assert_eq!(sim.in_use(), 1 << 20);
-    // SAFETY: p came from mr with this size and align.
-    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
-    let owned: System = resource_stack![System::new(),];
-    zero_size_is_dangling(&owned);
-    // A borrowed temporary lives as long as `mr`, as `let mr = &Simulated::new(…);` would.
-    let mr = resource_stack![&Simulated::new(1 << 20)];
-    let p = mr.allocate(64, 8, S).unwrap();
-    assert_eq!(mr.in_use(), 64);
-    // SAFETY: p came from mr with this size and align.
-    unsafe { mr.deallocate(p, 64, 8, S) };
-}
-
-#[test]
-fn cuda_constructors_fail_cleanly_without_a_driver() {
-    if mrstack::driver_available() {
-        eprintln!("skipping: a CUDA driver is present here; the GPU suite covers this machine");
-        return;
-    }
-    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
-    no_driver(mrstack::cuda_context(0).unwrap_err());
-    no_driver(Cuda::on_device(0).unwrap_err());
-    no_driver(CudaAsync::on_device(0).unwrap_err());
-    no_driver(Managed::on_device(0).unwrap_err());
-    no_driver(Pinned::on_device(0).unwrap_err());
-    assert_eq!(mrstack::device_count(), 0);
-    let msg = Cuda::on_device(0).unwrap_err().to_string();
-    assert!(msg.contains("no CUDA driver"), "{msg}");
-    // What `main` prints for `?`: what happened, not a 0-byte request, then the kind to match.
-    let debug = format!("{:?}", Cuda::on_device(0).unwrap_err());
-    assert_eq!(
-        debug,
-        "CudaContext: no CUDA driver: libcuda could not be loaded on this machine [AllocErrorKind::NoDriver]"
-    );
-}
-
-#[test]
 fn errors_say_what_failed() {
     let e = AllocError::new(
         AllocErrorKind::LimitExceeded {
@@ -194,93 +154,6 @@ fn errors_say_what_failed() {
 }
 
 #[test]
-fn macro_fields_take_sizes_literals_and_expressions() {
-    let sim = Simulated::new(1 << 50);
-    let shift = 30;
-    let mr = resource_stack![
-        &sim,
-        Pool {
-            initial: 1 << 20,
-            max: 1 << shift
-        },
-        Limiting { limit: "512 MiB" },
-    ];
-    let e = mr.allocate(600 << 20, 256, S).unwrap_err();
-    assert!(
-        matches!(e.kind, AllocErrorKind::LimitExceeded { limit, .. } if limit == 512 << 20),
-        "{e}"
-    );
-    let p = mr.allocate(1 << 20, 256, S).unwrap();
-    assert_eq!(mr.upstream().usage().held, 1 << 20);
-    // SAFETY: p came from mr with this size and align.
-    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
-    let aligned = resource_stack![System::new(), Aligned<U4096>];
-    let p = aligned.allocate(10, 1, S).unwrap();
-    assert_eq!(p.as_ptr() as usize % 4096, 0);
-    // SAFETY: p came from aligned with this size and align.
-    unsafe { aligned.deallocate(p, 10, 1, S) };
-}
-
-#[test]
-fn macro_size_literals_in_every_spelling() {
-    let sim = Simulated::new(1 << 40);
-    let limit = |mr: &Limiting<&Simulated>| {
-        let e = mr.allocate(1 << 41, 256, S).unwrap_err();
-        match e.kind {
-            AllocErrorKind::LimitExceeded { limit, .. } => limit,
-            other => panic!("{other:?}"),
-        }
-    };
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 0x10 MiB }]),
-        16 << 20
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 2KiB }]),
-        2048
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 1_024 B }]),
-        1024
-    );
-    // An expression is bytes; a number literal alone needs its unit (tests/ui/size_without_unit.rs).
-    let kib = 1024;
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 3 * kib }]),
-        3072
-    );
-    // KB/MB/GB/TB are powers of 1024, as Holoscan reads them.
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 3 GB }]),
-        3 << 30
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: "64 KB" }]),
-        64 << 10
-    );
-    // Decimals, truncated to whole bytes: as a literal and its unit, or as a string.
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 1.5 GiB }]),
-        3 << 29
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 1.5GiB }]),
-        3 << 29
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: "1.5GB" }]),
-        3 << 29
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 0.3 KiB }]),
-        307
-    );
-    // Both literal and in order: accepted.
-    let pool = resource_stack![&sim, Pool { initial: 1 MiB, max: "2MB" }];
-    assert_eq!(pool.usage().held, 1 << 20);
-}
-
-#[test]
 fn simulated_starts_over_once_its_address_space_is_spent_and_nothing_is_live() {
     let sim = Simulated::new(usize::MAX);
     let d = StreamRef::DEFAULT;
@@ -307,6 +180,29 @@ fn simulated_starts_over_once_its_address_space_is_spent_and_nothing_is_live() {
     // SAFETY: a came from sim with this size.
     unsafe { sim.deallocate(a, huge, 256, d) };
     assert_eq!(sim.in_use(), 0);
+}
+
+#[test]
+fn cuda_constructors_fail_cleanly_without_a_driver() {
+    if mrstack::driver_available() {
+        eprintln!("skipping: a CUDA driver is present here; the GPU suite covers this machine");
+        return;
+    }
+    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
+    no_driver(mrstack::cuda_context(0).unwrap_err());
+    no_driver(Cuda::on_device(0).unwrap_err());
+    no_driver(CudaAsync::on_device(0).unwrap_err());
+    no_driver(Managed::on_device(0).unwrap_err());
+    no_driver(Pinned::on_device(0).unwrap_err());
+    assert_eq!(mrstack::device_count(), 0);
+    let msg = Cuda::on_device(0).unwrap_err().to_string();
+    assert!(msg.contains("no CUDA driver"), "{msg}");
+    // What `main` prints for `?`: what happened, not a 0-byte request, then the kind to match.
+    let debug = format!("{:?}", Cuda::on_device(0).unwrap_err());
+    assert_eq!(
+        debug,
+        "CudaContext: no CUDA driver: libcuda could not be loaded on this machine [AllocErrorKind::NoDriver]"
+    );
 }
 
 #[test]

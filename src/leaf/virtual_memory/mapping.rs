@@ -1,0 +1,251 @@
+//! Reserving ranges and mapping, enabling and unmapping the pages under blocks.
+
+use crate::leaf::PhysicalPages;
+use crate::resource::{AllocError, Result};
+use crate::stream::StreamRef;
+use crate::suballoc::tlsf_index::GRANULE;
+
+use super::bitset::Bits;
+use super::region::{ends, page_span, Overlap, Region, State};
+use super::{VirtualMemory, NAME};
+
+impl<P: PhysicalPages> VirtualMemory<P> {
+    /// Reserves a range of at least `need` bytes (the configured reservation, or more) as one
+    /// free block on `stream`.
+    pub(super) fn reserve(
+        &self,
+        st: &mut State<P::Page>,
+        need: usize,
+        stream: StreamRef,
+    ) -> Result<()> {
+        let wanted = match self.config.reservation {
+            0 => self.pages.default_reservation(),
+            n => n,
+        };
+        // At least a page: a source of no capacity (a simulated one of 0 bytes) has a default
+        // reservation of 0, which no source reserves.
+        let size = wanted
+            .max(need)
+            .max(self.page)
+            .checked_next_multiple_of(self.page)
+            .filter(|&s| s <= isize::MAX as usize)
+            .ok_or(AllocError::out_of_memory(need, GRANULE, NAME))?;
+        let base = self.pages.reserve(size)?;
+        if !st.index.add_chunk(base, size, stream) {
+            // SAFETY: just reserved with this size; nothing is mapped in it.
+            unsafe { self.pages.unreserve(base, size) };
+            return Err(AllocError::out_of_memory(need, GRANULE, NAME));
+        }
+        let at = st.regions.partition_point(|r| r.base < base);
+        st.regions.insert(
+            at,
+            Region {
+                base,
+                size,
+                partial: Vec::new(),
+                handles: Vec::new(),
+                mapped: Bits::default(),
+                cached: Bits::default(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Makes the pages of the block `[addr, addr + len)` of region `r` live: out of the cache,
+    /// and mapped where they are not. On failure nothing has changed (but the cache may have been
+    /// emptied).
+    pub(super) fn commit(
+        &self,
+        st: &mut State<P::Page>,
+        r: usize,
+        addr: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
+        let region = &mut st.regions[r];
+        region.grow(last);
+        // The pages it covers are live through it alone; the end pages it shares are counted.
+        let covered_cached = region.cached.clear(lo, hi);
+        let mut uncached = covered_cached;
+        // The usual case maps nothing: a covered page was free, so it is mapped exactly when it
+        // was cached, and an end page is looked up (one bit each) instead of counting the span.
+        let mut all_mapped = covered_cached == hi - lo;
+        for p in ends(first, last, lo, hi) {
+            uncached += region.touch(p, Overlap::None, Overlap::Partial);
+            all_mapped &= region.mapped.get(p);
+        }
+        st.cached -= uncached;
+        if all_mapped {
+            return Ok(());
+        }
+        let result = self.map_range(st, r, first, last);
+        if result.is_err() {
+            self.uncommit(st, r, addr, len, false);
+            // The pages mapped for the request went to the cache: keep it within its bound.
+            if st.cached * self.page > self.config.cache {
+                self.trim(st, self.config.cache);
+            }
+        }
+        result
+    }
+
+    /// Maps the unmapped pages of `first..last` of region `r` (all live), emptying the cache
+    /// first where the cap or the source says there is no room.
+    fn map_range(
+        &self,
+        st: &mut State<P::Page>,
+        r: usize,
+        first: usize,
+        last: usize,
+    ) -> Result<()> {
+        let missing = st.regions[r].mapped.count_clear(first, last);
+        if missing == 0 {
+            return Ok(());
+        }
+        let bytes = missing * self.page;
+        if bytes > self.config.max.saturating_sub(st.mapped) {
+            self.trim(st, 0);
+            if bytes > self.config.max.saturating_sub(st.mapped) {
+                return Err(AllocError::out_of_memory(bytes, self.page, NAME));
+            }
+        }
+        let base = st.regions[r].base;
+        let mut run: Option<usize> = None;
+        for p in first..=last {
+            let unmapped = p < last && !st.regions[r].mapped.get(p);
+            if unmapped {
+                let addr = base + p * self.page;
+                // SAFETY: one page of a reservation of this source, not mapped (its bit is
+                // clear, and nothing but this resource maps in its reservations).
+                let mapped = match unsafe { self.pages.map(addr, self.page) } {
+                    Err(e) if e.is_out_of_memory() && st.cached > 0 => {
+                        self.trim(st, 0);
+                        // SAFETY: as above; the trim unmapped only cached pages.
+                        unsafe { self.pages.map(addr, self.page) }
+                    }
+                    other => other,
+                };
+                let page = match mapped {
+                    Ok(page) => page,
+                    Err(e) => {
+                        // The pages of this run were never enabled: no one may use them.
+                        if let Some(start) = run {
+                            for q in start..p {
+                                self.unmap_page(st, r, q);
+                            }
+                        }
+                        return Err(e);
+                    }
+                };
+                let region = &mut st.regions[r];
+                region.handles[p] = Some(page);
+                region.mapped.set(p, p + 1);
+                st.mapped += self.page;
+                st.peak_mapped = st.peak_mapped.max(st.mapped);
+                run.get_or_insert(p);
+            } else if let Some(start) = run.take() {
+                // SAFETY: pages `start..p` were just mapped by this source, in one of its
+                // reservations.
+                let enabled = unsafe {
+                    self.pages
+                        .enable(base + start * self.page, (p - start) * self.page)
+                };
+                if let Err(e) = enabled {
+                    // Pages no one may access: unmap them (nothing used them).
+                    for q in start..p {
+                        self.unmap_page(st, r, q);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up the pages of the block `[addr, addr + len)` of region `r`: those left with no
+    /// live block go in the cache, and the cache is trimmed to its bound if `trim`.
+    pub(super) fn uncommit(
+        &self,
+        st: &mut State<P::Page>,
+        r: usize,
+        addr: usize,
+        len: usize,
+        trim: bool,
+    ) {
+        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
+        let region = &mut st.regions[r];
+        // The pages the block covered wholly are free now; they are mapped, unless the block is
+        // being given up because mapping them failed.
+        let mut freed = region.cache_mapped(lo, hi);
+        for p in ends(first, last, lo, hi) {
+            freed += region.touch(p, Overlap::Partial, Overlap::None);
+        }
+        st.cached += freed;
+        if trim && st.cached * self.page > self.config.cache {
+            self.trim(st, self.config.cache / 2);
+        }
+    }
+
+    /// Grows the live block `[addr, addr + old)` of region `r` to `new` bytes, page by page: the
+    /// pages it now touches leave the cache or are mapped. On failure the pages are as before.
+    pub(super) fn extend(
+        &self,
+        st: &mut State<P::Page>,
+        r: usize,
+        addr: usize,
+        old: usize,
+        new: usize,
+    ) -> Result<()> {
+        let base = st.regions[r].base;
+        let before = page_span(base, addr, old, self.shift);
+        let after = page_span(base, addr, new, self.shift);
+        // The old block's last page is the only one it shares with the grown one's new pages.
+        let shared = before.1 - 1;
+        let (lo, hi) = (after.2.max(shared + 1), after.3.max(shared + 1));
+        let region = &mut st.regions[r];
+        region.grow(after.1);
+        let mut uncached = region.touch(
+            shared,
+            Overlap::of(before, shared),
+            Overlap::of(after, shared),
+        );
+        uncached += region.cached.clear(lo, hi);
+        for p in ends(after.0, after.1, after.2, after.3).filter(|&p| p > shared) {
+            uncached += region.touch(p, Overlap::None, Overlap::Partial);
+        }
+        st.cached -= uncached;
+        let result = self.map_range(st, r, shared, after.1);
+        if result.is_err() {
+            // The same steps backwards: what the grown block alone held goes to the cache.
+            let region = &mut st.regions[r];
+            let mut freed = region.cache_mapped(lo, hi);
+            for p in ends(after.0, after.1, after.2, after.3).filter(|&p| p > shared) {
+                freed += region.touch(p, Overlap::Partial, Overlap::None);
+            }
+            freed += region.touch(
+                shared,
+                Overlap::of(after, shared),
+                Overlap::of(before, shared),
+            );
+            st.cached += freed;
+            if st.cached * self.page > self.config.cache {
+                self.trim(st, self.config.cache);
+            }
+        }
+        result
+    }
+
+    /// Unmaps page `p` of region `r`, out of the cache, that no work uses: no live block is on
+    /// it and the streams that freed blocks on it were synchronized, or it was never enabled.
+    pub(super) fn unmap_page(&self, st: &mut State<P::Page>, r: usize, p: usize) {
+        let region = &mut st.regions[r];
+        let addr = region.base + p * self.page;
+        region.mapped.clear(p, p + 1);
+        if let Some(page) = region.handles[p].take() {
+            st.mapped -= self.page;
+            // SAFETY: a mapping this source made for this page, with no live block on it, whose
+            // last users the caller synchronized (or that nothing ever used).
+            unsafe { self.pages.unmap(addr, self.page, page) };
+        }
+    }
+}
