@@ -26,7 +26,8 @@ STEPS = 12
 
 
 def emit(result):
-    print(json.dumps(result))
+    # NumPy scalars (np.bool_, np.float64) print as their Python values.
+    print(json.dumps(result, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
 def train(use_mrstack: bool):
@@ -117,7 +118,7 @@ def cupy_scenario():
     prod = cupy.asnumpy(cupy.asarray(a) @ cupy.asarray(b))
     x = rng.standard_normal(100_000)
     s = float(cupy.asarray(x).sum())
-    values_ok = bool(np.allclose(prod, a @ b, rtol=1e-10, atol=1e-10)) and abs(s - x.sum()) < 1e-8
+    values_ok = bool(np.allclose(prod, a @ b, rtol=1e-10, atol=1e-10)) and bool(abs(s - x.sum()) < 1e-8)
     stats = mrstack.stats(cupy.cuda.Device().id)
     oom_type = None
     try:
