@@ -108,6 +108,10 @@ pub(crate) mod sealed {
     )]
     pub trait Claimed<P> {}
 
+    /// `B: SameBits<U>` holds exactly where `B`'s four property bits are `U`'s: the supertrait
+    /// that stops an `impl SameProperties<U> for MyType` outside the crate.
+    pub trait SameBits<U: ?Sized> {}
+
     /// Property sets are this crate's markers and their tuples only.
     #[diagnostic::on_unimplemented(
         message = "`{Self}` is not a property set of mrstack",
@@ -200,10 +204,15 @@ impl<R: MemoryResource + ?Sized> Selects<Pageable> for R {
     note = "a composite hands this resource's blocks out under the properties it claims from `{U}`: a bin of pinned or managed memory under a binning over System would put a Vec where the driver may DMA",
     note = "give it a resource of the same kind of memory as the upstream, or erase both to the same `AnyResource<P>`"
 )]
-pub trait SameProperties<U: ?Sized>: MemoryResource {}
+pub trait SameProperties<U: ?Sized>: MemoryResource + sealed::SameBits<U> {}
 
 #[diagnostic::do_not_recommend]
-impl<B, U> SameProperties<U> for B
+impl<B, U> SameProperties<U> for B where B: MemoryResource + sealed::SameBits<U> + ?Sized {}
+
+// The seal: an impl of `SameProperties` of a user's own, for a resource whose bits differ, would
+// need this trait too, which no code outside the crate can name.
+#[diagnostic::do_not_recommend]
+impl<B, U> sealed::SameBits<U> for B
 where
     B: MemoryResource<
             Host = U::Host,

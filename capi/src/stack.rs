@@ -1,7 +1,7 @@
 //! `MrstackStack`: a stack built from a text config, the live blocks it handed out, its counts.
 
 use mrstack::adaptor::Logging;
-use mrstack::config::{ConfigErrorKind, ItemSpec, StackBuilder, StackSpec, MAX_ITEMS};
+use mrstack::config::{ConfigErrorKind, StackBuilder, StackSpec};
 use mrstack::property::Accessible;
 use mrstack::property::Properties;
 use mrstack::replay::Metered;
@@ -317,9 +317,8 @@ impl MrstackStack {
     /// The counts, as one JSON object: the calls' (allocations, deallocations, failed
     /// allocations, bad frees, live blocks and bytes, peak live bytes), the bytes the stack's leaf
     /// handed out and not yet back (`driver_bytes`, what the stack holds from the driver for a
-    /// CUDA leaf) and their peak (`peak_driver_bytes`; both null for a stack of `MAX_ITEMS`
-    /// items, which has no room for the meter), and each suballocator layer's usage, leaf side
-    /// first (`layers`: `layer`, `held`, `peak_held`, `allocated`, `free_blocks`, `chunks`).
+    /// CUDA leaf) and their peak (`peak_driver_bytes`), and each suballocator layer's usage,
+    /// leaf side first (`layers`: `layer`, `held`, `peak_held`, `allocated`, `free_blocks`, `chunks`).
     pub(crate) fn statistics_json(&self) -> String {
         let c = &self.counts;
         let live_blocks: usize = self
@@ -369,10 +368,6 @@ impl Drop for MrstackStack {
 
 /// The JSON fields of a stack's layers, read when asked.
 type LayersJson = Box<dyn Fn() -> String + Send + Sync>;
-
-/// The name under which the meter between a stack's leaf and the item above it is registered:
-/// one the text syntax cannot write, so that no config names it.
-const LEAF_METER: &str = "(leaf meter)";
 
 /// Each suballocator layer of `stack`, leaf side first, as a JSON array of its usage.
 fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> String {
@@ -441,33 +436,18 @@ fn build_erased(
         Logging<AnyResource<P>, LogFile>: Accessible<P>,
     {
         let meter: Arc<OnceLock<Arc<Metered<AnyResource<P>>>>> = Arc::default();
-        let mut metered = spec.clone();
-        if (1..MAX_ITEMS).contains(&spec.items.len()) {
-            let position = spec.items[0].position;
-            metered.items.insert(
-                1,
-                ItemSpec {
-                    name: LEAF_METER.into(),
-                    position,
-                    fields: Vec::new(),
-                },
-            );
-        }
         let built = meter.clone();
         let r = StackBuilder::<P>::new()
             .on_device(device)
-            .with_adaptor(LEAF_METER, move |_, below| {
-                let m = Arc::new(Metered::new(below));
+            .around_leaf(move |leaf| {
+                let m = Arc::new(Metered::new(leaf));
                 let _ = built.set(m.clone());
-                Ok(AnyResource::from_arc(m))
+                AnyResource::from_arc(m)
             })
-            .build_spec(&metered)
-            .map_err(|mut e| {
+            .build_spec(spec)
+            .map_err(|e| {
                 if !matches!(e.kind, ConfigErrorKind::Resource { .. }) {
                     crate::error::set_kind(crate::error::MRSTACK_ERROR_CONFIG);
-                }
-                if let ConfigErrorKind::Unknown { known, .. } = &mut e.kind {
-                    *known = known.replace(&format!(", {LEAF_METER}"), "");
                 }
                 e.to_string()
             })?;

@@ -138,6 +138,7 @@ pub trait FromItem: Sized {
 
 type AdaptorFn<P> =
     dyn Fn(&ItemSpec, AnyResource<P>) -> Result<AnyResource<P>, ConfigError> + Send + Sync;
+type LeafFn<P> = dyn Fn(AnyResource<P>) -> AnyResource<P> + Send + Sync;
 
 /// Builds stacks from text: the leaves above and the adaptors registered by name.
 ///
@@ -158,6 +159,8 @@ type AdaptorFn<P> =
 /// ```
 pub struct StackBuilder<P: PropertySet> {
     adaptors: Vec<(String, Box<AdaptorFn<P>>)>,
+    /// Wraps the leaf before the first item above it takes it.
+    around_leaf: Option<Box<LeafFn<P>>>,
     /// The device of a CUDA leaf whose text names none.
     device: usize,
 }
@@ -172,6 +175,7 @@ impl<P: PropertySet> StackBuilder<P> {
     pub fn without_adaptors() -> Self {
         StackBuilder {
             adaptors: Vec::new(),
+            around_leaf: None,
             device: 0,
         }
     }
@@ -255,6 +259,16 @@ impl<P: PropertySet> StackBuilder<P> {
         self
     }
 
+    /// Wraps every stack's leaf in `wrap` before the first item above it takes it: a layer of the
+    /// caller's that no text names, such as a meter of what the leaf hands out.
+    pub fn around_leaf(
+        mut self,
+        wrap: impl Fn(AnyResource<P>) -> AnyResource<P> + Send + Sync + 'static,
+    ) -> Self {
+        self.around_leaf = Some(Box::new(wrap));
+        self
+    }
+
     /// The names of the leaves and registered adaptors.
     pub fn names(&self) -> Vec<&str> {
         LEAVES
@@ -301,6 +315,9 @@ impl<P: PropertySet> StackBuilder<P> {
             }
             None => return Err(self.unknown(first)),
         };
+        if let Some(wrap) = &self.around_leaf {
+            stack = wrap(stack);
+        }
         for item in rest {
             if LEAVES.contains(&item.name.as_str()) {
                 return Err(item.error(ConfigErrorKind::LeafNotFirst {
