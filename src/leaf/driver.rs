@@ -410,6 +410,81 @@ pub(crate) fn driver_order_after(
     waited.map_err(err)
 }
 
+/// An event recorded on a stream: what the stream had queued when it was recorded is complete
+/// once the event is. Destroyed when dropped.
+#[derive(Debug)]
+pub struct StreamMark {
+    ctx: Arc<CudaContext>,
+    event: sys::CUevent,
+}
+
+// SAFETY: a CUevent may be queried, waited for and destroyed from any thread of the process, with
+// its context current (each use makes `ctx` current first).
+unsafe impl Send for StreamMark {}
+
+impl StreamMark {
+    /// An event recorded on `stream` in its context (the resource's `ctx` for a stream that
+    /// names none); `None` for a simulated stream (no work is ever queued on one) and, after
+    /// waiting for it on the host, for a stream that cannot be named from this thread.
+    pub(crate) fn record(
+        ctx: &Arc<CudaContext>,
+        stream: StreamRef,
+        name: &'static str,
+    ) -> Result<Option<StreamMark>, AllocError> {
+        if stream.is_simulated() {
+            return Ok(None);
+        }
+        let Some((_, handle)) = locate(ctx, stream) else {
+            return driver_synchronize(ctx, stream, name).map(|()| None);
+        };
+        // The context `locate` found the stream in.
+        let owner = stream.context().unwrap_or(ctx);
+        let err = |e| AllocError::cuda(e, 0, 0, name);
+        let _current = make_current(owner).map_err(err)?;
+        let event =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
+        let mark = StreamMark {
+            ctx: owner.clone(),
+            event,
+        };
+        // SAFETY: the event was just created in the current context; `handle` is null, a special
+        // handle valid on this thread, or a live stream of it (a StreamRef borrows its stream for
+        // the call, or was made by `from_raw`, whose caller promised it live).
+        unsafe { result::event::record(mark.event, handle) }.map_err(err)?;
+        Ok(Some(mark))
+    }
+
+    /// Whether the work before the event is complete (`cuEventQuery`); never waits.
+    pub(crate) fn reached(&self, name: &'static str) -> Result<bool, AllocError> {
+        let err = |e| AllocError::cuda(e, 0, 0, name);
+        let _current = make_current(&self.ctx).map_err(err)?;
+        // SAFETY: a live event of this context, recorded once.
+        match unsafe { sys::cuEventQuery(self.event) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(err(DriverError(e))),
+        }
+    }
+
+    /// Waits on the host for the work before the event (`cuEventSynchronize`).
+    pub(crate) fn wait(&self, name: &'static str) -> Result<(), AllocError> {
+        let err = |e| AllocError::cuda(e, 0, 0, name);
+        let _current = make_current(&self.ctx).map_err(err)?;
+        // SAFETY: a live event of this context, recorded once.
+        unsafe { result::event::synchronize(self.event) }.map_err(err)
+    }
+}
+
+impl Drop for StreamMark {
+    fn drop(&mut self) {
+        let _current = make_current_or_record(&self.ctx);
+        // SAFETY: the event is live and destroyed once; the driver keeps it until the work
+        // before it is complete.
+        self.ctx
+            .record_err(unsafe { result::event::destroy(self.event) });
+    }
+}
+
 /// Keeps the CUDA error of a call that cannot return one (a `deallocate`) in `ctx`, where cudarc
 /// keeps such errors for `CudaContext::check_err`.
 pub(crate) fn record(ctx: &CudaContext, r: Result<(), AllocError>) {

@@ -35,7 +35,9 @@ pub use pinned::Pinned;
 pub use sam_headroom::SamHeadroom;
 pub use simulated::Simulated;
 pub use system::System;
-pub use virtual_memory::{VirtualMemory, VirtualMemoryConfig, VmUsage};
+pub use virtual_memory::{
+    PagedHeaps, PagedHeapsConfig, VirtualMemory, VirtualMemoryConfig, VmUsage,
+};
 
 pub(crate) use driver::{
     context_leaf, cuda_context, driver_allocate, driver_allocate_checked, driver_available,

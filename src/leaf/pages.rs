@@ -26,7 +26,9 @@ pub(crate) mod sealed {
 /// `unreserve`; after `map(addr, size)` returns `Ok` and `enable` covered the range,
 /// `[addr, addr + size)` is memory with the `Host`/`Device`/`Managed` properties below, backed by
 /// its own physical pages, until `unmap`; `synchronize` and `order_after` keep the promises of
-/// [`MemoryResource`](crate::resource::MemoryResource)'s.
+/// [`MemoryResource`](crate::resource::MemoryResource)'s; once `reached` has said `true` of a
+/// mark, or `wait` has returned `Ok` for it, every piece of work queued on the marked stream
+/// before `mark` is complete (for `mark` returning `None`: before it returned).
 pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     /// Whether mapped memory is accessible from the host.
     type Host: Bit;
@@ -36,6 +38,8 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     type Managed: Bit;
     /// The physical memory behind one mapping, given back by `unmap`.
     type Page: Send;
+    /// A point in one stream's work (an event recorded on it), from [`mark`](Self::mark).
+    type Mark: Send;
 
     /// The bytes of a page: every mapping is a multiple of it, at a multiple of it.
     fn page_size(&self) -> usize;
@@ -79,6 +83,14 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     fn synchronize(&self, stream: StreamRef) -> Result<()>;
     /// As [`MemoryResource::order_after`](crate::resource::MemoryResource::order_after).
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
+    /// Marks the work queued on `stream` so far, without waiting for it; `None` where nothing
+    /// is left to wait for when it returns (no work is ever queued on the stream, or the stream
+    /// cannot be named from this thread and was waited for instead).
+    fn mark(&self, stream: StreamRef) -> Result<Option<Self::Mark>>;
+    /// Whether the work before `mark` is complete; never waits.
+    fn reached(&self, mark: &Self::Mark) -> Result<bool>;
+    /// Waits on the host until the work before `mark` is complete.
+    fn wait(&self, mark: &Self::Mark) -> Result<()>;
     /// A short name for errors.
     fn name(&self) -> &'static str;
     /// Writes the fields of the `vmm` text item that name this source (`device=0`,
@@ -96,6 +108,7 @@ macro_rules! forward_pages {
         type Device = P::Device;
         type Managed = P::Managed;
         type Page = P::Page;
+        type Mark = P::Mark;
         fn page_size(&self) -> usize {
             (**self).page_size()
         }
@@ -129,6 +142,15 @@ macro_rules! forward_pages {
         }
         fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
             (**self).order_after(stream, after)
+        }
+        fn mark(&self, stream: StreamRef) -> Result<Option<Self::Mark>> {
+            (**self).mark(stream)
+        }
+        fn reached(&self, mark: &Self::Mark) -> Result<bool> {
+            (**self).reached(mark)
+        }
+        fn wait(&self, mark: &Self::Mark) -> Result<()> {
+            (**self).wait(mark)
         }
         fn name(&self) -> &'static str {
             (**self).name()
@@ -353,6 +375,7 @@ unsafe impl PhysicalPages for DevicePages {
     type Device = B1;
     type Managed = B0;
     type Page = sys::CUmemGenericAllocationHandle;
+    type Mark = super::driver::StreamMark;
 
     fn page_size(&self) -> usize {
         self.page
@@ -439,6 +462,18 @@ unsafe impl PhysicalPages for DevicePages {
 
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
         super::driver_order_after(&self.ctx, stream, after, Self::NAME)
+    }
+
+    fn mark(&self, stream: StreamRef) -> Result<Option<Self::Mark>> {
+        super::driver::StreamMark::record(&self.ctx, stream, Self::NAME)
+    }
+
+    fn reached(&self, mark: &Self::Mark) -> Result<bool> {
+        mark.reached(Self::NAME)
+    }
+
+    fn wait(&self, mark: &Self::Mark) -> Result<()> {
+        mark.wait(Self::NAME)
     }
 
     fn name(&self) -> &'static str {

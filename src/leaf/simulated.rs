@@ -307,6 +307,7 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
     type Device = B0;
     type Managed = B0;
     type Page = ();
+    type Mark = ();
 
     fn page_size(&self) -> usize {
         self.page
@@ -418,6 +419,19 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
     }
 
     fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
+        Ok(())
+    }
+
+    /// No work is ever queued: nothing to wait for.
+    fn mark(&self, _: StreamRef) -> Result<Option<()>> {
+        Ok(None)
+    }
+
+    fn reached(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn wait(&self, _: &()) -> Result<()> {
         Ok(())
     }
 

@@ -130,6 +130,15 @@ pub struct MeteredPages<U, P> {
     pages: P,
 }
 
+impl<U, P: Clone> Clone for MeteredPages<U, P> {
+    fn clone(&self) -> Self {
+        MeteredPages {
+            meter: self.meter.clone(),
+            pages: self.pages.clone(),
+        }
+    }
+}
+
 impl<U, P> MeteredPages<U, P> {
     /// `pages`, counted by `meter`.
     pub fn new(meter: Arc<Metered<U>>, pages: P) -> Self {
@@ -146,6 +155,7 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
     type Device = P::Device;
     type Managed = P::Managed;
     type Page = P::Page;
+    type Mark = P::Mark;
 
     fn page_size(&self) -> usize {
         self.pages.page_size()
@@ -184,6 +194,15 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
     }
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
         self.pages.order_after(stream, after)
+    }
+    fn mark(&self, stream: StreamRef) -> Result<Option<P::Mark>> {
+        self.pages.mark(stream)
+    }
+    fn reached(&self, mark: &P::Mark) -> Result<bool> {
+        self.pages.reached(mark)
+    }
+    fn wait(&self, mark: &P::Mark) -> Result<()> {
+        self.pages.wait(mark)
     }
     fn name(&self) -> &'static str {
         self.pages.name()

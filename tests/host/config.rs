@@ -336,7 +336,7 @@ fn names_and_fields_are_checked() {
     let e = fails(
         "simulatd(capacity=1GiB)",
         1,
-        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, cuda_async_view, cuda_async_managed, managed, pinned, sam_headroom, system, simulated, vmm, pool,",
+        "unknown resource or adaptor `simulatd`; known: cuda, cuda_async, cuda_async_view, cuda_async_managed, managed, pinned, sam_headroom, system, simulated, vmm, paged, pool,",
     );
     assert!(matches!(e.kind, K::Unknown { .. }));
     assert!(e.to_string().ends_with(", count"), "{e}");

@@ -14,7 +14,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// free block on `stream`.
     pub(super) fn reserve(
         &self,
-        st: &mut State<P::Page>,
+        st: &mut State<P::Page, P::Mark>,
         need: usize,
         stream: StreamRef,
     ) -> Result<()> {
@@ -46,6 +46,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 handles: Vec::new(),
                 mapped: Bits::default(),
                 cached: Bits::default(),
+                doomed: Bits::default(),
             },
         );
         Ok(())
@@ -56,7 +57,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// emptied).
     pub(super) fn commit(
         &self,
-        st: &mut State<P::Page>,
+        st: &mut State<P::Page, P::Mark>,
         r: usize,
         addr: usize,
         len: usize,
@@ -65,7 +66,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let region = &mut st.regions[r];
         region.grow(last);
         // The pages it covers are live through it alone; the end pages it shares are counted.
-        let covered_cached = region.cached.clear(lo, hi);
+        let covered_cached = region.revive(lo, hi);
         let mut uncached = covered_cached;
         // The usual case maps nothing: a covered page was free, so it is mapped exactly when it
         // was cached, and an end page is looked up (one bit each) instead of counting the span.
@@ -76,24 +77,57 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
         st.cached -= uncached;
         if all_mapped {
+            self.note_live(st);
             return Ok(());
         }
         let result = self.map_range(st, r, first, last);
         if result.is_err() {
             self.uncommit(st, r, addr, len, false);
             // The pages mapped for the request went to the cache: keep it within its bound.
-            if st.cached * self.page > self.config.cache {
-                self.trim(st, self.config.cache);
+            let bound = self.cache_bound(st);
+            if st.cached * self.page > bound {
+                self.trim(st, bound);
+            }
+        } else {
+            self.note_live(st);
+            // New pages while cached ones lie elsewhere: past the bound, those go (later).
+            let bound = self.cache_bound(st);
+            if st.cached * self.page > bound {
+                self.trim_later(st, bound / 2);
             }
         }
         result
+    }
+
+    /// Raises the peak of live pages to what is live now.
+    #[inline]
+    fn note_live(&self, st: &mut State<P::Page, P::Mark>) {
+        let live = st.mapped - st.cached * self.page;
+        st.live_peak = st.live_peak.max(live);
+    }
+
+    /// The most bytes the cache may hold now: [`VirtualMemoryConfig::cache`], and where
+    /// [`VirtualMemoryConfig::peak_slack`] is set, no more than keeps the pages mapped within
+    /// the peak of live pages and that slack.
+    #[inline]
+    pub(super) fn cache_bound(&self, st: &State<P::Page, P::Mark>) -> usize {
+        if self.config.peak_slack == usize::MAX {
+            return self.config.cache;
+        }
+        let live = st.mapped - st.cached * self.page;
+        // A 64th of the peak at most, so that a small workload's footprint stays as close to
+        // its peak as a large one's; a page at least, so that a block freed and made again
+        // within a page maps nothing.
+        let slack = self.config.peak_slack.min(st.live_peak >> 6).max(self.page);
+        let follow = st.live_peak.saturating_add(slack).saturating_sub(live);
+        self.config.cache.min(follow)
     }
 
     /// Maps the unmapped pages of `first..last` of region `r` (all live), emptying the cache
     /// first where the cap or the source says there is no room.
     fn map_range(
         &self,
-        st: &mut State<P::Page>,
+        st: &mut State<P::Page, P::Mark>,
         r: usize,
         first: usize,
         last: usize,
@@ -166,7 +200,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// live block go in the cache, and the cache is trimmed to its bound if `trim`.
     pub(super) fn uncommit(
         &self,
-        st: &mut State<P::Page>,
+        st: &mut State<P::Page, P::Mark>,
         r: usize,
         addr: usize,
         len: usize,
@@ -181,8 +215,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             freed += region.touch(p, Overlap::Partial, Overlap::None);
         }
         st.cached += freed;
-        if trim && st.cached * self.page > self.config.cache {
-            self.trim(st, self.config.cache / 2);
+        if trim {
+            let bound = self.cache_bound(st);
+            if st.cached * self.page > bound {
+                self.trim_later(st, bound / 2);
+            }
         }
     }
 
@@ -190,7 +227,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// pages it now touches leave the cache or are mapped. On failure the pages are as before.
     pub(super) fn extend(
         &self,
-        st: &mut State<P::Page>,
+        st: &mut State<P::Page, P::Mark>,
         r: usize,
         addr: usize,
         old: usize,
@@ -209,7 +246,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             Overlap::of(before, shared),
             Overlap::of(after, shared),
         );
-        uncached += region.cached.clear(lo, hi);
+        uncached += region.revive(lo, hi);
         for p in ends(after.0, after.1, after.2, after.3).filter(|&p| p > shared) {
             uncached += region.touch(p, Overlap::None, Overlap::Partial);
         }
@@ -228,19 +265,23 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 Overlap::of(before, shared),
             );
             st.cached += freed;
-            if st.cached * self.page > self.config.cache {
-                self.trim(st, self.config.cache);
+            let bound = self.cache_bound(st);
+            if st.cached * self.page > bound {
+                self.trim(st, bound);
             }
+        } else {
+            self.note_live(st);
         }
         result
     }
 
     /// Unmaps page `p` of region `r`, out of the cache, that no work uses: no live block is on
     /// it and the streams that freed blocks on it were synchronized, or it was never enabled.
-    pub(super) fn unmap_page(&self, st: &mut State<P::Page>, r: usize, p: usize) {
+    pub(super) fn unmap_page(&self, st: &mut State<P::Page, P::Mark>, r: usize, p: usize) {
         let region = &mut st.regions[r];
         let addr = region.base + p * self.page;
         region.mapped.clear(p, p + 1);
+        region.doomed.clear(p, p + 1);
         if let Some(page) = region.handles[p].take() {
             st.mapped -= self.page;
             // SAFETY: a mapping this source made for this page, with no live block on it, whose

@@ -11,8 +11,11 @@ use typenum::U256;
 
 mod bitset;
 mod cache;
+mod heaps;
 mod mapping;
 mod region;
+
+pub use heaps::{PagedHeaps, PagedHeapsConfig};
 
 use bitset::Bits;
 use region::{page_span, State};
@@ -38,6 +41,12 @@ pub struct VirtualMemoryConfig {
     /// set comes back: PyTorch's ResNet-50 training on a 64 MiB cache took 800 ms a step against
     /// 41 ms unbounded.
     pub cache: usize,
+    /// Keeps the pages mapped within the most bytes of pages live blocks have needed so far
+    /// plus a slack: this, or a 64th of that peak if less, and a page at least. Free pages
+    /// beyond it leave the cache (`usize::MAX`, the default: no such bound). So the physical memory follows the peak of live memory, not the peak of
+    /// live memory plus whatever holes the cache keeps elsewhere, while a workload that
+    /// repeats its peak maps nothing again.
+    pub peak_slack: usize,
 }
 
 impl Default for VirtualMemoryConfig {
@@ -46,6 +55,7 @@ impl Default for VirtualMemoryConfig {
             reservation: 0,
             max: usize::MAX,
             cache: usize::MAX,
+            peak_slack: usize::MAX,
         }
     }
 }
@@ -126,7 +136,7 @@ pub struct VirtualMemory<P: PhysicalPages> {
     /// `page`'s log2.
     shift: u32,
     config: VirtualMemoryConfig,
-    state: Mutex<State<P::Page>>,
+    state: Mutex<State<P::Page, P::Mark>>,
 }
 
 impl<P: PhysicalPages> std::fmt::Debug for VirtualMemory<P> {
@@ -167,6 +177,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 mapped: 0,
                 peak_mapped: 0,
                 cached: 0,
+                live_peak: 0,
+                batch: None,
+                ticks: 0,
             }),
         };
         let mut st = vm.lock();
@@ -207,7 +220,31 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         before - st.mapped
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<P::Page>> {
+    /// Frees the block at `addr` on `stream` if `addr` lies in one of its reserved ranges, and
+    /// says whether it does. The index knows the block's size; an address in a range that it
+    /// never handed out is ignored.
+    pub(crate) fn free_if_owned(&self, addr: usize, stream: StreamRef) -> bool {
+        let mut st = self.lock();
+        self.tick(&mut st);
+        let Some(r) = st.region_of(addr) else {
+            return false;
+        };
+        if let Some(block) = st.index.free(addr, stream) {
+            self.uncommit(&mut st, r, addr, block, true);
+        }
+        true
+    }
+
+    /// Its reserved ranges, `(base, size)`.
+    pub(crate) fn ranges(&self) -> Vec<(usize, usize)> {
+        self.lock()
+            .regions
+            .iter()
+            .map(|r| (r.base, r.size))
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<P::Page, P::Mark>> {
         // Every update completes before the next call to the page source, the only thing that may
         // panic inside the lock (a test source catching a broken contract): the state behind a
         // poisoned lock is consistent.
@@ -243,6 +280,7 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         }
         let mut st = self.lock();
         let st = &mut *st;
+        self.tick(st);
         let stolen = st.index.take_or_steal(stream, block, align, |after| {
             self.pages.order_after(stream, after)
         })?;
@@ -266,16 +304,7 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         if size == 0 {
             return;
         }
-        let addr = ptr.as_ptr() as usize;
-        let mut st = self.lock();
-        // The index knows the block's size; an address it never handed out is ignored.
-        let Some(r) = st.region_of(addr) else {
-            return;
-        };
-        let Some(block) = st.index.free(addr, stream) else {
-            return;
-        };
-        self.uncommit(&mut st, r, addr, block, true);
+        self.free_if_owned(ptr.as_ptr() as usize, stream);
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
@@ -302,6 +331,9 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         }
         if self.config.reservation != default.reservation {
             item = item.size("reservation", self.config.reservation);
+        }
+        if self.config.peak_slack != default.peak_slack {
+            item = item.size("peak_slack", self.config.peak_slack);
         }
         item.finish()
     }

@@ -19,6 +19,9 @@ pub(super) struct Region<H> {
     /// Pages mapped, and pages in the cache (mapped, no live block).
     pub(super) mapped: Bits,
     pub(super) cached: Bits,
+    /// Cached pages chosen to be unmapped once the pending batch's marks are reached
+    /// (`State::batch`); a subset of `cached`: a page that goes live again leaves both.
+    pub(super) doomed: Bits,
 }
 
 impl<H> Region<H> {
@@ -36,10 +39,18 @@ impl<H> Region<H> {
         }
         let live = self.partial[p] > 0 || to == Overlap::Whole;
         match (was_live, live) {
-            (false, true) => self.cached.clear(p, p + 1),
+            (false, true) => self.revive(p, p + 1),
             (true, false) if self.mapped.get(p) => self.cached.set(p, p + 1),
             _ => 0,
         }
+    }
+
+    /// Takes the pages of `lo..hi`, which a block now lives on, out of the cache (and out of the
+    /// pending batch: a page with a live block is never unmapped); returns how many were cached.
+    #[inline]
+    pub(super) fn revive(&mut self, lo: usize, hi: usize) -> usize {
+        self.doomed.clear(lo, hi);
+        self.cached.clear(lo, hi)
     }
 
     /// Puts the mapped pages of `lo..hi`, which no live block is on any more, in the cache;
@@ -63,6 +74,7 @@ impl<H> Region<H> {
             self.handles.resize_with(pages, || None);
             self.mapped.grow(pages);
             self.cached.grow(pages);
+            self.doomed.grow(pages);
         }
     }
 }
@@ -102,7 +114,7 @@ pub(super) fn ends(first: usize, last: usize, lo: usize, hi: usize) -> impl Iter
 }
 
 #[derive(Debug)]
-pub(super) struct State<H> {
+pub(super) struct State<H, M> {
     pub(super) index: TlsfIndex,
     /// The reserved ranges, by base.
     pub(super) regions: Vec<Region<H>>,
@@ -110,6 +122,14 @@ pub(super) struct State<H> {
     pub(super) peak_mapped: usize,
     /// Pages in the cache.
     pub(super) cached: usize,
+    /// The most bytes of pages under live blocks so far (`mapped` less the cache).
+    pub(super) live_peak: usize,
+    /// The marks of the pending batch: its `doomed` pages are unmapped once they are all
+    /// reached. Every stream whose list got free bytes before the batch was made and after the
+    /// last synchronization (or the batch before) is marked.
+    pub(super) batch: Option<Vec<M>>,
+    /// Calls since the pending batch's marks were last queried.
+    pub(super) ticks: u32,
 }
 
 /// The pages of `[addr, addr + len)` in a region at `base`: `(first, last)` touched (end
@@ -129,7 +149,7 @@ pub(super) fn page_span(
     (first, last, lo, hi.max(lo))
 }
 
-impl<H> State<H> {
+impl<H, M> State<H, M> {
     /// The region holding `addr`, if one does.
     #[inline]
     pub(super) fn region_of(&self, addr: usize) -> Option<usize> {

@@ -17,6 +17,8 @@ enum Ev {
 struct Recording {
     sim: Simulated,
     log: Mutex<Vec<Ev>>,
+    /// While set, marks are not reached: the marked work is still running.
+    busy: std::sync::atomic::AtomicBool,
 }
 
 impl Recording {
@@ -24,7 +26,11 @@ impl Recording {
         Recording {
             sim: Simulated::with_page_size(capacity, P),
             log: Mutex::new(Vec::new()),
+            busy: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+    fn set_busy(&self, busy: bool) {
+        self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
     }
     fn push(&self, e: Ev) {
         self.log
@@ -48,6 +54,8 @@ unsafe impl PhysicalPages for Recording {
     type Device = typenum::B0;
     type Managed = typenum::B0;
     type Page = ();
+    /// The marked stream: reaching its mark is logged as the stream's synchronization.
+    type Mark = StreamId;
     fn page_size(&self) -> usize {
         PhysicalPages::page_size(&self.sim)
     }
@@ -86,6 +94,20 @@ unsafe impl PhysicalPages for Recording {
     fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
         Ok(())
     }
+    fn mark(&self, stream: StreamRef) -> Result<Option<StreamId>> {
+        Ok(Some(stream.id()))
+    }
+    fn reached(&self, mark: &StreamId) -> Result<bool> {
+        if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(false);
+        }
+        self.push(Ev::Sync(*mark));
+        Ok(true)
+    }
+    fn wait(&self, mark: &StreamId) -> Result<()> {
+        self.push(Ev::Sync(*mark));
+        Ok(())
+    }
     fn name(&self) -> &'static str {
         "Recording"
     }
@@ -113,6 +135,7 @@ fn a_failed_allocation_keeps_the_stream_to_wait_for() {
         reservation: 5 * P,
         max: 3 * P,
         cache: 1 << 40,
+        ..Default::default()
     };
     let vm = VirtualMemory::new(&rec, config).unwrap();
     let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
@@ -142,6 +165,7 @@ fn a_failed_growth_keeps_the_stream_to_wait_for() {
         reservation: 6 * P,
         max: 4 * P,
         cache: 1 << 40,
+        ..Default::default()
     };
     let vm = VirtualMemory::new(&rec, config).unwrap();
     let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
@@ -210,4 +234,133 @@ fn a_huge_alignment_is_refused_before_any_table_grows() {
     assert_eq!(p.as_ptr() as usize % (1 << 20), 0);
     // SAFETY: live with this size and alignment.
     unsafe { vm.deallocate(p, 1, 1 << 20, StreamRef::DEFAULT) };
+}
+
+fn unmaps(log: &[Ev]) -> usize {
+    log.iter().filter(|e| matches!(e, Ev::Unmap(_))).count()
+}
+
+#[test]
+fn a_cache_over_its_bound_never_waits_and_unmaps_once_the_marks_are_reached() {
+    let rec = Recording::new(1 << 30);
+    let config = VirtualMemoryConfig {
+        reservation: 16 * P,
+        cache: 0,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(&rec, config).unwrap();
+    let s = StreamRef::simulated(1);
+    rec.set_busy(true);
+    let a = vm.allocate(2 * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 2 * P, 256, s) };
+    // The work on `s` may still use the pages: marked, not waited for, not unmapped.
+    assert_eq!(vm.usage().mapped, 2 * P);
+    assert!(!rec.log().iter().any(|e| matches!(e, Ev::Sync(_))));
+    rec.set_busy(false);
+    // A few calls later the marks are queried again, reached, and the pages go.
+    for _ in 0..TICKS {
+        let b = vm.allocate(256, 256, s).unwrap();
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(b, 256, 256, s) };
+    }
+    let log = rec.log();
+    assert!(synced_before_unmap(&log, a.as_ptr() as usize, s), "{log:?}");
+    assert!(
+        synced_before_unmap(&log, a.as_ptr() as usize + P, s),
+        "{log:?}"
+    );
+    assert!(unmaps(&log) >= 2, "{log:?}");
+}
+
+/// Calls enough for a pending batch to be queried at least once.
+const TICKS: usize = 40;
+
+#[test]
+fn a_doomed_page_that_goes_live_again_stays_mapped() {
+    let rec = Recording::new(1 << 30);
+    let config = VirtualMemoryConfig {
+        reservation: 16 * P,
+        cache: 0,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(&rec, config).unwrap();
+    let s = StreamRef::simulated(1);
+    rec.set_busy(true);
+    let a = vm.allocate(P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, P, 256, s) };
+    // Reused at once on the same stream: the doomed page is live again, with no map.
+    let b = vm.allocate(P, 256, s).unwrap();
+    assert_eq!(a, b);
+    let maps = rec.log().iter().filter(|e| matches!(e, Ev::Map(_))).count();
+    assert_eq!(maps, 1);
+    rec.set_busy(false);
+    for _ in 0..TICKS {
+        let c = vm.allocate(256, 256, s).unwrap();
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(c, 256, 256, s) };
+    }
+    assert!(
+        !rec.log().contains(&Ev::Unmap(b.as_ptr() as usize)),
+        "{:?}",
+        rec.log()
+    );
+    assert!(vm.usage().mapped >= P);
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(b, P, 256, s) };
+}
+
+#[test]
+fn release_waits_for_a_pending_batch() {
+    let rec = Recording::new(1 << 30);
+    let config = VirtualMemoryConfig {
+        reservation: 16 * P,
+        cache: 0,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(&rec, config).unwrap();
+    let s = StreamRef::simulated(1);
+    rec.set_busy(true);
+    let a = vm.allocate(3 * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 3 * P, 256, s) };
+    assert_eq!(vm.usage().mapped, 3 * P);
+    assert_eq!(vm.release(), 3 * P);
+    assert_eq!(vm.usage().mapped, 0);
+    let log = rec.log();
+    for k in 0..3 {
+        assert!(
+            synced_before_unmap(&log, a.as_ptr() as usize + k * P, s),
+            "{log:?}"
+        );
+    }
+}
+
+#[test]
+fn peak_slack_keeps_the_pages_mapped_within_the_peak_of_live_pages() {
+    // A is freed, and C, too large for A's hole, lands on new pages: with no slack A's pages
+    // go, so what is mapped is what is live at the peak (B and C); without the bound they stay.
+    for (slack, mapped) in [(0, 10 * P), (usize::MAX, 14 * P)] {
+        let sim = Simulated::with_page_size(1 << 30, P);
+        let config = VirtualMemoryConfig {
+            reservation: 64 * P,
+            peak_slack: slack,
+            ..Default::default()
+        };
+        let vm = VirtualMemory::new(&sim, config).unwrap();
+        let d = StreamRef::DEFAULT;
+        let a = vm.allocate(4 * P, 256, d).unwrap();
+        let b = vm.allocate(4 * P, 256, d).unwrap();
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(a, 4 * P, 256, d) };
+        let c = vm.allocate(6 * P, 256, d).unwrap();
+        assert_eq!(vm.usage().mapped, mapped, "peak_slack {slack}");
+        assert_eq!(sim.mapped(), mapped);
+        // SAFETY: live with these sizes.
+        unsafe {
+            vm.deallocate(b, 4 * P, 256, d);
+            vm.deallocate(c, 6 * P, 256, d);
+        }
+    }
 }

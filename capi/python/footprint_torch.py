@@ -1,0 +1,157 @@
+"""PyTorch's live bytes against the device memory an allocator holds for them, and the step
+time it costs: GPT-style training (a pre-norm decoder, tiny_gpt.py) with the sequence length and
+the batch drawn at every step, run once per allocator in a child process each, side by side.
+
+For each allocator: the device memory in use (cuMemGetInfo's total - free), sampled every
+millisecond by a thread while the steps run, its peak; the median step time; the losses. The
+ratio reported is that peak, less the memory native mode shows outside its allocator (the
+context, cuBLAS and kernels: native's peak in use - its max_memory_reserved), over native's
+max_memory_allocated (what PyTorch's tensors needed at most, rounded as PyTorch rounds).
+
+    python3 capi/python/footprint_torch.py --lib gpu-bin/lib/libmrstack_c.so \\
+        --stack 'vmm(device=0)' --stack 'paged(device=0)'
+
+Prints one table; --json writes the rows.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child(args):
+    sys.path.insert(0, HERE)
+    import mrstack_capi
+    import tiny_gpt
+    import torch
+
+    if args.allocator == "mrstack":
+        mrstack_capi.use_with_torch(args.lib)
+    device = torch.device("cuda")
+    torch.manual_seed(args.seed)
+    model = tiny_gpt.model(args).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    draw = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            free, total = torch.cuda.mem_get_info()
+            peak[0] = max(peak[0], total - free)
+            time.sleep(0.001)
+
+    losses, times = [], []
+    sampler = None
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+        n = draw.randint(args.min_len, args.max_len)
+        b = draw.randint(args.min_batch, args.max_batch)
+        start = torch.randint(0, args.vocab, (b, 1), generator=gen)
+        seq = ((start + torch.arange(n + 1)) % args.vocab).to(device)
+        t0 = time.perf_counter()
+        logits = model(seq[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab), seq[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())  # synchronizes: the step is done
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    stop.set()
+    sampler.join()
+    free, total = torch.cuda.mem_get_info()
+    peak[0] = max(peak[0], total - free)
+    row = {
+        "peak_in_use": peak[0],
+        "median_step_s": statistics.median(times),
+        "losses": losses,
+    }
+    if args.allocator == "native":
+        row["max_allocated"] = torch.cuda.max_memory_allocated()
+        row["max_reserved"] = torch.cuda.max_memory_reserved()
+    with open(args.out, "w") as f:
+        json.dump(row, f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", required=True, help="libmrstack_c.so")
+    p.add_argument("--stack", action="append", default=[], help="an MRSTACK_STACK to compare (repeat)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--min-batch", type=int, default=8)
+    p.add_argument("--max-batch", type=int, default=24)
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--allocator", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    sys.path.insert(0, HERE)
+    import tiny_gpt
+
+    tiny_gpt.add_model_args(p, vocab=32000, d_model=1024, heads=16, layers=12, min_len=128, max_len=1024)
+    args = p.parse_args()
+    if args.allocator:
+        return child(args)
+
+    runs = [("native", "native", {}), ("expandable segments", "native",
+            {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
+    runs += [(s, "mrstack", {"MRSTACK_STACK": s}) for s in args.stack]
+    rows = []
+    for name, allocator, env in runs:
+        out = f"/tmp/footprint-{len(rows)}.json"
+        argv = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--allocator", allocator,
+                "--out", out] + [a for a in sys.argv[1:] if a not in ("--json",)]
+        # The child's own options: drop --stack and --json pairs.
+        clean, skip = [], False
+        for a in argv:
+            if skip:
+                skip = False
+                continue
+            if a in ("--stack", "--json"):
+                skip = True
+                continue
+            clean.append(a)
+        r = subprocess.run(clean, env={**os.environ, **env}, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{name}: failed\n{r.stderr[-3000:]}")
+            rows.append({"name": name, "failed": True})
+            continue
+        row = json.load(open(out))
+        row["name"] = name
+        rows.append(row)
+    native = rows[0]
+    overhead = native["peak_in_use"] - native["max_reserved"]
+    print(f"native: max_memory_allocated {native['max_allocated'] / 2**30:.2f} GiB, "
+          f"max_memory_reserved {native['max_reserved'] / 2**30:.2f} GiB, "
+          f"outside the allocator {overhead / 2**20:.0f} MiB")
+    print(f"{'allocator':<34} {'peak in use':>12} {'ratio':>7} {'step ms':>8} {'x native':>8} {'losses = native':>16}")
+    for row in rows:
+        if row.get("failed"):
+            print(f"{row['name']:<34} failed")
+            continue
+        ratio = (row["peak_in_use"] - overhead) / native["max_allocated"]
+        same = row["losses"] == native["losses"]
+        close = max(abs(a - b) for a, b in zip(row["losses"], native["losses"]))
+        row["ratio"] = ratio
+        row["step_ratio"] = row["median_step_s"] / native["median_step_s"]
+        print(f"{row['name']:<34} {row['peak_in_use'] / 2**30:>10.2f} G {ratio:>7.3f} "
+              f"{row['median_step_s'] * 1e3:>8.1f} {row['step_ratio']:>8.3f} "
+              f"{'equal' if same else f'max diff {close:.2g}':>16}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

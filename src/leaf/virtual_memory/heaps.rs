@@ -1,0 +1,301 @@
+//! `PagedHeaps`: a [`VirtualMemory`] heap per thread over one page source, so that threads share
+//! no lock and physical pages follow the live blocks of every thread.
+
+use super::{VirtualMemory, VirtualMemoryConfig, VmUsage};
+use crate::leaf::PhysicalPages;
+use crate::resource::{check_request, AllocError, MemoryResource, Result};
+use crate::shard;
+use crate::stack::ItemWriter;
+use crate::stream::StreamRef;
+use std::ptr::NonNull;
+use std::sync::{OnceLock, PoisonError, RwLock};
+use typenum::U256;
+
+const NAME: &str = "PagedHeaps";
+
+/// The configuration of a [`PagedHeaps`]: what each thread's heap keeps mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedHeapsConfig {
+    /// Each heap's [`VirtualMemoryConfig::cache`]: the most bytes of wholly free pages it keeps
+    /// mapped. Default: no bound but `peak_slack` and memory pressure.
+    pub cache: usize,
+    /// Each heap's [`VirtualMemoryConfig::peak_slack`]: free pages beyond what keeps the heap's
+    /// mapped pages within the peak of its live pages plus this go back to the device, once the
+    /// work that freed them is done. Default: 32 MiB.
+    pub peak_slack: usize,
+}
+
+impl Default for PagedHeapsConfig {
+    fn default() -> Self {
+        PagedHeapsConfig {
+            cache: usize::MAX,
+            peak_slack: 32 << 20,
+        }
+    }
+}
+
+/// The stack to start with: device memory that follows what is live, fast on one thread and on
+/// many. A [`VirtualMemory`] heap for each thread over one page source `P` ([`DevicePages`](crate::leaf::DevicePages)
+/// on a GPU, [`Simulated`](crate::leaf::Simulated) anywhere): a thread allocates from its own
+/// heap and a free goes to the heap the block came from, so threads that free what they
+/// allocate never take a lock another thread takes. Each heap reserves its own virtual ranges
+/// and maps physical pages only under live blocks, keeping the pages freed blocks leave within
+/// the peak of its live pages plus [`PagedHeapsConfig::peak_slack`]; pages beyond go back to the
+/// device once the streams that freed them are done with them, which is checked by events the
+/// allocating thread never waits for.
+///
+/// Each of the first 64 live threads has a heap of its own, made at its first request; later
+/// threads share one more. A heap outlives its thread: the next thread to take the slot takes
+/// the heap as it is.
+///
+/// # Cost
+///
+/// An allocation is a [`VirtualMemory`] allocation in the calling thread's heap (its mutex,
+/// uncontended while no other thread frees into it): tens of nanoseconds when its pages are
+/// mapped; mapping a 2 MiB page costs `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of
+/// microseconds. A free of the calling thread's own block costs one lock; another thread's
+/// block, a read lock of the table of ranges and that heap's lock.
+///
+/// # Memory pressure
+///
+/// When a heap cannot map a page, it gives back its own free pages and tries again; then every
+/// other heap gives back its free pages (waiting for the work that freed them) and the request
+/// is tried once more before it fails. [`release`](Self::release) gives every free page back.
+///
+/// # Streams
+///
+/// As [`VirtualMemory`], in each heap: a block freed on stream `S` is reused at once on `S`, and
+/// by another stream only after `order_after`.
+///
+/// # Examples
+///
+/// ```
+/// use mrstack::prelude::*;
+/// use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+///
+/// let sim = Simulated::new(256 << 20);
+/// let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+/// std::thread::scope(|s| {
+///     for _ in 0..4 {
+///         s.spawn(|| {
+///             let p = heaps.allocate(3 << 20, 256, StreamRef::DEFAULT).unwrap();
+///             // SAFETY: `p` came from `heaps` with this size and alignment.
+///             unsafe { heaps.deallocate(p, 3 << 20, 256, StreamRef::DEFAULT) };
+///         });
+///     }
+/// });
+/// assert_eq!(heaps.usage().allocated, 0);
+/// heaps.release();
+/// assert_eq!(sim.mapped(), 0); // every page went back
+/// ```
+pub struct PagedHeaps<P: PhysicalPages + Clone> {
+    pages: P,
+    config: PagedHeapsConfig,
+    /// One per thread slot ([`shard::SLOTS`]) and the shared one, made at first use.
+    heaps: Box<[OnceLock<VirtualMemory<P>>]>,
+    /// Every heap's reserved ranges, `(base, size, slot)` sorted by base, for frees from other
+    /// threads; a range missing (reserved since the last look) is found by asking each heap.
+    routes: RwLock<Vec<(usize, usize, usize)>>,
+}
+
+impl<P: PhysicalPages + Clone> std::fmt::Debug for PagedHeaps<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagedHeaps")
+            .field("config", &self.config)
+            .field("heaps", &self.heaps())
+            .field("usage", &self.usage())
+            .finish()
+    }
+}
+
+impl<P: PhysicalPages + Clone> PagedHeaps<P> {
+    /// Heaps over `pages`, made as threads first allocate.
+    pub fn new(pages: P, config: PagedHeapsConfig) -> Self {
+        PagedHeaps {
+            pages,
+            config,
+            heaps: (0..=shard::SLOTS).map(|_| OnceLock::new()).collect(),
+            routes: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// The page source.
+    pub fn pages(&self) -> &P {
+        &self.pages
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &PagedHeapsConfig {
+        &self.config
+    }
+
+    /// Heaps made so far.
+    pub fn heaps(&self) -> usize {
+        self.heaps.iter().filter(|h| h.get().is_some()).count()
+    }
+
+    /// What all heaps hold together, each read at its own instant (`peak_mapped` is the sum of
+    /// the heaps' peaks: at least the peak of the sum).
+    pub fn usage(&self) -> VmUsage {
+        let mut total = VmUsage::default();
+        for heap in self.heaps.iter().filter_map(OnceLock::get) {
+            let u = heap.usage();
+            total.mapped += u.mapped;
+            total.peak_mapped += u.peak_mapped;
+            total.cached += u.cached;
+            total.allocated += u.allocated;
+            total.reserved += u.reserved;
+            total.free_blocks += u.free_blocks;
+        }
+        total
+    }
+
+    /// Unmaps every free page of every heap (after waiting for the work that freed them);
+    /// returns the physical bytes given back.
+    pub fn release(&self) -> usize {
+        self.heaps
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(VirtualMemory::release)
+            .sum()
+    }
+
+    /// The calling thread's heap, made on first use.
+    fn heap(&self, slot: usize) -> Result<&VirtualMemory<P>> {
+        if let Some(heap) = self.heaps[slot].get() {
+            return Ok(heap);
+        }
+        let config = VirtualMemoryConfig {
+            cache: self.config.cache,
+            peak_slack: self.config.peak_slack,
+            ..VirtualMemoryConfig::default()
+        };
+        let made = VirtualMemory::new(self.pages.clone(), config)?;
+        // Another call of this slot's thread cannot race this one; the shared slot's threads
+        // can: the loser's heap, unused, gives its range back as it drops.
+        let _ = self.heaps[slot].set(made);
+        self.heaps[slot]
+            .get()
+            .ok_or_else(|| AllocError::out_of_memory(0, 0, NAME))
+    }
+
+    /// The heap whose ranges hold `addr`.
+    fn owner(&self, addr: usize) -> Option<&VirtualMemory<P>> {
+        let find = |routes: &[(usize, usize, usize)]| {
+            let i = routes.partition_point(|r| r.0 <= addr).checked_sub(1)?;
+            let (base, size, slot) = routes[i];
+            (addr - base < size).then_some(slot)
+        };
+        let known = find(&self.routes.read().unwrap_or_else(PoisonError::into_inner));
+        let slot = match known {
+            Some(slot) => slot,
+            None => {
+                // A range reserved since the table was made: make it again.
+                let mut routes: Vec<(usize, usize, usize)> = Vec::new();
+                for (slot, heap) in self.heaps.iter().enumerate() {
+                    if let Some(heap) = heap.get() {
+                        routes.extend(heap.ranges().into_iter().map(|(b, s)| (b, s, slot)));
+                    }
+                }
+                routes.sort_unstable();
+                let slot = find(&routes);
+                *self.routes.write().unwrap_or_else(PoisonError::into_inner) = routes;
+                slot?
+            }
+        };
+        self.heaps[slot].get()
+    }
+}
+
+// SAFETY: every block is a block of one heap, a `VirtualMemory` over a clone of `P` (clones of a
+// page source map into the same device and keep its promises), so the properties are
+// `VirtualMemory`'s; a free goes to the heap whose reserved ranges hold the address (ranges of
+// different heaps are disjoint reservations), which frees only a block it handed out. Each heap's
+// `synchronize` and `order_after` are its page source's alone, so calling them once on `P`'s
+// original is calling them on every heap.
+unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
+    type Host = P::Host;
+    type Device = P::Device;
+    type Managed = P::Managed;
+    type Pageable = typenum::B0;
+    type Alignment = U256;
+
+    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        if let Some(p) = check_request::<Self>(size, align, NAME)? {
+            return Ok(p);
+        }
+        let slot = shard::slot();
+        let heap = self.heap(slot)?;
+        match heap.allocate(size, align, stream) {
+            Err(e) if e.is_out_of_memory() => {
+                // Other heaps' free pages, given back, may make room (the heap gave back its
+                // own already).
+                let freed: usize = self
+                    .heaps
+                    .iter()
+                    .enumerate()
+                    .filter(|&(s, _)| s != slot)
+                    .filter_map(|(_, h)| h.get())
+                    .map(VirtualMemory::release)
+                    .sum();
+                if freed == 0 {
+                    return Err(e);
+                }
+                heap.allocate(size, align, stream)
+            }
+            other => other,
+        }
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {
+        if size == 0 {
+            return;
+        }
+        let addr = ptr.as_ptr() as usize;
+        // The calling thread's heap first (one lock): most blocks die on the thread that made
+        // them. Then the heap whose ranges hold it; an address of no heap is ignored, as each
+        // heap ignores one it never handed out.
+        if let Some(own) = self.heaps[shard::slot()].get() {
+            if own.free_if_owned(addr, stream) {
+                return;
+            }
+        }
+        if let Some(heap) = self.owner(addr) {
+            heap.free_if_owned(addr, stream);
+        }
+    }
+
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        self.pages.synchronize(stream)
+    }
+
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        self.pages.order_after(stream, after)
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// `paged(device=0, …)` (or `paged(simulated=…, …)`), leaving out what the defaults give.
+    fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let default = PagedHeapsConfig::default();
+        let mut item = self.pages.describe_fields(ItemWriter::leaf(f, "paged"));
+        if self.config.cache != default.cache {
+            item = item.size("cache", self.config.cache);
+        }
+        if self.config.peak_slack != default.peak_slack {
+            item = item.size("peak_slack", self.config.peak_slack);
+        }
+        item.finish()
+    }
+}
+
+static_assertions::assert_impl_all!(
+    PagedHeaps<crate::leaf::DevicePages>: Send,
+    Sync,
+    crate::property::Accessible<crate::property::DeviceAccessible>
+);
+static_assertions::assert_not_impl_any!(
+    PagedHeaps<crate::leaf::DevicePages>: crate::property::Accessible<crate::property::HostAccessible>
+);
