@@ -689,7 +689,7 @@ fn a_threaded_replay_is_timed_with_room_for_its_threads() {
 }
 
 /// The PyTorch memory snapshot of the repository's fixtures (python/tests/snapshot_fixture.py
-/// writes it; src/replay/snapshot.rs's tests say what it holds).
+/// writes it; src/replay/snapshot/tests.rs says what it holds).
 fn small_snapshot() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/snapshots/small.pickle")
 }

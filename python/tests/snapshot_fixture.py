@@ -4,7 +4,7 @@ where there is no GPU.
 
 Run as a script, it writes ``data/snapshots/small.pickle`` (protocol 4, as
 ``torch.cuda.memory._dump_snapshot`` writes with Python's default), the fixture of the Rust
-reader's tests (src/replay/snapshot.rs), which state what it holds:
+reader's tests (src/replay/snapshot/tests.rs), which state what it holds:
 
 * device 0 only; a 20 MiB segment allocated in the history and still held at its end
   (the caching allocator's peak: 20 MiB);

@@ -18,7 +18,7 @@
 //!                     imported_pool, managed, pinned, sam_headroom, system, simulated, callback,
 //!                     pages and virtual_memory; driver.rs holds the driver calls they share
 //!       suballoc/     resources that own memory: pool (pool_state.rs: its chunks and free
-//!                     blocks), tlsf (tlsf_index.rs: its classes, shared with VirtualMemory),
+//!                     blocks), tlsf (tlsf_index/: its classes, shared with VirtualMemory),
 //!                     thread_heaps (a Tlsf per thread), fixed_size, binning, host_device_pair,
 //!                     arena/ (global, local, chunk, owners, superblock, max_tree, tags, threads);
 //!                     growth.rs (the chunk rule of Pool and Tlsf), free_list.rs (FixedSize's and
