@@ -256,3 +256,98 @@ fn a_device_vec_moves_when_a_neighbour_blocks_it_and_keeps_its_values() {
     drop(v);
     assert_eq!(mr.usage().allocated, 0);
 }
+
+#[test]
+fn pages_freed_under_a_running_kernel_stay_mapped_until_it_ends() {
+    let Some(ctx) = gpu() else { return };
+    let pages = DevicePages::new(&ctx).unwrap();
+    let page = pages.page_size();
+    // No cache: every page whose blocks are freed goes back, but only once the freeing stream's
+    // work is done, and the allocating thread never waits for it.
+    let config = VirtualMemoryConfig {
+        cache: 0,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(pages, config).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let n = 4 * page / 4;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, &vm, &s).unwrap();
+    crate::slow_fill!(&ctx, &s, &mut v, n, 3); // still running when `v` drops
+    drop(v);
+    // The kernel still writes those pages: they are still mapped.
+    assert_eq!(vm.usage().mapped, 4 * page);
+    // Calls meanwhile query the kernel's event without waiting; then a block on the same stream
+    // is checked value by value after the kernel, which faults if its pages went early.
+    for _ in 0..100 {
+        let small = DeviceVec::<u32, _>::zeroed(1000, &vm, &s).unwrap();
+        drop(small);
+    }
+    let mut w = DeviceVec::<u32, _>::zeroed(1000, &vm, &s).unwrap();
+    fill_and_check(&ctx, &mut w, 9);
+    drop(w);
+    s.synchronize().unwrap();
+    ctx.check_err().unwrap();
+    vm.release();
+    assert_eq!(vm.usage().mapped, 0);
+}
+
+#[test]
+fn paged_heaps_serve_kernels_on_many_threads_and_take_frees_from_any() {
+    use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+    let Some(ctx) = gpu() else { return };
+    let heaps = PagedHeaps::new(DevicePages::new(&ctx).unwrap(), PagedHeapsConfig::default());
+    let handed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for t in 0..4u32 {
+            let (heaps, ctx, handed) = (&heaps, &ctx, &handed);
+            scope.spawn(move || {
+                let s = ctx.new_stream().unwrap();
+                for round in 0..3u32 {
+                    let k = t * 10 + round + 2;
+                    let mut small =
+                        DeviceVec::<u32, _>::zeroed(1000 + t as usize, heaps, &s).unwrap();
+                    let mut large = DeviceVec::<u32, _>::zeroed((3 << 20) + 7, heaps, &s).unwrap();
+                    fill_and_check(ctx, &mut small, k);
+                    fill_and_check(ctx, &mut large, k + 100);
+                    // Every other block is freed by another thread.
+                    s.synchronize().unwrap();
+                    handed
+                        .lock()
+                        .unwrap()
+                        .push((k, small.to_vec().unwrap(), large));
+                }
+            });
+        }
+    });
+    let handed = handed.into_inner().unwrap();
+    assert_eq!(handed.len(), 12);
+    for (k, small, large) in handed {
+        assert_eq!(small, crate::support::expected_fill(small.len(), k));
+        assert_eq!(
+            large.to_vec().unwrap(),
+            crate::support::expected_fill(large.len(), k + 100)
+        );
+        drop(large); // freed here, on the main thread, into the heap that made it
+    }
+    let u = heaps.usage();
+    assert_eq!(u.allocated, 0, "{u:?}");
+    assert!(heaps.heaps() >= 1);
+    heaps.release();
+    assert_eq!(heaps.usage().mapped, 0);
+    ctx.check_err().unwrap();
+}
+
+#[test]
+fn paged_heaps_from_text_describe_themselves() {
+    let Some(_ctx) = gpu() else { return };
+    let mr =
+        mrstack::config::build::<DeviceAccessible>("paged(device=0, peak_slack=8 MiB)").unwrap();
+    assert_eq!(
+        mr.describe().to_string(),
+        "paged(device=0, peak_slack=8 MiB)"
+    );
+    let s = StreamRef::DEFAULT;
+    let p = mr.allocate(5 << 20, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(p, 5 << 20, 256, s) };
+}

@@ -159,6 +159,21 @@ fn virtual_memory_over_simulated_pages() {
 }
 
 #[test]
+fn paged_heaps_over_simulated_pages() {
+    use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+    let sim = Simulated::with_page_size(1 << 30, 64 << 10);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let options = Options {
+        max_align: 1 << 16,
+        ..Options::default()
+    };
+    refused_none(conformance(&heaps, &options));
+    assert_eq!(heaps.usage().allocated, 0);
+    drop(heaps);
+    assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+}
+
+#[test]
 fn fixed_size_serves_its_block_size() {
     let rec = system();
     let block = 64 << 10;

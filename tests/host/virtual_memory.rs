@@ -33,10 +33,15 @@ unsafe fn grow(
 }
 
 fn vm(sim: &Simulated, cache: usize) -> VirtualMemory<&Simulated> {
+    vm_following(sim, cache, usize::MAX)
+}
+
+fn vm_following(sim: &Simulated, cache: usize, peak_slack: usize) -> VirtualMemory<&Simulated> {
     VirtualMemory::new(
         sim,
         VirtualMemoryConfig {
             cache,
+            peak_slack,
             ..Default::default()
         },
     )
@@ -97,11 +102,14 @@ proptest! {
     fn virtual_memory_model(
         capacity_pages in 4usize..64,
         cache_pages in 0usize..8,
+        slack in prop_oneof![Just(usize::MAX), (0usize..4).prop_map(|p| p * PAGE)],
         ops in ops(),
     ) {
         let sim = Simulated::with_page_size(capacity_pages * PAGE, PAGE);
-        let cache = cache_pages * PAGE;
-        let vm = vm(&sim, cache);
+        let cache = if slack == usize::MAX { cache_pages * PAGE } else { usize::MAX };
+        let vm = vm_following(&sim, cache, slack);
+        // The most pages live blocks have touched at once.
+        let mut live_peak = 0;
         let mut live: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
         let mut order: Vec<usize> = Vec::new();
         // The stream each grown block grew on, which frees it.
@@ -171,9 +179,19 @@ proptest! {
             }
             let u: VmUsage = vm.usage();
             let touched = pages_of(&live).len() * PAGE;
+            live_peak = live_peak.max(touched);
             prop_assert_eq!(u.mapped, sim.mapped());
             prop_assert_eq!(u.mapped, touched + u.cached, "mapped = pages of live blocks + cache");
             prop_assert!(u.cached <= cache, "{} cached over the bound {}", u.cached, cache);
+            if slack != usize::MAX {
+                // Mapped pages stay within the peak of live pages and the slack (a page at
+                // least, a 64th of the peak at most).
+                let slack = slack.min(live_peak >> 6).max(PAGE);
+                prop_assert!(
+                    u.mapped <= live_peak + slack,
+                    "{} mapped over the live peak {} + slack {}", u.mapped, live_peak, slack
+                );
+            }
             let allocated: usize = live.values().map(|&(n, _)| align_up(n, 256).unwrap()).sum();
             prop_assert_eq!(u.allocated, allocated);
             prop_assert!(u.mapped <= capacity_pages * PAGE);
@@ -340,4 +358,101 @@ fn a_virtual_memory_over_a_source_of_no_capacity_builds_and_refuses_requests() {
     let e = vm.allocate(256, 256, StreamRef::DEFAULT).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert_eq!((vm.usage().mapped, sim.mapped()), (0, 0));
+}
+
+mod paged_heaps {
+    //! `PagedHeaps` under threads against a model: no two live blocks overlap, whichever
+    //! thread made them; alignment; blocks freed by other threads; every page mapped is under a
+    //! live block or cached within each heap's bound; every byte and range back.
+    use super::*;
+    use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+    use std::sync::Mutex;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn paged_heaps_model_under_threads(
+            threads in 2usize..6,
+            slack_pages in 0usize..4,
+            plans in prop::collection::vec(prop::collection::vec((1usize..=PAGE * 6, 0..=12u32, any::<bool>()), 1..60), 6),
+        ) {
+            let sim = Simulated::with_page_size(1 << 30, PAGE);
+            let slack = slack_pages * PAGE;
+            let heaps = PagedHeaps::new(&sim, PagedHeapsConfig { cache: usize::MAX, peak_slack: slack });
+            // Every live block of every thread: start -> end.
+            let live: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+            // Blocks a thread leaves for the next one to free.
+            let handed: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+            let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+            std::thread::scope(|scope| {
+                for plan in plans.iter().take(threads) {
+                    let (heaps, live, handed, failures) = (&heaps, &live, &handed, &failures);
+                    scope.spawn(move || {
+                        let mut own = Vec::new();
+                        let mut fail = |m: String| failures.lock().unwrap().push(m);
+                        for &(size, a, keep) in plan {
+                            let align = 1usize << a;
+                            let p = match heaps.allocate(size, align, StreamRef::DEFAULT) {
+                                Ok(p) => p.as_ptr() as usize,
+                                Err(e) => { fail(format!("{e}")); continue; }
+                            };
+                            if p % align.max(256) != 0 { fail(format!("{p:#x} not aligned to {align}")); }
+                            {
+                                let mut l = live.lock().unwrap();
+                                if let Some((_, &end)) = l.range(..=p).next_back() {
+                                    if end > p { fail(format!("{p:#x} overlaps a live block")); }
+                                }
+                                if let Some((&b, _)) = l.range(p..).next() {
+                                    if p + size > b { fail(format!("{p:#x}+{size} overlaps a live block")); }
+                                }
+                                l.insert(p, p + size);
+                            }
+                            if keep { own.push((p, size, align)); } else {
+                                // Freed by whichever thread takes it next.
+                                let other = handed.lock().unwrap().pop();
+                                handed.lock().unwrap().push((p, size, align));
+                                if let Some((q, n, al)) = other {
+                                    live.lock().unwrap().remove(&q);
+                                    // SAFETY: live, from `heaps`, with this size and alignment,
+                                    // handed over by the thread that made it.
+                                    unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, StreamRef::DEFAULT) };
+                                }
+                            }
+                            if own.len() > 8 {
+                                let (q, n, al) = own.remove(0);
+                                live.lock().unwrap().remove(&q);
+                                // SAFETY: live, from `heaps`, with this size and alignment.
+                                unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, StreamRef::DEFAULT) };
+                            }
+                        }
+                        for (q, n, al) in own {
+                            live.lock().unwrap().remove(&q);
+                            // SAFETY: as above.
+                            unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, StreamRef::DEFAULT) };
+                        }
+                    });
+                }
+            });
+            let failures = failures.into_inner().unwrap();
+            prop_assert!(failures.is_empty(), "{:?}", failures);
+            // Quiet: what is mapped is the handed blocks' pages and each heap's cache.
+            let handed = handed.into_inner().unwrap();
+            let model: BTreeMap<usize, (usize, usize)> = handed.iter().map(|&(p, n, a)| (p, (n, a))).collect();
+            let u = heaps.usage();
+            prop_assert_eq!(u.mapped, sim.mapped());
+            prop_assert_eq!(u.mapped, pages_of(&model).len() * PAGE + u.cached);
+            let allocated: usize = handed.iter().map(|&(_, n, _)| align_up(n, 256).unwrap()).sum();
+            prop_assert_eq!(u.allocated, allocated);
+            for (p, n, a) in handed {
+                // SAFETY: live, from `heaps`, with this size and alignment.
+                unsafe { heaps.deallocate(NonNull::new(p as *mut u8).unwrap(), n, a, StreamRef::DEFAULT) };
+            }
+            prop_assert_eq!(heaps.usage().allocated, 0);
+            heaps.release();
+            prop_assert_eq!(sim.mapped(), 0);
+            drop(heaps);
+            prop_assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+        }
+    }
 }

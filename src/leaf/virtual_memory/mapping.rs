@@ -271,6 +271,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             }
         } else {
             self.note_live(st);
+            let bound = self.cache_bound(st);
+            if st.cached * self.page > bound {
+                self.trim_later(st, bound / 2);
+            }
         }
         result
     }
