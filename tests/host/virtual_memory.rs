@@ -390,7 +390,7 @@ mod paged_heaps {
                     let (heaps, live, handed, failures) = (&heaps, &live, &handed, &failures);
                     scope.spawn(move || {
                         let mut own = Vec::new();
-                        let mut fail = |m: String| failures.lock().unwrap().push(m);
+                        let fail = |m: String| failures.lock().unwrap().push(m);
                         for &(size, a, keep) in plan {
                             let align = 1usize << a;
                             let p = match heaps.allocate(size, align, StreamRef::DEFAULT) {
