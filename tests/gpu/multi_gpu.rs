@@ -60,7 +60,7 @@ fn two_gpus() -> Option<(Arc<CudaContext>, Arc<CudaContext>)> {
             required < 2,
             "MRSTACK_REQUIRE_GPUS={required} but this machine has {n}"
         );
-        println!("skipping: this test needs 2 GPUs and this machine has {n}");
+        crate::support::skipped(&format!("this test needs 2 GPUs and this machine has {n}"));
         return None;
     }
     Some((

@@ -21,10 +21,38 @@ pub(crate) fn gpu() -> Option<Arc<cudarc::driver::CudaContext>> {
             panic!("MRSTACK_REQUIRE_GPU=1 but no GPU: {e}")
         }
         Err(e) => {
-            eprintln!("skipping GPU test: {e}");
+            skipped(&format!("no GPU: {e}"));
             None
         }
     }
+}
+
+/// Tests of this binary that skipped so far, and the first one's reason.
+static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static FIRST_REASON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Prints the count of skipped tests after the test harness's own summary (the harness shows no
+/// output of a passing test, and counts a skipped one as passed).
+extern "C" fn report_skipped() {
+    let n = SKIPPED.load(std::sync::atomic::Ordering::Relaxed);
+    let why = FIRST_REASON.get().map_or("", String::as_str);
+    eprintln!("skipped: {n} tests returned early without running their checks (the first: {why})");
+}
+
+/// Counts a test that returns without running its checks, saying why; the binary prints the
+/// count when it exits.
+pub(crate) fn skipped(why: &str) {
+    eprintln!("skipping: {why}");
+    if FIRST_REASON.set(why.to_string()).is_ok() {
+        // SAFETY: registers a function that takes no arguments and only reads atomics and a
+        // OnceLock, which stay valid until the process ends.
+        unsafe { atexit(report_skipped) };
+    }
+    SKIPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Test kernels: `fill` (out[i] = i*k + 1), `scale` (out[i] = 2*in[i] + 7), `increment`, and
