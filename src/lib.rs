@@ -240,7 +240,7 @@ pub use typenum;
 /// The names a user of mrstack needs, in one `use`.
 pub mod prelude {
     pub use crate::container::{DeviceBox, DeviceVec, PinnedVec};
-    pub use crate::leaf::{Cuda, CudaAsync, Managed, Pinned, Simulated, System};
+    pub use crate::leaf::{Cuda, CudaAsync, Managed, PagedHeaps, Pinned, Simulated, System};
     pub use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable, Pageable};
     pub use crate::resource::{AllocError, Layer, MemoryResource};
     pub use crate::stream::StreamRef;

@@ -55,7 +55,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Stacks run when `--stacks` is not given, in this order.
-const DEFAULT_STACKS: [&str; 10] = [
+const DEFAULT_STACKS: [&str; 11] = [
+    "paged",
     "cuda_async",
     "pool",
     "tlsf",
@@ -363,6 +364,14 @@ fn stacks<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
                 .into_iter()
                 .find(|s| s.name() == "vmm")
                 .expect("mrstack replay has a vmm preset"),
+        ),
+        (
+            "paged",
+            "PagedHeaps (default) over the device's pages",
+            replay::stacks::<U>()
+                .into_iter()
+                .find(|s| s.name() == "paged")
+                .expect("mrstack replay has a paged preset"),
         ),
         (
             "heaps",

@@ -207,6 +207,33 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     }
 }
 
+impl PagedHeaps<crate::leaf::DevicePages> {
+    /// The stack to start with on `ctx`'s device: heaps over its pages at the device's
+    /// granularity, with the default configuration.
+    ///
+    /// ```no_run
+    /// use mrstack::prelude::*;
+    ///
+    /// # fn main() -> Result<(), AllocError> {
+    /// let ctx = mrstack::cuda_context(0)?;
+    /// let mr = PagedHeaps::for_context(&ctx)?;
+    /// let v = DeviceVec::from_slice(&[1u32, 2, 3], &mr, &ctx.default_stream())?;
+    /// assert_eq!(v.to_vec()?, [1, 2, 3]);
+    /// # Ok(()) }
+    /// ```
+    pub fn for_context(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> Result<Self> {
+        Ok(Self::new(
+            crate::leaf::DevicePages::new(ctx)?,
+            PagedHeapsConfig::default(),
+        ))
+    }
+
+    /// [`for_context`](Self::for_context) on device `ordinal`'s primary context.
+    pub fn on_device(ordinal: usize) -> Result<Self> {
+        Self::for_context(&crate::cuda_context(ordinal)?)
+    }
+}
+
 // SAFETY: every block is a block of one heap, a `VirtualMemory` over a clone of `P` (clones of a
 // page source map into the same device and keep its promises), so the properties are
 // `VirtualMemory`'s; a free goes to the heap whose reserved ranges hold the address (ranges of
