@@ -292,6 +292,12 @@ impl StreamId {
         }
     }
 
+    /// A cheap 64-bit mix of the id, for spreading streams over a few slots.
+    #[inline]
+    pub(crate) fn mix(self) -> u64 {
+        (self.handle ^ self.context.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17
+    }
+
     /// The handle as a number, as RMM logs print it (0 for default streams, 2 for per-thread
     /// streams; simulated ids have the top bit set).
     pub fn get(self) -> u64 {

@@ -13,6 +13,14 @@ use typenum::U256;
 
 const NAME: &str = "PagedHeaps";
 
+/// Heaps chosen by stream, beside those chosen by thread: streams whose ids hash alike share one.
+const STREAM_HEAPS: usize = 16;
+
+/// The index of the stream heap for `stream` (after the thread heaps).
+fn stream_heap(stream: StreamRef) -> usize {
+    shard::SLOTS + 1 + (stream.id().mix() as usize) % STREAM_HEAPS
+}
+
 /// The configuration of a [`PagedHeaps`]: what each thread's heap keeps mapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedHeapsConfig {
@@ -35,26 +43,29 @@ impl Default for PagedHeapsConfig {
 }
 
 /// The stack to start with: device memory that follows what is live, fast on one thread and on
-/// many. A [`VirtualMemory`] heap for each thread over one page source `P` ([`DevicePages`](crate::leaf::DevicePages)
-/// on a GPU, [`Simulated`](crate::leaf::Simulated) anywhere): a thread allocates from its own
-/// heap and a free goes to the heap the block came from, so threads that free what they
-/// allocate never take a lock another thread takes. Each heap reserves its own virtual ranges
-/// and maps physical pages only under live blocks, keeping the pages freed blocks leave within
-/// the peak of its live pages plus [`PagedHeapsConfig::peak_slack`]; pages beyond go back to the
-/// device once the streams that freed them are done with them, which is checked by events the
-/// allocating thread never waits for.
+/// many. [`VirtualMemory`] heaps over one page source `P` ([`DevicePages`](crate::leaf::DevicePages)
+/// on a GPU, [`Simulated`](crate::leaf::Simulated) anywhere), one for each stream and one for
+/// each thread: a request goes to its stream's heap, or, while another thread holds that heap,
+/// to the calling thread's own; a free goes to the heap the block came from. So the threads of
+/// one program that take turns on a stream (PyTorch's forward on the main thread, its backward
+/// on the autograd thread) share one heap and its pages, and threads that allocate at once never
+/// wait for each other. Each heap reserves its own virtual ranges and maps physical pages only
+/// under live blocks, keeping the pages freed blocks leave within the peak of its live pages
+/// plus [`PagedHeapsConfig::peak_slack`]; pages beyond go back to the device once the streams
+/// that freed them are done with them, which is checked by events the allocating thread never
+/// waits for.
 ///
-/// Each of the first 64 live threads has a heap of its own, made at its first request; later
-/// threads share one more. A heap outlives its thread: the next thread to take the slot takes
-/// the heap as it is.
+/// There are 16 stream heaps (streams whose ids hash alike share one) and a heap for each of the
+/// first 64 live threads, made at first use; later threads share one more. A heap outlives its
+/// thread: the next thread to take the slot takes the heap as it is.
 ///
 /// # Cost
 ///
-/// An allocation is a [`VirtualMemory`] allocation in the calling thread's heap (its mutex,
-/// uncontended while no other thread frees into it): tens of nanoseconds when its pages are
-/// mapped; mapping a 2 MiB page costs `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of
-/// microseconds. A free of the calling thread's own block costs one lock; another thread's
-/// block, a read lock of the table of ranges and that heap's lock.
+/// An allocation is a [`VirtualMemory`] allocation in its stream's heap (a try-lock) or the
+/// calling thread's: tens of nanoseconds when its pages are mapped; mapping a 2 MiB page costs
+/// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of microseconds. A free costs the lock of
+/// the calling thread's heap and, where that heap does not hold the block, its stream's heap's;
+/// a block of neither, a read lock of the table of ranges and its heap's lock.
 ///
 /// # Memory pressure
 ///
@@ -91,7 +102,8 @@ impl Default for PagedHeapsConfig {
 pub struct PagedHeaps<P: PhysicalPages + Clone> {
     pages: P,
     config: PagedHeapsConfig,
-    /// One per thread slot ([`shard::SLOTS`]) and the shared one, made at first use.
+    /// One per thread slot ([`shard::SLOTS`]), the shared one, then [`STREAM_HEAPS`] by stream;
+    /// made at first use.
     heaps: Box<[OnceLock<VirtualMemory<P>>]>,
     /// Every heap's reserved ranges, `(base, size, slot)` sorted by base, for frees from other
     /// threads; a range missing (reserved since the last look) is found by asking each heap.
@@ -114,7 +126,9 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         PagedHeaps {
             pages,
             config,
-            heaps: (0..=shard::SLOTS).map(|_| OnceLock::new()).collect(),
+            heaps: (0..=shard::SLOTS + STREAM_HEAPS)
+                .map(|_| OnceLock::new())
+                .collect(),
             routes: RwLock::new(Vec::new()),
         }
     }
@@ -160,7 +174,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             .sum()
     }
 
-    /// The calling thread's heap, made on first use.
+    /// Heap `slot` (a thread's, or a stream's), made on first use.
     fn heap(&self, slot: usize) -> Result<&VirtualMemory<P>> {
         if let Some(heap) = self.heaps[slot].get() {
             return Ok(heap);
@@ -171,8 +185,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             ..VirtualMemoryConfig::default()
         };
         let made = VirtualMemory::new(self.pages.clone(), config)?;
-        // Another call of this slot's thread cannot race this one; the shared slot's threads
-        // can: the loser's heap, unused, gives its range back as it drops.
+        // Threads may race to make a shared or a stream heap: the loser's heap, unused, gives its
+        // range back as it drops.
         let _ = self.heaps[slot].set(made);
         self.heaps[slot]
             .get()
@@ -251,6 +265,13 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
+        let by_stream = self.heap(stream_heap(stream))?;
+        if let Some(done) = by_stream.allocate_with(size, align, stream, true) {
+            match done {
+                Err(e) if e.is_out_of_memory() => {}
+                other => return other,
+            }
+        }
         let slot = shard::slot();
         let heap = self.heap(slot)?;
         match heap.allocate(size, align, stream) {
@@ -279,12 +300,15 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
             return;
         }
         let addr = ptr.as_ptr() as usize;
-        // The calling thread's heap first (one lock): most blocks die on the thread that made
-        // them. Then the heap whose ranges hold it; an address of no heap is ignored, as each
-        // heap ignores one it never handed out.
-        if let Some(own) = self.heaps[shard::slot()].get() {
-            if own.free_if_owned(addr, stream) {
-                return;
+        // The calling thread's heap first (one lock, taken by no other thread while no other
+        // frees into it), then the stream's, where most blocks come from: one of the two holds
+        // nearly every block. Then the heap whose ranges hold it; an address of no heap is
+        // ignored, as each heap ignores one it never handed out.
+        for slot in [shard::slot(), stream_heap(stream)] {
+            if let Some(heap) = self.heaps[slot].get() {
+                if heap.free_if_owned(addr, stream) {
+                    return;
+                }
             }
         }
         if let Some(heap) = self.owner(addr) {

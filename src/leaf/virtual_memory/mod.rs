@@ -220,6 +220,62 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         before - st.mapped
     }
 
+    /// An allocation, or `None` where `try_only` and another thread holds the lock (then
+    /// nothing was done).
+    pub(crate) fn allocate_with(
+        &self,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+        try_only: bool,
+    ) -> Option<Result<NonNull<u8>>> {
+        let checked = check_request::<Self>(size, align, NAME);
+        match checked {
+            Ok(Some(p)) => return Some(Ok(p)),
+            Err(e) => return Some(Err(e)),
+            Ok(None) => {}
+        }
+        let (align, block, need) = crate::suballoc::growth::block_of(size, align);
+        let oom = || AllocError::out_of_memory(size, align, NAME);
+        // More than could ever be mapped, or a placement further into a range than twice that
+        // (a huge alignment): refused before a range or a page table is sized for it, so the
+        // page tables stay within twice the source's capacity in pages.
+        let most = self.config.max.min(self.pages.capacity());
+        if block > most || need > most.saturating_mul(2) {
+            return Some(Err(oom()));
+        }
+        let mut st = if try_only {
+            match self.state.try_lock() {
+                Ok(st) => st,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        } else {
+            self.lock()
+        };
+        let st = &mut *st;
+        self.tick(st);
+        Some((|| {
+            let stolen = st.index.take_or_steal(stream, block, align, |after| {
+                self.pages.order_after(stream, after)
+            })?;
+            let addr = match stolen {
+                Some(addr) => addr,
+                None => {
+                    self.reserve(st, need, stream)?;
+                    st.index.take(stream, block, align).ok_or_else(oom)?
+                }
+            };
+            let r = st.region_of(addr).ok_or_else(oom)?;
+            if let Err(e) = self.commit(st, r, addr, block) {
+                // Back to the free ranges, on this stream (ordered after any other already).
+                let _ = st.index.free(addr, stream);
+                return Err(e);
+            }
+            NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom)
+        })())
+    }
+
     /// Frees the block at `addr` on `stream` if `addr` lies in one of its reserved ranges, and
     /// says whether it does. The index knows the block's size; an address in a range that it
     /// never handed out is ignored.
@@ -266,38 +322,8 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
     type Alignment = U256;
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        if let Some(p) = check_request::<Self>(size, align, NAME)? {
-            return Ok(p);
-        }
-        let (align, block, need) = crate::suballoc::growth::block_of(size, align);
-        let oom = || AllocError::out_of_memory(size, align, NAME);
-        // More than could ever be mapped, or a placement further into a range than twice that
-        // (a huge alignment): refused before a range or a page table is sized for it, so the
-        // page tables stay within twice the source's capacity in pages.
-        let most = self.config.max.min(self.pages.capacity());
-        if block > most || need > most.saturating_mul(2) {
-            return Err(oom());
-        }
-        let mut st = self.lock();
-        let st = &mut *st;
-        self.tick(st);
-        let stolen = st.index.take_or_steal(stream, block, align, |after| {
-            self.pages.order_after(stream, after)
-        })?;
-        let addr = match stolen {
-            Some(addr) => addr,
-            None => {
-                self.reserve(st, need, stream)?;
-                st.index.take(stream, block, align).ok_or_else(oom)?
-            }
-        };
-        let r = st.region_of(addr).ok_or_else(oom)?;
-        if let Err(e) = self.commit(st, r, addr, block) {
-            // Back to the free ranges, on this stream (ordered after any other already).
-            let _ = st.index.free(addr, stream);
-            return Err(e);
-        }
-        NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom)
+        self.allocate_with(size, align, stream, false)
+            .unwrap_or_else(|| Err(AllocError::out_of_memory(size, align, NAME)))
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {
