@@ -110,18 +110,13 @@ def main():
     rows = []
     for name, allocator, env in runs:
         out = f"/tmp/footprint-{len(rows)}.json"
-        argv = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--allocator", allocator,
-                "--out", out] + [a for a in sys.argv[1:] if a not in ("--json",)]
-        # The child's own options: drop --stack and --json pairs.
-        clean, skip = [], False
-        for a in argv:
-            if skip:
-                skip = False
-                continue
-            if a in ("--stack", "--json"):
-                skip = True
-                continue
-            clean.append(a)
+        # The child gets this run's options, one by one, and its own allocator and output.
+        own = {"lib", "stack", "json", "allocator", "out"}
+        clean = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--allocator", allocator,
+                 "--out", out]
+        for key, value in vars(args).items():
+            if key not in own:
+                clean += ["--" + key.replace("_", "-"), str(value)]
         r = subprocess.run(clean, env={**os.environ, **env}, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{name}: failed\n{r.stderr[-3000:]}")

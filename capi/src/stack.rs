@@ -499,8 +499,14 @@ fn build_erased(
         crate::error::set_kind(crate::error::MRSTACK_ERROR_CONFIG);
         format!("config `{config}`: {e}")
     })?;
+    // The page leaves give device memory unless their pages are simulated.
+    let simulated_pages = spec
+        .items
+        .first()
+        .is_some_and(|i| i.fields.iter().any(|f| f.name == "simulated"));
     let built = match spec.items.first().map(|i| i.name.as_str()) {
         Some("cuda" | "cuda_async" | "cuda_async_view") => with::<D>(&spec, device, log),
+        Some("vmm" | "paged") if !simulated_pages => with::<D>(&spec, device, log),
         Some("pinned") => with::<(H, D)>(&spec, device, log),
         Some("managed" | "cuda_async_managed" | "sam_headroom") => {
             with::<(H, D, M)>(&spec, device, log)

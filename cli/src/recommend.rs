@@ -4,8 +4,9 @@
 //! The choice rests only on what every run of the same log repeats, so that it cannot flip from
 //! one run to the next:
 //!
-//! 1. **Candidates**: the stacks with a capacity to give, `pool`, `tlsf`, `vmm`, `binning` and
-//!    `arena`, that replayed without an error and whose min capacity was found. `upstream` is the baseline (on
+//! 1. **Candidates**: `paged` (which takes no capacity: its min capacity is what it needs), and
+//!    the stacks with a capacity to give, `pool`, `tlsf`, `vmm`, `binning` and `arena`, that
+//!    replayed without an error and whose min capacity was found. `upstream` is the baseline (on
 //!    a GPU every op is a driver call) and `cuda-async` is the driver's own pool, with no
 //!    capacity to search. `heaps` is not one either: its min capacity is searched in log order on
 //!    one thread, where it is one heap, while with threads each heap holds chunks of its own, so
@@ -52,14 +53,16 @@ pub const HEADROOM_PERCENT: u32 = 10;
 pub const TIE_MARGIN_PERCENT: u32 = 5;
 
 /// The order of preference among candidates tied on footprint, for a log of one thread: on the
-/// H100 run of the README's footprint table binning was the fastest on every workload, tlsf next
-/// (faster than arena and pool on four of five), vmm next (85–104 ns/op: tlsf's index plus page
-/// counts), then arena and pool.
-pub const ONE_THREAD_ORDER: [&str; 5] = ["binning", "tlsf", "vmm", "arena", "pool"];
+/// paged first, the stack to start with (it takes no capacity: it maps pages as live blocks need
+/// them, and gives them back as they go); then, on the H100 run of the README's footprint table,
+/// binning was the fastest on every workload, tlsf next (faster than arena and pool on four of
+/// five), vmm next (85–104 ns/op: tlsf's index plus page counts), then arena and pool.
+pub const ONE_THREAD_ORDER: [&str; 6] = ["paged", "binning", "tlsf", "vmm", "arena", "pool"];
 
-/// The order of preference for a log of several threads: arena gives each thread an arena of its
-/// own, binning a cache per thread, while tlsf, vmm and pool have one lock.
-pub const THREADS_ORDER: [&str; 5] = ["arena", "binning", "tlsf", "vmm", "pool"];
+/// The order of preference for a log of several threads: paged gives each stream and each
+/// thread a heap of its own, arena each thread an arena, binning a cache per thread, while tlsf,
+/// vmm and pool have one lock.
+pub const THREADS_ORDER: [&str; 6] = ["paged", "arena", "binning", "tlsf", "vmm", "pool"];
 
 /// The leaf of the printed `resource_stack!` block: the device memory the stacks were measured
 /// over on a GPU (`cuMemAlloc`), from a context `ctx` of `mrstack::cuda_context`.
@@ -292,9 +295,9 @@ fn why(
     lines.push(footprint);
 
     let reason = if order == THREADS_ORDER {
-        "arena gives each thread an arena of its own, binning a cache; tlsf, vmm and pool have one lock"
+        "paged gives each stream and each thread a heap of its own, arena each thread an arena, binning a cache; tlsf, vmm and pool have one lock"
     } else {
-        "binning was the fastest on an H100, tlsf next, then vmm, README \"Footprint\""
+        "paged needs no capacity and follows live memory; binning was the fastest on an H100, tlsf next, then vmm, README \"Footprint\""
     };
     let mut choice = if candidates.len() == 1 {
         format!("choice: {name}, the only stack with a capacity that completed here")
@@ -342,8 +345,8 @@ fn why(
     } else {
         String::new()
     };
-    let leaf = if name == "vmm" {
-        format!("vmm(simulated={capacity}, …) for its device pages")
+    let leaf = if name == "vmm" || name == "paged" {
+        format!("{name}(simulated={capacity}, …) for its device pages")
     } else {
         format!("simulated(capacity={capacity}) for its leaf")
     };
@@ -434,6 +437,8 @@ pub fn resource_stack_block(stack: &str, capacity: &str) -> Option<String> {
             format!("    Pool {{ initial: {capacity}, max: {capacity} }},\n    Binning,\n")
         }
         "arena" => format!("    Arena {{ size: {capacity} }},\n"),
+        // A leaf of its own, over the device's pages, with no capacity to set.
+        "paged" => return Some("resource_stack![\n    PagedHeaps::for_context(&ctx)?,\n]".to_owned()),
         // Not a layer over `Cuda` but a leaf of its own, over the device's pages; its config
         // is a plain struct, so the capacity is written in bytes.
         "vmm" => {
@@ -469,8 +474,9 @@ pub fn text_config(stack: &str, capacity: &str) -> Option<String> {
         "tlsf" => format!("tlsf(initial={capacity}, max={capacity})"),
         "binning" => format!("pool(initial={capacity}, max={capacity}) > binning"),
         "arena" => format!("arena(size={capacity})"),
-        // A leaf of its own, on device 0 as `cuda` is.
+        // Leaves of their own, on device 0 as `cuda` is; `paged` takes no capacity.
         "vmm" => return Some(format!("vmm(max={capacity}, cache={capacity})")),
+        "paged" => return Some("paged".to_owned()),
         _ => return None,
     };
     Some(format!("{LEAF_TEXT} > {layers}"))
@@ -499,7 +505,7 @@ pub fn over_simulated(config: &str, capacity: &str) -> Result<AnyResource<()>, S
         .map_err(|e| format!("`{leaf}` does not parse: {e}"))?;
     match (spec.items.first_mut(), simulated.items.into_iter().next()) {
         (Some(first), Some(sim)) if first.name == LEAF_TEXT => *first = sim,
-        (Some(first), Some(mut sim)) if first.name == "vmm" => {
+        (Some(first), Some(mut sim)) if first.name == "vmm" || first.name == "paged" => {
             first.fields.retain(|f| f.name != "device");
             if let Some(mut pages) = sim.fields.pop() {
                 pages.name = "simulated".to_owned();
@@ -508,7 +514,7 @@ pub fn over_simulated(config: &str, capacity: &str) -> Result<AnyResource<()>, S
         }
         _ => {
             return Err(format!(
-                "`{config}` does not start with `{LEAF_TEXT}` or `vmm`"
+                "`{config}` does not start with `{LEAF_TEXT}`, `vmm` or `paged`"
             ))
         }
     }
@@ -531,7 +537,7 @@ pub(crate) fn render(report: &Report) -> String {
             let _ = writeln!(out, "  {line}");
         }
         let _ = writeln!(out);
-        // The vmm block names a leaf and its config beyond the prelude.
+        // The vmm block names a leaf and its config beyond the prelude (paged's is in it).
         let imports = if r.resource_stack.contains("VirtualMemory::new") {
             "`use mrstack::prelude::*;`, `use mrstack::leaf::{DevicePages, VirtualMemory, VirtualMemoryConfig};`"
         } else {

@@ -13,9 +13,10 @@
 //!
 //! Leaves: `cuda(device=0)`, `cuda_async(device=0, initial=…, release_threshold=…)`,
 //! `managed(device=0)`, `pinned(device=0)`, `system`, `simulated(capacity=…)`,
-//! `vmm(device=0, max=…, cache=…, reservation=…, page=…)` ([`VirtualMemory`](crate::leaf::VirtualMemory)
+//! `vmm(device=0, max=…, cache=…, reservation=…, page=…, peak_slack=…)` ([`VirtualMemory`](crate::leaf::VirtualMemory)
 //! over the device's pages; `vmm(simulated=64 MiB, …)` over a `Simulated` of that capacity,
-//! for tests). Adaptors: those
+//! for tests), `paged(device=0, cache=…, peak_slack=…, page=…)` ([`PagedHeaps`](crate::leaf::PagedHeaps),
+//! over the same page sources). Adaptors: those
 //! registered on the [`StackBuilder`] (the crate's own, and any the caller adds with
 //! [`StackBuilder::with_adaptor`]).
 //!
@@ -44,6 +45,7 @@
 //! |---|---|
 //! | `cuda`, `cuda_async`, `managed`, `pinned`, `system`, `simulated` | [`Cuda`](crate::leaf::Cuda), [`CudaAsync`](crate::leaf::CudaAsync), [`Managed`](crate::leaf::Managed), [`Pinned`](crate::leaf::Pinned), [`System`](crate::leaf::System), [`Simulated`](crate::leaf::Simulated) |
 //! | `vmm(device=…)`, `vmm(simulated=…)` | `VirtualMemory<DevicePages>`, `VirtualMemory<Simulated>` ([`leaf`](crate::leaf)) |
+//! | `paged(device=…)`, `paged(simulated=…)` | `PagedHeaps<DevicePages>`, `PagedHeaps<Arc<Simulated>>` ([`leaf`](crate::leaf)) |
 //! | `pool`, `tlsf`, `binning`, `fixed_size`, `arena`, `thread_heaps` | `Pool<AnyResource<P>>`, `Tlsf<…>`, `Binning<…>`, `FixedSize<…>`, `Arena<…>`, `ThreadHeaps<…>` ([`suballoc`](crate::suballoc)) |
 //! | `statistics`, `tracking`, `limiting`, `thread_cache`, `graph_pools` | `Statistics<AnyResource<P>>`, `Tracking<…>`, `Limiting<…>`, `ThreadCache<…>`, `GraphPools<…>` ([`adaptor`](crate::adaptor)) |
 //! | `logging` | `Logging<AnyResource<P>>` (its writer is the boxed [`LogWriter`](crate::adaptor::LogWriter)) |

@@ -20,8 +20,10 @@
 //! * Leaves: `cuda(device=0)`, `cuda_async(device=0, initial=…, release_threshold=…,
 //!   exportable=…)`, `cuda_async_view`, `cuda_async_managed`, `managed(device=0)`,
 //!   `pinned(device=0)`, `sam_headroom(headroom=…)`, `system`, `simulated(capacity=…)`,
-//!   `vmm(device=0, max=…, cache=…, reservation=…, page=…)` (`VirtualMemory` over the device's
-//!   pages; `vmm(simulated=64 MiB, …)` over a `Simulated` of that capacity, anywhere).
+//!   `vmm(device=0, max=…, cache=…, reservation=…, page=…, peak_slack=…)` (`VirtualMemory`
+//!   over the device's pages; `vmm(simulated=64 MiB, …)` over a `Simulated` of that capacity,
+//!   anywhere), `paged(device=0, cache=…, peak_slack=…, page=…)` (`PagedHeaps`, the same page
+//!   sources).
 //! * Suballocators: `pool(initial, max)`, `tlsf(initial, max)`, `binning(min, max, bins)`,
 //!   `fixed_size(block_size)`, `arena(size, superblock)`, `thread_heaps(max)`. In `binning`,
 //!   `bins="64 KiB = cuda_async; 1 MiB = cuda > fixed_size(block_size=1 MiB)"` gives bins

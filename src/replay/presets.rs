@@ -3,7 +3,8 @@
 use super::{Metered, MeteredPages};
 use super::{Replay, ReplayError, Replayer, ThreadedReplayer, Workload};
 use crate::leaf::{
-    Cuda, DevicePages, PhysicalPages, Simulated, VirtualMemory, VirtualMemoryConfig,
+    Cuda, DevicePages, PagedHeaps, PagedHeapsConfig, PhysicalPages, Simulated, VirtualMemory,
+    VirtualMemoryConfig,
 };
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{StreamHandle, StreamRef};
@@ -109,7 +110,7 @@ where
 /// [`Metered`] one of those (its meter counts the mapped pages).
 pub trait Paged {
     /// Where the pages come from.
-    type Pages: PhysicalPages + 'static;
+    type Pages: PhysicalPages + Clone + 'static;
     /// The page source of the same memory as `self`.
     fn pages(&self) -> Result<Self::Pages, AllocError>;
 }
@@ -140,7 +141,9 @@ impl<U: Paged + Send + Sync + 'static> Paged for Arc<Metered<U>> {
 ///
 /// `"tlsf"` is [`Tlsf`](crate::suballoc::Tlsf) with the capacity as its reservation and maximum,
 /// as `"pool"` is; `"vmm"` is [`VirtualMemory`] over the upstream's pages with the capacity as
-/// its cap on mapped bytes and as its cache of free pages (emptied under pressure); `"heaps"` is
+/// its cap on mapped bytes and as its cache of free pages (emptied under pressure); `"paged"` is
+/// [`PagedHeaps`] over the upstream's pages with its default configuration (no cap: the
+/// upstream's capacity bounds it); `"heaps"` is
 /// [`ThreadHeaps`](crate::suballoc::ThreadHeaps) with the capacity as its maximum, a heap per
 /// thread that replays (one in log order).
 pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dyn StackFactory<U>>>
@@ -175,6 +178,11 @@ pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dy
                 ..VirtualMemoryConfig::default()
             };
             VirtualMemory::new(up.pages()?, config)
+        }),
+        stack("paged", |up: U, _cap| {
+            // No cap of its own: the upstream's pages bound it, and under pressure every heap
+            // gives its free pages back before a request fails.
+            Ok(PagedHeaps::new(up.pages()?, PagedHeapsConfig::default()))
         }),
         stack("binning", |up: U, cap| {
             Ok(crate::resource_stack![

@@ -97,17 +97,22 @@ pub struct VmUsage {
 /// does, plus a counter on each of the block's two end pages (the only pages it can share) and
 /// bitmap operations over the pages it covers wholly (64 pages a word). A page mapped costs
 /// `cuMemCreate` + `cuMemMap` (and one `cuMemSetAccess` per run of pages), a page unmapped
-/// `cuMemUnmap` + `cuMemRelease`: microseconds each (see the README's footprint section), which
-/// the cache keeps off the path of a workload whose working set repeats. Pages are trimmed in
-/// batches (down to half the cache), so the synchronizations before them are paid once per batch.
+/// `cuMemUnmap` + `cuMemRelease`: tens of microseconds per 2 MiB page together on an H200
+/// (`scripts/vmm-costs.py` measures them), which the cache keeps off the path of a workload whose
+/// working set repeats. A cache over its bound is trimmed in batches (down to half the bound)
+/// without waiting: the batch's pages are marked with an event on each stream that freed blocks
+/// since the last batch, and unmapped by a later call once every event is reached (queried every
+/// 32 calls, about a microsecond a query); a page that goes live again meanwhile stays.
 ///
 /// # Streams
 ///
 /// As [`Tlsf`](crate::suballoc::Tlsf): a block freed on stream `S` is reused at once on `S`, and by another
-/// stream `T` only after `order_after(T, S)`. Before pages are unmapped, every stream with free
-/// blocks is synchronized on the host (unmapping does not wait for device work; each byte of a
-/// wholly free page is in a free block, whose stream is ordered after every use of it). Every
-/// stream a free block names is kept alive.
+/// stream `T` only after `order_after(T, S)`. A page is unmapped only after the work queued
+/// before its blocks' frees is complete (unmapping does not wait for device work; each byte of a
+/// wholly free page is in a free block, whose stream is ordered after every use of it): an event
+/// recorded on each stream that freed blocks is reached, or, under memory pressure, `release`
+/// and drop, those streams are synchronized on the host. Every stream a free block names is kept
+/// alive.
 ///
 /// # Upstream
 ///
