@@ -317,7 +317,7 @@ macro_rules! forward_upstream {
 pub(crate) use forward_upstream;
 
 /// Writes the property bits and alignment a leaf claims, in one line:
-/// `properties!(Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16)`. The claim
+/// `properties! { Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16 }`. The claim
 /// is the `unsafe impl`'s, whose `// SAFETY:` argues it.
 macro_rules! properties {
     (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
@@ -329,6 +329,33 @@ macro_rules! properties {
     };
 }
 pub(crate) use properties;
+
+/// Writes `synchronize` and `order_after` for a resource that queues no work on any stream (host
+/// memory, a simulation): there is nothing to wait for or to order, so both return `Ok(())`.
+/// `no_stream_work!(name = EXPR)` writes `name` too.
+macro_rules! no_stream_work {
+    () => {
+        fn synchronize(&self, _: $crate::stream::StreamRef<'_>) -> $crate::resource::Result<()> {
+            Ok(())
+        }
+
+        fn order_after(
+            &self,
+            _: $crate::stream::StreamRef<'_>,
+            _: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<()> {
+            Ok(())
+        }
+    };
+    (name = $name:expr) => {
+        $crate::resource::no_stream_work!();
+
+        fn name(&self) -> &'static str {
+            $name
+        }
+    };
+}
+pub(crate) use no_stream_work;
 
 /// Runs its closure when dropped, unless forgotten: undoes a step (a claim, a reservation, a
 /// block taken) on every way out of the call that follows it, an error returned with `?` or a
