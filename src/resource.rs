@@ -237,7 +237,9 @@ pub unsafe trait MemoryResource {
 /// its property bits (`properties of U`), and `synchronize` / `order_after` sent on unchanged
 /// (`streams to field`, or `streams to *self` for a pointer), which is right whenever the memory
 /// handed out is the one below's. `U, field` writes both and `U`'s alignment;
-/// `U, field, Alignment = A` both and alignment `A`.
+/// `U, field, Alignment = A` both and alignment `A`. `layer over field` writes an adaptor's `name`
+/// (its `NAME`, or `layer over field, name = N`) and `upstream_layer`; `deallocate to field` a `deallocate` that only passes the
+/// block on.
 macro_rules! forward_upstream {
     // Through `Selects`, so that in generic code a bound `U: Accessible<P>` carries over.
     (properties of $U:ty) => {
@@ -303,6 +305,41 @@ macro_rules! forward_upstream {
             after: $crate::stream::StreamRef<'_>,
         ) -> ::core::result::Result<(), $crate::resource::AllocError> {
             self.$field.order_after(stream, after)
+        }
+    };
+    // An adaptor's `name` (its `NAME`, or the one given) and its `upstream_layer`, the layer in
+    // `field`.
+    (layer over $field:ident) => {
+        $crate::resource::forward_upstream!(layer over $field, name = Self::NAME);
+    };
+    (layer over $field:ident, name = $name:expr) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn upstream_layer(&self) -> Option<&dyn $crate::stack::AnyLayer>
+        where
+            Self: 'static,
+        {
+            Some(&self.$field)
+        }
+    };
+    // A `deallocate` that hands the block back to `field` unchanged (a zero-size block is the
+    // adaptor's own dangling pointer, never the upstream's).
+    (deallocate to $field:ident) => {
+        #[inline]
+        unsafe fn deallocate(
+            &self,
+            ptr: ::core::ptr::NonNull<u8>,
+            size: usize,
+            align: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) {
+            if size == 0 {
+                return;
+            }
+            // SAFETY: forwarded from the caller.
+            unsafe { self.$field.deallocate(ptr, size, align, stream) }
         }
     };
     ($U:ty, $field:ident) => {
