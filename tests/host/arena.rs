@@ -686,13 +686,7 @@ impl Rng {
 #[test]
 fn usage_counts_live_blocks_in_local_and_global_arenas() {
     let sim = Simulated::new(1 << 30);
-    let arena = Arena::new(
-        &sim,
-        ArenaConfig {
-            size: 64 << 20,
-            superblock: 1 << 20,
-        },
-    );
+    let arena = resource_stack![&sim, Arena { size: 64 MiB, superblock: 1 MiB }];
     let d = StreamRef::DEFAULT;
     let small = arena.allocate(1000, 256, d).unwrap(); // a local arena's superblock
     let large = arena.allocate(8 << 20, 256, d).unwrap(); // the global arena
