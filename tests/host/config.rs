@@ -1,6 +1,7 @@
 //! Host tests of stacks from text: good inputs build the stack they say, every malformed input is
 //! an error naming the column and what is wrong, and printing a parsed stack reads back the same.
 
+use crate::adaptor_support::{deallocate_to, streams};
 use mrstack::config::{self, ConfigError, ConfigErrorKind, StackBuilder, StackSpec};
 use mrstack::prelude::*;
 use mrstack::{erased::AnyResource, leaf::VirtualMemory, resource::AllocErrorKind, suballoc::Pool};
@@ -29,16 +30,8 @@ unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.upstream.allocate(size, align, s)
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.upstream.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(s, a)
-    }
+    deallocate_to!(upstream);
+    streams!(to upstream);
     fn name(&self) -> &'static str {
         "Counting"
     }

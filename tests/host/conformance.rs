@@ -7,6 +7,7 @@
 // every field is given.
 #![allow(clippy::needless_update)]
 
+use crate::adaptor_support::claims;
 use mrstack::prelude::*;
 use mrstack::suballoc::{BinningConfig, PoolConfig, TlsfConfig};
 use mrstack::testing::{conformance, DeviceStandIn, Options, Recorder, Report};
@@ -441,11 +442,7 @@ struct Broken<'a> {
 // SAFETY: broken on purpose, as the tests below say; the memory is `Simulated`'s, which claims no
 // access property, so nothing dereferences it and none of the bugs can cause harm.
 unsafe impl MemoryResource for Broken<'_> {
-    type Host = typenum::B0;
-    type Device = typenum::B0;
-    type Managed = typenum::B0;
-    type Pageable = typenum::B0;
-    type Alignment = typenum::U256;
+    claims! { Host = typenum::B0, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U256 }
 
     fn allocate(
         &self,

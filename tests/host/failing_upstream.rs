@@ -4,6 +4,7 @@
 //! T only once T is ordered after S (or the host waited for S); where neither can be done, the
 //! memory is leaked. Arena's paths first, then the drops of the pools and bins.
 
+use crate::adaptor_support::{claims, deallocate_to};
 use mrstack::prelude::*;
 use mrstack::resource::{AllocError, AllocErrorKind};
 use mrstack::suballoc::Arena;
@@ -110,11 +111,7 @@ fn err() -> AllocError {
 
 // SAFETY: memory is Simulated's, unchanged.
 unsafe impl MemoryResource for Hostile {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B0;
-    type Pageable = B0;
-    type Alignment = U256;
+    claims! { Host = B0, Device = B0, Managed = B0, Pageable = B0, Alignment = U256 }
     fn allocate(
         &self,
         size: usize,
@@ -123,10 +120,7 @@ unsafe impl MemoryResource for Hostile {
     ) -> Result<NonNull<u8>, AllocError> {
         self.sim.allocate(size, align, st)
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, st: StreamRef) {
-        // SAFETY: forwarded.
-        unsafe { self.sim.deallocate(p, size, align, st) }
-    }
+    deallocate_to!(sim);
     fn synchronize(&self, st: StreamRef) -> Result<(), AllocError> {
         if self.panic_sync.load(SeqCst) {
             panic!("hostile synchronize");

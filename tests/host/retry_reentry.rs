@@ -3,6 +3,7 @@
 //! such a callback neither deadlocks nor finds the suballocator half-updated. Each test runs on a
 //! thread of its own and fails if that thread has not finished within 20 seconds.
 
+use crate::adaptor_support::{claims, deallocate_to, streams};
 use mrstack::adaptor::RetryCallback;
 use mrstack::prelude::*;
 use mrstack::suballoc::{
@@ -191,25 +192,13 @@ struct Slow(Simulated);
 
 // SAFETY: forwards everything to Simulated unchanged, after a sleep.
 unsafe impl MemoryResource for Slow {
-    type Host = <Simulated as MemoryResource>::Host;
-    type Device = <Simulated as MemoryResource>::Device;
-    type Managed = <Simulated as MemoryResource>::Managed;
-    type Pageable = <Simulated as MemoryResource>::Pageable;
-    type Alignment = <Simulated as MemoryResource>::Alignment;
+    claims! { as Simulated }
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         std::thread::sleep(Duration::from_millis(50));
         self.0.allocate(size, align, s)
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.0.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.0.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
-        self.0.order_after(s, a)
-    }
+    deallocate_to!(0);
+    streams!(to 0);
 }
 
 /// `threads` threads each ask `mr` for `block` bytes at once; every one must be served.

@@ -3,6 +3,7 @@
 //! hammer, byte-pattern checks, the cross-stream reuse check and an upstream that panics once, jobs
 //! run on worker threads, and the free blocks per bin of a `Binning`.
 
+use crate::adaptor_support::{claims, streams};
 use mrstack::prelude::*;
 use mrstack::suballoc::{Binning, Pool, ThreadHeaps, Tlsf};
 use mrstack::testing::Recorder;
@@ -280,11 +281,7 @@ impl PanicsOnce {
 
 // SAFETY: forwards everything unchanged, or panics before reaching the inner resource.
 unsafe impl MemoryResource for PanicsOnce {
-    type Host = <Simulated as MemoryResource>::Host;
-    type Device = <Simulated as MemoryResource>::Device;
-    type Managed = <Simulated as MemoryResource>::Managed;
-    type Pageable = <Simulated as MemoryResource>::Pageable;
-    type Alignment = <Simulated as MemoryResource>::Alignment;
+    claims! { as Simulated }
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         if self
             .on_allocate
@@ -304,12 +301,7 @@ unsafe impl MemoryResource for PanicsOnce {
         // SAFETY: forwarded from the caller.
         unsafe { self.inner.deallocate(p, size, align, s) }
     }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.inner.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
-        self.inner.order_after(s, a)
-    }
+    streams!(to inner);
 }
 
 /// What a model op asks of the resource: an allocation (size, alignment, stream) or a free
