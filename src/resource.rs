@@ -239,7 +239,7 @@ pub unsafe trait MemoryResource {
 /// handed out is the one below's. `U, field` writes both and `U`'s alignment;
 /// `U, field, Alignment = A` both and alignment `A`. `layer over field` writes an adaptor's `name`
 /// (its `NAME`, or `layer over field, name = N`) and `upstream_layer`; `deallocate to field` a `deallocate` that only passes the
-/// block on.
+/// block on; `grow_in_place to *self` a pointer's `GrowInPlace`.
 macro_rules! forward_upstream {
     // Through `Selects`, so that in generic code a bound `U: Accessible<P>` carries over.
     (properties of $U:ty) => {
@@ -275,6 +275,19 @@ macro_rules! forward_upstream {
         $crate::resource::forward_upstream!(streams to *self);
         fn name(&self) -> &'static str {
             $crate::resource::MemoryResource::name(&**self)
+        }
+    };
+    (grow_in_place to *self) => {
+        unsafe fn grow_in_place(
+            &self,
+            ptr: ::core::ptr::NonNull<u8>,
+            size: usize,
+            align: usize,
+            new_size: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<bool> {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
         }
     };
     (streams to *self) => {
@@ -472,32 +485,12 @@ pub unsafe trait GrowInPlace: MemoryResource {
 
 // SAFETY: forwards to `R`, whose promise holds for the same allocation.
 unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for &R {
-    unsafe fn grow_in_place(
-        &self,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-        new_size: usize,
-        stream: StreamRef,
-    ) -> Result<bool> {
-        // SAFETY: the caller's promise, passed on unchanged.
-        unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
-    }
+    forward_upstream!(grow_in_place to *self);
 }
 
 // SAFETY: forwards to `R`, whose promise holds for the same allocation.
 unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for Arc<R> {
-    unsafe fn grow_in_place(
-        &self,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-        new_size: usize,
-        stream: StreamRef,
-    ) -> Result<bool> {
-        // SAFETY: the caller's promise, passed on unchanged.
-        unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
-    }
+    forward_upstream!(grow_in_place to *self);
 }
 
 /// A configuration that wraps an upstream resource into an adaptor: what `resource_stack!`

@@ -33,6 +33,7 @@ pub use managed::Managed;
 pub use pages::{DevicePages, PhysicalPages};
 pub use pinned::Pinned;
 pub use sam_headroom::SamHeadroom;
+#[cfg(feature = "testing")]
 pub(crate) use simulated::usage_accessors;
 pub use simulated::Simulated;
 pub use system::System;

@@ -120,6 +120,7 @@ macro_rules! usage_accessors {
         }
     };
 }
+#[cfg(feature = "testing")]
 pub(crate) use usage_accessors;
 
 impl Simulated {
