@@ -97,41 +97,23 @@ pub(crate) trait Coalescing: MemoryResource {
     fn release(&self) -> usize;
 }
 
-impl<U: MemoryResource> Coalescing for Pool<U> {
-    fn usage(&self) -> mrstack::suballoc::Usage {
-        Pool::usage(self)
-    }
-    fn max_size(&self) -> usize {
-        Pool::max_size(self)
-    }
-    fn release(&self) -> usize {
-        Pool::release(self)
-    }
+// Each forwards to its own inherent methods of the same names.
+macro_rules! coalescing {
+    ($($T:ident),*) => {$(
+        impl<U: MemoryResource> Coalescing for $T<U> {
+            fn usage(&self) -> mrstack::suballoc::Usage {
+                $T::usage(self)
+            }
+            fn max_size(&self) -> usize {
+                $T::max_size(self)
+            }
+            fn release(&self) -> usize {
+                $T::release(self)
+            }
+        }
+    )*};
 }
-
-impl<U: MemoryResource> Coalescing for Tlsf<U> {
-    fn usage(&self) -> mrstack::suballoc::Usage {
-        Tlsf::usage(self)
-    }
-    fn max_size(&self) -> usize {
-        Tlsf::max_size(self)
-    }
-    fn release(&self) -> usize {
-        Tlsf::release(self)
-    }
-}
-
-impl<U: MemoryResource> Coalescing for ThreadHeaps<U> {
-    fn usage(&self) -> mrstack::suballoc::Usage {
-        ThreadHeaps::usage(self)
-    }
-    fn max_size(&self) -> usize {
-        ThreadHeaps::max_size(self)
-    }
-    fn release(&self) -> usize {
-        ThreadHeaps::release(self)
-    }
-}
+coalescing!(Pool, Tlsf, ThreadHeaps);
 
 impl<P: Coalescing> Coalescing for &P {
     fn usage(&self) -> mrstack::suballoc::Usage {
