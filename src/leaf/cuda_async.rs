@@ -251,15 +251,7 @@ impl CudaAsync {
         super::driver::grant_pool_access(self.pool, &self.ctx, peer, Self::NAME)
     }
 
-    /// The driver pool handle, for `cuMemPool*` calls this type does not wrap.
-    pub fn pool_handle(&self) -> sys::CUmemoryPool {
-        self.pool
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
+    super::context_leaf!(pool accessors);
 
     /// Bytes the driver pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
     pub fn reserved_bytes(&self) -> Result<usize, AllocError> {

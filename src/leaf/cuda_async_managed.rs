@@ -112,15 +112,7 @@ impl CudaAsyncManaged {
         Self::new(&super::cuda_context(ordinal)?)
     }
 
-    /// The pool's handle.
-    pub fn pool_handle(&self) -> sys::CUmemoryPool {
-        self.pool
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
+    super::context_leaf!(pool accessors);
 }
 
 // SAFETY: the default managed pool (which the driver keeps for the device's life) returns managed

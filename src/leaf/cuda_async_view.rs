@@ -121,15 +121,7 @@ impl CudaAsyncView {
         }
     }
 
-    /// The pool's handle.
-    pub fn pool_handle(&self) -> sys::CUmemoryPool {
-        self.pool
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
+    super::context_leaf!(pool accessors);
 }
 
 // SAFETY: cuMemAllocFromPoolAsync returns device memory of the pool's device (the default pool's,

@@ -440,7 +440,8 @@ pub(crate) fn require_concurrent_managed_access(
 /// `allocate`/`deallocate` for a leaf of one allocating and one freeing driver call (`free` serves
 /// both a misaligned pointer just allocated and the caller's `deallocate`),
 /// `context_leaf!(pool)` the stream calls and `allocate`/`deallocate` for a leaf over a driver
-/// pool (a field `pool: CUmemoryPool`, live while the leaf is), and
+/// pool (a field `pool: CUmemoryPool`, live while the leaf is), `context_leaf!(pool accessors)`
+/// such a leaf's `pool_handle` and `context`, and
 /// `context_leaf!(describe "name")` its description, `name(device=N)` as text configurations
 /// write it.
 macro_rules! context_leaf {
@@ -548,6 +549,17 @@ macro_rules! context_leaf {
         }
 
         $crate::leaf::context_leaf!(streams);
+    };
+    (pool accessors) => {
+        /// The driver pool handle, for `cuMemPool*` calls this type does not wrap.
+        pub fn pool_handle(&self) -> cudarc::driver::sys::CUmemoryPool {
+            self.pool
+        }
+
+        /// The context this resource allocates in.
+        pub fn context(&self) -> &std::sync::Arc<cudarc::driver::CudaContext> {
+            &self.ctx
+        }
     };
     (describe $text:literal) => {
         fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
