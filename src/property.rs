@@ -369,6 +369,32 @@ pub const fn alignment_of<R: MemoryResource + ?Sized>() -> usize {
     <R::Alignment as typenum::Unsigned>::USIZE
 }
 
+/// Asserts at compile time what an adaptor `A<U>` keeps of its upstream `U`: over `System`,
+/// host-accessible pageable memory that no device reaches; over `Cuda`, device memory that is
+/// neither host-accessible nor pageable; `Send` and `Sync` over both.
+macro_rules! assert_keeps_properties {
+    ($A:ident) => {
+        static_assertions::assert_impl_all!(
+            $A<crate::leaf::System>: Send,
+            Sync,
+            crate::property::Accessible<(crate::property::HostAccessible, crate::property::Pageable)>
+        );
+        static_assertions::assert_not_impl_any!(
+            $A<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>
+        );
+        static_assertions::assert_impl_all!(
+            $A<crate::leaf::Cuda>: Send,
+            Sync,
+            crate::property::Accessible<crate::property::DeviceAccessible>
+        );
+        static_assertions::assert_not_impl_any!(
+            $A<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>,
+            crate::property::Accessible<crate::property::Pageable>
+        );
+    };
+}
+pub(crate) use assert_keeps_properties;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -237,7 +237,9 @@ pub unsafe trait MemoryResource {
 /// its property bits (`properties of U`), and `synchronize` / `order_after` sent on unchanged
 /// (`streams to field`, or `streams to *self` for a pointer), which is right whenever the memory
 /// handed out is the one below's. `U, field` writes both and `U`'s alignment;
-/// `U, field, Alignment = A` both and alignment `A`.
+/// `U, field, Alignment = A` both and alignment `A`. `layer over field` writes an adaptor's `name`
+/// (its `NAME`, or `layer over field, name = N`) and `upstream_layer`; `deallocate to field` a `deallocate` that only passes the
+/// block on; `grow_in_place to *self` a pointer's `GrowInPlace`.
 macro_rules! forward_upstream {
     // Through `Selects`, so that in generic code a bound `U: Accessible<P>` carries over.
     (properties of $U:ty) => {
@@ -275,6 +277,19 @@ macro_rules! forward_upstream {
             $crate::resource::MemoryResource::name(&**self)
         }
     };
+    (grow_in_place to *self) => {
+        unsafe fn grow_in_place(
+            &self,
+            ptr: ::core::ptr::NonNull<u8>,
+            size: usize,
+            align: usize,
+            new_size: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<bool> {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
+        }
+    };
     (streams to *self) => {
         fn synchronize(
             &self,
@@ -305,6 +320,41 @@ macro_rules! forward_upstream {
             self.$field.order_after(stream, after)
         }
     };
+    // An adaptor's `name` (its `NAME`, or the one given) and its `upstream_layer`, the layer in
+    // `field`.
+    (layer over $field:ident) => {
+        $crate::resource::forward_upstream!(layer over $field, name = Self::NAME);
+    };
+    (layer over $field:ident, name = $name:expr) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn upstream_layer(&self) -> Option<&dyn $crate::stack::AnyLayer>
+        where
+            Self: 'static,
+        {
+            Some(&self.$field)
+        }
+    };
+    // A `deallocate` that hands the block back to `field` unchanged (a zero-size block is the
+    // adaptor's own dangling pointer, never the upstream's).
+    (deallocate to $field:ident) => {
+        #[inline]
+        unsafe fn deallocate(
+            &self,
+            ptr: ::core::ptr::NonNull<u8>,
+            size: usize,
+            align: usize,
+            stream: $crate::stream::StreamRef<'_>,
+        ) {
+            if size == 0 {
+                return;
+            }
+            // SAFETY: forwarded from the caller.
+            unsafe { self.$field.deallocate(ptr, size, align, stream) }
+        }
+    };
     ($U:ty, $field:ident) => {
         $crate::resource::forward_upstream!($U, $field, Alignment = <$U as $crate::resource::MemoryResource>::Alignment);
     };
@@ -317,7 +367,7 @@ macro_rules! forward_upstream {
 pub(crate) use forward_upstream;
 
 /// Writes the property bits and alignment a leaf claims, in one line:
-/// `properties!(Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16)`. The claim
+/// `properties! { Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16 }`. The claim
 /// is the `unsafe impl`'s, whose `// SAFETY:` argues it.
 macro_rules! properties {
     (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
@@ -329,6 +379,33 @@ macro_rules! properties {
     };
 }
 pub(crate) use properties;
+
+/// Writes `synchronize` and `order_after` for a resource that queues no work on any stream (host
+/// memory, a simulation): there is nothing to wait for or to order, so both return `Ok(())`.
+/// `no_stream_work!(name = EXPR)` writes `name` too.
+macro_rules! no_stream_work {
+    () => {
+        fn synchronize(&self, _: $crate::stream::StreamRef<'_>) -> $crate::resource::Result<()> {
+            Ok(())
+        }
+
+        fn order_after(
+            &self,
+            _: $crate::stream::StreamRef<'_>,
+            _: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<()> {
+            Ok(())
+        }
+    };
+    (name = $name:expr) => {
+        $crate::resource::no_stream_work!();
+
+        fn name(&self) -> &'static str {
+            $name
+        }
+    };
+}
+pub(crate) use no_stream_work;
 
 /// Runs its closure when dropped, unless forgotten: undoes a step (a claim, a reservation, a
 /// block taken) on every way out of the call that follows it, an error returned with `?` or a
@@ -408,32 +485,12 @@ pub unsafe trait GrowInPlace: MemoryResource {
 
 // SAFETY: forwards to `R`, whose promise holds for the same allocation.
 unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for &R {
-    unsafe fn grow_in_place(
-        &self,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-        new_size: usize,
-        stream: StreamRef,
-    ) -> Result<bool> {
-        // SAFETY: the caller's promise, passed on unchanged.
-        unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
-    }
+    forward_upstream!(grow_in_place to *self);
 }
 
 // SAFETY: forwards to `R`, whose promise holds for the same allocation.
 unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for Arc<R> {
-    unsafe fn grow_in_place(
-        &self,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-        new_size: usize,
-        stream: StreamRef,
-    ) -> Result<bool> {
-        // SAFETY: the caller's promise, passed on unchanged.
-        unsafe { (**self).grow_in_place(ptr, size, align, new_size, stream) }
-    }
+    forward_upstream!(grow_in_place to *self);
 }
 
 /// A configuration that wraps an upstream resource into an adaptor: what `resource_stack!`

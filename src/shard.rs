@@ -189,6 +189,22 @@ struct Global {
     tight: AtomicBool,
 }
 
+impl Global {
+    /// Adds `n` to `reserved` unless that passes the limit; returns whether it did. With no
+    /// limit, counts wrap (modulo 2^64 like the totals) rather than refuse.
+    fn reserve(&self, n: i64) -> bool {
+        self.reserved
+            .fetch_update(AcqRel, Acquire, |r| {
+                if self.limit == i64::MAX {
+                    Some(r.wrapping_add(n))
+                } else {
+                    r.checked_add(n).filter(|&v| v <= self.limit)
+                }
+            })
+            .is_ok()
+    }
+}
+
 #[derive(Debug)]
 struct Inner<const N: usize> {
     /// In the `Arc`'s own allocation: one pointer from the adaptor to a thread's shard.
@@ -324,15 +340,7 @@ impl<const N: usize> Sharded<N> {
             global.chunk
         };
         for want in [need.saturating_add(ahead), need] {
-            let r = global.reserved.fetch_update(AcqRel, Acquire, |r| {
-                if global.limit == i64::MAX {
-                    // No limit: counts wrap (modulo 2^64 like the totals) rather than refuse.
-                    Some(r.wrapping_add(want))
-                } else {
-                    r.checked_add(want).filter(|&n| n <= global.limit)
-                }
-            });
-            if r.is_ok() {
+            if global.reserve(want) {
                 got = Some(want);
                 break;
             }
@@ -356,14 +364,7 @@ impl<const N: usize> Sharded<N> {
         for q in 0..N {
             let global = &self.inner.globals[q];
             let n = amounts[q] as i64;
-            let r = global.reserved.fetch_update(AcqRel, Acquire, |r| {
-                if global.limit == i64::MAX {
-                    Some(r.wrapping_add(n))
-                } else {
-                    r.checked_add(n).filter(|&v| v <= global.limit)
-                }
-            });
-            if r.is_err() {
+            if !global.reserve(n) {
                 for (g, &a) in self.inner.globals.iter().zip(&amounts).take(q) {
                     g.reserved.fetch_sub(a as i64, AcqRel);
                 }

@@ -32,6 +32,12 @@ class Checks:
     def put(self, key, value):
         self.data[key] = value
 
+    def put_allocator(self, allocator):
+        """Records the allocator a client runs with, and the stack mrstack's reads from the
+        environment."""
+        self.put("allocator", allocator)
+        self.put("stack", os.environ.get("MRSTACK_STACK") if allocator == "mrstack" else None)
+
     def save(self):
         # Written as the script goes, so a crash later still leaves what was measured.
         tmp = self.out_path + ".tmp"

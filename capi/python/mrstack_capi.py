@@ -12,12 +12,13 @@ CuPy (before the first CuPy allocation):
     lib = mrstack_capi.use_with_cupy("/path/to/libmrstack_c.so")
 
 Both use the per-device stacks the environment describes: MRSTACK_STACK (text config, default
-`cuda > pool > binning`), MRSTACK_LOG (record every request for `mrstack replay`),
+`paged`), MRSTACK_LOG (record every request for `mrstack replay`),
 MRSTACK_REPORT (statistics JSON at exit).
 """
 
 import ctypes
 import json
+import sys
 
 # The entry points each client's door calls. The `_or_throw` allocations throw a C++ exception on
 # failure, which PyTorch and CuPy turn into a Python exception: neither checks a null return
@@ -119,6 +120,16 @@ def use_with_torch(path):
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, TORCH_MALLOC, TORCH_FREE)
     torch.cuda.memory.change_current_allocator(allocator)
     return load(path)
+
+
+def use_with_torch_if_chosen(args):
+    """`use_with_torch(args.lib)` for a client run with `--allocator mrstack` (which needs
+    `--lib`), else None: PyTorch's own allocator. Call it right after importing torch."""
+    if args.allocator != "mrstack":
+        return None
+    if not args.lib:
+        sys.exit("--allocator mrstack needs --lib")
+    return use_with_torch(args.lib)
 
 
 def use_with_cupy(path):

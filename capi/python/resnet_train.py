@@ -40,8 +40,7 @@ p.add_argument("--device", default="cuda", help="cpu only to try the script with
 args = p.parse_args()
 
 checks = client_checks.Checks(f"resnet50/{args.allocator}", args.out)
-checks.put("allocator", args.allocator)
-checks.put("stack", os.environ.get("MRSTACK_STACK") if args.allocator == "mrstack" else None)
+checks.put_allocator(args.allocator)
 checks.put("logged", bool(os.environ.get("MRSTACK_LOG")) if args.allocator == "mrstack" else False)
 
 # cuBLAS reads this when its handle is made: deterministic algorithms refuse to run without it.
@@ -50,12 +49,7 @@ if os.environ.get("CUBLAS_WORKSPACE_CONFIG") != ":4096:8":
 
 import torch  # noqa: E402
 
-lib = None
-if args.allocator == "mrstack":
-    if not args.lib:
-        sys.exit("--allocator mrstack needs --lib")
-    # First thing after importing torch: nothing may have touched CUDA yet.
-    lib = mrstack_capi.use_with_torch(args.lib)
+lib = mrstack_capi.use_with_torch_if_chosen(args)  # before anything touches CUDA
 
 import torchvision  # noqa: E402
 

@@ -32,19 +32,14 @@ tiny_gpt.add_model_args(p, vocab=8192, d_model=512, heads=8, layers=6, min_len=1
 args = p.parse_args()
 
 checks = client_checks.Checks(f"transformer/{args.allocator}", args.out)
-checks.put("allocator", args.allocator)
-checks.put("stack", os.environ.get("MRSTACK_STACK") if args.allocator == "mrstack" else None)
+checks.put_allocator(args.allocator)
 
 if os.environ.get("CUBLAS_WORKSPACE_CONFIG") != ":4096:8":
     sys.exit("CUBLAS_WORKSPACE_CONFIG must be :4096:8 (the driver sets it)")
 
 import torch  # noqa: E402
 
-lib = None
-if args.allocator == "mrstack":
-    if not args.lib:
-        sys.exit("--allocator mrstack needs --lib")
-    lib = mrstack_capi.use_with_torch(args.lib)  # before anything touches CUDA
+lib = mrstack_capi.use_with_torch_if_chosen(args)  # before anything touches CUDA
 
 
 def body(c):

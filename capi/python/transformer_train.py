@@ -25,16 +25,11 @@ tiny_gpt.add_model_args(p, vocab=4096, d_model=384, heads=6, layers=4, min_len=3
 args = p.parse_args()
 
 checks = client_checks.Checks(f"transformer-train/{args.allocator}", args.out)
-checks.put("allocator", args.allocator)
-checks.put("stack", os.environ.get("MRSTACK_STACK") if args.allocator == "mrstack" else None)
+checks.put_allocator(args.allocator)
 
 import torch  # noqa: E402
 
-lib = None
-if args.allocator == "mrstack":
-    if not args.lib:
-        sys.exit("--allocator mrstack needs --lib")
-    lib = mrstack_capi.use_with_torch(args.lib)  # before anything touches CUDA
+lib = mrstack_capi.use_with_torch_if_chosen(args)  # before anything touches CUDA
 
 
 def body(c):

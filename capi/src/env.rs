@@ -17,10 +17,10 @@ use crate::stack::{json_string, MrstackStack};
 use std::ffi::{c_char, c_int};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The stack the per-device entry points use when `MRSTACK_STACK` is not set: a pool over the
-/// driver's allocator that grows as training needs, with binning in front for the many small
-/// tensors.
-pub const DEFAULT_STACK: &str = "cuda > pool > binning";
+/// The stack the per-device entry points use when `MRSTACK_STACK` is not set: `PagedHeaps` over
+/// the device's pages, which maps physical memory only under live blocks and gives freed pages
+/// back without waiting, with a heap per stream and per thread.
+pub const DEFAULT_STACK: &str = "paged";
 
 /// The most devices the per-device stacks cover.
 const MAX_DEVICES: usize = 64;

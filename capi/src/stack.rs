@@ -377,24 +377,22 @@ fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> Str
         layer: &dyn AnyLayer,
     ) -> Option<(&'static str, Usage)> {
         let any = layer.as_any();
-        if let Some(r) = any.downcast_ref::<Pool<AnyResource<P>>>() {
-            return Some(("pool", r.usage()));
+        // The first of the suballocator types that `layer` is, with its name in text configs.
+        macro_rules! usage_if {
+            ($($T:ident $name:literal),*) => {$(
+                if let Some(r) = any.downcast_ref::<$T<AnyResource<P>>>() {
+                    return Some(($name, r.usage()));
+                }
+            )*};
         }
-        if let Some(r) = any.downcast_ref::<Tlsf<AnyResource<P>>>() {
-            return Some(("tlsf", r.usage()));
-        }
-        if let Some(r) = any.downcast_ref::<Binning<AnyResource<P>>>() {
-            return Some(("binning", r.usage()));
-        }
-        if let Some(r) = any.downcast_ref::<Arena<AnyResource<P>>>() {
-            return Some(("arena", r.usage()));
-        }
-        if let Some(r) = any.downcast_ref::<FixedSize<AnyResource<P>>>() {
-            return Some(("fixed_size", r.usage()));
-        }
-        if let Some(r) = any.downcast_ref::<ThreadHeaps<AnyResource<P>>>() {
-            return Some(("thread_heaps", r.usage()));
-        }
+        usage_if!(
+            Pool "pool",
+            Tlsf "tlsf",
+            Binning "binning",
+            Arena "arena",
+            FixedSize "fixed_size",
+            ThreadHeaps "thread_heaps"
+        );
         None
     }
     let mut layers: Vec<String> = stack

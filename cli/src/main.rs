@@ -129,20 +129,21 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
         },
     };
     let base_capacity = timed_capacity(&workload, None, settings.threads);
+    let mut report = Report {
+        workload: summary,
+        upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
+        device,
+        base_capacity,
+        passes: settings.passes,
+        replayed_with_threads: settings.threads,
+        precision: settings.precision,
+        stacks: Vec::new(),
+        note: None,
+        recommendation: None,
+        no_recommendation: None,
+    };
     if workload.ops().is_empty() {
-        let report = Report {
-            workload: summary,
-            upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
-            device,
-            base_capacity,
-            passes: settings.passes,
-            replayed_with_threads: settings.threads,
-            precision: settings.precision,
-            stacks: Vec::new(),
-            note: Some(NOTHING_TO_TIME.to_owned()),
-            recommendation: None,
-            no_recommendation: None,
-        };
+        report.note = Some(NOTHING_TO_TIME.to_owned());
         return print_report(&report, args.json);
     }
 
@@ -161,20 +162,7 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
         }
     };
     bar.bar.finish_and_clear();
-
-    let mut report = Report {
-        workload: summary,
-        upstream: if is_cuda { "cuda" } else { "simulated" }.to_owned(),
-        device,
-        base_capacity,
-        passes: settings.passes,
-        replayed_with_threads: settings.threads,
-        precision: settings.precision,
-        stacks,
-        note: None,
-        recommendation: None,
-        no_recommendation: None,
-    };
+    report.stacks = stacks;
     report.recommend(&workload);
     print_report(&report, args.json)
 }

@@ -136,7 +136,7 @@ pub fn recommend(report: &Report, workload: &Workload) -> Result<Recommendation,
         .collect();
     if rows.is_empty() {
         return Err(format!(
-            "none of {} was replayed, and they are the stacks with a capacity to recommend",
+            "none of {} was replayed, and they are the stacks that can be recommended",
             order.join(", ")
         ));
     }
@@ -350,8 +350,14 @@ fn why(
     } else {
         format!("simulated(capacity={capacity}) for its leaf")
     };
+    // paged has no capacity to set: the figure is the device memory to leave it.
+    let what = if name == "paged" {
+        "capacity (paged takes none: what the device needs free for it)"
+    } else {
+        "capacity"
+    };
     lines.push(format!(
-        "capacity: {capacity} = min capacity {}{scaled} + {HEADROOM_PERCENT}% headroom ({}), rounded up to two significant digits; checked: the text config below, over {leaf}, completes this workload in log order",
+        "{what}: {capacity} = min capacity {}{scaled} + {HEADROOM_PERCENT}% headroom ({}), rounded up to two significant digits; checked: the text config below, over {leaf}, completes this workload in log order",
         Bytes::from(chosen.min),
         shown(with_headroom(basis)),
     ));
@@ -438,7 +444,9 @@ pub fn resource_stack_block(stack: &str, capacity: &str) -> Option<String> {
         }
         "arena" => format!("    Arena {{ size: {capacity} }},\n"),
         // A leaf of its own, over the device's pages, with no capacity to set.
-        "paged" => return Some("resource_stack![\n    PagedHeaps::for_context(&ctx)?,\n]".to_owned()),
+        "paged" => {
+            return Some("resource_stack![\n    PagedHeaps::for_context(&ctx)?,\n]".to_owned())
+        }
         // Not a layer over `Cuda` but a leaf of its own, over the device's pages; its config
         // is a plain struct, so the capacity is written in bytes.
         "vmm" => {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 pub const SIMULATED_NS_NOTE: &str = "* ns/op over Simulated is host bookkeeping only (each call that reaches Simulated takes a mutex and a hash map), not GPU speed: `upstream` looks fast here because no device is behind it, and on a GPU it is cuMemAlloc, the slowest row by far (README, \"Performance\")";
 
 /// The footnote of the upstream peak column: what it measures, for every report with rows.
-pub const UPSTREAM_PEAK_NOTE: &str = "upstream peak: the most the stack took from below while timed, built with the capacity above; pool, tlsf, binning and arena reserve that capacity up front, so theirs is the capacity they were timed with, not what they need (min capacity is); vmm maps pages only under live blocks and keeps freed ones mapped up to the capacity, so its upstream peak is what it mapped; heaps takes chunks as its threads' heaps need them, so its upstream peak is what it took";
+pub const UPSTREAM_PEAK_NOTE: &str = "upstream peak: the most the stack took from below while timed, built with the capacity above; pool, tlsf, binning and arena reserve that capacity up front, so theirs is the capacity they were timed with, not what they need (min capacity is); vmm maps pages only under live blocks and keeps freed ones mapped up to the capacity, so its upstream peak is what it mapped; paged maps them as vmm does and keeps freed ones within the peak of live pages plus a slack; heaps takes chunks as its threads' heaps need them, so its upstream peak is what it took";
 
 impl Report {
     /// The report as a table for people: the workload, a row per stack, a line per failure,
@@ -231,7 +231,7 @@ mod tests {
         // None of the stacks with a capacity ran: the report says so rather than recommend.
         assert!(
             t.ends_with(
-                "recommended: none: none of binning, tlsf, vmm, arena, pool was replayed, and they are the stacks with a capacity to recommend\n"
+                "recommended: none: none of paged, binning, tlsf, vmm, arena, pool was replayed, and they are the stacks that can be recommended\n"
             ),
             "{t}"
         );

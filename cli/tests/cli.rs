@@ -166,11 +166,10 @@ fn replay_without_a_trace_prints_the_table() {
     // It ends with the stack to use, in both forms to paste.
     assert!(out.contains("\nrecommended: "), "{out}");
     assert!(
-        out.contains("\nresource_stack![\n    Cuda::new(&ctx)?,\n"),
+        out.contains("\nresource_stack![\n    PagedHeaps::for_context(&ctx)?,\n]"),
         "{out}"
     );
-    let config = out.lines().last().unwrap();
-    assert!(config.starts_with("cuda > "), "{out}");
+    assert_eq!(out.lines().last().unwrap(), "paged", "{out}");
 }
 
 #[test]
@@ -258,11 +257,11 @@ fn a_many_threaded_log_replays_with_its_threads() {
         out.contains("\n† with threads, upstream peak is what this run's interleaving"),
         "{out}"
     );
-    // Arena first for threads. Its threads could hold 800 B at once run apart (700 in log
+    // Paged first for threads. Its threads could hold 800 B at once run apart (700 in log
     // order), but every free is on another thread than its allocation: they hand blocks to each
     // other, which keeps the log's order, so the capacity rests on it and says why.
     assert!(
-        out.contains("fixed order for several threads: arena"),
+        out.contains("fixed order for several threads: paged"),
         "{out}"
     );
     let v = json(&replay(&[f.text(), "--json"]));

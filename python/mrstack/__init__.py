@@ -13,7 +13,7 @@ and read what the stack did::
 
 A stack is text (``"cuda > pool(initial=1GiB) > binning"``): a leaf, then each layer over it.
 PyTorch and CuPy use one stack per device, built at the device's first allocation from
-``MRSTACK_STACK`` (default ``cuda > pool > binning``); ``MRSTACK_LOG=path`` records every
+``MRSTACK_STACK`` (default ``paged``); ``MRSTACK_LOG=path`` records every
 request for ``mrstack.replay``. A stack text with a mistake raises ``ValueError`` whose message
 names the column; a stack that cannot be built (no GPU, no driver) raises ``RuntimeError``.
 
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: The stack of each device when ``MRSTACK_STACK`` is not set.
-DEFAULT_STACK = "cuda > pool > binning"
+DEFAULT_STACK = "paged"
 
 lib_path = _lib.lib_path
 cli_path = _lib.cli_path

@@ -28,19 +28,26 @@ _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 
 
+def _given_or_packaged(variable: str, name: str):
+    """The file the environment `variable` names (an error where it names no file), else the
+    packaged `name` where it is there, else None; and the packaged path, for the error to name."""
+    env = os.environ.get(variable)
+    if env:
+        if not os.path.isfile(env):
+            raise RuntimeError(f"{variable} is {env!r}, which is not a file")
+        return os.path.abspath(env), None
+    packaged = os.path.join(_BIN, name)
+    return (packaged if os.path.isfile(packaged) else None), packaged
+
+
 def lib_path() -> str:
     """The path of libmrstack_c.so this package uses (``MRSTACK_LIB``, else the packaged one).
 
     Raises ``RuntimeError`` naming both places when neither holds the library.
     """
-    env = os.environ.get("MRSTACK_LIB")
-    if env:
-        if not os.path.isfile(env):
-            raise RuntimeError(f"MRSTACK_LIB is {env!r}, which is not a file")
-        return os.path.abspath(env)
-    packaged = os.path.join(_BIN, _LIB_NAME)
-    if os.path.isfile(packaged):
-        return packaged
+    found, packaged = _given_or_packaged("MRSTACK_LIB", _LIB_NAME)
+    if found:
+        return found
     raise RuntimeError(
         f"libmrstack_c.so not found: not at {packaged} (install the mrstack wheel) and "
         "MRSTACK_LIB is not set (set it to a libmrstack_c.so built with "
@@ -53,14 +60,9 @@ def cli_path() -> str:
 
     Raises ``RuntimeError`` naming the places looked at when none holds it.
     """
-    env = os.environ.get("MRSTACK_CLI")
-    if env:
-        if not os.path.isfile(env):
-            raise RuntimeError(f"MRSTACK_CLI is {env!r}, which is not a file")
-        return os.path.abspath(env)
-    packaged = os.path.join(_BIN, _CLI_NAME)
-    if os.path.isfile(packaged):
-        return packaged
+    found, packaged = _given_or_packaged("MRSTACK_CLI", _CLI_NAME)
+    if found:
+        return found
     found = shutil.which(_CLI_NAME)
     if found:
         return found

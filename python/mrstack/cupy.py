@@ -73,7 +73,7 @@ def use(stack: Optional[str] = None) -> None:
     """Makes CuPy allocate through mrstack's per-device stacks (``cupy.cuda.set_allocator``),
     with no CuPy memory pool in front.
 
-    ``stack`` sets ``MRSTACK_STACK`` (default: its value, else ``cuda > pool > binning``); it
+    ``stack`` sets ``MRSTACK_STACK`` (default: its value, else ``paged``); it
     takes effect for each device's stack when that is first built. Call it before the first
     CuPy allocation: arrays made before stay in CuPy's own pool. Raises ``ValueError`` for a
     stack text with a mistake (naming the column), ``RuntimeError`` without CuPy.

@@ -97,7 +97,7 @@ def use(stack: Optional[str] = None, device: Optional[int] = None) -> None:
     """Makes PyTorch allocate all CUDA memory through mrstack, for the rest of the process.
 
     ``stack`` is the text of each device's stack (it sets ``MRSTACK_STACK``; default: the
-    variable's value, else ``cuda > pool > binning``). ``device``, when given, builds that
+    variable's value, else ``paged``). ``device``, when given, builds that
     device's stack now, so that a stack that cannot be built fails here rather than at the first
     tensor; otherwise each device's stack is built at its first allocation.
 

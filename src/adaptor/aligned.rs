@@ -211,22 +211,13 @@ where
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }
 
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         ItemWriter::over(f, &self.upstream, "aligned")
             .number("alignment", A::USIZE)
             .finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream);
 }
 
 has_upstream!(impl<A, U> for Aligned<A, U>);

@@ -162,22 +162,13 @@ unsafe impl<U: MemoryResource> MemoryResource for Limiting<U> {
         unsafe { self.upstream.deallocate(ptr, size, align, stream) };
     }
 
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         ItemWriter::over(f, &self.upstream, "limiting")
             .size("limit", self.limit)
             .finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream);
 }
 
 has_upstream!(impl<U> for Limiting<U>);
@@ -202,8 +193,6 @@ impl<U: MemoryResource> Layer<U> for LimitingConfig {
     }
 }
 
-static_assertions::assert_impl_all!(Limiting<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_impl_all!(Limiting<crate::leaf::Cuda>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(Limiting<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
+crate::property::assert_keeps_properties!(Limiting);
 // The cap and the counter, nothing else.
 static_assertions::assert_eq_size!(Limiting<crate::leaf::System>, [usize; 2]);

@@ -147,17 +147,7 @@ unsafe impl<U: MemoryResource + Accessible<Migratable>> MemoryResource for Prefe
         Ok(ptr)
     }
 
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { self.upstream.deallocate(ptr, size, align, stream) }
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    forward_upstream!(deallocate to upstream);
 
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         ItemWriter::over(f, &self.upstream, "prefetch")
@@ -165,12 +155,7 @@ unsafe impl<U: MemoryResource + Accessible<Migratable>> MemoryResource for Prefe
             .finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream);
 }
 
 has_upstream!(impl<U> for Prefetch<U>);

@@ -111,30 +111,14 @@ where
         }
     }
 
-    #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { self.upstream.deallocate(ptr, size, align, stream) }
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    forward_upstream!(deallocate to upstream);
 
     // `retry` has no text form: its callback is code.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         ItemWriter::over(f, &self.upstream, "retry").finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream);
 }
 
 has_upstream!(impl<U, F> for Retry<U, F>);

@@ -328,20 +328,11 @@ unsafe impl<U: MemoryResource> MemoryResource for Statistics<U> {
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }
 
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         ItemWriter::over(f, &self.upstream, "statistics").finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream);
 }
 
 has_upstream!(impl<U> for Statistics<U>);
@@ -357,12 +348,11 @@ impl<U: MemoryResource> Layer<U> for StatisticsConfig {
     }
 }
 
-static_assertions::assert_impl_all!(Statistics<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
+crate::property::assert_keeps_properties!(Statistics);
 static_assertions::assert_impl_all!(
     Statistics<crate::leaf::Managed>: Send,
     Sync,
     crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>,
     crate::property::Accessible<crate::property::Migratable>
 );
-static_assertions::assert_not_impl_any!(Statistics<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
 static_assertions::assert_eq_size!(StatisticsConfig, ());

@@ -324,10 +324,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
         }
     }
 
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let item = ItemWriter::over(f, &self.upstream, "tracking");
         // The default (no backtraces) is left out, as text usually leaves it.
@@ -339,12 +335,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Tracking<U> {
         item.finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream);
 }
 
 has_upstream!(impl<U> for Tracking<U>);
@@ -372,7 +363,5 @@ impl<U: MemoryResource> Layer<U> for TrackingConfig {
     }
 }
 
-static_assertions::assert_impl_all!(Tracking<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_impl_all!(Tracking<crate::leaf::Cuda>: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);
-static_assertions::assert_not_impl_any!(Tracking<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
+crate::property::assert_keeps_properties!(Tracking);
 static_assertions::assert_impl_all!(Allocation: Send, Sync);

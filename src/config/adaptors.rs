@@ -16,33 +16,25 @@ use crate::suballoc::{
 };
 use std::io;
 
-impl FromItem for PoolConfig {
-    /// `pool(initial=…, max=…)`, with `initial` at most `max`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["initial", "max"])?;
-        let default = Self::default();
-        let config = PoolConfig {
-            initial: item.size_or("initial", default.initial)?,
-            max: item.size_or("max", default.max)?,
-        };
-        item.check_order(("initial", config.initial), ("max", config.max))?;
-        Ok(config)
-    }
+/// `FromItem` for the configurations of an `initial` and a `max` size: `name(initial=…, max=…)`,
+/// with `initial` at most `max`.
+macro_rules! initial_and_max {
+    ($($Config:ident),*) => {$(
+        impl FromItem for $Config {
+            fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+                item.check_fields(&["initial", "max"])?;
+                let default = Self::default();
+                let config = $Config {
+                    initial: item.size_or("initial", default.initial)?,
+                    max: item.size_or("max", default.max)?,
+                };
+                item.check_order(("initial", config.initial), ("max", config.max))?;
+                Ok(config)
+            }
+        }
+    )*};
 }
-
-impl FromItem for TlsfConfig {
-    /// `tlsf(initial=…, max=…)`, with `initial` at most `max`.
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&["initial", "max"])?;
-        let default = Self::default();
-        let config = TlsfConfig {
-            initial: item.size_or("initial", default.initial)?,
-            max: item.size_or("max", default.max)?,
-        };
-        item.check_order(("initial", config.initial), ("max", config.max))?;
-        Ok(config)
-    }
-}
+initial_and_max!(PoolConfig, TlsfConfig);
 
 impl FromItem for BinningConfig {
     /// `binning(min=…, max=…)`, with `min` at most `max`; `bins` (bins of resources of their own)
@@ -148,13 +140,18 @@ impl FromItem for ThreadHeapsConfig {
     }
 }
 
-impl FromItem for StatisticsConfig {
-    /// `statistics` (no fields).
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&[])?;
-        Ok(StatisticsConfig {})
-    }
+/// `FromItem` for the configurations with no fields (`statistics`, `graph_pools`).
+macro_rules! no_fields {
+    ($($Config:ident),*) => {$(
+        impl FromItem for $Config {
+            fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
+                item.check_fields(&[])?;
+                Ok($Config {})
+            }
+        }
+    )*};
 }
+no_fields!(StatisticsConfig, GraphPoolsConfig);
 
 impl FromItem for TrackingConfig {
     /// `tracking(backtraces=true|false)`.
@@ -173,14 +170,6 @@ impl FromItem for LimitingConfig {
         Ok(LimitingConfig {
             limit: item.required_size("limit")?,
         })
-    }
-}
-
-impl FromItem for GraphPoolsConfig {
-    /// `graph_pools` (no fields).
-    fn from_item(item: &ItemSpec) -> Result<Self, ConfigError> {
-        item.check_fields(&[])?;
-        Ok(GraphPoolsConfig {})
     }
 }
 

@@ -35,7 +35,7 @@
 //!
 //! | variable | what it does |
 //! |---|---|
-//! | `MRSTACK_STACK` | the text config of each device's stack; default `cuda > pool > binning`. A stack whose memory kernels cannot use (`system`, `simulated`) is refused: these clients hand the memory to kernels |
+//! | `MRSTACK_STACK` | the text config of each device's stack; default `paged`. A stack whose memory kernels cannot use (`system`, `simulated`) is refused: these clients hand the memory to kernels |
 //! | `MRSTACK_LOG=path` | records every request in RMM's log format (device 0 to `path`, device `n` to `path.n`), for `mrstack replay`; flushed at exit. A log that cannot be written (a full disk) is reported on standard error when its first write fails, naming the file |
 //! | `MRSTACK_REPORT=path` | writes every device stack's statistics as JSON at exit |
 //! | `MRSTACK_ALLOW_HOST_MEMORY=1` | lets `MRSTACK_STACK` be a host or simulated stack, for tests of a client's calls where there is no GPU; never where kernels run. A boolean: `1`, `true`, `yes`, `on` allow, `0`, `false`, `no`, `off` (any case) and an empty value refuse, as an unset variable does; any other value is an error naming it |

@@ -2,9 +2,14 @@
 //!
 //! # Where to start
 //!
-//! * **`cuda > pool > binning`** (`resource_stack![Cuda::new(&ctx)?, Pool, Binning]`): the C
-//!   library's default, and the stack to start with. `Binning` serves small requests from
-//!   per-thread caches and fixed-size bins; larger ones and the bins' refills come from the `Pool`.
+//! * **`paged`** (`PagedHeaps::for_context(&ctx)?`): the stack to start with, and the C library's
+//!   default. Physical pages only under live blocks, freed pages given back once the streams that
+//!   freed them are done (checked by events, never waited for on the allocating thread), a heap
+//!   per stream and per thread. PyTorch training on it held 1.045 × `max_memory_allocated` at
+//!   native speed ([performance](super::performance)).
+//! * **`cuda > pool > binning`** (`resource_stack![Cuda::new(&ctx)?, Pool, Binning]`) where memory
+//!   is plentiful: `Binning` serves small requests from per-thread caches and fixed-size bins;
+//!   larger ones and the bins' refills come from the `Pool`.
 //! * **`vmm`** (`VirtualMemory::new(DevicePages::new(&ctx)?, config)`) where device memory is
 //!   tight: it maps physical pages only under live blocks, so it needs the least memory of the
 //!   stacks here on every trace measured (within 1.003–1.024 × the peak live bytes, see

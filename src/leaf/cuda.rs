@@ -1,10 +1,8 @@
 //! `Cuda`: device memory from `cuMemAlloc` / `cuMemFree`.
 
-use super::{context_leaf, driver_allocate, driver_free};
-use crate::resource::{properties, MemoryResource, Result};
-use crate::stream::StreamRef;
+use super::context_leaf;
+use crate::resource::{properties, MemoryResource};
 use cudarc::driver::{result, CudaContext};
-use std::ptr::NonNull;
 use typenum::{B0, B1, U256};
 
 /// Device memory from `cuMemAlloc`, freed with `cuMemFree`.
@@ -59,39 +57,16 @@ context_leaf!(Cuda, "device memory");
 // SAFETY: cuMemAlloc returns device memory of `size` bytes aligned to 256 (checked), which stays
 // valid until cuMemFree; alignments above 256 are refused by driver_allocate.
 unsafe impl MemoryResource for Cuda {
-    properties!(
-        Host = B0,
-        Device = B1,
-        Managed = B0,
-        Pageable = B0,
-        Alignment = U256
+    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
+
+    context_leaf!(
+        driver "cuda",
+        // SAFETY: a plain allocation with the context current; the memory is not read.
+        alloc = |n| unsafe { result::malloc_sync(n) }.map(|p| p as usize),
+        // SAFETY: frees a pointer from cuMemAlloc once: one just allocated that nothing else has
+        // seen, or one the caller of `deallocate` passes back, not freed yet.
+        free = |p| unsafe { result::free_sync(p as _) },
     );
-
-    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
-        driver_allocate::<Self>(
-            &self.ctx,
-            size,
-            align,
-            Self::NAME,
-            // SAFETY: a plain allocation with the context current; the memory is not read.
-            |n| unsafe { result::malloc_sync(n) }.map(|p| p as usize),
-            // SAFETY: frees the pointer just allocated, which nothing else has seen.
-            |p| unsafe { result::free_sync(p as _) },
-        )
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, _: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // SAFETY: the caller passes a pointer from cuMemAlloc that is not freed yet.
-        driver_free(&self.ctx, || unsafe {
-            result::free_sync(ptr.as_ptr() as _)
-        });
-    }
-
-    context_leaf!(streams);
-    context_leaf!(describe "cuda");
 }
 
 static_assertions::assert_impl_all!(Cuda: Send, Sync, crate::property::Accessible<crate::property::DeviceAccessible>);

@@ -1,6 +1,6 @@
 //! `CudaAsync`: stream-ordered device memory from a driver memory pool of its own.
 
-use super::{driver_allocate_checked, driver_free, driver_synchronize};
+use super::{driver_allocate, driver_free, driver_synchronize};
 use crate::resource::{properties, AllocError, MemoryResource, Result};
 use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
@@ -251,45 +251,29 @@ impl CudaAsync {
         super::driver::grant_pool_access(self.pool, &self.ctx, peer, Self::NAME)
     }
 
-    /// The driver pool handle, for `cuMemPool*` calls this type does not wrap.
-    pub fn pool_handle(&self) -> sys::CUmemoryPool {
-        self.pool
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
+    super::context_leaf!(pool accessors);
 
     /// Bytes the driver pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
     pub fn reserved_bytes(&self) -> Result<usize, AllocError> {
-        let mut value: u64 = 0;
-        // SAFETY: the pool is live and RESERVED_MEM_CURRENT writes a cuuint64_t.
-        unsafe {
-            result::mem_pool::get_attribute(
-                self.pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                (&mut value as *mut u64).cast(),
-            )
-        }
-        .map_err(|e| AllocError::cuda(e, 0, 0, Self::NAME))?;
-        Ok(value as usize)
+        self.reserved(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
     }
 
     /// The most bytes the driver pool has held from the device at once since it was made
     /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`): what the pool cost at its peak.
     pub fn reserved_high(&self) -> Result<usize, AllocError> {
+        self.reserved(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+    }
+
+    /// A byte count of the pool's: `attr` is one of the `RESERVED_MEM_*` attributes, which the
+    /// driver writes as a cuuint64_t.
+    fn reserved(&self, attr: sys::CUmemPool_attribute) -> Result<usize, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
         let _current = crate::leaf::make_current(&self.ctx).map_err(err)?;
         let mut value: u64 = 0;
-        // SAFETY: the pool is live (it is destroyed only when self drops), and
-        // RESERVED_MEM_HIGH writes a cuuint64_t, which `value` is.
+        // SAFETY: the pool is live (it is destroyed only when self drops), and the caller's
+        // attribute writes a cuuint64_t, which `value` is.
         unsafe {
-            result::mem_pool::get_attribute(
-                self.pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
-                (&mut value as *mut u64).cast(),
-            )
+            result::mem_pool::get_attribute(self.pool, attr, (&mut value as *mut u64).cast())
         }
         .map_err(err)?;
         Ok(usize::try_from(value).unwrap_or(usize::MAX))
@@ -299,13 +283,7 @@ impl CudaAsync {
 // SAFETY: cuMemAllocFromPoolAsync returns device memory usable by work on `stream` once queued,
 // aligned to 256 (checked), valid until cuMemFreeAsync on that stream.
 unsafe impl MemoryResource for CudaAsync {
-    properties!(
-        Host = B0,
-        Device = B1,
-        Managed = B0,
-        Pageable = B0,
-        Alignment = U256
-    );
+    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
 
     super::context_leaf!(pool);
 
@@ -339,7 +317,7 @@ pub(crate) unsafe fn pool_allocate(
     name: &'static str,
 ) -> Result<NonNull<u8>> {
     let handle = super::stream_in(ctx, stream, size, align, name)?;
-    driver_allocate_checked(
+    driver_allocate(
         ctx,
         size,
         align,

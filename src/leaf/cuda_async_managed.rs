@@ -112,28 +112,14 @@ impl CudaAsyncManaged {
         Self::new(&super::cuda_context(ordinal)?)
     }
 
-    /// The pool's handle.
-    pub fn pool_handle(&self) -> sys::CUmemoryPool {
-        self.pool
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
+    super::context_leaf!(pool accessors);
 }
 
 // SAFETY: the default managed pool (which the driver keeps for the device's life) returns managed
 // memory, valid on host and device, usable by work on `stream` once queued, aligned to 256
 // (checked), until cuMemFreeAsync.
 unsafe impl MemoryResource for CudaAsyncManaged {
-    properties!(
-        Host = B1,
-        Device = B1,
-        Managed = B1,
-        Pageable = B0,
-        Alignment = U256
-    );
+    properties! { Host = B1, Device = B1, Managed = B1, Pageable = B0, Alignment = U256 }
 
     super::context_leaf!(pool);
     super::context_leaf!(describe "cuda_async_managed");

@@ -70,16 +70,9 @@ impl CudaAsyncView {
     /// A view of the default memory pool of `ctx`'s device, which the driver owns and keeps for
     /// the device's life.
     pub fn default_pool(ctx: &Arc<CudaContext>) -> Result<Self, AllocError> {
-        let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
-        let _current = crate::leaf::make_current(ctx).map_err(err)?;
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `pool` is a valid place for the handle; the device is the context's.
-        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
-            .result()
-            .map_err(err)?;
         Ok(CudaAsyncView {
             ctx: ctx.clone(),
-            pool,
+            pool: Self::device_pool(ctx, sys::cuDeviceGetDefaultMemPool)?,
             default: true,
         })
     }
@@ -93,11 +86,21 @@ impl CudaAsyncView {
     /// pool unless someone called `cuDeviceSetMemPool`. A raw handle: see
     /// [`from_handle`](Self::from_handle) for what viewing it asks.
     pub fn current_pool_handle(ctx: &Arc<CudaContext>) -> Result<sys::CUmemoryPool, AllocError> {
+        Self::device_pool(ctx, sys::cuDeviceGetMemPool)
+    }
+
+    /// A pool of `ctx`'s device that `get` (`cuDeviceGetDefaultMemPool`, `cuDeviceGetMemPool`)
+    /// names, with `ctx` current.
+    fn device_pool(
+        ctx: &CudaContext,
+        get: unsafe fn(*mut sys::CUmemoryPool, sys::CUdevice) -> sys::CUresult,
+    ) -> Result<sys::CUmemoryPool, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
         let _current = crate::leaf::make_current(ctx).map_err(err)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `pool` is a valid place for the handle; the device is the context's.
-        unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) }
+        // SAFETY: `get` is a driver getter that writes one pool handle to `pool`, a valid place
+        // for it; the device is the context's.
+        unsafe { get(&mut pool, ctx.cu_device()) }
             .result()
             .map_err(err)?;
         Ok(pool)
@@ -118,15 +121,7 @@ impl CudaAsyncView {
         }
     }
 
-    /// The pool's handle.
-    pub fn pool_handle(&self) -> sys::CUmemoryPool {
-        self.pool
-    }
-
-    /// The context this resource allocates in.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
+    super::context_leaf!(pool accessors);
 }
 
 // SAFETY: cuMemAllocFromPoolAsync returns device memory of the pool's device (the default pool's,
@@ -134,13 +129,7 @@ impl CudaAsyncView {
 // on `stream` once queued, aligned to 256 (checked), valid until cuMemFreeAsync; the pool
 // outlives the view (the driver's own, or the caller's promise).
 unsafe impl MemoryResource for CudaAsyncView {
-    properties!(
-        Host = B0,
-        Device = B1,
-        Managed = B0,
-        Pageable = B0,
-        Alignment = U256
-    );
+    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
 
     super::context_leaf!(pool);
 

@@ -1,7 +1,7 @@
 //! What the CUDA leaves share: the driver's presence, contexts, and the allocate, free, synchronize
 //! and order calls each makes with its context current, on streams located by their identity.
 
-use crate::resource::{check_request, AllocError, AllocErrorKind, MemoryResource};
+use crate::resource::{AllocError, AllocErrorKind};
 use crate::stream::StreamRef;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use std::ptr::NonNull;
@@ -225,26 +225,10 @@ pub(crate) fn make_current_or_record(ctx: &CudaContext) -> Option<Current<'_>> {
     }
 }
 
-/// Checks the request for resource `R` (size 0 is answered without the driver), makes `ctx`
-/// current on this thread, then runs one allocating driver call, checking the pointer it returns
-/// against the alignment asked. Shared by the CUDA leaves, whose guarantee is 256 bytes.
-pub(crate) fn driver_allocate<R: MemoryResource>(
-    ctx: &CudaContext,
-    size: usize,
-    align: usize,
-    name: &'static str,
-    alloc: impl FnOnce(usize) -> Result<usize, DriverError>,
-    free: impl FnOnce(usize) -> Result<(), DriverError>,
-) -> Result<NonNull<u8>, AllocError> {
-    match check_request::<R>(size, align, name)? {
-        Some(empty) => Ok(empty),
-        None => driver_allocate_checked(ctx, size, align, name, alloc, free),
-    }
-}
-
-/// [`driver_allocate`] for a request its resource has checked already (`CudaAsync` checks before
-/// it looks up the stream).
-pub(crate) fn driver_allocate_checked(
+/// Makes `ctx` current on this thread, then runs one allocating driver call for a request its
+/// resource has checked (`check_request`), checking the pointer it returns against the alignment
+/// asked. Shared by the CUDA leaves, whose guarantee is 256 bytes.
+pub(crate) fn driver_allocate(
     ctx: &CudaContext,
     size: usize,
     align: usize,
@@ -510,13 +494,6 @@ pub(crate) fn record(ctx: &CudaContext, r: Result<(), AllocError>) {
 /// The alignment every CUDA allocation guarantees.
 pub(crate) const CUDA_ALIGNMENT: usize = 256;
 
-/// Writes what the leaves over one context (a field `ctx: Arc<CudaContext>`) share:
-/// `context_leaf!(Type, "what it allocates")` the constructors, `context_leaf!(streams)` the
-/// stream calls of its `MemoryResource` impl, which go to the driver in that context,
-/// `context_leaf!(pool)` those and `allocate`/`deallocate` for a leaf over a driver pool (a field
-/// `pool: CUmemoryPool`, live while the leaf is), and
-/// `context_leaf!(describe "name")` its description, `name(device=N)` as text configurations
-/// write it.
 /// Refuses a device whose host may not touch managed memory while any kernel runs on it
 /// (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS` 0: Windows under WDDM, some Tegra, devices
 /// before Pascal): a host read of a managed block there faults while a kernel runs on any
@@ -541,6 +518,17 @@ pub(crate) fn require_concurrent_managed_access(
     Ok(())
 }
 
+/// Writes what the leaves over one context (a field `ctx: Arc<CudaContext>`) share:
+/// `context_leaf!(Type, "what it allocates")` the constructors, `context_leaf!(streams)` the
+/// stream calls of its `MemoryResource` impl, which go to the driver in that context,
+/// `context_leaf!(driver "name", alloc = …, free = …)` those, its description and
+/// `allocate`/`deallocate` for a leaf of one allocating and one freeing driver call (`free` serves
+/// both a misaligned pointer just allocated and the caller's `deallocate`),
+/// `context_leaf!(pool)` the stream calls and `allocate`/`deallocate` for a leaf over a driver
+/// pool (a field `pool: CUmemoryPool`, live while the leaf is), `context_leaf!(pool accessors)`
+/// such a leaf's `pool_handle` and `context`, and
+/// `context_leaf!(describe "name")` its description, `name(device=N)` as text configurations
+/// write it.
 macro_rules! context_leaf {
     ($T:ident, $memory:literal $(, check = $check:path)?) => {
         impl $T {
@@ -588,6 +576,36 @@ macro_rules! context_leaf {
             Self::NAME
         }
     };
+    (driver $text:literal, alloc = $alloc:expr, free = $free:expr $(,)?) => {
+        fn allocate(
+            &self,
+            size: usize,
+            align: usize,
+            _: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<std::ptr::NonNull<u8>> {
+            match $crate::resource::check_request::<Self>(size, align, Self::NAME)? {
+                Some(empty) => Ok(empty),
+                None => $crate::leaf::driver_allocate(&self.ctx, size, align, Self::NAME, $alloc, $free),
+            }
+        }
+
+        unsafe fn deallocate(
+            &self,
+            ptr: std::ptr::NonNull<u8>,
+            size: usize,
+            _: usize,
+            _: $crate::stream::StreamRef<'_>,
+        ) {
+            if size == 0 {
+                return;
+            }
+            let free = $free;
+            $crate::leaf::driver_free(&self.ctx, || free(ptr.as_ptr() as usize));
+        }
+
+        $crate::leaf::context_leaf!(streams);
+        $crate::leaf::context_leaf!(describe $text);
+    };
     (pool) => {
         fn allocate(
             &self,
@@ -616,6 +634,17 @@ macro_rules! context_leaf {
         }
 
         $crate::leaf::context_leaf!(streams);
+    };
+    (pool accessors) => {
+        /// The driver pool handle, for `cuMemPool*` calls this type does not wrap.
+        pub fn pool_handle(&self) -> cudarc::driver::sys::CUmemoryPool {
+            self.pool
+        }
+
+        /// The context this resource allocates in.
+        pub fn context(&self) -> &std::sync::Arc<cudarc::driver::CudaContext> {
+            &self.ctx
+        }
     };
     (describe $text:literal) => {
         fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -1,10 +1,8 @@
 //! `Managed`: unified memory from `cuMemAllocManaged`, reachable from host and device.
 
-use super::{context_leaf, driver_allocate, driver_free};
-use crate::resource::{properties, MemoryResource, Result};
-use crate::stream::StreamRef;
+use super::context_leaf;
+use crate::resource::{properties, MemoryResource};
 use cudarc::driver::{result, sys, CudaContext};
-use std::ptr::NonNull;
 use typenum::{B0, B1, U256};
 
 /// Managed (unified) memory from `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`, freed with `cuMemFree`.
@@ -70,42 +68,19 @@ context_leaf!(
 // SAFETY: cuMemAllocManaged returns memory valid on host and device until cuMemFree, aligned to
 // 256 (checked by driver_allocate, which refuses larger alignments).
 unsafe impl MemoryResource for Managed {
-    properties!(
-        Host = B1,
-        Device = B1,
-        Managed = B1,
-        Pageable = B0,
-        Alignment = U256
+    properties! { Host = B1, Device = B1, Managed = B1, Pageable = B0, Alignment = U256 }
+
+    context_leaf!(
+        driver "managed",
+        alloc = |n| {
+            // SAFETY: a plain allocation with the context current; the memory is not read.
+            unsafe { result::malloc_managed(n, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+                .map(|p| p as usize)
+        },
+        // SAFETY: frees a pointer from cuMemAllocManaged once: one just allocated that nothing
+        // else has seen, or one the caller of `deallocate` passes back, not freed yet.
+        free = |p| unsafe { result::free_sync(p as _) },
     );
-
-    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
-        driver_allocate::<Self>(
-            &self.ctx,
-            size,
-            align,
-            Self::NAME,
-            |n| {
-                // SAFETY: a plain allocation with the context current; the memory is not read.
-                unsafe { result::malloc_managed(n, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
-                    .map(|p| p as usize)
-            },
-            // SAFETY: frees the pointer just allocated, which nothing else has seen.
-            |p| unsafe { result::free_sync(p as _) },
-        )
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, _: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // SAFETY: the caller passes a pointer from cuMemAllocManaged that is not freed yet.
-        driver_free(&self.ctx, || unsafe {
-            result::free_sync(ptr.as_ptr() as _)
-        });
-    }
-
-    context_leaf!(streams);
-    context_leaf!(describe "managed");
 }
 
 static_assertions::assert_impl_all!(

@@ -33,6 +33,8 @@ pub use managed::Managed;
 pub use pages::{DevicePages, PhysicalPages};
 pub use pinned::Pinned;
 pub use sam_headroom::SamHeadroom;
+#[cfg(feature = "testing")]
+pub(crate) use simulated::usage_accessors;
 pub use simulated::Simulated;
 pub use system::System;
 pub use virtual_memory::{
@@ -40,7 +42,7 @@ pub use virtual_memory::{
 };
 
 pub(crate) use driver::{
-    context_leaf, cuda_context, driver_allocate, driver_allocate_checked, driver_available,
-    driver_free, driver_order_after, driver_symbol, driver_synchronize, make_current,
-    make_current_or_record, park_error, record, stream_in, synchronize_context,
+    context_leaf, cuda_context, driver_allocate, driver_available, driver_free, driver_order_after,
+    driver_symbol, driver_synchronize, make_current, make_current_or_record, park_error, record,
+    stream_in, synchronize_context,
 };

@@ -1,10 +1,8 @@
 //! `Pinned`: page-locked host memory from `cuMemHostAlloc`, mapped into the device's address space.
 
-use super::{context_leaf, driver_allocate, driver_free};
-use crate::resource::{properties, MemoryResource, Result};
-use crate::stream::StreamRef;
+use super::context_leaf;
+use crate::resource::{properties, MemoryResource};
 use cudarc::driver::{result, sys, CudaContext};
-use std::ptr::NonNull;
 use typenum::{B0, B1, U256};
 
 /// Pinned host memory from `cuMemHostAlloc(PORTABLE | DEVICEMAP)`, freed with `cuMemFreeHost`.
@@ -64,39 +62,16 @@ impl Pinned {
 // SAFETY: cuMemHostAlloc with DEVICEMAP returns host memory that is also addressable by the device
 // under unified addressing, valid until cuMemFreeHost, aligned to 256 (checked).
 unsafe impl MemoryResource for Pinned {
-    properties!(
-        Host = B1,
-        Device = B1,
-        Managed = B0,
-        Pageable = B0,
-        Alignment = U256
+    properties! { Host = B1, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
+
+    context_leaf!(
+        driver "pinned",
+        // SAFETY: a plain allocation with the context current; the memory is not read.
+        alloc = |n| unsafe { result::malloc_host(n, Self::FLAGS) }.map(|p| p as usize),
+        // SAFETY: frees a pointer from cuMemHostAlloc once: one just allocated that nothing else
+        // has seen, or one the caller of `deallocate` passes back, not freed yet.
+        free = |p| unsafe { result::free_host(p as _) },
     );
-
-    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
-        driver_allocate::<Self>(
-            &self.ctx,
-            size,
-            align,
-            Self::NAME,
-            // SAFETY: a plain allocation with the context current; the memory is not read.
-            |n| unsafe { result::malloc_host(n, Self::FLAGS) }.map(|p| p as usize),
-            // SAFETY: frees the pointer just allocated, which nothing else has seen.
-            |p| unsafe { result::free_host(p as _) },
-        )
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _: usize, _: StreamRef) {
-        if size == 0 {
-            return;
-        }
-        // SAFETY: the caller passes a pointer from cuMemHostAlloc that is not freed yet.
-        driver_free(&self.ctx, || unsafe {
-            result::free_host(ptr.as_ptr().cast())
-        });
-    }
-
-    context_leaf!(streams);
-    context_leaf!(describe "pinned");
 }
 
 static_assertions::assert_impl_all!(

@@ -1,7 +1,8 @@
 //! `Simulated`: a fake address space that hands out aligned ranges with no memory behind them.
 
 use crate::resource::{
-    align_up, check_request, properties, AllocError, AllocErrorKind, MemoryResource, Result,
+    align_up, check_request, no_stream_work, properties, AllocError, AllocErrorKind,
+    MemoryResource, Result,
 };
 use crate::stream::StreamRef;
 use std::collections::{BTreeMap, HashMap};
@@ -88,6 +89,40 @@ struct State {
     mapped_bytes: usize,
 }
 
+/// Writes the accounting accessors of a resource with a `capacity` field and a `lock()` whose
+/// guard holds `in_use`, `peak`, `allocations` and a `live` map: what `Simulated` and
+/// `DeviceStandIn` both report.
+macro_rules! usage_accessors {
+    () => {
+        /// The most bytes that may be allocated at once.
+        pub fn capacity(&self) -> usize {
+            self.capacity
+        }
+
+        /// Bytes allocated now.
+        pub fn in_use(&self) -> usize {
+            self.lock().in_use
+        }
+
+        /// The most bytes allocated at once so far.
+        pub fn peak(&self) -> usize {
+            self.lock().peak
+        }
+
+        /// Allocations made so far (successful calls, zero-size ones excluded).
+        pub fn allocation_count(&self) -> usize {
+            self.lock().allocations
+        }
+
+        /// Allocations not yet given back.
+        pub fn live(&self) -> usize {
+            self.lock().live.len()
+        }
+    };
+}
+#[cfg(feature = "testing")]
+pub(crate) use usage_accessors;
+
 impl Simulated {
     const NAME: &'static str = "Simulated";
     /// Where the range of an instance too large for a range of its own starts: far from null
@@ -161,30 +196,7 @@ impl Simulated {
         (base, base + size)
     }
 
-    /// The most bytes that may be allocated at once.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Bytes allocated now.
-    pub fn in_use(&self) -> usize {
-        self.lock().in_use
-    }
-
-    /// The most bytes allocated at once so far.
-    pub fn peak(&self) -> usize {
-        self.lock().peak
-    }
-
-    /// Allocations made so far (successful calls, zero-size ones excluded).
-    pub fn allocation_count(&self) -> usize {
-        self.lock().allocations
-    }
-
-    /// Allocations not yet given back.
-    pub fn live(&self) -> usize {
-        self.lock().live.len()
-    }
+    usage_accessors!();
 
     /// The page size of its physical-page model.
     pub fn page_size(&self) -> usize {
@@ -232,13 +244,7 @@ impl Simulated {
 // each is aligned to max(align, 256) and lies at 2^44 or above, never null. The type claims no
 // access property, so nothing dereferences it.
 unsafe impl MemoryResource for Simulated {
-    properties!(
-        Host = B0,
-        Device = B0,
-        Managed = B0,
-        Pageable = B0,
-        Alignment = U256
-    );
+    properties! { Host = B0, Device = B0, Managed = B0, Pageable = B0, Alignment = U256 }
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
@@ -277,17 +283,7 @@ unsafe impl MemoryResource for Simulated {
     }
 
     // No memory and no device: nothing is ever queued on a stream to wait for or to order.
-    fn synchronize(&self, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
-
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    no_stream_work!(name = Self::NAME);
 
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         crate::stack::ItemWriter::leaf(f, "simulated")
@@ -414,13 +410,7 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
         s.mapped_bytes -= size;
     }
 
-    fn synchronize(&self, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
-
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
+    no_stream_work!(name = Self::NAME);
 
     /// No work is ever queued: nothing to wait for.
     fn mark(&self, _: StreamRef) -> Result<Option<()>> {
@@ -433,10 +423,6 @@ unsafe impl crate::leaf::PhysicalPages for Simulated {
 
     fn wait(&self, _: &()) -> Result<()> {
         Ok(())
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
     }
 
     fn describe_fields<'a, 'b>(

@@ -1,7 +1,7 @@
 //! `System`: host memory from Rust's global allocator, at any power-of-two alignment.
 
 use crate::resource::{
-    check_request, properties, AllocError, AllocErrorKind, MemoryResource, Result,
+    check_request, no_stream_work, properties, AllocError, AllocErrorKind, MemoryResource, Result,
 };
 use crate::stream::StreamRef;
 use std::alloc::Layout;
@@ -64,13 +64,7 @@ impl System {
 // with the same layout. It is pageable: mrstack never pins or registers it, and no CUDA call
 // allocated it, so the driver knows it neither as pinned nor as managed memory.
 unsafe impl MemoryResource for System {
-    properties!(
-        Host = B1,
-        Device = B0,
-        Managed = B0,
-        Pageable = B1,
-        Alignment = U16
-    );
+    properties! { Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16 }
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
@@ -102,17 +96,7 @@ unsafe impl MemoryResource for System {
     }
 
     // Host memory: no stream-ordered work to wait for or to order.
-    fn synchronize(&self, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
-
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
-
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
+    no_stream_work!(name = Self::NAME);
 
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("system")

@@ -571,10 +571,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         }
     }
 
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let item = ItemWriter::over(f, &self.upstream, "binning")
             .size("min", 1 << self.min_shift)
@@ -597,12 +593,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Binning<U> {
         item.text("bins", &bins.join("; ")).finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream, name = NAME);
 }
 
 has_upstream!(impl<U> for Binning<U> where U: MemoryResource);
@@ -627,18 +618,9 @@ impl<U: MemoryResource> Drop for Binning<U> {
 }
 
 static_assertions::assert_impl_all!(
-    Binning<crate::leaf::Cuda>: Send,
-    Sync,
-    crate::property::Accessible<crate::property::DeviceAccessible>
-);
-static_assertions::assert_impl_all!(
     Binning<crate::suballoc::Pool<crate::leaf::Cuda>>: Send,
     Sync,
     crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(Binning<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_impl_all!(Binning<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_not_impl_any!(Binning<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+crate::property::assert_keeps_properties!(Binning);
 const _: () = assert!(crate::property::alignment_of::<Binning<crate::leaf::System>>() == 256);
-static_assertions::assert_impl_all!(Binning<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
-static_assertions::assert_not_impl_any!(Binning<crate::leaf::Cuda>: crate::property::Accessible<crate::property::Pageable>);

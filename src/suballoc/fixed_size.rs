@@ -224,10 +224,6 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
         self.lock().push(ptr.as_ptr() as usize, stream);
     }
 
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         ItemWriter::over(f, &self.upstream, "fixed_size")
             .size("block_size", self.block_size())
@@ -235,12 +231,7 @@ unsafe impl<U: MemoryResource> MemoryResource for FixedSize<U> {
             .finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream, name = NAME);
 }
 
 has_upstream!(impl<U> for FixedSize<U> where U: MemoryResource);
@@ -258,12 +249,5 @@ impl<U: MemoryResource> Drop for FixedSize<U> {
     }
 }
 
-static_assertions::assert_impl_all!(
-    FixedSize<crate::leaf::Cuda>: Send,
-    Sync,
-    crate::property::Accessible<crate::property::DeviceAccessible>
-);
-static_assertions::assert_not_impl_any!(FixedSize<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_impl_all!(FixedSize<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_not_impl_any!(FixedSize<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+crate::property::assert_keeps_properties!(FixedSize);
 const _: () = assert!(crate::property::alignment_of::<FixedSize<crate::leaf::System>>() == 256);

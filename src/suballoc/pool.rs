@@ -163,14 +163,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Pool<U> {
 }
 
 static_assertions::assert_impl_all!(
-    Pool<crate::leaf::Cuda>: Send,
-    Sync,
-    crate::property::Accessible<crate::property::DeviceAccessible>
-);
-static_assertions::assert_not_impl_any!(Pool<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_impl_all!(
     Pool<crate::leaf::Pinned>: crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
-static_assertions::assert_impl_all!(Pool<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_not_impl_any!(Pool<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+crate::property::assert_keeps_properties!(Pool);
 const _: () = assert!(crate::property::alignment_of::<Pool<crate::leaf::System>>() == 256);

@@ -3,7 +3,8 @@
 //! ever read or write.
 
 use crate::resource::{
-    align_up, check_request, properties, AllocError, AllocErrorKind, MemoryResource, Result,
+    align_up, check_request, no_stream_work, properties, AllocError, AllocErrorKind,
+    MemoryResource, Result,
 };
 use crate::stream::StreamRef;
 use std::collections::{BTreeMap, HashMap};
@@ -161,30 +162,7 @@ impl DeviceStandIn {
         }
     }
 
-    /// The most bytes that may be allocated at once.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Bytes allocated now.
-    pub fn in_use(&self) -> usize {
-        self.lock().in_use
-    }
-
-    /// The most bytes allocated at once so far.
-    pub fn peak(&self) -> usize {
-        self.lock().peak
-    }
-
-    /// Allocations made so far (successful calls, zero-size ones excluded).
-    pub fn allocation_count(&self) -> usize {
-        self.lock().allocations
-    }
-
-    /// Allocations not yet given back.
-    pub fn live(&self) -> usize {
-        self.lock().live.len()
-    }
+    crate::leaf::usage_accessors!();
 
     /// The region every stand-in's addresses lie in, `(start, length)`, once reserved: for tests
     /// that check where the addresses are.
@@ -232,13 +210,7 @@ fn served(stream: StreamRef) -> bool {
 // until given back), aligned to max(align, 256), of at least `size` bytes; no stream-ordered work
 // exists to wait for or to order.
 unsafe impl MemoryResource for DeviceStandIn {
-    properties!(
-        Host = B0,
-        Device = B1,
-        Managed = B0,
-        Pageable = B0,
-        Alignment = U256
-    );
+    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, NAME)? {
@@ -312,17 +284,7 @@ unsafe impl MemoryResource for DeviceStandIn {
     }
 
     // No work can use the memory: nothing to wait for or to order.
-    fn synchronize(&self, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
-
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<()> {
-        Ok(())
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
+    no_stream_work!(name = NAME);
 }
 
 /// The process-wide region of no-access addresses, and its free ranges.

@@ -259,7 +259,7 @@ fn a_bin_of_its_own_resource_serves_kernels() {
 /// on `t` is ordered by the bin's resource, or `t`'s values are overwritten by `s`'s kernel.
 #[test]
 fn a_block_of_a_bins_own_resource_reused_on_another_stream_waits_for_the_first() {
-    use mrstack::suballoc::{BinningConfig, PoolConfig};
+    use mrstack::suballoc::BinningConfig;
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let binning = Binning::new(
@@ -268,13 +268,7 @@ fn a_block_of_a_bins_own_resource_reused_on_another_stream_waits_for_the_first()
     )
     .with_bin(1 << 20, Cuda::new(&ctx).unwrap())
     .unwrap();
-    let pool = Pool::new(
-        binning,
-        PoolConfig {
-            initial: 1 << 20,
-            max: 1 << 20,
-        },
-    );
+    let pool = resource_stack![binning, Pool { initial: 1 MiB, max: 1 MiB }];
     let n = (1 << 20) / 4;
     let address = {
         let mut v = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();

@@ -9,7 +9,8 @@ use mrstack::prelude::*;
 use mrstack::{leaf::CudaAsyncOptions, resource::AllocErrorKind};
 use std::sync::Arc;
 
-use crate::support::{fill_and_check, gpu, kernel};
+use crate::increment;
+use crate::support::{fill_and_check, fill_on_two_streams, gpu, kernel};
 
 #[test]
 fn every_leaf_round_trips_through_a_kernel() {
@@ -82,16 +83,7 @@ fn pinned_vec_written_on_host_read_by_kernel_and_back() {
         .all(|(i, &x)| x == 2 * (i as u32 * 13) + 7));
 
     // A kernel writes the pinned memory; the next host read waits for it.
-    let inc = kernel(&ctx, "increment");
-    // SAFETY: `increment` updates n values of `pinned` in place.
-    unsafe {
-        stream
-            .launch_builder(&inc)
-            .arg(&mut pinned)
-            .arg(&n32)
-            .launch(LaunchConfig::for_num_elems(n32))
-    }
-    .unwrap();
+    increment!(&ctx, &stream, &mut pinned, n32);
     assert!(pinned
         .iter()
         .enumerate()
@@ -107,18 +99,8 @@ fn managed_memory_is_touched_on_both_sides() {
     for (i, x) in v.as_host_cells().unwrap().iter().enumerate() {
         x.set(i as u32 * 3);
     }
-    let inc = kernel(&ctx, "increment");
-    let n32 = n as u32;
     for _ in 0..2 {
-        // SAFETY: `increment` updates n values in place.
-        unsafe {
-            stream
-                .launch_builder(&inc)
-                .arg(&mut v)
-                .arg(&n32)
-                .launch(LaunchConfig::for_num_elems(n32))
-        }
-        .unwrap();
+        increment!(&ctx, &stream, &mut v, n);
     }
     let host = v.as_host_slice().unwrap();
     assert!(host.iter().enumerate().all(|(i, &x)| x == i as u32 * 3 + 2));
@@ -263,15 +245,8 @@ fn suballocators_serve_kernels_on_two_streams() {
         Pool { initial: 64 MiB, max: 1 GiB },
         Binning { min: 256 B, max: 1 MiB },
     ];
-    for round in 0..3u32 {
-        // Blocks freed on `a` are handed to `b` only after `b` waits for `a` (Pool::order_after).
-        for (k, stream) in [(round * 2 + 3, &a), (round * 2 + 4, &b)] {
-            let mut small = DeviceVec::<u32, _>::zeroed(1000, &mr, stream).unwrap();
-            let mut large = DeviceVec::<u32, _>::zeroed(3 << 20, &mr, stream).unwrap();
-            fill_and_check(&ctx, &mut small, k);
-            fill_and_check(&ctx, &mut large, k + 100);
-        }
-    }
+    // Blocks freed on `a` are handed to `b` only after `b` waits for `a` (Pool::order_after).
+    fill_on_two_streams(&ctx, &mr, (&a, &b), 3, 3 << 20);
     let fixed = resource_stack![Cuda::new(&ctx).unwrap(), FixedSize { block_size: 1 MiB, blocks_to_preallocate: 4 }];
     let vs: Vec<_> = (0..10u32)
         .map(|k| {

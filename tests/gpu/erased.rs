@@ -6,7 +6,7 @@
 //! Without a CUDA driver each test prints why and returns; with `MRSTACK_REQUIRE_GPU=1` a missing
 //! GPU fails the test instead.
 
-use cudarc::driver::{result, CudaContext, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaContext};
 use mrstack::prelude::*;
 use mrstack::registry::{self, DeviceResource};
 use mrstack::{erased::AnyResource, leaf::Callback, resource::AllocErrorKind};
@@ -16,7 +16,8 @@ use typenum::U256;
 
 #[path = "../../examples/shared/cudarc_allocator.rs"]
 mod cudarc_allocator;
-use crate::support::{fill_and_check, gpu, kernel};
+use crate::increment;
+use crate::support::{fill_and_check, gpu};
 use cudarc_allocator::cudarc_allocator;
 
 /// The process-wide registry is shared by the tests of this binary, which run on threads: the
@@ -173,17 +174,7 @@ fn callback_pinned_memory_is_shared_by_host_and_kernels() {
     for (i, x) in v.as_cells().unwrap().iter().enumerate() {
         x.set(i as u32 * 5);
     }
-    let inc = kernel(&ctx, "increment");
-    let n32 = n as u32;
-    // SAFETY: `increment` updates n values of `v` in place.
-    unsafe {
-        stream
-            .launch_builder(&inc)
-            .arg(&mut v)
-            .arg(&n32)
-            .launch(LaunchConfig::for_num_elems(n32))
-    }
-    .unwrap();
+    increment!(&ctx, &stream, &mut v, n);
     // The host read waits for the kernel through the Callback's default synchronize.
     assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32 * 5 + 1));
     let d = DeviceVec::from_slice(&v, Cuda::new(&ctx).unwrap(), &stream).unwrap();

@@ -11,10 +11,10 @@ use crate::slow_fill;
 use crate::support::{expected_fill, gpu, kernel};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
-use mrstack::suballoc::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig};
+use mrstack::suballoc::{ArenaConfig, BinningConfig, PoolConfig};
 use mrstack::{
     resource::AllocErrorKind,
-    suballoc::{Arena, Binning, FixedSize, Pool},
+    suballoc::{Arena, Binning, Pool},
 };
 use std::sync::Arc;
 
@@ -88,13 +88,13 @@ fn pool_over_cuda_async_gives_chunks_back_on_a_dropped_stream() {
 #[test]
 fn fixed_size_orders_reuse_after_a_dropped_stream() {
     let Some(ctx) = gpu() else { return };
-    let mr = FixedSize::new(
+    let mr = resource_stack![
         Cuda::new(&ctx).unwrap(),
-        FixedSizeConfig {
+        FixedSize {
             block_size: 1 << 18,
-            blocks_to_preallocate: 4,
+            blocks_to_preallocate: 4
         },
-    );
+    ];
     reuse_after_dead_stream(&ctx, &mr, 1 << 16, "FixedSize<Cuda>");
 }
 

@@ -2,7 +2,7 @@
 //! `Tlsf` over `Cuda`. Kernels write every element, the host checks every value; page mapping is
 //! checked against the resource's own count and the device's free memory.
 
-use crate::support::{fill_and_check, gpu};
+use crate::support::{fill_and_check, fill_on_two_streams, gpu};
 use cudarc::driver::{result, PushKernelArg};
 use mrstack::leaf::{DevicePages, PhysicalPages};
 use mrstack::leaf::{VirtualMemory, VirtualMemoryConfig};
@@ -59,15 +59,7 @@ fn virtual_memory_serves_kernels_on_two_streams_and_reuses_cached_pages() {
     };
     let vm = VirtualMemory::new(DevicePages::new(&ctx).unwrap(), config).unwrap();
     let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    for round in 0..4u32 {
-        // Blocks freed on `a` go to `b` only after `b` waits for `a` (order_after).
-        for (k, stream) in [(round * 2 + 3, &a), (round * 2 + 4, &b)] {
-            let mut small = DeviceVec::<u32, _>::zeroed(1000, &vm, stream).unwrap();
-            let mut large = DeviceVec::<u32, _>::zeroed(5 << 20, &vm, stream).unwrap();
-            fill_and_check(&ctx, &mut small, k);
-            fill_and_check(&ctx, &mut large, k + 100);
-        }
-    }
+    fill_on_two_streams(&ctx, &vm, (&a, &b), 4, 5 << 20);
     let u = vm.usage();
     assert_eq!(u.allocated, 0);
     assert!(u.cached <= 16 << 20, "{u:?}");

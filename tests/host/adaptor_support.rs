@@ -1,6 +1,6 @@
 //! What the adaptor tests share: simulated streams, counters, an upstream that refuses large
-//! alignments, random operation sequences, byte fills and checks, and handing a block to another
-//! thread.
+//! alignments, random operation sequences, byte fills and checks, handing a block to another
+//! thread, and the macros that write the items a test double only passes through.
 
 use mrstack::adaptor::Counter;
 use mrstack::prelude::*;
@@ -51,11 +51,7 @@ pub(crate) struct Refusing {
 
 // SAFETY: memory from System at alignment 256, freed with the same size; larger alignments refused.
 unsafe impl MemoryResource for Refusing {
-    type Host = B1;
-    type Device = B0;
-    type Managed = B0;
-    type Pageable = B0;
-    type Alignment = U256;
+    claims! { Host = B1, Device = B0, Managed = B0, Pageable = B0, Alignment = U256 }
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         if let Some(p) = check_request::<Self>(size, align, "Refusing")? {
@@ -84,12 +80,7 @@ unsafe impl MemoryResource for Refusing {
         unsafe { System.deallocate(ptr, size, 256, s) };
     }
 
-    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
-        Ok(())
-    }
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
-        Ok(())
-    }
+    streams!(none);
 }
 
 /// Fills `len` bytes at `p` with `tag`.
@@ -128,3 +119,71 @@ pub(crate) fn hand_over<R: MemoryResource + Sync>(mr: &R, size: usize, rounds: u
         drop(to_other);
     });
 }
+
+/// The property items of a test double's `unsafe impl MemoryResource`, in one line: what it
+/// claims, which its `// SAFETY:` argues.
+macro_rules! claims {
+    (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
+        type Host = $h;
+        type Device = $d;
+        type Managed = $m;
+        type Pageable = $p;
+        type Alignment = $a;
+    };
+    // A double whose memory is resource `U`'s claims what `U` claims.
+    (as $U:ty) => {
+        type Host = <$U as mrstack::resource::MemoryResource>::Host;
+        type Device = <$U as mrstack::resource::MemoryResource>::Device;
+        type Managed = <$U as mrstack::resource::MemoryResource>::Managed;
+        type Pageable = <$U as mrstack::resource::MemoryResource>::Pageable;
+        type Alignment = <$U as mrstack::resource::MemoryResource>::Alignment;
+    };
+}
+pub(crate) use claims;
+
+/// `synchronize` and `order_after` of a test double: sent on unchanged to `self.$inner`
+/// (`streams!(to inner)`), or, for a double that queues no work, `Ok(())` (`streams!(none)`).
+macro_rules! streams {
+    (to $inner:tt) => {
+        fn synchronize(&self, s: mrstack::stream::StreamRef) -> mrstack::resource::Result<()> {
+            self.$inner.synchronize(s)
+        }
+        fn order_after(
+            &self,
+            s: mrstack::stream::StreamRef,
+            after: mrstack::stream::StreamRef,
+        ) -> mrstack::resource::Result<()> {
+            self.$inner.order_after(s, after)
+        }
+    };
+    (none) => {
+        fn synchronize(&self, _: mrstack::stream::StreamRef) -> mrstack::resource::Result<()> {
+            Ok(())
+        }
+        fn order_after(
+            &self,
+            _: mrstack::stream::StreamRef,
+            _: mrstack::stream::StreamRef,
+        ) -> mrstack::resource::Result<()> {
+            Ok(())
+        }
+    };
+}
+pub(crate) use streams;
+
+/// A test double's `deallocate` that passes the block on to `self.$inner` unchanged.
+macro_rules! deallocate_to {
+    ($inner:tt) => {
+        unsafe fn deallocate(
+            &self,
+            p: std::ptr::NonNull<u8>,
+            size: usize,
+            align: usize,
+            s: mrstack::stream::StreamRef,
+        ) {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.$inner.deallocate(p, size, align, s) }
+        }
+    };
+}
+pub(crate) use deallocate_to;

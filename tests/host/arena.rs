@@ -4,14 +4,12 @@
 use crate::support::gpu;
 
 use mrstack::prelude::*;
-use mrstack::resource::AllocError;
 use mrstack::suballoc::ArenaConfig;
 use mrstack::{resource::AllocErrorKind, suballoc::Arena};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::Mutex;
-use typenum::{B0, U256};
 
 const MIB: usize = 1 << 20;
 const D: StreamRef = StreamRef::DEFAULT;
@@ -21,8 +19,8 @@ fn stream(n: usize) -> StreamRef<'static> {
 }
 
 /// The number a test stream was made from (0 for the default stream).
-fn sid(s: StreamRef) -> usize {
-    (s.id().get() & u64::from(u32::MAX)) as usize
+fn sid(s: mrstack::stream::StreamId) -> usize {
+    (s.get() & u64::from(u32::MAX)) as usize
 }
 
 fn config(size: usize, superblock: usize) -> ArenaConfig {
@@ -30,47 +28,23 @@ fn config(size: usize, superblock: usize) -> ArenaConfig {
 }
 
 /// `Simulated` that records the `order_after` and `synchronize` calls it gets.
-struct Recorder {
-    sim: Simulated,
-    orders: Mutex<Vec<(usize, usize)>>,
-    syncs: Mutex<Vec<usize>>,
+type Recorder = mrstack::testing::Recorder<Simulated>;
+
+fn recorder(capacity: usize) -> Recorder {
+    Recorder::new(Simulated::new(capacity))
 }
 
-impl Recorder {
-    fn new(capacity: usize) -> Self {
-        Recorder {
-            sim: Simulated::new(capacity),
-            orders: Mutex::new(Vec::new()),
-            syncs: Mutex::new(Vec::new()),
-        }
-    }
-    fn orders(&self) -> Vec<(usize, usize)> {
-        std::mem::take(&mut *self.orders.lock().unwrap())
-    }
+/// The `order_after` calls `rec` got since the last look, as test stream numbers. The look
+/// forgets them, and the `synchronize` calls with them.
+fn orders(rec: &Recorder) -> Vec<(usize, usize)> {
+    let orders = rec.record().ordered();
+    rec.record().clear_streams();
+    orders.into_iter().map(|(s, a)| (sid(s), sid(a))).collect()
 }
 
-// SAFETY: forwards allocation to Simulated unchanged.
-unsafe impl MemoryResource for Recorder {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B0;
-    type Pageable = B0;
-    type Alignment = U256;
-    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
-        self.sim.allocate(size, align, s)
-    }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.sim.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.syncs.lock().unwrap().push(sid(s));
-        Ok(())
-    }
-    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.orders.lock().unwrap().push((sid(s), sid(after)));
-        Ok(())
-    }
+/// The `synchronize` calls `rec` got, as test stream numbers.
+fn syncs(rec: &Recorder) -> Vec<usize> {
+    rec.record().synchronized().into_iter().map(sid).collect()
 }
 
 fn addr(p: NonNull<u8>) -> usize {
@@ -186,85 +160,81 @@ fn streams_and_threads_get_their_own_superblocks() {
 
 #[test]
 fn a_superblock_changing_streams_is_ordered_after_the_old_one() {
-    let rec = Recorder::new(64 * MIB);
+    let rec = recorder(64 * MIB);
     let sb = MIB;
     // Room for exactly one superblock: stream 2 can only get it after stream 1 gave it back.
     let arena = Arena::new(&rec, config(sb, sb));
     let a = arena.allocate(1000, 256, stream(1)).unwrap();
-    assert_eq!(rec.orders(), [], "fresh memory goes to any stream");
-    assert_eq!(
-        *rec.syncs.lock().unwrap(),
-        [0],
-        "it was synchronized once taken"
-    );
+    assert_eq!(syncs(&rec), [0], "it was synchronized once taken");
+    assert_eq!(orders(&rec), [], "fresh memory goes to any stream");
     // SAFETY: a came from arena with this size.
     unsafe { arena.deallocate(a, 1000, 256, stream(1)) };
     let b = arena.allocate(1000, 256, stream(2)).unwrap();
     assert_eq!(addr(a) / sb, addr(b) / sb);
     assert!(
-        rec.orders().contains(&(2, 1)),
+        orders(&rec).contains(&(2, 1)),
         "stream 2 waits for stream 1"
     );
     // SAFETY: b came from arena with this size.
     unsafe { arena.deallocate(b, 1000, 256, stream(2)) };
     // Back and forth on the same stream: no ordering needed.
     let c = arena.allocate(1000, 256, stream(2)).unwrap();
-    assert_eq!(rec.orders(), []);
+    assert_eq!(orders(&rec), []);
     // SAFETY: c came from arena with this size.
     unsafe { arena.deallocate(c, 1000, 256, stream(2)) };
 }
 
 #[test]
 fn a_large_block_changing_streams_is_ordered_after_the_old_one() {
-    let rec = Recorder::new(64 * MIB);
+    let rec = recorder(64 * MIB);
     let arena = Arena::new(&rec, config(8 * MIB, MIB));
     let a = arena.allocate(3 * MIB, 256, stream(1)).unwrap();
     // SAFETY: a came from arena with this size.
     unsafe { arena.deallocate(a, 3 * MIB, 256, stream(1)) };
-    rec.orders();
+    orders(&rec);
     let b = arena.allocate(3 * MIB, 256, stream(1)).unwrap();
     assert_eq!(a, b);
-    assert_eq!(rec.orders(), [], "same stream: reused at once");
+    assert_eq!(orders(&rec), [], "same stream: reused at once");
     // SAFETY: b came from arena with this size.
     unsafe { arena.deallocate(b, 3 * MIB, 256, stream(1)) };
     let c = arena.allocate(3 * MIB, 256, stream(3)).unwrap();
     assert_eq!(a, c);
-    assert!(rec.orders().contains(&(3, 1)));
+    assert!(orders(&rec).contains(&(3, 1)));
     // SAFETY: c came from arena with this size.
     unsafe { arena.deallocate(c, 3 * MIB, 256, stream(3)) };
 }
 
 #[test]
 fn a_block_freed_on_another_stream_orders_its_arena_after_that_stream() {
-    let rec = Recorder::new(64 * MIB);
+    let rec = recorder(64 * MIB);
     let arena = Arena::new(&rec, config(8 * MIB, MIB));
     let a = arena.allocate(1000, 256, stream(1)).unwrap();
-    rec.orders();
+    orders(&rec);
     // SAFETY: a came from arena with this size; the caller's work on it is on stream 5.
     unsafe { arena.deallocate(a, 1000, 256, stream(5)) };
-    assert_eq!(rec.orders(), [(1, 5)]);
+    assert_eq!(orders(&rec), [(1, 5)]);
     drop(arena);
-    assert_eq!(rec.sim.in_use(), 0);
+    assert_eq!(rec.inner().in_use(), 0);
     assert!(
-        rec.orders().contains(&(0, 1)),
+        orders(&rec).contains(&(0, 1)),
         "chunks go back after stream 1's work"
     );
 }
 
 #[test]
 fn many_streams_merging_are_synchronized_not_forgotten() {
-    let rec = Recorder::new(64 * MIB);
+    let rec = recorder(64 * MIB);
     let arena = Arena::new(&rec, config(8 * MIB, MIB));
     let blocks: Vec<_> = (0..6)
         .map(|_| arena.allocate(1 << 20 | 256, 256, D).unwrap())
         .collect();
-    rec.syncs.lock().unwrap().clear();
+    rec.record().clear_streams();
     for (i, p) in blocks.into_iter().enumerate() {
         // SAFETY: p came from arena with this size.
         unsafe { arena.deallocate(p, 1 << 20 | 256, 256, stream(10 + i)) };
     }
     // Six streams' ranges coalesced: more than a range remembers, so some were waited for.
-    assert!(!rec.syncs.lock().unwrap().is_empty());
+    assert!(!syncs(&rec).is_empty());
     let p = arena.allocate(6 * MIB, 256, stream(99)).unwrap();
     // SAFETY: p came from arena with this size.
     unsafe { arena.deallocate(p, 6 * MIB, 256, stream(99)) };
@@ -686,13 +656,7 @@ impl Rng {
 #[test]
 fn usage_counts_live_blocks_in_local_and_global_arenas() {
     let sim = Simulated::new(1 << 30);
-    let arena = Arena::new(
-        &sim,
-        ArenaConfig {
-            size: 64 << 20,
-            superblock: 1 << 20,
-        },
-    );
+    let arena = resource_stack![&sim, Arena { size: 64 MiB, superblock: 1 MiB }];
     let d = StreamRef::DEFAULT;
     let small = arena.allocate(1000, 256, d).unwrap(); // a local arena's superblock
     let large = arena.allocate(8 << 20, 256, d).unwrap(); // the global arena
@@ -825,7 +789,7 @@ fn new_streams_take_evicted_arenas_and_old_streams_are_let_go() {
 fn a_block_of_an_arena_that_passed_to_another_stream_is_ordered() {
     // This thread caches stream 1's arena; on another thread, the arena is evicted and passes to
     // another stream; this thread's next block from it must be ordered after that stream.
-    let rec = Recorder::new(1 << 40);
+    let rec = recorder(1 << 40);
     let arena = Arena::new(&rec, config(1 << 30, 64 << 10));
     let p = arena.allocate(1000, 256, stream(1)).unwrap();
     // SAFETY: p came from arena with this size and alignment.
@@ -839,10 +803,10 @@ fn a_block_of_an_arena_that_passed_to_another_stream_is_ordered() {
             }
         });
     });
-    rec.orders();
+    orders(&rec);
     let p = arena.allocate(1000, 256, stream(1)).unwrap();
     assert!(arena.in_local_arena(p));
-    let orders = rec.orders();
+    let orders = orders(&rec);
     assert!(
         orders.iter().any(|&(s, after)| s == 1 && after > 1),
         "stream 1 is ordered after its arena's new stream: {orders:?}"

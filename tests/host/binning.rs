@@ -17,13 +17,7 @@ use crate::suballoc_support::{free_per_bin, hammer, nn, stream};
 #[test]
 fn binning_routes_by_size_and_alignment() {
     let sim = Simulated::new(1 << 30);
-    let mr = Binning::new(
-        &sim,
-        BinningConfig {
-            min: 1024,
-            max: 8192,
-        },
-    );
+    let mr = resource_stack![&sim, Binning { min: 1 KiB, max: 8 KiB }];
     assert_eq!(mr.bin_sizes(), [1024, 2048, 4096, 8192]);
     let d = StreamRef::DEFAULT;
     let small = mr.allocate(10, 1, d).unwrap();
@@ -174,13 +168,7 @@ fn binning_takes_back_blocks_other_threads_cache_when_the_upstream_is_out() {
     // Four 256 KiB blocks in all: one thread takes them and frees them into its own cache; another
     // thread then gets every one of them (the caches are emptied when the upstream is out).
     let sim = Simulated::new(1 << 20);
-    let mr = Binning::new(
-        &sim,
-        BinningConfig {
-            min: 256 << 10,
-            max: 256 << 10,
-        },
-    );
+    let mr = resource_stack![&sim, Binning { min: 256 KiB, max: 256 KiB }];
     let s = StreamRef::DEFAULT;
     std::thread::scope(|sc| {
         sc.spawn(|| {

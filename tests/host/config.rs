@@ -1,6 +1,7 @@
 //! Host tests of stacks from text: good inputs build the stack they say, every malformed input is
 //! an error naming the column and what is wrong, and printing a parsed stack reads back the same.
 
+use crate::adaptor_support::{claims, deallocate_to, streams};
 use mrstack::config::{self, ConfigError, ConfigErrorKind, StackBuilder, StackSpec};
 use mrstack::prelude::*;
 use mrstack::{erased::AnyResource, leaf::VirtualMemory, resource::AllocErrorKind, suballoc::Pool};
@@ -20,25 +21,13 @@ struct Counting<U> {
 
 // SAFETY: every call goes to `upstream` unchanged.
 unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
-    type Pageable = U::Pageable;
-    type Alignment = U::Alignment;
+    claims! { as U }
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.upstream.allocate(size, align, s)
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.upstream.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(s, a)
-    }
+    deallocate_to!(upstream);
+    streams!(to upstream);
     fn name(&self) -> &'static str {
         "Counting"
     }

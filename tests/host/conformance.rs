@@ -7,14 +7,15 @@
 // every field is given.
 #![allow(clippy::needless_update)]
 
+use crate::adaptor_support::claims;
 use mrstack::prelude::*;
-use mrstack::suballoc::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
+use mrstack::suballoc::{BinningConfig, PoolConfig, TlsfConfig};
 use mrstack::testing::{conformance, DeviceStandIn, Options, Recorder, Report};
 use mrstack::{
     adaptor::{Aligned, Limiting, Logging, Retry, Statistics, Tracking},
     erased::{AnyResource, ResourceRef},
     leaf::{VirtualMemory, VirtualMemoryConfig},
-    suballoc::{Arena, Binning, FixedSize, Pool, Tlsf},
+    suballoc::{Binning, Pool, Tlsf},
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -99,13 +100,13 @@ fn pool_over_system() {
 #[test]
 fn pool_over_simulated_with_an_initial_chunk() {
     let rec = Recorder::new(Simulated::new(1 << 30));
-    let pool = Pool::new(
+    let pool = resource_stack![
         &rec,
-        PoolConfig {
+        Pool {
             initial: 4 * MIB,
-            max: 512 * MIB,
-        },
-    );
+            max: 512 * MIB
+        }
+    ];
     refused_none(conformance(pool, &over(&rec)));
 }
 
@@ -121,13 +122,13 @@ fn tlsf_over_system() {
 #[test]
 fn tlsf_over_simulated_with_an_initial_chunk() {
     let rec = Recorder::new(Simulated::new(1 << 30));
-    let tlsf = Tlsf::new(
+    let tlsf = resource_stack![
         &rec,
-        TlsfConfig {
+        Tlsf {
             initial: 4 * MIB,
-            max: 512 * MIB,
-        },
-    );
+            max: 512 * MIB
+        }
+    ];
     refused_none(conformance(tlsf, &over(&rec)));
 }
 
@@ -177,13 +178,13 @@ fn paged_heaps_over_simulated_pages() {
 fn fixed_size_serves_its_block_size() {
     let rec = system();
     let block = 64 << 10;
-    let fixed = FixedSize::new(
+    let fixed = resource_stack![
         &rec,
-        FixedSizeConfig {
+        FixedSize {
             block_size: block,
-            blocks_to_preallocate: 16,
-        },
-    );
+            blocks_to_preallocate: 16
+        }
+    ];
     let report = conformance(
         fixed,
         &Options {
@@ -198,13 +199,7 @@ fn fixed_size_serves_its_block_size() {
 fn binning_with_bins_and_the_upstream() {
     let rec = system();
     // Requests up to 16 KiB go to bins, larger ones (up to the battery's 64 KiB) to the upstream.
-    let bins = Binning::new(
-        &rec,
-        BinningConfig {
-            min: 256,
-            max: 16 << 10,
-        },
-    );
+    let bins = resource_stack![&rec, Binning { min: 256 B, max: 16 KiB }];
     refused_none(conformance(bins, &over(&rec)));
 }
 
@@ -262,13 +257,13 @@ fn graph_pools_outside_captures() {
 #[test]
 fn arena_with_local_and_global_requests() {
     let rec = system();
-    let arena = Arena::new(
+    let arena = resource_stack![
         &rec,
-        ArenaConfig {
+        Arena {
             size: 256 * MIB,
-            superblock: MIB,
-        },
-    );
+            superblock: MIB
+        }
+    ];
     // Up to a quarter of a superblock is served by the thread arenas, larger by the global one.
     let options = Options {
         max_size: 512 << 10,
@@ -281,13 +276,13 @@ fn arena_with_local_and_global_requests() {
 fn arena_over_simulated_taking_pieces() {
     // An upstream too small for the whole arena: it takes pieces on demand.
     let rec = Recorder::new(Simulated::new(48 * MIB));
-    let arena = Arena::new(
+    let arena = resource_stack![
         &rec,
-        ArenaConfig {
+        Arena {
             size: 64 * MIB,
-            superblock: MIB,
-        },
-    );
+            superblock: MIB
+        }
+    ];
     refused_none(conformance(arena, &over(&rec)));
 }
 
@@ -405,13 +400,7 @@ fn a_stack_of_seven_layers() {
 fn aligned_over_a_suballocator_that_refuses_it() {
     // FixedSize refuses alignments above 256: Aligned over-allocates inside a block instead.
     let rec = system();
-    let fixed = FixedSize::new(
-        &rec,
-        FixedSizeConfig {
-            block_size: 64 << 10,
-            blocks_to_preallocate: 16,
-        },
-    );
+    let fixed = resource_stack![&rec, FixedSize { block_size: 64 KiB, blocks_to_preallocate: 16 }];
     let options = Options {
         max_size: 32 << 10,
         ..over(&rec)
@@ -468,11 +457,7 @@ struct Broken<'a> {
 // SAFETY: broken on purpose, as the tests below say; the memory is `Simulated`'s, which claims no
 // access property, so nothing dereferences it and none of the bugs can cause harm.
 unsafe impl MemoryResource for Broken<'_> {
-    type Host = typenum::B0;
-    type Device = typenum::B0;
-    type Managed = typenum::B0;
-    type Pageable = typenum::B0;
-    type Alignment = typenum::U256;
+    claims! { Host = typenum::B0, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U256 }
 
     fn allocate(
         &self,

@@ -1,6 +1,7 @@
 //! Host tests of type erasure: `AnyResource<P>` and `ResourceRef<'a, P>` over `System` (real bytes)
 //! and `Simulated` (exact accounting), against a model in property tests.
 
+use crate::adaptor_support::{claims, streams};
 use mrstack::prelude::*;
 use mrstack::property::Properties;
 use mrstack::testing::Recorder;
@@ -317,11 +318,7 @@ fn erased_resources_ask_for_the_alignment_they_claim() {
     struct Asked(std::sync::Mutex<Vec<usize>>);
     // SAFETY: forwards to System, which honours every alignment it is asked for.
     unsafe impl MemoryResource for Asked {
-        type Host = typenum::B1;
-        type Device = typenum::B0;
-        type Managed = typenum::B0;
-        type Pageable = typenum::B0;
-        type Alignment = typenum::U1;
+        claims! { Host = typenum::B1, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U1 }
         fn allocate(
             &self,
             size: usize,
@@ -336,12 +333,7 @@ fn erased_resources_ask_for_the_alignment_they_claim() {
             // SAFETY: forwarded from the caller, with the alignment it was allocated with.
             unsafe { System::new().deallocate(p, size, align, s) }
         }
-        fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
-            Ok(())
-        }
-        fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
-            Ok(())
-        }
+        streams!(none);
     }
     let any = AnyResource::<HostAccessible>::new(Asked(Default::default()));
     let p = any.allocate(10, 1, StreamRef::DEFAULT).unwrap();

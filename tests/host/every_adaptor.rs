@@ -2,6 +2,7 @@
 //! adaptor forwarding `synchronize` and `order_after` to its upstream (`Prefetch` included; its
 //! prefetching needs a GPU: tests/gpu/adaptors.rs).
 
+use crate::adaptor_support::claims;
 use mrstack::adaptor::RetryCallback;
 use mrstack::prelude::*;
 use mrstack::stream::StreamId;
@@ -152,11 +153,7 @@ struct StreamRecorder {
 // SAFETY: `allocate` always fails, so no memory is ever handed out and every property holds of
 // none; the stream calls only record.
 unsafe impl MemoryResource for StreamRecorder {
-    type Host = B1;
-    type Device = B1;
-    type Managed = B1;
-    type Pageable = B0;
-    type Alignment = U256;
+    claims! { Host = B1, Device = B1, Managed = B1, Pageable = B0, Alignment = U256 }
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
         Err(AllocError::out_of_memory(size, align, "StreamRecorder"))
     }

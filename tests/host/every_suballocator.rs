@@ -17,13 +17,7 @@ fn a_panicking_upstream_free_at_drop_loses_no_other_chunk_of_a_bin() {
     // any later bin's).
     let d = StreamRef::DEFAULT;
     let up = PanicsOnce::new();
-    let fixed = FixedSize::new(
-        &up,
-        FixedSizeConfig {
-            block_size: 4096,
-            blocks_to_preallocate: 1,
-        },
-    );
+    let fixed = resource_stack![&up, FixedSize { block_size: 4 KiB, blocks_to_preallocate: 1 }];
     // Three chunks of one block each, all free again.
     let blocks: Vec<_> = (0..3)
         .map(|_| fixed.allocate(4096, 256, d).unwrap())
@@ -33,13 +27,7 @@ fn a_panicking_upstream_free_at_drop_loses_no_other_chunk_of_a_bin() {
         unsafe { fixed.deallocate(p, 4096, 256, d) };
     }
     let up2 = PanicsOnce::new();
-    let binning = Binning::new(
-        &up2,
-        BinningConfig {
-            min: 256,
-            max: 1024,
-        },
-    );
+    let binning = resource_stack![&up2, Binning { min: 256 B, max: 1 KiB }];
     // One chunk per bin, all free again.
     let blocks: Vec<_> = [256, 512, 1024]
         .map(|n| (binning.allocate(n, 256, d).unwrap(), n))
@@ -65,13 +53,10 @@ fn a_panicking_upstream_free_at_drop_loses_no_other_chunk_of_a_bin() {
 #[test]
 fn absurd_configurations_still_serve_what_fits() {
     let sim = Simulated::new(1 << 30);
-    let fixed = FixedSize::new(
+    let fixed = resource_stack![
         &sim,
-        FixedSizeConfig {
-            block_size: 1 << 20,
-            blocks_to_preallocate: 1 << 50,
-        },
-    );
+        FixedSize { block_size: 1 MiB, blocks_to_preallocate: 1 << 50 },
+    ];
     let p = fixed.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
     // SAFETY: p came from fixed with this size and align.
     unsafe { fixed.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
@@ -97,13 +82,7 @@ fn every_suballocator_reports_usage_with_its_peak() {
     let sim = Simulated::new(1 << 30);
     let d = StreamRef::DEFAULT;
 
-    let pool = Pool::new(
-        &sim,
-        PoolConfig {
-            initial: 0,
-            max: 1 << 30,
-        },
-    );
+    let pool = resource_stack![&sim, Pool { initial: 0, max: 1 GiB }];
     let p = pool.allocate(4 << 20, 256, d).unwrap();
     let busy = pool.usage();
     assert_eq!(
@@ -119,13 +98,7 @@ fn every_suballocator_reports_usage_with_its_peak() {
         (0, 0, busy.held)
     );
 
-    let fixed = FixedSize::new(
-        &sim,
-        FixedSizeConfig {
-            block_size: 1024,
-            blocks_to_preallocate: 4,
-        },
-    );
+    let fixed = resource_stack![&sim, FixedSize { block_size: 1 KiB, blocks_to_preallocate: 4 }];
     let blocks: Vec<_> = (0..5)
         .map(|_| fixed.allocate(1000, 256, d).unwrap())
         .collect();
@@ -141,13 +114,7 @@ fn every_suballocator_reports_usage_with_its_peak() {
     }
     assert_eq!(fixed.usage().allocated, 0);
 
-    let binning = Binning::new(
-        &sim,
-        BinningConfig {
-            min: 256,
-            max: 1024,
-        },
-    );
+    let binning = resource_stack![&sim, Binning { min: 256 B, max: 1 KiB }];
     let a = binning.allocate(300, 256, d).unwrap();
     let big = binning.allocate(1 << 20, 256, d).unwrap(); // to the upstream: not counted
     let u = binning.usage();
@@ -344,13 +311,7 @@ fn blocks_no_allocation_can_hold_are_out_of_memory() {
     assert!(e.is_out_of_memory(), "{e}");
     assert_eq!((e.size, e.resource), (1 << 20, "FixedSize"));
     // Binning: the largest bin's growth for a request just over 2^62 bytes.
-    let mr = Binning::new(
-        &sim,
-        BinningConfig {
-            min: 256,
-            max: usize::MAX,
-        },
-    );
+    let mr = resource_stack![&sim, Binning { min: 256 B, max: usize::MAX }];
     let size = (1 << 62) + 1;
     let e = mr.allocate(size, 256, StreamRef::DEFAULT).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");

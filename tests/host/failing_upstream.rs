@@ -4,10 +4,11 @@
 //! T only once T is ordered after S (or the host waited for S); where neither can be done, the
 //! memory is leaked. Arena's paths first, then the drops of the pools and bins.
 
+use crate::adaptor_support::{claims, deallocate_to};
 use mrstack::prelude::*;
 use mrstack::resource::{AllocError, AllocErrorKind};
-use mrstack::suballoc::{Arena, Binning, FixedSize, Pool, Tlsf};
-use mrstack::suballoc::{ArenaConfig, BinningConfig, FixedSizeConfig, PoolConfig, TlsfConfig};
+use mrstack::suballoc::Arena;
+use mrstack::suballoc::ArenaConfig;
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -110,11 +111,7 @@ fn err() -> AllocError {
 
 // SAFETY: memory is Simulated's, unchanged.
 unsafe impl MemoryResource for Hostile {
-    type Host = B0;
-    type Device = B0;
-    type Managed = B0;
-    type Pageable = B0;
-    type Alignment = U256;
+    claims! { Host = B0, Device = B0, Managed = B0, Pageable = B0, Alignment = U256 }
     fn allocate(
         &self,
         size: usize,
@@ -123,10 +120,7 @@ unsafe impl MemoryResource for Hostile {
     ) -> Result<NonNull<u8>, AllocError> {
         self.sim.allocate(size, align, st)
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, st: StreamRef) {
-        // SAFETY: forwarded.
-        unsafe { self.sim.deallocate(p, size, align, st) }
-    }
+    deallocate_to!(sim);
     fn synchronize(&self, st: StreamRef) -> Result<(), AllocError> {
         if self.panic_sync.load(SeqCst) {
             panic!("hostile synchronize");
@@ -298,32 +292,14 @@ fn given_back_unordered<R: MemoryResource>(h: &Hostile, mr: R, size: usize) -> b
 #[test]
 fn a_bin_chunk_that_cannot_be_ordered_at_the_drop_is_leaked() {
     let h = Hostile::new(1 << 30);
-    let fixed = FixedSize::new(
-        &h,
-        FixedSizeConfig {
-            block_size: 4096,
-            blocks_to_preallocate: 1,
-        },
-    );
+    let fixed = resource_stack![&h, FixedSize { block_size: 4 KiB, blocks_to_preallocate: 1 }];
     assert!(!given_back_unordered(&h, fixed, 4096), "FixedSize");
     let h = Hostile::new(1 << 30);
-    let bins = Binning::new(
-        &h,
-        BinningConfig {
-            min: 256,
-            max: 4096,
-        },
-    );
+    let bins = resource_stack![&h, Binning { min: 256 B, max: 4 KiB }];
     assert!(!given_back_unordered(&h, bins, 256), "Binning");
     // Pool and Tlsf did already.
     let h = Hostile::new(1 << 30);
-    let pool = Pool::new(
-        &h,
-        PoolConfig {
-            initial: 0,
-            max: 64 << 20,
-        },
-    );
+    let pool = resource_stack![&h, Pool { initial: 0, max: 64 MiB }];
     assert!(!given_back_unordered(&h, pool, 4096), "Pool");
 }
 
@@ -353,23 +329,11 @@ fn drop_with_one_panicking_ordering<R: MemoryResource>(h: &Hostile, mr: R) -> (u
 #[test]
 fn a_pool_drop_whose_ordering_panics_gives_the_other_chunks_back() {
     let h = Hostile::new(1 << 30);
-    let pool = Pool::new(
-        &h,
-        PoolConfig {
-            initial: 1 << 20,
-            max: 64 << 20,
-        },
-    );
+    let pool = resource_stack![&h, Pool { initial: 1 MiB, max: 64 MiB }];
     let (held, left) = drop_with_one_panicking_ordering(&h, pool);
     assert!(0 < left && left < held, "Pool: {left} of {held} bytes kept");
     let h = Hostile::new(1 << 30);
-    let tlsf = Tlsf::new(
-        &h,
-        TlsfConfig {
-            initial: 1 << 20,
-            max: 64 << 20,
-        },
-    );
+    let tlsf = resource_stack![&h, Tlsf { initial: 1 MiB, max: 64 MiB }];
     let (held, left) = drop_with_one_panicking_ordering(&h, tlsf);
     assert!(0 < left && left < held, "Tlsf: {left} of {held} bytes kept");
 }

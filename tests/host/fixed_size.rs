@@ -16,13 +16,7 @@ fn fixed_size_preallocates_and_grows_by_chunks() {
     let mr = resource_stack![&sim, FixedSize { block_size: 4 KiB }];
     assert_eq!(mr.usage().free_blocks, 128);
     drop(mr);
-    let mr = FixedSize::new(
-        &sim,
-        FixedSizeConfig {
-            block_size: 4096,
-            blocks_to_preallocate: 4,
-        },
-    );
+    let mr = resource_stack![&sim, FixedSize { block_size: 4 KiB, blocks_to_preallocate: 4 }];
     assert_eq!(
         (sim.in_use(), sim.live(), mr.usage().free_blocks),
         (16 << 10, 1, 4)
@@ -71,13 +65,7 @@ fn fixed_size_and_binning_order_streams_before_handing_blocks_across() {
 #[test]
 fn fixed_size_out_of_memory_recovers() {
     let sim = Simulated::new(3 * 4096);
-    let mr = FixedSize::new(
-        &sim,
-        FixedSizeConfig {
-            block_size: 4096,
-            blocks_to_preallocate: 2,
-        },
-    );
+    let mr = resource_stack![&sim, FixedSize { block_size: 4 KiB, blocks_to_preallocate: 2 }];
     let d = StreamRef::DEFAULT;
     let a = mr.allocate(4096, 256, d).unwrap();
     let b = mr.allocate(4096, 256, d).unwrap();

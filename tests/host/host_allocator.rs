@@ -1,6 +1,7 @@
 //! Host tests of `HostAllocator`: allocator-api2 collections over mrstack resources, checked
 //! against `std::vec::Vec` and against the resource's own accounting.
 
+use crate::adaptor_support::{claims, streams};
 use allocator_api2::boxed::Box as ABox;
 use allocator_api2::vec::Vec as AVec;
 use mrstack::prelude::*;
@@ -30,11 +31,7 @@ struct Ledger {
 // SAFETY: allocation and deallocation go to System unchanged, whose memory the driver knows
 // nothing of (pageable); the ledger only records them.
 unsafe impl MemoryResource for Ledger {
-    type Host = typenum::B1;
-    type Device = typenum::B0;
-    type Managed = typenum::B0;
-    type Pageable = typenum::B1;
-    type Alignment = typenum::U16;
+    claims! { Host = typenum::B1, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B1, Alignment = typenum::U16 }
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         let p = System.allocate(size, align, s)?;
@@ -260,11 +257,7 @@ struct HostOfUnknownKind;
 
 // SAFETY: System's memory, claimed as host memory alone.
 unsafe impl MemoryResource for HostOfUnknownKind {
-    type Host = typenum::B1;
-    type Device = typenum::B0;
-    type Managed = typenum::B0;
-    type Pageable = typenum::B0;
-    type Alignment = typenum::U16;
+    claims! { Host = typenum::B1, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U16 }
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         System.allocate(size, align, s)
     }
@@ -272,12 +265,7 @@ unsafe impl MemoryResource for HostOfUnknownKind {
         // SAFETY: forwarded from the caller.
         unsafe { System.deallocate(p, size, align, s) }
     }
-    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
-        Ok(())
-    }
-    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
-        Ok(())
-    }
+    streams!(none);
 }
 
 #[test]

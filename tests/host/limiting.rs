@@ -1,6 +1,7 @@
 //! Host tests of `Limiting`: the cap, the reservation given back when the upstream fails or
 //! panics, and the cap under concurrency and wrapping thread counts.
 
+use crate::adaptor_support::{deallocate_to, streams};
 use mrstack::prelude::*;
 use mrstack::{adaptor::Limiting, resource::AllocErrorKind};
 use std::ptr::NonNull;
@@ -148,16 +149,8 @@ unsafe impl MemoryResource for PanicsOnce {
         );
         self.0.allocate(size, align, s)
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.0.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, s: StreamRef) -> mrstack::resource::Result<()> {
-        self.0.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, after: StreamRef) -> mrstack::resource::Result<()> {
-        self.0.order_after(s, after)
-    }
+    deallocate_to!(0);
+    streams!(to 0);
 }
 
 /// A panicking upstream leaves the cap as it was: the bytes it was asked for do not stay

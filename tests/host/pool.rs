@@ -39,13 +39,7 @@ fn pool_reuses_blocks_and_returns_everything() {
 #[test]
 fn pool_best_fit_picks_the_smallest_block_that_fits() {
     let sim = Simulated::new(1 << 30);
-    let pool = Pool::new(
-        &sim,
-        PoolConfig {
-            initial: 1 << 20,
-            max: 1 << 20,
-        },
-    );
+    let pool = resource_stack![&sim, Pool { initial: 1 MiB, max: 1 MiB }];
     let d = StreamRef::DEFAULT;
     // Carve holes of 8 KiB, 2 KiB and 4 KiB separated by live blocks.
     let sizes = [8192, 256, 2048, 256, 4096, 256];
@@ -71,13 +65,7 @@ fn pool_best_fit_picks_the_smallest_block_that_fits() {
 fn pool_never_coalesces_across_upstream_chunks() {
     // Simulated hands out adjacent ranges for 256-multiple sizes, so two chunks touch.
     let sim = Simulated::new(1 << 30);
-    let pool = Pool::new(
-        &sim,
-        PoolConfig {
-            initial: 0,
-            max: 4 << 20,
-        },
-    );
+    let pool = resource_stack![&sim, Pool { initial: 0, max: 4 MiB }];
     let d = StreamRef::DEFAULT;
     let a = pool.allocate(2 << 20, 256, d).unwrap();
     let b = pool.allocate(2 << 20, 256, d).unwrap();
@@ -106,13 +94,7 @@ fn pool_never_coalesces_across_upstream_chunks() {
 #[test]
 fn pool_at_its_maximum_is_out_of_memory_and_recovers() {
     let sim = Simulated::new(1 << 30);
-    let pool = Pool::new(
-        &sim,
-        PoolConfig {
-            initial: 0,
-            max: 1 << 20,
-        },
-    );
+    let pool = resource_stack![&sim, Pool { initial: 0, max: 1 MiB }];
     let d = StreamRef::DEFAULT;
     let blocks: Vec<_> = (0..4)
         .map(|_| pool.allocate(256 << 10, 256, d).unwrap())

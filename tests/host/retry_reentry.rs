@@ -3,6 +3,7 @@
 //! such a callback neither deadlocks nor finds the suballocator half-updated. Each test runs on a
 //! thread of its own and fails if that thread has not finished within 20 seconds.
 
+use crate::adaptor_support::{claims, deallocate_to, streams};
 use mrstack::adaptor::RetryCallback;
 use mrstack::prelude::*;
 use mrstack::suballoc::{
@@ -191,25 +192,13 @@ struct Slow(Simulated);
 
 // SAFETY: forwards everything to Simulated unchanged, after a sleep.
 unsafe impl MemoryResource for Slow {
-    type Host = <Simulated as MemoryResource>::Host;
-    type Device = <Simulated as MemoryResource>::Device;
-    type Managed = <Simulated as MemoryResource>::Managed;
-    type Pageable = <Simulated as MemoryResource>::Pageable;
-    type Alignment = <Simulated as MemoryResource>::Alignment;
+    claims! { as Simulated }
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         std::thread::sleep(Duration::from_millis(50));
         self.0.allocate(size, align, s)
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.0.deallocate(p, size, align, s) }
-    }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.0.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
-        self.0.order_after(s, a)
-    }
+    deallocate_to!(0);
+    streams!(to 0);
 }
 
 /// `threads` threads each ask `mr` for `block` bytes at once; every one must be served.
@@ -240,38 +229,20 @@ fn all_served_at_once(mr: &(impl MemoryResource + Sync), threads: usize, block: 
 fn threads_that_need_room_while_another_grows_to_the_cap_wait_for_it() {
     // Near its cap a growth takes all that is left: the others find no room, and must wait for
     // that growth (whose chunk serves them) rather than fail.
-    let pool = Pool::new(
-        Slow(Simulated::new(1 << 30)),
-        PoolConfig {
-            initial: 0,
-            max: 4 << 20,
-        },
-    );
+    let pool = resource_stack![Slow(Simulated::new(1 << 30)), Pool { initial: 0, max: 4 MiB }];
     all_served_at_once(&pool, 4, 1 << 20);
-    let tlsf = Tlsf::new(
-        Slow(Simulated::new(1 << 30)),
-        TlsfConfig {
-            initial: 0,
-            max: 4 << 20,
-        },
-    );
+    let tlsf = resource_stack![Slow(Simulated::new(1 << 30)), Tlsf { initial: 0, max: 4 MiB }];
     all_served_at_once(&tlsf, 4, 1 << 20);
-    let arena = Arena::new(
+    let arena = resource_stack![
         Slow(Simulated::new(1 << 30)),
-        ArenaConfig {
-            size: 16 << 20,
-            superblock: 1 << 20,
-        },
-    );
+        Arena { size: 16 MiB, superblock: 1 MiB },
+    ];
     // Small requests (local arenas) and large ones (the global arena) at once.
     all_served_at_once(&arena, 4, 64 << 10);
-    let arena = Arena::new(
+    let arena = resource_stack![
         Slow(Simulated::new(1 << 30)),
-        ArenaConfig {
-            size: 16 << 20,
-            superblock: 1 << 20,
-        },
-    );
+        Arena { size: 16 MiB, superblock: 1 MiB },
+    ];
     all_served_at_once(&arena, 4, 2 << 20);
 }
 
@@ -286,22 +257,16 @@ fn growths_at_once_take_one_chunk_and_serve_every_thread() {
     let tlsf = Tlsf::new(Slow(Simulated::new(2 << 20)), TlsfConfig::default());
     all_served_at_once(&tlsf, 16, 4096);
     assert_eq!(tlsf.usage().held, 2 << 20);
-    let fixed = FixedSize::new(
+    let fixed = resource_stack![
         Slow(Simulated::new(4 << 20)),
-        FixedSizeConfig {
-            block_size: 1 << 20,
-            blocks_to_preallocate: 2,
-        },
-    );
+        FixedSize { block_size: 1 MiB, blocks_to_preallocate: 2 },
+    ];
     all_served_at_once(&fixed, 4, 1 << 20);
     for size in [4096, 2 << 20] {
-        let arena = Arena::new(
+        let arena = resource_stack![
             Slow(Simulated::new(8 << 20)),
-            ArenaConfig {
-                size: 16 << 20,
-                superblock: 1 << 20,
-            },
-        );
+            Arena { size: 16 MiB, superblock: 1 MiB },
+        ];
         all_served_at_once(&arena, 2, size);
         assert_eq!(
             arena.usage().held,

@@ -3,6 +3,7 @@
 //! hammer, byte-pattern checks, the cross-stream reuse check and an upstream that panics once, jobs
 //! run on worker threads, and the free blocks per bin of a `Binning`.
 
+use crate::adaptor_support::{claims, streams};
 use mrstack::prelude::*;
 use mrstack::suballoc::{Binning, Pool, ThreadHeaps, Tlsf};
 use mrstack::testing::Recorder;
@@ -96,41 +97,23 @@ pub(crate) trait Coalescing: MemoryResource {
     fn release(&self) -> usize;
 }
 
-impl<U: MemoryResource> Coalescing for Pool<U> {
-    fn usage(&self) -> mrstack::suballoc::Usage {
-        Pool::usage(self)
-    }
-    fn max_size(&self) -> usize {
-        Pool::max_size(self)
-    }
-    fn release(&self) -> usize {
-        Pool::release(self)
-    }
+// Each forwards to its own inherent methods of the same names.
+macro_rules! coalescing {
+    ($($T:ident),*) => {$(
+        impl<U: MemoryResource> Coalescing for $T<U> {
+            fn usage(&self) -> mrstack::suballoc::Usage {
+                $T::usage(self)
+            }
+            fn max_size(&self) -> usize {
+                $T::max_size(self)
+            }
+            fn release(&self) -> usize {
+                $T::release(self)
+            }
+        }
+    )*};
 }
-
-impl<U: MemoryResource> Coalescing for Tlsf<U> {
-    fn usage(&self) -> mrstack::suballoc::Usage {
-        Tlsf::usage(self)
-    }
-    fn max_size(&self) -> usize {
-        Tlsf::max_size(self)
-    }
-    fn release(&self) -> usize {
-        Tlsf::release(self)
-    }
-}
-
-impl<U: MemoryResource> Coalescing for ThreadHeaps<U> {
-    fn usage(&self) -> mrstack::suballoc::Usage {
-        ThreadHeaps::usage(self)
-    }
-    fn max_size(&self) -> usize {
-        ThreadHeaps::max_size(self)
-    }
-    fn release(&self) -> usize {
-        ThreadHeaps::release(self)
-    }
-}
+coalescing!(Pool, Tlsf, ThreadHeaps);
 
 impl<P: Coalescing> Coalescing for &P {
     fn usage(&self) -> mrstack::suballoc::Usage {
@@ -280,11 +263,7 @@ impl PanicsOnce {
 
 // SAFETY: forwards everything unchanged, or panics before reaching the inner resource.
 unsafe impl MemoryResource for PanicsOnce {
-    type Host = <Simulated as MemoryResource>::Host;
-    type Device = <Simulated as MemoryResource>::Device;
-    type Managed = <Simulated as MemoryResource>::Managed;
-    type Pageable = <Simulated as MemoryResource>::Pageable;
-    type Alignment = <Simulated as MemoryResource>::Alignment;
+    claims! { as Simulated }
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         if self
             .on_allocate
@@ -304,12 +283,7 @@ unsafe impl MemoryResource for PanicsOnce {
         // SAFETY: forwarded from the caller.
         unsafe { self.inner.deallocate(p, size, align, s) }
     }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.inner.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, a: StreamRef) -> Result<(), AllocError> {
-        self.inner.order_after(s, a)
-    }
+    streams!(to inner);
 }
 
 /// What a model op asks of the resource: an allocation (size, alignment, stream) or a free

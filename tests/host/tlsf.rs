@@ -56,13 +56,7 @@ fn tlsf_orders_a_stream_before_each_block_it_takes_across() {
 #[test]
 fn tlsf_fits_a_request_within_its_class_and_splits_the_rest() {
     let sim = Simulated::new(1 << 30);
-    let tlsf = Tlsf::new(
-        &sim,
-        TlsfConfig {
-            initial: 4 << 20,
-            max: 4 << 20,
-        },
-    );
+    let tlsf = resource_stack![&sim, Tlsf { initial: 4 MiB, max: 4 MiB }];
     // Holes of 96 KiB, 64 KiB and 72 KiB, kept apart by live blocks.
     let sizes = [96 << 10, 4096, 64 << 10, 4096, 72 << 10, 4096];
     let blocks: Vec<_> = sizes
@@ -94,13 +88,7 @@ fn tlsf_fits_a_request_within_its_class_and_splits_the_rest() {
 #[test]
 fn tlsf_at_its_maximum_is_out_of_memory_and_recovers() {
     let sim = Simulated::new(1 << 30);
-    let tlsf = Tlsf::new(
-        &sim,
-        TlsfConfig {
-            initial: 0,
-            max: 4 << 20,
-        },
-    );
+    let tlsf = resource_stack![&sim, Tlsf { initial: 0, max: 4 MiB }];
     let a = tlsf.allocate(3 << 20, 256, StreamRef::DEFAULT).unwrap();
     let err = tlsf.allocate(2 << 20, 256, StreamRef::DEFAULT).unwrap_err();
     assert!(err.is_out_of_memory());
@@ -125,13 +113,7 @@ fn tlsf_at_its_maximum_is_out_of_memory_and_recovers() {
 
 #[test]
 fn tlsf_grows_a_block_in_place_into_the_free_block_after_it() {
-    let mr = Tlsf::new(
-        System,
-        TlsfConfig {
-            initial: 1 << 20,
-            max: 1 << 20,
-        },
-    );
+    let mr = resource_stack![System, Tlsf { initial: 1 MiB, max: 1 MiB }];
     let s = StreamRef::DEFAULT;
     let a = mr.allocate(1000, 8, s).unwrap();
     // Every call below passes `a` live, with the size it has then.

@@ -8,7 +8,7 @@
 pub(crate) mod files;
 pub(crate) mod traces;
 
-use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use std::sync::Arc;
 
@@ -115,6 +115,48 @@ macro_rules! slow_fill {
         // it must still be running when the macro returns, or the test checks no ordering.
         std::mem::forget(f);
     }};
+}
+
+/// Queues `increment(out, n)` on `stream`: adds one to each of the `n` values of `out` (a
+/// container argument, `&mut v`, so that the container tracks the write). A macro for the reason
+/// `slow_fill!` is one.
+#[macro_export]
+macro_rules! increment {
+    ($ctx:expr, $stream:expr, $out:expr, $n:expr) => {{
+        use cudarc::driver::PushKernelArg;
+        let f = $crate::support::kernel($ctx, "increment");
+        let n32: u32 = $n as u32;
+        let mut builder = $stream.launch_builder(&f);
+        builder.arg($out).arg(&n32);
+        // SAFETY: `increment` takes (unsigned*, unsigned) and updates indices < n of `out`, which
+        // holds n values.
+        unsafe { builder.launch(cudarc::driver::LaunchConfig::for_num_elems(n32)) }
+            .expect("launch increment");
+        // As in `slow_fill!`: unloading the module would wait for the kernel, and the test would
+        // check no ordering.
+        std::mem::forget(f);
+    }};
+}
+
+/// `rounds` rounds of a small vector and one of `large` values on `a`, then on `b`, each filled
+/// and checked: blocks freed on `a` go to `b` only after `b` waits for `a` (`order_after`).
+pub(crate) fn fill_on_two_streams<R>(
+    ctx: &Arc<CudaContext>,
+    mr: &R,
+    (a, b): (&Arc<CudaStream>, &Arc<CudaStream>),
+    rounds: u32,
+    large: usize,
+) where
+    R: MemoryResource + Accessible<DeviceAccessible>,
+{
+    for round in 0..rounds {
+        for (k, stream) in [(round * 2 + 3, a), (round * 2 + 4, b)] {
+            let mut small = DeviceVec::<u32, _>::zeroed(1000, mr, stream).unwrap();
+            let mut large = DeviceVec::<u32, _>::zeroed(large, mr, stream).unwrap();
+            fill_and_check(ctx, &mut small, k);
+            fill_and_check(ctx, &mut large, k + 100);
+        }
+    }
 }
 
 pub(crate) fn expected_fill(n: usize, k: u32) -> Vec<u32> {

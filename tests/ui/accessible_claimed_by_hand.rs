@@ -1,32 +1,31 @@
 // A resource whose `unsafe impl MemoryResource` says `Host = B0` cannot be declared
 // host-accessible by a safe `impl Accessible<HostAccessible>`: the bits are the only claim.
 use mrstack::prelude::*;
-use mrstack::resource::AllocError;
 use std::ptr::NonNull;
+use typenum::{B0, U256};
 
-struct MyWrap(Simulated);
+/// Hands out no memory: every request fails.
+struct Empty;
 
-// SAFETY: forwards to Simulated.
-unsafe impl MemoryResource for MyWrap {
-    type Host = typenum::B0;
-    type Device = typenum::B0;
-    type Managed = typenum::B0;
-    type Pageable = typenum::B0;
-    type Alignment = typenum::U256;
-    fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
-        self.0.allocate(size, align, s)
+// SAFETY: no memory is ever handed out, so no claim about it can be false.
+unsafe impl MemoryResource for Empty {
+    type Host = B0;
+    type Device = B0;
+    type Managed = B0;
+    type Pageable = B0;
+    type Alignment = U256;
+    fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
+        Err(AllocError::out_of_memory(size, align, "Empty"))
     }
-    unsafe fn deallocate(&self, p: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        unsafe { self.0.deallocate(p, size, align, s) }
+    unsafe fn deallocate(&self, _: NonNull<u8>, _: usize, _: usize, _: StreamRef) {}
+    fn synchronize(&self, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
     }
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.0.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.0.order_after(s, after)
+    fn order_after(&self, _: StreamRef, _: StreamRef) -> Result<(), AllocError> {
+        Ok(())
     }
 }
 
-impl Accessible<HostAccessible> for MyWrap {}
+impl Accessible<HostAccessible> for Empty {}
 
 fn main() {}

@@ -159,11 +159,17 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Bytes(pub u64);
 
-impl From<usize> for Bytes {
-    fn from(n: usize) -> Self {
-        Bytes(n as u64)
-    }
+/// `From<usize>` for the byte counts: a `usize` fits a `u64` on every target Rust supports.
+macro_rules! from_usize {
+    ($($T:ident),*) => {$(
+        impl From<usize> for $T {
+            fn from(n: usize) -> Self {
+                $T(n as u64)
+            }
+        }
+    )*};
 }
+from_usize!(Bytes, ExactBytes);
 
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -196,12 +202,6 @@ impl fmt::Display for Bytes {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ExactBytes(pub u64);
-
-impl From<usize> for ExactBytes {
-    fn from(n: usize) -> Self {
-        ExactBytes(n as u64)
-    }
-}
 
 impl fmt::Display for ExactBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -119,7 +119,9 @@ fn the_least_footprint_wins_and_near_ties_go_by_a_fixed_order() {
         "{:?}",
         rec.why
     );
-    assert!(rec.why[1].contains("fixed order for one thread: binning, tlsf, vmm, arena, pool"));
+    assert!(
+        rec.why[1].contains("fixed order for one thread: paged, binning, tlsf, vmm, arena, pool")
+    );
     assert!(rec.why[2].contains("over Simulated they are host bookkeeping only"));
     assert!(rec.why[3].starts_with("capacity: 1.1 MiB = min capacity 1015.62 KiB + 10%"));
     assert_eq!(rec.log_order_capacity, None);
@@ -173,7 +175,7 @@ fn a_log_of_several_threads_prefers_arena_and_leaves_room_for_its_threads() {
     // 1 MiB × 4 (what the threads can hold) + 10% = 4.4 MiB.
     assert_eq!(rec.capacity_text, "4.4 MiB");
     assert_eq!(rec.log_order_capacity.as_deref(), Some("1.1 MiB"));
-    assert!(rec.why[1].contains("several threads: arena, binning, tlsf, vmm, pool"));
+    assert!(rec.why[1].contains("several threads: paged, arena, binning, tlsf, vmm, pool"));
     assert!(rec.why[4].contains("1.1 MiB (min capacity + 10%) suffices"));
     // Threads that hand blocks to each other keep the log's order: no scaling, and why.
     // (as `Workload::capacity_peak` gives it: the log's order)
@@ -231,7 +233,7 @@ fn without_candidates_the_report_says_why() {
     let why = |stacks| recommend(&report(stacks), &tiny()).unwrap_err();
     assert_eq!(
         why(vec![row("upstream")]),
-        "none of binning, tlsf, vmm, arena, pool was replayed, and they are the stacks with a capacity to recommend"
+        "none of paged, binning, tlsf, vmm, arena, pool was replayed, and they are the stacks that can be recommended"
     );
     let mut unsearched = row("pool");
     (unsearched.min_capacity, unsearched.min_capacity_ratio) = (None, None);

@@ -421,10 +421,6 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
         unsafe { self.upstream.deallocate(ptr, size, align, stream) }
     }
 
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let item = ItemWriter::over(f, &self.upstream, "logging");
         let item = match &self.path {
@@ -434,12 +430,7 @@ unsafe impl<U: MemoryResource, W: Write> MemoryResource for Logging<U, W> {
         item.finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream);
 }
 
 has_upstream!(impl<U, W> for Logging<U, W> where W: Write);

@@ -398,10 +398,6 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
         self.give_up(&spilled, stream);
     }
 
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         ItemWriter::over(f, &self.upstream, "thread_cache")
             .size("bytes", self.shared.bytes)
@@ -409,12 +405,7 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadCache<U> {
             .finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream, name = NAME);
 }
 
 has_upstream!(impl<U> for ThreadCache<U> where U: MemoryResource);
@@ -437,9 +428,5 @@ static_assertions::assert_impl_all!(
     Sync,
     crate::property::Accessible<crate::property::DeviceAccessible>
 );
-static_assertions::assert_not_impl_any!(ThreadCache<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_impl_all!(ThreadCache<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_not_impl_any!(ThreadCache<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+crate::property::assert_keeps_properties!(ThreadCache);
 const _: () = assert!(crate::property::alignment_of::<ThreadCache<crate::leaf::System>>() == 256);
-static_assertions::assert_impl_all!(ThreadCache<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
-static_assertions::assert_not_impl_any!(ThreadCache<crate::leaf::Cuda>: crate::property::Accessible<crate::property::Pageable>);

@@ -445,10 +445,6 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
         }
     }
 
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
     fn describe_to(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         ItemWriter::over(f, &self.upstream, "arena")
             .size("size", self.max_size())
@@ -456,12 +452,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Arena<U> {
             .finish()
     }
 
-    fn upstream_layer(&self) -> Option<&dyn crate::stack::AnyLayer>
-    where
-        Self: 'static,
-    {
-        Some(&self.upstream)
-    }
+    forward_upstream!(layer over upstream, name = NAME);
 }
 
 has_upstream!(impl<U> for Arena<U> where U: MemoryResource);
