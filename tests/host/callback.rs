@@ -189,7 +189,9 @@ fn stream_functions_can_be_supplied() {
 #[test]
 fn default_stream_functions_have_nothing_to_wait_for_without_a_driver() {
     if mrstack::driver_available() {
-        eprintln!("skipping: a driver is loaded, so the defaults call it (tested in gpu_erased)");
+        crate::support::skipped(
+            "a driver is loaded, so the defaults call it (the GPU suite tests them)",
+        );
         return;
     }
     let mr = heap();
