@@ -35,9 +35,15 @@ const PEAK_LIVE: usize = 2_688_565_248;
 
 /// What the command recommends for [`WORKLOAD`] with each `--stack` choice (none: all stacks):
 /// the stack, its capacity as written, and the `resource_stack!` block it prints.
-const GOLDEN: [(&str, &str, &str, &str); 5] = [
+const GOLDEN: [(&str, &str, &str, &str); 6] = [
     (
         "",
+        "paged",
+        "2.8 GiB",
+        include_str!("data/recommended_paged.rs"),
+    ),
+    (
+        "tlsf",
         "tlsf",
         "2.8 GiB",
         include_str!("data/recommended_tlsf.rs"),
@@ -150,6 +156,16 @@ fn workload() -> Workload {
 /// program's next step would), allocates and frees one block, and checks that a block past
 /// `capacity` does not fit: the stack is bounded by the capacity printed, not by what is below it.
 fn exercise(mr: &impl MemoryResource, capacity: usize) {
+    exercise_unbounded(mr);
+    let e = mr
+        .allocate(capacity + (1 << 20), 256, StreamRef::DEFAULT)
+        .unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+}
+
+/// Replays the workload twice and allocates and frees one block: for `paged`, which has no
+/// capacity of its own to check.
+fn exercise_unbounded(mr: &impl MemoryResource) {
     let w = workload();
     assert_eq!(w.peak_live(), PEAK_LIVE);
     let mut r = Replayer::new(mr, &w, simulated_streams(w.stream_count())).unwrap();
@@ -158,10 +174,6 @@ fn exercise(mr: &impl MemoryResource, capacity: usize) {
     let p = mr.allocate(1 << 20, 256, StreamRef::DEFAULT).unwrap();
     // SAFETY: p came from mr with this size and alignment, and is freed once.
     unsafe { mr.deallocate(p, 1 << 20, 256, StreamRef::DEFAULT) };
-    let e = mr
-        .allocate(capacity + (1 << 20), 256, StreamRef::DEFAULT)
-        .unwrap_err();
-    assert!(e.is_out_of_memory(), "{e}");
 }
 
 #[test]
@@ -200,6 +212,7 @@ fn the_printed_text_config_builds_and_allocates() {
         let expected: &[&str] = match stack {
             "binning" => &["cuda", "pool", "binning"],
             "vmm" => &["vmm"],
+            "paged" => &["paged"],
             other => &["cuda", other],
         };
         assert_eq!(names, expected, "{config}");
@@ -207,6 +220,7 @@ fn the_printed_text_config_builds_and_allocates() {
 
         // As printed, on a GPU.
         match mrstack::config::build::<DeviceAccessible>(&config) {
+            Ok(mr) if stack == "paged" => exercise_unbounded(&mr),
             Ok(mr) => exercise(&mr, bytes),
             Err(e) => {
                 // Without a GPU only the leaf can fail, at column 1.
@@ -220,6 +234,8 @@ fn the_printed_text_config_builds_and_allocates() {
         // (for vmm, its own fields over simulated pages).
         let on_host = match config.strip_prefix("vmm(") {
             Some(fields) => format!("vmm(simulated=1 TiB, {fields}"),
+            // No capacity of its own: pages of exactly the capacity bound it.
+            None if config == "paged" => format!("paged(simulated={capacity})"),
             None => {
                 let rest = config.strip_prefix("cuda ").unwrap();
                 format!("simulated(capacity=1 TiB) {rest}")
@@ -258,6 +274,26 @@ mod host_leaf {
     }
 }
 
+/// Stands in for `mrstack::leaf::PagedHeaps` in the golden block: `PagedHeaps::for_context(&ctx)?`,
+/// with `ctx` a number of bytes, builds heaps over a `Simulated` of that capacity.
+mod host_paged {
+    pub(crate) struct PagedHeaps;
+
+    impl PagedHeaps {
+        pub(crate) fn for_context(
+            capacity: &usize,
+        ) -> Result<
+            mrstack::leaf::PagedHeaps<std::sync::Arc<mrstack::leaf::Simulated>>,
+            mrstack::resource::AllocError,
+        > {
+            Ok(mrstack::leaf::PagedHeaps::new(
+                std::sync::Arc::new(mrstack::leaf::Simulated::new(*capacity)),
+                mrstack::leaf::PagedHeapsConfig::default(),
+            ))
+        }
+    }
+}
+
 /// The golden blocks over the stand-in leaf, as they are in the files.
 mod on_host {
     use super::host_leaf::Cuda;
@@ -274,6 +310,10 @@ mod on_host {
     }
     pub(crate) fn binning(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
         Ok(include!("data/recommended_binning.rs"))
+    }
+    pub(crate) fn paged(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
+        use super::host_paged::PagedHeaps;
+        Ok(include!("data/recommended_paged.rs"))
     }
     pub(crate) fn vmm(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
         use super::host_leaf::DevicePages;
@@ -305,6 +345,10 @@ mod on_gpu {
         let ctx = mrstack::cuda_context(0)?;
         Ok(include!("data/recommended_binning.rs"))
     }
+    pub(crate) fn paged() -> Result<impl MemoryResource, Box<dyn Error>> {
+        let ctx = mrstack::cuda_context(0)?;
+        Ok(include!("data/recommended_paged.rs"))
+    }
     pub(crate) fn vmm() -> Result<impl MemoryResource, Box<dyn Error>> {
         use mrstack::leaf::{DevicePages, VirtualMemory, VirtualMemoryConfig};
         let ctx = mrstack::cuda_context(0)?;
@@ -326,6 +370,9 @@ fn the_golden_blocks_run_over_simulated() {
     exercise(&on_host::pool(below).unwrap(), capacity_of("pool"));
     exercise(&on_host::binning(below).unwrap(), capacity_of("binning"));
     exercise(&on_host::vmm(below).unwrap(), capacity_of("vmm"));
+    // Paged has no capacity of its own: its pages, of the capacity printed, bound it.
+    let paged = capacity_of("paged");
+    exercise(&on_host::paged(paged).unwrap(), paged);
     // The leaf is the stand-in's: with less below than the workload holds, the replay fails.
     let short = on_host::binning(PEAK_LIVE / 2).unwrap();
     let w = workload();
@@ -365,6 +412,7 @@ fn the_golden_blocks_run_on_a_gpu() {
             "vmm",
             on_gpu::vmm().map(|mr| exercise(&mr, capacity_of("vmm"))),
         ),
+        ("paged", on_gpu::paged().map(|mr| exercise_unbounded(&mr))),
     ];
     for (name, result) in built {
         if let Err(e) = result {

@@ -1,0 +1,3 @@
+resource_stack![
+    PagedHeaps::for_context(&ctx)?,
+]
