@@ -121,6 +121,33 @@
 //!   unmapping happens in batches (down to half the cache), each after one synchronization of the
 //!   streams that freed blocks since the last.
 //!
+//! # The default stack in PyTorch training
+//!
+//! `capi/python/footprint_torch.py` (each allocator in a process of its own, one call on an
+//! NVIDIA H200, driver 580.159.04, torch 2.11, 2026-11-28): GPT-style training (12 pre-norm
+//! layers, d_model 1024, 16 heads, vocabulary 32,000), sequence length 128–1024 and batch 8–24
+//! drawn at every step, 3 warm-up and 20 timed steps. Peak in use: `cuMemGetInfo`'s total − free,
+//! sampled every millisecond during the steps; ratio: that peak less what native mode holds
+//! outside its allocator (native's peak in use − its `max_memory_reserved`, 733 MiB here) over
+//! native's `max_memory_allocated` (26.13 GiB).
+//!
+//! | allocator | peak in use | ratio | median step ms | × native |
+//! |---|---:|---:|---:|---:|
+//! | PyTorch native | 31.01 GiB | 1.159 | 256.7 | 1.000 |
+//! | PyTorch expandable segments | 27.90 GiB | 1.040 | 256.4 | 0.999 |
+//! | mrstack `paged` (the default) | 28.05 GiB | 1.045 | 256.7 | 1.000 |
+//! | mrstack `vmm` | 28.05 GiB | 1.045 | 256.3 | 0.999 |
+//! | mrstack `cuda > pool > binning` (the default before `paged`; an earlier call) | 31.99 GiB | 1.196 | 256.7 | 1.000 |
+//!
+//! Losses differ from native's by at most 6.1e-5 for every other allocator, expandable segments
+//! included (no deterministic mode here). `python3 scripts/vmm-costs.py` on the same GPU: a
+//! 2 MiB page costs `cuMemCreate` 10–21 µs, `cuMemMap` 2–5 µs, `cuMemSetAccess` 22–40 µs,
+//! `cuMemUnmap` 15–27 µs and `cuMemRelease` 11–18 µs (the first figure for runs of 16 or 128
+//! pages, the second for one page alone); mapping or unmapping pages no work uses does not wait
+//! for a kernel running on another stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery`
+//! 0.6 µs, which is why a cache over its bound is trimmed behind events, queried every 32 calls,
+//! and never behind a host synchronization.
+//!
 //! # Clients through the C library
 //!
 //! `bash gpu-bin/run.sh clients` ([C library](super::c_library#the-gpu-proof)) on an NVIDIA H100
