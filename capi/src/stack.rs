@@ -395,17 +395,44 @@ fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> Str
         );
         None
     }
+    /// The page leaves text builds, with what they map: `(name, usage)`.
+    fn pages_of(layer: &dyn AnyLayer) -> Option<(&'static str, mrstack::leaf::VmUsage)> {
+        use mrstack::leaf::{DevicePages, PagedHeaps, Simulated, VirtualMemory};
+        let any = layer.as_any();
+        if let Some(r) = any.downcast_ref::<VirtualMemory<DevicePages>>() {
+            return Some(("vmm", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<VirtualMemory<Simulated>>() {
+            return Some(("vmm", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<PagedHeaps<DevicePages>>() {
+            return Some(("paged", r.usage()));
+        }
+        if let Some(r) = any.downcast_ref::<PagedHeaps<Arc<Simulated>>>() {
+            return Some(("paged", r.usage()));
+        }
+        None
+    }
     let mut layers: Vec<String> = stack
         .layers()
-        .filter_map(usage_of::<P>)
-        .map(|(name, u)| {
-            format!(
+        .filter_map(|layer| {
+            if let Some((name, u)) = usage_of::<P>(layer) {
+                return Some(format!(
+                    concat!(
+                        "{{\"layer\":\"{}\",\"held\":{},\"peak_held\":{},\"allocated\":{},",
+                        "\"free_blocks\":{},\"chunks\":{}}}"
+                    ),
+                    name, u.held, u.peak_held, u.allocated, u.free_blocks, u.chunks
+                ));
+            }
+            let (name, u) = pages_of(layer)?;
+            Some(format!(
                 concat!(
-                    "{{\"layer\":\"{}\",\"held\":{},\"peak_held\":{},\"allocated\":{},",
-                    "\"free_blocks\":{},\"chunks\":{}}}"
+                    "{{\"layer\":\"{}\",\"mapped\":{},\"peak_mapped\":{},\"cached\":{},",
+                    "\"allocated\":{},\"reserved\":{},\"free_blocks\":{}}}"
                 ),
-                name, u.held, u.peak_held, u.allocated, u.free_blocks, u.chunks
-            )
+                name, u.mapped, u.peak_mapped, u.cached, u.allocated, u.reserved, u.free_blocks
+            ))
         })
         .collect();
     layers.reverse();

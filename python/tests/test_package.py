@@ -99,6 +99,20 @@ def test_stats_count_calls_live_bytes_the_leaf_and_each_layer():
             s.allocate(2 << 30)
 
 
+def test_stats_of_a_page_stack_say_what_is_mapped_and_cached():
+    text = "paged(simulated=256 MiB, peak_slack=0 B)"
+    with mrstack.Stack(text) as s:
+        p = s.allocate(5 << 20)
+        during = s.stats()["layers"]
+        assert [l["layer"] for l in during] == ["paged"], during
+        # Three 2 MiB pages under a 5 MiB block.
+        assert during[0]["mapped"] == 6 << 20 and during[0]["allocated"] >= 5 << 20, during
+        s.deallocate(p, 5 << 20)
+        after = s.stats()["layers"][0]
+        assert after["allocated"] == 0
+        assert after["mapped"] == after["cached"] and after["peak_mapped"] == 6 << 20, after
+
+
 def test_stats_of_a_device_stack_come_from_mrstack_stack():
     code = "import json, mrstack; print(json.dumps(mrstack.stats(0)))"
     done = run_python(code, {"MRSTACK_STACK": SIM, **HOST_ENV})
