@@ -112,6 +112,8 @@ def test_a_snapshot_captured_here_replays_and_recommends_a_stack(torch_here, tmp
     out = tmp_path / "snapshot.pickle"
     r = scenario("snapshot", str(out))
     assert out.stat().st_size > 0
-    assert r["file_stack"] and r["file_stack"].startswith("cuda > "), r["text"]
+    # The default stack, or a stack over the driver's allocator with a capacity.
+    stack = r["file_stack"]
+    assert stack and (stack == "paged" or stack.startswith("cuda > ")), r["text"]
     assert r["dict_stack"], r["text"]
     assert any("PyTorch memory snapshot" in n for n in r["notes"]), r["notes"]

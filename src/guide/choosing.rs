@@ -3,10 +3,10 @@
 //! # Where to start
 //!
 //! * **`paged`** (`PagedHeaps::for_context(&ctx)?`): the stack to start with, and the C library's
-//!   default. Physical pages only under live blocks, freed pages given back once the streams that
-//!   freed them are done (checked by events, never waited for on the allocating thread), a heap
-//!   per stream and per thread. PyTorch training on it held 1.045 × `max_memory_allocated` at
-//!   native speed ([performance](super::performance)).
+//!   default. Physical pages only under live blocks, a heap per stream and per thread; free pages
+//!   stay mapped for the next blocks until memory runs short, when every heap gives its own back.
+//!   PyTorch training on it held 1.045 × `max_memory_allocated` at native speed
+//!   ([performance](super::performance)).
 //! * **`cuda > pool > binning`** (`resource_stack![Cuda::new(&ctx)?, Pool, Binning]`) where memory
 //!   is plentiful: `Binning` serves small requests from per-thread caches and fixed-size bins;
 //!   larger ones and the bins' refills come from the `Pool`.
@@ -33,7 +33,7 @@
 //! | `System` | Rust's global allocator | host (pageable) |
 //! | `Simulated` | address ranges, no memory, exact accounting; a page model for `VirtualMemory` (2 MiB pages by default, mapped bytes count against the capacity) | none (tests, replay without a GPU) |
 //! | `VirtualMemory<P>` (`VirtualMemory::new(DevicePages::new(&ctx)?, config)`, text `vmm(device=0)`) | blocks of a reserved virtual range, physical pages mapped (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`) only under live blocks; free pages stay mapped (up to `cache` bytes, default unbounded) until pressure or `release()`; grows a block in place (`GrowInPlace`); `grant_access(&peer_ctx)` for another GPU | those of its page source: device for `DevicePages`, none for `Simulated` |
-//! | `PagedHeaps<P>` (`PagedHeaps::for_context(&ctx)?`, text `paged(device=0)`) | `VirtualMemory` heaps over one page source, one per stream and one per thread: a request goes to its stream's heap unless another thread holds it, then to the thread's own; each heap keeps its mapped pages within the peak of its live pages plus `peak_slack` (32 MiB or a 64th of the peak, whichever is less), giving the rest back once the freeing streams' events are reached, without waiting | those of its page source |
+//! | `PagedHeaps<P>` (`PagedHeaps::for_context(&ctx)?`, text `paged(device=0)`) | `VirtualMemory` heaps over one page source, one per stream and one per thread: a request goes to its stream's heap unless another thread holds it, then to the thread's own; free pages stay mapped until memory runs short (every heap's are given back before a request fails) or `release()`; with `peak_slack` or `cache` set, pages beyond the bound go back once the freeing streams' events are reached, without waiting | those of its page source |
 //! | `CudaAsyncView` (`default_pool(&ctx)`, safe; `unsafe from_handle(&ctx, pool)`; text `cuda_async_view`) | a `cuMemPool` someone else owns: the device's default pool (what `cuMemAllocAsync` uses), or a library's; never destroyed or changed (RMM's `cuda_async_view_memory_resource`) | device, stream-ordered |
 //! | `CudaAsyncManaged` (text `cuda_async_managed`) | the device's default managed-memory pool (`cuMemGetDefaultMemPool(…, MANAGED)`, CUDA 13), `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`; refused without concurrent managed access | host + device + migratable, stream-ordered |
 //! | `CudaAsync` with `exportable: true` (text `cuda_async(exportable=true)`) | a pool other processes import: `export_pool()` gives a POSIX file descriptor, `unsafe export_pointer(p)` the 64 bytes naming one allocation; `ImportedPool::from_fd` and `import` map it in the other process, with bounded copies in and out | device |

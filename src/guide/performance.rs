@@ -135,7 +135,7 @@
 //! |---|---:|---:|---:|---:|
 //! | PyTorch native | 31.01 GiB | 1.159 | 256.7 | 1.000 |
 //! | PyTorch expandable segments | 27.90 GiB | 1.040 | 256.4 | 0.999 |
-//! | mrstack `paged` (the default) | 28.05 GiB | 1.045 | 256.7 | 1.000 |
+//! | mrstack `paged` (with `peak_slack=32 MiB`) | 28.05 GiB | 1.045 | 256.7 | 1.000 |
 //! | mrstack `vmm` | 28.05 GiB | 1.045 | 256.3 | 0.999 |
 //! | mrstack `cuda > pool > binning` (the default before `paged`; an earlier call) | 31.99 GiB | 1.196 | 256.7 | 1.000 |
 //!
