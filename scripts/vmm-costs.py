@@ -134,37 +134,41 @@ busy = torch.cuda.Stream()
 with torch.cuda.stream(busy):
     torch.cuda._sleep(50)  # warm the sleep kernel
 torch.cuda.synchronize()
-for what in ("map+access", "unmap+release"):
+
+
+def map_all(n):
+    """New pages mapped and enabled over the first n pages of `va`; their handles."""
     hs = []
-    if what == "unmap+release":
-        for i in range(16):
-            h = Handle()
-            check(cu.cuMemCreate(C.byref(h), C.c_size_t(PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
-            check(cu.cuMemMap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
-            hs.append(h)
-        check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(16 * PAGE), C.byref(access), C.c_size_t(1)), "access")
+    for i in range(n):
+        h = Handle()
+        check(cu.cuMemCreate(C.byref(h), C.c_size_t(PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
+        check(cu.cuMemMap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
+        hs.append(h)
+    check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(n * PAGE), C.byref(access), C.c_size_t(1)), "access")
+    return hs
+
+
+def unmap_all(hs):
+    check(cu.cuMemUnmap(CUdeviceptr(va), C.c_size_t(len(hs) * PAGE)), "unmap")
+    for h in hs:
+        check(cu.cuMemRelease(h), "release")
+
+
+for what in ("map+access", "unmap+release"):
+    hs = map_all(16) if what == "unmap+release" else []
     with torch.cuda.stream(busy):
         torch.cuda._sleep(int(2e9))  # about a second of spinning
     a = now()
     if what == "map+access":
-        for i in range(16):
-            h = Handle()
-            check(cu.cuMemCreate(C.byref(h), C.c_size_t(PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
-            check(cu.cuMemMap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
-            hs.append(h)
-        check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(16 * PAGE), C.byref(access), C.c_size_t(1)), "access")
+        hs = map_all(16)
     else:
-        check(cu.cuMemUnmap(CUdeviceptr(va), C.c_size_t(16 * PAGE)), "unmap")
-        for h in hs:
-            check(cu.cuMemRelease(h), "release")
+        unmap_all(hs)
     b = now()
     torch.cuda.synchronize()
     c = now()
     print(f"16 pages {what} while a ~1 s kernel runs on another stream: {b - a:.0f} µs (the kernel had {c - a:.0f} µs to go with it)")
     if what == "map+access":
-        check(cu.cuMemUnmap(CUdeviceptr(va), C.c_size_t(16 * PAGE)), "unmap")
-        for h in hs:
-            check(cu.cuMemRelease(h), "release")
+        unmap_all(hs)
 
 # Events.
 ev = C.c_void_p()

@@ -5,7 +5,6 @@ use super::{VirtualMemory, VirtualMemoryConfig, VmUsage};
 use crate::leaf::PhysicalPages;
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::shard;
-use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
 use std::ptr::NonNull;
 use std::sync::{OnceLock, PoisonError, RwLock};
@@ -334,15 +333,16 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
 
     /// `paged(device=0, …)` (or `paged(simulated=…, …)`), leaving out what the defaults give.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let default = PagedHeapsConfig::default();
-        let mut item = self.pages.describe_fields(ItemWriter::leaf(f, "paged"));
-        if self.config.cache != default.cache {
-            item = item.size("cache", self.config.cache);
-        }
-        if self.config.peak_slack != default.peak_slack {
-            item = item.size("peak_slack", self.config.peak_slack);
-        }
-        item.finish()
+        let (c, d) = (&self.config, PagedHeapsConfig::default());
+        super::describe_page_leaf(
+            f,
+            "paged",
+            &self.pages,
+            &[
+                ("cache", c.cache, d.cache),
+                ("peak_slack", c.peak_slack, d.peak_slack),
+            ],
+        )
     }
 }
 

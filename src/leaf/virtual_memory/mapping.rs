@@ -83,20 +83,26 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let result = self.map_range(st, r, first, last);
         if result.is_err() {
             self.uncommit(st, r, addr, len, false);
-            // The pages mapped for the request went to the cache: keep it within its bound.
-            let bound = self.cache_bound(st);
-            if st.cached * self.page > bound {
+        }
+        self.after_mapping(st, result.is_ok());
+        result
+    }
+
+    /// Keeps the cache within its bound after pages were mapped for a block: new pages while
+    /// cached ones lie elsewhere lower the bound, and those go later (never waiting); after a
+    /// failure the pages mapped for the request went to the cache, and go now.
+    fn after_mapping(&self, st: &mut State<P::Page, P::Mark>, mapped: bool) {
+        if mapped {
+            self.note_live(st);
+        }
+        let bound = self.cache_bound(st);
+        if st.cached * self.page > bound {
+            if mapped {
+                self.trim_later(st, bound / 2);
+            } else {
                 self.trim(st, bound);
             }
-        } else {
-            self.note_live(st);
-            // New pages while cached ones lie elsewhere: past the bound, those go (later).
-            let bound = self.cache_bound(st);
-            if st.cached * self.page > bound {
-                self.trim_later(st, bound / 2);
-            }
         }
-        result
     }
 
     /// Raises the peak of live pages to what is live now.
@@ -265,17 +271,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 Overlap::of(before, shared),
             );
             st.cached += freed;
-            let bound = self.cache_bound(st);
-            if st.cached * self.page > bound {
-                self.trim(st, bound);
-            }
-        } else {
-            self.note_live(st);
-            let bound = self.cache_bound(st);
-            if st.cached * self.page > bound {
-                self.trim_later(st, bound / 2);
-            }
         }
+        self.after_mapping(st, result.is_ok());
         result
     }
 

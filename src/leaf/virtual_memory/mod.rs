@@ -352,22 +352,36 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
 
     /// `vmm(device=0, …)` (or `vmm(simulated=…, …)`), leaving out what the defaults give.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let default = VirtualMemoryConfig::default();
-        let mut item = self.pages.describe_fields(ItemWriter::leaf(f, "vmm"));
-        if self.config.max != default.max {
-            item = item.size("max", self.config.max);
-        }
-        if self.config.cache != default.cache {
-            item = item.size("cache", self.config.cache);
-        }
-        if self.config.reservation != default.reservation {
-            item = item.size("reservation", self.config.reservation);
-        }
-        if self.config.peak_slack != default.peak_slack {
-            item = item.size("peak_slack", self.config.peak_slack);
-        }
-        item.finish()
+        let (c, d) = (&self.config, VirtualMemoryConfig::default());
+        describe_page_leaf(
+            f,
+            "vmm",
+            &self.pages,
+            &[
+                ("max", c.max, d.max),
+                ("cache", c.cache, d.cache),
+                ("reservation", c.reservation, d.reservation),
+                ("peak_slack", c.peak_slack, d.peak_slack),
+            ],
+        )
     }
+}
+
+/// Writes text item `name` over `pages` with each size field `(field, value, default)` whose
+/// value is not its default, so that the description builds the same resource again.
+fn describe_page_leaf<P: PhysicalPages>(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    pages: &P,
+    sizes: &[(&'static str, usize, usize)],
+) -> std::fmt::Result {
+    let mut item = pages.describe_fields(ItemWriter::leaf(f, name));
+    for &(field, value, default) in sizes {
+        if value != default {
+            item = item.size(field, value);
+        }
+    }
+    item.finish()
 }
 
 // SAFETY: a block grows only into the free range right after it on `stream`'s own list (the

@@ -125,30 +125,44 @@ fn synced_before_unmap(log: &[Ev], page: usize, stream: StreamRef) -> bool {
     unmap.is_none_or(|u| sync.is_some_and(|s| s < u))
 }
 
+/// A resource of `pages` pages at most whose first `kept + 1` pages hold blocks on the default
+/// stream, the next one a block U on simulated stream 1; then U and the first block are freed,
+/// U's work on its stream possibly still running. Returns the resource, the first page's address
+/// and the live blocks after the first.
+fn with_u_freed_on_s(
+    rec: &Recording,
+    pages: usize,
+    kept: usize,
+) -> (VirtualMemory<&Recording>, usize, Vec<NonNull<u8>>) {
+    let config = VirtualMemoryConfig {
+        reservation: (pages + 2) * P,
+        max: pages * P,
+        cache: 1 << 40,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(rec, config).unwrap();
+    let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
+    let d0 = vm.allocate(P, 256, d).unwrap();
+    let live: Vec<NonNull<u8>> = (0..kept).map(|_| vm.allocate(P, 256, d).unwrap()).collect();
+    let u = vm.allocate(P, 256, s).unwrap();
+    let base = d0.as_ptr() as usize;
+    assert_eq!(u.as_ptr() as usize, base + (kept + 1) * P);
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(u, P, 256, s);
+        vm.deallocate(d0, P, 256, d);
+    }
+    (vm, base, live)
+}
+
 #[test]
 fn a_failed_allocation_keeps_the_stream_to_wait_for() {
     // U is freed on S while S's work may still use it; a failed request on S takes S's
     // blocks (its slot goes) and gives them back: S must still be waited for before U's page
     // is unmapped.
     let rec = Recording::new(1 << 30);
-    let config = VirtualMemoryConfig {
-        reservation: 5 * P,
-        max: 3 * P,
-        cache: 1 << 40,
-        ..Default::default()
-    };
-    let vm = VirtualMemory::new(&rec, config).unwrap();
-    let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
-    let d0 = vm.allocate(P, 256, d).unwrap();
-    let _d1 = vm.allocate(P, 256, d).unwrap();
-    let u = vm.allocate(P, 256, s).unwrap();
-    let base = d0.as_ptr() as usize;
-    assert_eq!(u.as_ptr() as usize, base + 2 * P);
-    // SAFETY: live with these sizes.
-    unsafe {
-        vm.deallocate(u, P, 256, s);
-        vm.deallocate(d0, P, 256, d);
-    }
+    let (vm, base, _live) = with_u_freed_on_s(&rec, 3, 1);
+    let s = StreamRef::simulated(1);
     assert!(vm.allocate(3 * P, 256, s).unwrap_err().is_out_of_memory());
     vm.release();
     assert!(
@@ -161,28 +175,11 @@ fn a_failed_allocation_keeps_the_stream_to_wait_for() {
 #[test]
 fn a_failed_growth_keeps_the_stream_to_wait_for() {
     let rec = Recording::new(1 << 30);
-    let config = VirtualMemoryConfig {
-        reservation: 6 * P,
-        max: 4 * P,
-        cache: 1 << 40,
-        ..Default::default()
-    };
-    let vm = VirtualMemory::new(&rec, config).unwrap();
-    let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
-    let d0 = vm.allocate(P, 256, d).unwrap();
-    let _d2 = vm.allocate(P, 256, d).unwrap();
-    let a = vm.allocate(P, 256, d).unwrap();
-    let u = vm.allocate(P, 256, s).unwrap();
-    let base = d0.as_ptr() as usize;
-    assert_eq!(u.as_ptr() as usize, base + 3 * P);
-    // SAFETY: live with these sizes.
-    unsafe {
-        vm.deallocate(u, P, 256, s);
-        vm.deallocate(d0, P, 256, d);
-    }
+    let (vm, base, live) = with_u_freed_on_s(&rec, 4, 2);
+    let s = StreamRef::simulated(1);
     let grown = {
-        // SAFETY: `a` is live, owned here, freed on `s`.
-        unsafe { crate::resource::GrowInPlace::grow_in_place(&vm, a, P, 256, 4 * P, s) }
+        // SAFETY: `live[1]` is live, owned here, freed on `s`.
+        unsafe { crate::resource::GrowInPlace::grow_in_place(&vm, live[1], P, 256, 4 * P, s) }
     };
     assert!(grown.is_err());
     vm.release();
@@ -236,6 +233,25 @@ fn a_huge_alignment_is_refused_before_any_table_grows() {
     unsafe { vm.deallocate(p, 1, 1 << 20, StreamRef::DEFAULT) };
 }
 
+/// A resource with no cache over `rec`: every page left with no live block goes.
+fn no_cache(rec: &Recording) -> VirtualMemory<&Recording> {
+    let config = VirtualMemoryConfig {
+        reservation: 16 * P,
+        cache: 0,
+        ..Default::default()
+    };
+    VirtualMemory::new(rec, config).unwrap()
+}
+
+/// Enough calls for a pending batch to be queried at least once.
+fn calls(vm: &VirtualMemory<&Recording>, s: StreamRef) {
+    for _ in 0..TICKS {
+        let b = vm.allocate(256, 256, s).unwrap();
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(b, 256, 256, s) };
+    }
+}
+
 fn unmaps(log: &[Ev]) -> usize {
     log.iter().filter(|e| matches!(e, Ev::Unmap(_))).count()
 }
@@ -243,12 +259,7 @@ fn unmaps(log: &[Ev]) -> usize {
 #[test]
 fn a_cache_over_its_bound_never_waits_and_unmaps_once_the_marks_are_reached() {
     let rec = Recording::new(1 << 30);
-    let config = VirtualMemoryConfig {
-        reservation: 16 * P,
-        cache: 0,
-        ..Default::default()
-    };
-    let vm = VirtualMemory::new(&rec, config).unwrap();
+    let vm = no_cache(&rec);
     let s = StreamRef::simulated(1);
     rec.set_busy(true);
     let a = vm.allocate(2 * P, 256, s).unwrap();
@@ -259,11 +270,7 @@ fn a_cache_over_its_bound_never_waits_and_unmaps_once_the_marks_are_reached() {
     assert!(!rec.log().iter().any(|e| matches!(e, Ev::Sync(_))));
     rec.set_busy(false);
     // A few calls later the marks are queried again, reached, and the pages go.
-    for _ in 0..TICKS {
-        let b = vm.allocate(256, 256, s).unwrap();
-        // SAFETY: live with this size.
-        unsafe { vm.deallocate(b, 256, 256, s) };
-    }
+    calls(&vm, s);
     let log = rec.log();
     assert!(synced_before_unmap(&log, a.as_ptr() as usize, s), "{log:?}");
     assert!(
@@ -279,12 +286,7 @@ const TICKS: usize = 40;
 #[test]
 fn a_doomed_page_that_goes_live_again_stays_mapped() {
     let rec = Recording::new(1 << 30);
-    let config = VirtualMemoryConfig {
-        reservation: 16 * P,
-        cache: 0,
-        ..Default::default()
-    };
-    let vm = VirtualMemory::new(&rec, config).unwrap();
+    let vm = no_cache(&rec);
     let s = StreamRef::simulated(1);
     rec.set_busy(true);
     let a = vm.allocate(P, 256, s).unwrap();
@@ -296,11 +298,7 @@ fn a_doomed_page_that_goes_live_again_stays_mapped() {
     let maps = rec.log().iter().filter(|e| matches!(e, Ev::Map(_))).count();
     assert_eq!(maps, 1);
     rec.set_busy(false);
-    for _ in 0..TICKS {
-        let c = vm.allocate(256, 256, s).unwrap();
-        // SAFETY: live with this size.
-        unsafe { vm.deallocate(c, 256, 256, s) };
-    }
+    calls(&vm, s);
     assert!(
         !rec.log().contains(&Ev::Unmap(b.as_ptr() as usize)),
         "{:?}",
@@ -314,12 +312,7 @@ fn a_doomed_page_that_goes_live_again_stays_mapped() {
 #[test]
 fn release_waits_for_a_pending_batch() {
     let rec = Recording::new(1 << 30);
-    let config = VirtualMemoryConfig {
-        reservation: 16 * P,
-        cache: 0,
-        ..Default::default()
-    };
-    let vm = VirtualMemory::new(&rec, config).unwrap();
+    let vm = no_cache(&rec);
     let s = StreamRef::simulated(1);
     rec.set_busy(true);
     let a = vm.allocate(3 * P, 256, s).unwrap();
