@@ -319,17 +319,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         }
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.pages.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.pages.order_after(stream, after)
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
+    page_source_streams!();
 
     /// `paged(device=0, …)` (or `paged(simulated=…, …)`), leaving out what the defaults give.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -9,6 +9,24 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
+/// The stream calls of a resource over a field `pages`: its page source's, which every heap,
+/// region and mapping of the resource shares; and its `name`, the module's `NAME`.
+macro_rules! page_source_streams {
+    () => {
+        fn synchronize(&self, stream: StreamRef) -> Result<()> {
+            self.pages.synchronize(stream)
+        }
+
+        fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+            self.pages.order_after(stream, after)
+        }
+
+        fn name(&self) -> &'static str {
+            NAME
+        }
+    };
+}
+
 mod bitset;
 mod cache;
 mod heaps;
@@ -338,17 +356,7 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         self.free_if_owned(ptr.as_ptr() as usize, stream);
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.pages.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.pages.order_after(stream, after)
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
+    page_source_streams!();
 
     /// `vmm(device=0, …)` (or `vmm(simulated=…, …)`), leaving out what the defaults give.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
