@@ -456,3 +456,34 @@ mod paged_heaps {
         }
     }
 }
+
+#[test]
+fn paged_heaps_give_every_heaps_free_pages_back_before_a_request_fails() {
+    use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+    // 8 pages in all. A thread of its own takes 6 and frees them: they stay mapped in its heap.
+    // Then this thread asks for 6: only the other heap's free pages can make room.
+    let sim = Simulated::with_page_size(8 * PAGE, PAGE);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // A stream of its own, so that this thread's blocks land in a heap apart from the
+            // default stream's.
+            let own = StreamRef::simulated(7);
+            let p = heaps.allocate(6 * PAGE, 256, own).unwrap();
+            // SAFETY: live with this size.
+            unsafe { heaps.deallocate(p, 6 * PAGE, 256, own) };
+        });
+    });
+    assert_eq!(sim.mapped(), 6 * PAGE, "the free pages stayed mapped");
+    let p = heaps.allocate(6 * PAGE, 256, StreamRef::DEFAULT).unwrap();
+    assert_eq!(sim.mapped(), 6 * PAGE);
+    assert_eq!(heaps.usage().allocated, 6 * PAGE);
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(p, 6 * PAGE, 256, StreamRef::DEFAULT) };
+    // More than the device has fails.
+    let e = heaps.allocate(9 * PAGE, 256, StreamRef::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let mapped = sim.mapped();
+    assert_eq!(heaps.release(), mapped);
+    assert_eq!(sim.mapped(), 0);
+}
