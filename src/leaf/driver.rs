@@ -408,8 +408,10 @@ unsafe impl Send for StreamMark {}
 
 impl StreamMark {
     /// An event recorded on `stream` in its context (the resource's `ctx` for a stream that
-    /// names none); `None` for a simulated stream (no work is ever queued on one) and, after
-    /// waiting for it on the host, for a stream that cannot be named from this thread.
+    /// names none); `None` for a simulated stream (no work is ever queued on one).
+    /// `Unsupported` where the stream cannot be marked without waiting: it captures a graph
+    /// (an event recorded there is the graph's, and can be neither queried nor waited for), or
+    /// it is another thread's per-thread stream, which cannot be named here.
     pub(crate) fn record(
         ctx: &Arc<CudaContext>,
         stream: StreamRef,
@@ -418,13 +420,29 @@ impl StreamMark {
         if stream.is_simulated() {
             return Ok(None);
         }
+        let unsupported = |why| {
+            Err(AllocError::new(
+                AllocErrorKind::Unsupported(why),
+                0,
+                0,
+                name,
+            ))
+        };
         let Some((_, handle)) = locate(ctx, stream) else {
-            return driver_synchronize(ctx, stream, name).map(|()| None);
+            return unsupported("another thread's per-thread stream cannot be marked");
         };
         // The context `locate` found the stream in.
         let owner = stream.context().unwrap_or(ctx);
         let err = |e| AllocError::cuda(e, 0, 0, name);
         let _current = make_current(owner).map_err(err)?;
+        let mut capturing = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a valid place for the answer; `handle` as below.
+        unsafe { sys::cuStreamIsCapturing(handle, &mut capturing) }
+            .result()
+            .map_err(err)?;
+        if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return unsupported("the stream captures a graph");
+        }
         let event =
             result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
         let mark = StreamMark {

@@ -83,9 +83,10 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     fn synchronize(&self, stream: StreamRef) -> Result<()>;
     /// As [`MemoryResource::order_after`](crate::resource::MemoryResource::order_after).
     fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
-    /// Marks the work queued on `stream` so far, without waiting for it; `None` where nothing
-    /// is left to wait for when it returns (no work is ever queued on the stream, or the stream
-    /// cannot be named from this thread and was waited for instead).
+    /// Marks the work queued on `stream` so far, without waiting for it; `None` where no work
+    /// is ever queued on the stream. An error where the stream cannot be marked now (it captures
+    /// a graph, or it is another thread's per-thread stream): its work is then waited for some
+    /// other way, or later.
     fn mark(&self, stream: StreamRef) -> Result<Option<Self::Mark>>;
     /// Whether the work before `mark` is complete; never waits.
     fn reached(&self, mark: &Self::Mark) -> Result<bool>;

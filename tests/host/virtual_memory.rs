@@ -375,7 +375,7 @@ mod paged_heaps {
         fn paged_heaps_model_under_threads(
             threads in 2usize..6,
             slack_pages in 0usize..4,
-            plans in prop::collection::vec(prop::collection::vec((1usize..=PAGE * 6, 0..=12u32, any::<bool>()), 1..60), 6),
+            plans in prop::collection::vec(prop::collection::vec((1usize..=PAGE * 6, 0..=12u32, any::<bool>(), 0..4u32), 1..60), 6),
         ) {
             let sim = Simulated::with_page_size(1 << 30, PAGE);
             let slack = slack_pages * PAGE;
@@ -383,7 +383,7 @@ mod paged_heaps {
             // Every live block of every thread: start -> end.
             let live: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
             // Blocks a thread leaves for the next one to free.
-            let handed: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+            let handed: Mutex<Vec<(usize, usize, usize, StreamRef)>> = Mutex::new(Vec::new());
             let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
             std::thread::scope(|scope| {
                 for plan in plans.iter().take(threads) {
@@ -391,9 +391,11 @@ mod paged_heaps {
                     scope.spawn(move || {
                         let mut own = Vec::new();
                         let fail = |m: String| failures.lock().unwrap().push(m);
-                        for &(size, a, keep) in plan {
+                        for &(size, a, keep, stream) in plan {
                             let align = 1usize << a;
-                            let p = match heaps.allocate(size, align, StreamRef::DEFAULT) {
+                            // Streams spread blocks over the stream heaps; each is freed on its own.
+                            let stream = StreamRef::simulated(stream);
+                            let p = match heaps.allocate(size, align, stream) {
                                 Ok(p) => p.as_ptr() as usize,
                                 Err(e) => { fail(format!("{e}")); continue; }
                             };
@@ -408,28 +410,28 @@ mod paged_heaps {
                                 }
                                 l.insert(p, p + size);
                             }
-                            if keep { own.push((p, size, align)); } else {
+                            if keep { own.push((p, size, align, stream)); } else {
                                 // Freed by whichever thread takes it next.
                                 let other = handed.lock().unwrap().pop();
-                                handed.lock().unwrap().push((p, size, align));
-                                if let Some((q, n, al)) = other {
+                                handed.lock().unwrap().push((p, size, align, stream));
+                                if let Some((q, n, al, on)) = other {
                                     live.lock().unwrap().remove(&q);
                                     // SAFETY: live, from `heaps`, with this size and alignment,
                                     // handed over by the thread that made it.
-                                    unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, StreamRef::DEFAULT) };
+                                    unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, on) };
                                 }
                             }
                             if own.len() > 8 {
-                                let (q, n, al) = own.remove(0);
+                                let (q, n, al, on) = own.remove(0);
                                 live.lock().unwrap().remove(&q);
                                 // SAFETY: live, from `heaps`, with this size and alignment.
-                                unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, StreamRef::DEFAULT) };
+                                unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, on) };
                             }
                         }
-                        for (q, n, al) in own {
+                        for (q, n, al, on) in own {
                             live.lock().unwrap().remove(&q);
                             // SAFETY: as above.
-                            unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, StreamRef::DEFAULT) };
+                            unsafe { heaps.deallocate(NonNull::new(q as *mut u8).unwrap(), n, al, on) };
                         }
                     });
                 }
@@ -438,15 +440,15 @@ mod paged_heaps {
             prop_assert!(failures.is_empty(), "{:?}", failures);
             // Quiet: what is mapped is the handed blocks' pages and each heap's cache.
             let handed = handed.into_inner().unwrap();
-            let model: BTreeMap<usize, (usize, usize)> = handed.iter().map(|&(p, n, a)| (p, (n, a))).collect();
+            let model: BTreeMap<usize, (usize, usize)> = handed.iter().map(|&(p, n, a, _)| (p, (n, a))).collect();
             let u = heaps.usage();
             prop_assert_eq!(u.mapped, sim.mapped());
             prop_assert_eq!(u.mapped, pages_of(&model).len() * PAGE + u.cached);
-            let allocated: usize = handed.iter().map(|&(_, n, _)| align_up(n, 256).unwrap()).sum();
+            let allocated: usize = handed.iter().map(|&(_, n, _, _)| align_up(n, 256).unwrap()).sum();
             prop_assert_eq!(u.allocated, allocated);
-            for (p, n, a) in handed {
+            for (p, n, a, on) in handed {
                 // SAFETY: live, from `heaps`, with this size and alignment.
-                unsafe { heaps.deallocate(NonNull::new(p as *mut u8).unwrap(), n, a, StreamRef::DEFAULT) };
+                unsafe { heaps.deallocate(NonNull::new(p as *mut u8).unwrap(), n, a, on) };
             }
             prop_assert_eq!(heaps.usage().allocated, 0);
             heaps.release();
@@ -481,7 +483,9 @@ fn paged_heaps_give_every_heaps_free_pages_back_before_a_request_fails() {
     // SAFETY: live with this size.
     unsafe { heaps.deallocate(p, 6 * PAGE, 256, StreamRef::DEFAULT) };
     // More than the device has fails.
-    let e = heaps.allocate(9 * PAGE, 256, StreamRef::DEFAULT).unwrap_err();
+    let e = heaps
+        .allocate(9 * PAGE, 256, StreamRef::DEFAULT)
+        .unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     let mapped = sim.mapped();
     assert_eq!(heaps.release(), mapped);

@@ -28,7 +28,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         &self,
         st: &mut State<P::Page, P::Mark>,
         mut f: impl FnMut(&P, crate::stream::StreamRef) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let bits = st.index.take_listed();
         let keeper = &st.index.streams;
         let done = if bits & (1 << ALL_STREAMS) != 0 {
@@ -41,17 +41,38 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if done.is_err() {
             st.index.relist(bits);
         }
-        done
+        done.map(|()| bits)
     }
 
     /// Waits on the host for the pending batch's marks and for the streams that freed blocks
-    /// since; then no work uses a page with no live block. Unmaps the batch's pages.
+    /// since; then no work uses a page with no live block. Unmaps the batch's pages. A mark
+    /// that cannot be waited for gives the batch up: its streams are synchronized instead.
     pub(super) fn synchronize_freed(&self, st: &mut State<P::Page, P::Mark>) -> Result<()> {
-        if let Some(marks) = &st.batch {
-            marks.iter().try_for_each(|m| self.pages.wait(m))?;
-            self.unmap_doomed(st);
+        if let Some(batch) = &st.batch {
+            if batch
+                .marks
+                .iter()
+                .try_for_each(|m| self.pages.wait(m))
+                .is_ok()
+            {
+                self.unmap_doomed(st);
+            } else {
+                self.abandon(st);
+            }
         }
         self.each_freed(st, |pages, s| pages.synchronize(s))
+            .map(drop)
+    }
+
+    /// Gives the pending batch up (a mark could not be queried or waited for): its pages stay
+    /// cached, and its streams are listed again, to be marked or synchronized next time.
+    fn abandon(&self, st: &mut State<P::Page, P::Mark>) {
+        if let Some(batch) = st.batch.take() {
+            st.index.relist(batch.streams);
+            for region in &mut st.regions {
+                region.doomed.0.fill(0);
+            }
+        }
     }
 
     /// Unmaps cached pages, the highest first (blocks are carved from the low end of free
@@ -91,10 +112,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             marks.extend(pages.mark(s)?);
             Ok(())
         });
-        if marked.is_err() {
-            // The streams stay listed; a later trim tries again (or waits, under pressure).
-            return;
-        }
+        // A stream that cannot be marked now (one that captures a graph, another thread's
+        // per-thread stream): the streams stay listed; a later trim tries again, or a forced
+        // one waits.
+        let Ok(streams) = marked else { return };
         if marks.is_empty() {
             // Nothing left to wait for: the pages go now.
             self.unmap_highest(st, target);
@@ -115,7 +136,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 }
             }
         }
-        st.batch = Some(marks);
+        st.batch = Some(super::region::Batch { marks, streams });
         st.ticks = 0;
         // Work often finishes before the host frees its blocks: then the pages go now.
         self.reap(st);
@@ -124,10 +145,20 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// Unmaps the pending batch's pages (those still cached) if all its marks are reached;
     /// never waits. Queried at most once every few calls.
     pub(super) fn reap(&self, st: &mut State<P::Page, P::Mark>) {
-        let Some(marks) = &st.batch else { return };
+        let Some(batch) = &st.batch else { return };
         st.ticks = 0;
-        // A mark that cannot be queried is waited for under pressure, which reports the error.
-        if marks.iter().all(|m| self.pages.reached(m) == Ok(true)) {
+        let mut reached = true;
+        for m in &batch.marks {
+            match self.pages.reached(m) {
+                Ok(true) => {}
+                Ok(false) => reached = false,
+                Err(_) => {
+                    self.abandon(st);
+                    return;
+                }
+            }
+        }
+        if reached {
             self.unmap_doomed(st);
         }
     }

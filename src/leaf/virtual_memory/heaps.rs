@@ -278,7 +278,12 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         let slot = shard::slot();
         let heap = self.heap(slot)?;
         match heap.allocate(size, align, stream) {
-            Err(e) if e.is_out_of_memory() => {
+            // A request larger than the device would fail whatever the heaps give back.
+            Err(e)
+                if e.is_out_of_memory()
+                    && crate::suballoc::growth::block_of(size, align).1
+                        <= self.pages.capacity() =>
+            {
                 // Other heaps' free pages, given back, may make room (the heap gave back its
                 // own already).
                 let freed: usize = self

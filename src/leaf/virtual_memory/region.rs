@@ -113,6 +113,15 @@ pub(super) fn ends(first: usize, last: usize, lo: usize, hi: usize) -> impl Iter
         .map(|(_, p)| p)
 }
 
+/// Marks on every stream whose list got free bytes after the last synchronization (or the batch
+/// before) and before the batch was made, and those streams' bits, to list them again should a
+/// mark fail.
+#[derive(Debug)]
+pub(super) struct Batch<M> {
+    pub(super) marks: Vec<M>,
+    pub(super) streams: u64,
+}
+
 #[derive(Debug)]
 pub(super) struct State<H, M> {
     pub(super) index: TlsfIndex,
@@ -124,10 +133,8 @@ pub(super) struct State<H, M> {
     pub(super) cached: usize,
     /// The most bytes of pages under live blocks so far (`mapped` less the cache).
     pub(super) live_peak: usize,
-    /// The marks of the pending batch: its `doomed` pages are unmapped once they are all
-    /// reached. Every stream whose list got free bytes before the batch was made and after the
-    /// last synchronization (or the batch before) is marked.
-    pub(super) batch: Option<Vec<M>>,
+    /// The pending batch: its `doomed` pages are unmapped once its marks are all reached.
+    pub(super) batch: Option<Batch<M>>,
     /// Calls since the pending batch's marks were last queried.
     pub(super) ticks: u32,
 }

@@ -4,6 +4,7 @@ use super::*;
 use crate::leaf::pages::sealed::Sealed;
 use crate::leaf::Simulated;
 use crate::stream::StreamId;
+use heaps::{PagedHeaps, PagedHeapsConfig};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Ev {
@@ -19,6 +20,9 @@ struct Recording {
     log: Mutex<Vec<Ev>>,
     /// While set, marks are not reached: the marked work is still running.
     busy: std::sync::atomic::AtomicBool,
+    /// While set, streams cannot be marked (they capture a graph), and marks made before
+    /// cannot be queried or waited for.
+    capturing: std::sync::atomic::AtomicBool,
 }
 
 impl Recording {
@@ -27,7 +31,23 @@ impl Recording {
             sim: Simulated::with_page_size(capacity, P),
             log: Mutex::new(Vec::new()),
             busy: std::sync::atomic::AtomicBool::new(false),
+            capturing: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+    fn set_capturing(&self, capturing: bool) {
+        self.capturing
+            .store(capturing, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn refuse(&self) -> Result<()> {
+        if self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(AllocError::new(
+                crate::resource::AllocErrorKind::Unsupported("the stream captures a graph"),
+                0,
+                0,
+                "Recording",
+            ));
+        }
+        Ok(())
     }
     fn set_busy(&self, busy: bool) {
         self.busy.store(busy, std::sync::atomic::Ordering::Relaxed);
@@ -95,9 +115,11 @@ unsafe impl PhysicalPages for Recording {
         Ok(())
     }
     fn mark(&self, stream: StreamRef) -> Result<Option<StreamId>> {
+        self.refuse()?;
         Ok(Some(stream.id()))
     }
     fn reached(&self, mark: &StreamId) -> Result<bool> {
+        self.refuse()?;
         if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(false);
         }
@@ -105,6 +127,7 @@ unsafe impl PhysicalPages for Recording {
         Ok(true)
     }
     fn wait(&self, mark: &StreamId) -> Result<()> {
+        self.refuse()?;
         self.push(Ev::Sync(*mark));
         Ok(())
     }
@@ -356,4 +379,67 @@ fn peak_slack_keeps_the_pages_mapped_within_the_peak_of_live_pages() {
             vm.deallocate(c, 6 * P, 256, d);
         }
     }
+}
+
+#[test]
+fn a_stream_that_cannot_be_marked_keeps_its_pages_until_it_can() {
+    let rec = Recording::new(1 << 30);
+    let vm = no_cache(&rec);
+    let s = StreamRef::simulated(1);
+    let a = vm.allocate(4 * P, 256, s).unwrap();
+    rec.set_capturing(true);
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    // Not marked, not unmapped: the stream stays listed.
+    assert_eq!(vm.usage().mapped, 4 * P);
+    assert_eq!(unmaps(&rec.log()), 0);
+    rec.set_capturing(false);
+    // The next trim marks the stream, finds the mark reached, and the pages go.
+    let b = vm.allocate(P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(b, P, 256, s) };
+    calls(&vm, s);
+    assert_eq!(vm.usage().mapped, 0);
+    let log = rec.log();
+    assert!(synced_before_unmap(&log, a.as_ptr() as usize, s), "{log:?}");
+}
+
+#[test]
+fn a_mark_that_cannot_be_queried_gives_its_batch_up_and_nothing_is_lost() {
+    let rec = Recording::new(1 << 30);
+    let vm = no_cache(&rec);
+    let s = StreamRef::simulated(1);
+    rec.set_busy(true);
+    let a = vm.allocate(4 * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    // Marked; then every query fails: the batch is given up, its pages stay cached.
+    rec.set_capturing(true);
+    calls(&vm, s);
+    assert_eq!(vm.usage().mapped, 4 * P);
+    assert_eq!(unmaps(&rec.log()), 0);
+    rec.set_capturing(false);
+    rec.set_busy(false);
+    // Its stream was listed again: release synchronizes it and gives every page back.
+    assert_eq!(vm.release(), 4 * P);
+    let log = rec.log();
+    assert!(synced_before_unmap(&log, a.as_ptr() as usize, s), "{log:?}");
+    drop(vm);
+    assert_eq!((rec.sim.in_use(), rec.sim.reservations()), (0, 0));
+}
+
+#[test]
+fn an_impossible_request_leaves_the_other_heaps_alone() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let s = StreamRef::simulated(3);
+    let a = heaps.allocate(8 * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(a, 8 * P, 256, s) };
+    let before = heaps.usage().cached;
+    assert!(heaps
+        .allocate(1 << 40, 256, s)
+        .unwrap_err()
+        .is_out_of_memory());
+    assert_eq!(heaps.usage().cached, before);
 }
