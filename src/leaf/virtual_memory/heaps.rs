@@ -6,6 +6,7 @@ use crate::leaf::PhysicalPages;
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::shard;
 use crate::stream::StreamRef;
+use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::{OnceLock, PoisonError, RwLock};
 use typenum::U256;
@@ -14,6 +15,27 @@ const NAME: &str = "PagedHeaps";
 
 /// Heaps chosen by stream, beside those chosen by thread: streams whose ids hash alike share one.
 const STREAM_HEAPS: usize = 16;
+
+/// Allocations a thread sends to its own heap after finding its stream's heap held by another.
+const SKIP_AFTER_BUSY: u32 = 64;
+
+/// What a thread remembers across calls of every `PagedHeaps` (hints only: a wrong one costs a
+/// lock, never a wrong answer).
+struct Hint {
+    /// The heap that served its last allocation, tried first by its next free.
+    served: Cell<usize>,
+    /// Allocations left to send to its own heap, after its stream's was busy.
+    skip_stream: Cell<u32>,
+}
+
+thread_local! {
+    static HINT: Hint = const {
+        Hint {
+            served: Cell::new(usize::MAX),
+            skip_stream: Cell::new(0),
+        }
+    };
+}
 
 /// The index of the stream heap for `stream` (after the thread heaps).
 fn stream_heap(stream: StreamRef) -> usize {
@@ -268,14 +290,24 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
-        let by_stream = self.heap(stream_heap(stream))?;
-        if let Some(done) = by_stream.allocate_with(size, align, stream, true) {
-            match done {
-                Err(e) if e.is_out_of_memory() => {}
-                other => return other,
+        // The stream's heap, unless another thread held it lately: then this thread's own for
+        // a while, so that threads sharing a stream do not take turns on one lock's line.
+        let by_stream = stream_heap(stream);
+        if HINT.with(|h| h.skip_stream.get()) == 0 {
+            let heap = self.heap(by_stream)?;
+            match heap.allocate_with(size, align, stream, true) {
+                None => HINT.with(|h| h.skip_stream.set(SKIP_AFTER_BUSY)),
+                Some(Err(e)) if e.is_out_of_memory() => {}
+                Some(done) => {
+                    HINT.with(|h| h.served.set(by_stream));
+                    return done;
+                }
             }
+        } else {
+            HINT.with(|h| h.skip_stream.set(h.skip_stream.get() - 1));
         }
         let slot = shard::slot();
+        HINT.with(|h| h.served.set(slot));
         let heap = self.heap(slot)?;
         match heap.allocate(size, align, stream) {
             // A request larger than the device would fail whatever the heaps give back.
@@ -308,11 +340,17 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
             return;
         }
         let addr = ptr.as_ptr() as usize;
-        // The calling thread's heap first (one lock, taken by no other thread while no other
-        // frees into it), then the stream's, where most blocks come from: one of the two holds
-        // nearly every block. Then the heap whose ranges hold it; an address of no heap is
-        // ignored, as each heap ignores one it never handed out.
-        for slot in [shard::slot(), stream_heap(stream)] {
+        // The heap that served this thread's last allocation first, then the stream's and the
+        // thread's own: one of them holds nearly every block, and each try is one lock. Then
+        // the heap whose ranges hold it; an address of no heap is ignored, as each heap ignores
+        // one it never handed out.
+        let last = HINT.with(|h| h.served.get());
+        let (by_stream, own) = (stream_heap(stream), shard::slot());
+        let tries = [last, by_stream, own];
+        for (i, &slot) in tries.iter().enumerate() {
+            if tries[..i].contains(&slot) || slot >= self.heaps.len() {
+                continue;
+            }
             if let Some(heap) = self.heaps[slot].get() {
                 if heap.free_if_owned(addr, stream) {
                     return;
