@@ -2,10 +2,10 @@
 
 use super::free_list::{BinLock, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
+use crate::erased::DynResource;
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
-use crate::erased::DynResource;
 use crate::shard;
 use crate::stack::{has_upstream, ItemWriter};
 use crate::stream::{StreamHandle, StreamRef};

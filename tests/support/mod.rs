@@ -183,3 +183,35 @@ where
     .expect("launch");
     assert_eq!(v.to_vec().unwrap(), expected_fill(v.len(), k));
 }
+
+/// `n` zeros in a `DeviceVec` of a plain `Cuda` leaf on `ctx`, ordered on `stream`.
+pub(crate) fn device_zeros(
+    ctx: &Arc<CudaContext>,
+    n: usize,
+    stream: &Arc<CudaStream>,
+) -> DeviceVec<u32, Cuda> {
+    DeviceVec::<u32, _>::zeroed(n, Cuda::new(ctx).unwrap(), stream).unwrap()
+}
+
+/// `n` zeros in a `PinnedVec` of a plain `Pinned` leaf on `ctx`, ordered on `stream`.
+pub(crate) fn pinned_zeros(
+    ctx: &Arc<CudaContext>,
+    n: usize,
+    stream: &Arc<CudaStream>,
+) -> PinnedVec<u32, Pinned> {
+    PinnedVec::<u32, _>::zeroed(n, Pinned::new(ctx).unwrap(), stream).unwrap()
+}
+
+/// Checks that `got` holds exactly what `fill` writes over `n` values with `k`.
+#[track_caller]
+pub(crate) fn assert_filled(got: impl AsRef<[u32]>, n: usize, k: u32) {
+    assert_eq!(got.as_ref(), &expected_fill(n, k)[..]);
+}
+
+/// Checks that the first `n` values of `host` are still zero and the rest what `fill` writes
+/// over `n` values with `k`: a copy into the second half of a zeroed vector of `2 * n`.
+#[track_caller]
+pub(crate) fn assert_zeros_then_filled(host: &[u32], n: usize, k: u32) {
+    assert!(host[..n].iter().all(|&x| x == 0));
+    assert_eq!(host[n..], expected_fill(n, k)[..]);
+}
