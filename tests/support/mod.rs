@@ -184,22 +184,19 @@ where
     assert_eq!(v.to_vec().unwrap(), expected_fill(v.len(), k));
 }
 
+/// A context, as the GPU tests pass one.
+type Ctx = Arc<CudaContext>;
+/// A stream, as the GPU tests pass one.
+type Stream = Arc<CudaStream>;
+
 /// `n` zeros in a `DeviceVec` of a plain `Cuda` leaf on `ctx`, ordered on `stream`.
-pub(crate) fn device_zeros(
-    ctx: &Arc<CudaContext>,
-    n: usize,
-    stream: &Arc<CudaStream>,
-) -> DeviceVec<u32, Cuda> {
-    DeviceVec::<u32, _>::zeroed(n, Cuda::new(ctx).unwrap(), stream).unwrap()
+pub(crate) fn device_zeros(ctx: &Ctx, n: usize, stream: &Stream) -> DeviceVec<u32, Cuda> {
+    DeviceVec::zeroed(n, Cuda::new(ctx).unwrap(), stream).unwrap()
 }
 
 /// `n` zeros in a `PinnedVec` of a plain `Pinned` leaf on `ctx`, ordered on `stream`.
-pub(crate) fn pinned_zeros(
-    ctx: &Arc<CudaContext>,
-    n: usize,
-    stream: &Arc<CudaStream>,
-) -> PinnedVec<u32, Pinned> {
-    PinnedVec::<u32, _>::zeroed(n, Pinned::new(ctx).unwrap(), stream).unwrap()
+pub(crate) fn pinned_zeros(ctx: &Ctx, n: usize, stream: &Stream) -> PinnedVec<u32, Pinned> {
+    PinnedVec::zeroed(n, Pinned::new(ctx).unwrap(), stream).unwrap()
 }
 
 /// Checks that `got` holds exactly what `fill` writes over `n` values with `k`.
