@@ -7,7 +7,8 @@
 
 use crate::slow_fill;
 use crate::support::{
-    assert_filled, assert_zeros_then_filled, device_zeros, expected_fill, gpu, kernel, pinned_zeros,
+    assert_filled, assert_zeros_then_filled, device_zeros, expected_fill, gpu, kernel,
+    pinned_zeros, slow_copy_into_pinned,
 };
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
@@ -98,12 +99,7 @@ fn a_copy_on_a_stream_of_a_context_object_without_events_is_waited_for() {
     let bd = b.default_stream();
     assert!(a.is_managing_stream_synchronization());
     assert!(!b.is_managing_stream_synchronization());
-    let n = 1 << 20;
-    let mut pinned = pinned_zeros(&a, n, &sa);
-    let mut dev = device_zeros(&b, n, &bd);
-    slow_fill!(&b, &bd, &mut dev, n, 59);
-    bd.memcpy_dtoh(&dev, &mut pinned).unwrap();
-    assert_filled(&pinned[..], n, 59);
+    slow_copy_into_pinned((&b, &bd), (&a, &sa), 59);
 }
 
 /// A view is ordered like its vector: the vector's context object (`a`) has made no stream, a

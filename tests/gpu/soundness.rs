@@ -8,7 +8,9 @@
 //! GPU fails the test instead.
 
 use crate::slow_fill;
-use crate::support::{assert_filled, device_zeros, expected_fill, gpu, kernel, pinned_zeros};
+use crate::support::{
+    assert_filled, device_zeros, expected_fill, gpu, kernel, pinned_zeros, slow_copy_into_pinned,
+};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use mrstack::suballoc::{ArenaConfig, BinningConfig, PoolConfig};
@@ -128,12 +130,7 @@ fn arena_orders_reuse_after_a_dropped_stream() {
 fn a_copy_into_a_pinned_vec_is_waited_for_before_the_host_reads() {
     let Some(ctx) = gpu() else { return };
     let s = ctx.new_stream().unwrap();
-    let n = 1 << 20;
-    let mut dev = device_zeros(&ctx, n, &s);
-    let mut pinned = pinned_zeros(&ctx, n, &s);
-    slow_fill!(&ctx, &s, &mut dev, n, 7);
-    s.memcpy_dtoh(&dev, &mut pinned).unwrap();
-    assert_filled(&pinned[..], n, 7);
+    slow_copy_into_pinned((&ctx, &s), (&ctx, &s), 7);
 }
 
 /// The same copy queued on another stream than the vector's.
@@ -141,12 +138,7 @@ fn a_copy_into_a_pinned_vec_is_waited_for_before_the_host_reads() {
 fn a_copy_into_a_pinned_vec_on_a_foreign_stream_is_waited_for() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let n = 1 << 20;
-    let mut dev = device_zeros(&ctx, n, &t);
-    let mut pinned = pinned_zeros(&ctx, n, &s);
-    slow_fill!(&ctx, &t, &mut dev, n, 11);
-    t.memcpy_dtoh(&dev, &mut pinned).unwrap();
-    assert_filled(&pinned[..], n, 11);
+    slow_copy_into_pinned((&ctx, &t), (&ctx, &s), 11);
 }
 
 /// A kernel writes a `PinnedVec` in place; readers on four threads, sharing it, each see the

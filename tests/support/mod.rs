@@ -199,6 +199,19 @@ pub(crate) fn pinned_zeros(ctx: &Ctx, n: usize, stream: &Stream) -> PinnedVec<u3
     PinnedVec::zeroed(n, Pinned::new(ctx).unwrap(), stream).unwrap()
 }
 
+/// Queues slow `fill` work on a `DeviceVec` of `dev`'s context and stream, copies it on that
+/// stream into a `PinnedVec` of `pinned`'s context and stream without waiting, and checks every
+/// value of the `PinnedVec`'s host read: the read must wait for the copy, whichever stream it
+/// was queued on.
+pub(crate) fn slow_copy_into_pinned(dev: (&Ctx, &Stream), pinned: (&Ctx, &Stream), k: u32) {
+    let n = 1 << 20;
+    let mut from = device_zeros(dev.0, n, dev.1);
+    let mut to = pinned_zeros(pinned.0, n, pinned.1);
+    slow_fill!(dev.0, dev.1, &mut from, n, k);
+    dev.1.memcpy_dtoh(&from, &mut to).unwrap();
+    assert_filled(&to[..], n, k);
+}
+
 /// Checks that `got` holds exactly what `fill` writes over `n` values with `k`.
 #[track_caller]
 pub(crate) fn assert_filled(got: impl AsRef<[u32]>, n: usize, k: u32) {
