@@ -22,23 +22,13 @@ fn binary() -> PathBuf {
         .map_or_else(|| env!("CARGO_BIN_EXE_mrstack").into(), PathBuf::from)
 }
 
-/// The ResNet-50 training trace, a fixture of this repository (`data/traces/`, as
-/// `tests/support/traces.rs` says for the library's tests): `$MRSTACK_TRACES/resnet50_train.csv.gz`
-/// where that variable is set, else `data/traces/` of the source tree (one level above this
-/// package), else `data/traces/` of the working directory (a GPU machine that runs the test
-/// binaries from a copy of the repository).
+#[path = "../../tests/support/traces.rs"]
+mod traces;
+
+/// The ResNet-50 training trace, a fixture of this repository (where `traces::resnet50_path`
+/// says), checked to be there.
 fn resnet50_path() -> PathBuf {
-    let dir = std::env::var_os("MRSTACK_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/traces");
-            if source.is_dir() {
-                source
-            } else {
-                PathBuf::from("data/traces")
-            }
-        });
-    let path = dir.join("resnet50_train.csv.gz");
+    let path = traces::resnet50_path();
     assert!(
         path.exists(),
         "no trace at {} (data/traces/ of the repository, or $MRSTACK_TRACES)",

@@ -27,6 +27,16 @@ pub(crate) fn gpu() -> Option<Arc<cudarc::driver::CudaContext>> {
     }
 }
 
+/// Whether a CUDA driver is loaded here; if so, counts the calling test of the no-driver paths
+/// as skipped, saying `why`, and the test returns early (the GPU suite covers such a machine).
+pub(crate) fn driver_loaded(why: &str) -> bool {
+    let loaded = mrstack::driver_available();
+    if loaded {
+        skipped(why);
+    }
+    loaded
+}
+
 /// Tests of this binary that skipped so far, and the first one's reason.
 static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static FIRST_REASON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
