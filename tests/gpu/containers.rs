@@ -146,27 +146,11 @@ fn leaves_reject_bad_input_with_errors() {
     let pinned = Pinned::new(&ctx).unwrap();
     let check = |r: &dyn Fn(usize, usize) -> Result<std::ptr::NonNull<u8>, AllocError>,
                  name: &str| {
-        assert!(
-            matches!(
-                r(64, 3).unwrap_err().kind,
-                AllocErrorKind::InvalidArgument(_)
-            ),
-            "{name}"
-        );
-        assert!(
-            matches!(
-                r(usize::MAX, 1).unwrap_err().kind,
-                AllocErrorKind::InvalidArgument(_)
-            ),
-            "{name}"
-        );
-        assert!(
-            matches!(
-                r(64, 4096).unwrap_err().kind,
-                AllocErrorKind::Unsupported(_)
-            ),
-            "{name}"
-        );
+        use AllocErrorKind::{InvalidArgument, Unsupported};
+        let kind = |size, align| r(size, align).unwrap_err().kind;
+        assert!(matches!(kind(64, 3), InvalidArgument(_)), "{name}");
+        assert!(matches!(kind(usize::MAX, 1), InvalidArgument(_)), "{name}");
+        assert!(matches!(kind(64, 4096), Unsupported(_)), "{name}");
         assert_eq!(
             r(0, 64).unwrap().as_ptr() as usize,
             256,

@@ -189,12 +189,11 @@ fn cuda_constructors_fail_cleanly_without_a_driver() {
     ) {
         return;
     }
-    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
-    no_driver(mrstack::cuda_context(0).unwrap_err());
-    no_driver(Cuda::on_device(0).unwrap_err());
-    no_driver(CudaAsync::on_device(0).unwrap_err());
-    no_driver(Managed::on_device(0).unwrap_err());
-    no_driver(Pinned::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(mrstack::cuda_context(0).unwrap_err());
+    crate::support::assert_no_driver(Cuda::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(CudaAsync::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(Managed::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(Pinned::on_device(0).unwrap_err());
     assert_eq!(mrstack::device_count(), 0);
     let msg = Cuda::on_device(0).unwrap_err().to_string();
     assert!(msg.contains("no CUDA driver"), "{msg}");

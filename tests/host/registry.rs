@@ -179,12 +179,11 @@ fn the_process_wide_registry_needs_a_driver() {
     ) {
         return;
     }
-    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
-    no_driver(registry::per_device_resource(0).unwrap_err());
-    no_driver(registry::reset_per_device_resource(0).unwrap_err());
-    no_driver(registry::current_device_resource().unwrap_err());
-    no_driver(registry::current_device().unwrap_err());
-    no_driver(registry::reset_current_device_resource().unwrap_err());
+    crate::support::assert_no_driver(registry::per_device_resource(0).unwrap_err());
+    crate::support::assert_no_driver(registry::reset_per_device_resource(0).unwrap_err());
+    crate::support::assert_no_driver(registry::current_device_resource().unwrap_err());
+    crate::support::assert_no_driver(registry::current_device().unwrap_err());
+    crate::support::assert_no_driver(registry::reset_current_device_resource().unwrap_err());
 }
 
 /// A default that lost to a resource stored meanwhile is dropped after the slot's lock goes: its

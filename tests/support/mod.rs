@@ -37,6 +37,12 @@ pub(crate) fn driver_loaded(why: &str) -> bool {
     loaded
 }
 
+/// Checks that `e` says no CUDA driver could be loaded.
+#[track_caller]
+pub(crate) fn assert_no_driver(e: AllocError) {
+    assert_eq!(e.kind, mrstack::resource::AllocErrorKind::NoDriver, "{e}");
+}
+
 /// Tests of this binary that skipped so far, and the first one's reason.
 static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static FIRST_REASON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
