@@ -130,14 +130,9 @@ def oom(c):
     c.put("oom_bytes", args.oom_bytes)
     small = cupy.arange(1000, dtype=cupy.float64)
     before = stats()
-    caught = None
-    try:
-        huge = cupy.empty(args.oom_bytes, dtype=cupy.uint8)
-        c.check(f"{args.oom_bytes / (1 << 30):.0f} GiB raises", False,
-                f"got an array at {huge.data.ptr:#x} instead")
-        del huge
-    except Exception as e:  # noqa: BLE001 - which exception is what is checked
-        caught = e
+    caught = c.raises(f"{args.oom_bytes / (1 << 30):.0f} GiB raises",
+                      lambda: cupy.empty(args.oom_bytes, dtype=cupy.uint8),
+                      lambda huge: f"an array at {huge.data.ptr:#x}")
     if caught is not None:
         c.put("exception", f"{type(caught).__name__}: {caught}")
         # mrstack_cupy_malloc_or_throw throws std::bad_alloc, which CuPy (`except +`) raises as
