@@ -353,30 +353,15 @@ fn a_suballocator_dropped_with_a_block_live_leaks_its_chunk() {
         size: 8 << 20,
         ..Default::default()
     };
-    let sim = Simulated::new(1 << 30);
-    check("Pool", &sim, Pool::new(&sim, PoolConfig::default()), 4096);
-    let sim = Simulated::new(1 << 30);
-    check("FixedSize", &sim, FixedSize::new(&sim, fixed()), 4096);
-    let sim = Simulated::new(1 << 30);
-    check(
-        "Binning",
-        &sim,
-        Binning::new(&sim, BinningConfig::default()),
-        4096,
-    );
-    let sim = Simulated::new(1 << 30);
-    check("Arena", &sim, Arena::new(&sim, arena()), 4096);
-    let sim = Simulated::new(1 << 30);
-    all_back("Pool", &sim, Pool::new(&sim, PoolConfig::default()), 4096);
-    let sim = Simulated::new(1 << 30);
-    all_back("FixedSize", &sim, FixedSize::new(&sim, fixed()), 4096);
-    let sim = Simulated::new(1 << 30);
-    all_back(
-        "Binning",
-        &sim,
-        Binning::new(&sim, BinningConfig::default()),
-        4096,
-    );
-    let sim = Simulated::new(1 << 30);
-    all_back("Arena", &sim, Arena::new(&sim, arena()), 4096);
+    // Both checks over a fresh upstream each, the suballocator sharing it.
+    fn both<R: MemoryResource>(name: &str, make: impl Fn(std::sync::Arc<Simulated>) -> R) {
+        let sim = std::sync::Arc::new(Simulated::new(1 << 30));
+        check(name, &sim, make(sim.clone()), 4096);
+        let sim = std::sync::Arc::new(Simulated::new(1 << 30));
+        all_back(name, &sim, make(sim.clone()), 4096);
+    }
+    both("Pool", |sim| Pool::new(sim, PoolConfig::default()));
+    both("FixedSize", |sim| FixedSize::new(sim, fixed()));
+    both("Binning", |sim| Binning::new(sim, BinningConfig::default()));
+    both("Arena", |sim| Arena::new(sim, arena()));
 }
