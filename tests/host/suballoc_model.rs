@@ -19,6 +19,23 @@ use crate::suballoc_support::{
     cases, check_pattern, nn, on_workers, ops, stream, Block, Coalescing, Job, Live, Op,
 };
 
+/// Takes the live block `pick` chooses out of `live`, and its bytes out of `extents`; `None`
+/// when nothing is live.
+fn take_live(
+    live: &mut Vec<Block>,
+    extents: &mut Live,
+    pick: prop::sample::Index,
+) -> Option<Block> {
+    if live.is_empty() {
+        return None;
+    }
+    let b = live.swap_remove(pick.index(live.len()));
+    if b.size > 0 {
+        extents.remove(b.addr);
+    }
+    Some(b)
+}
+
 fn pool_config() -> impl Strategy<Value = (usize, usize, usize)> {
     // (initial, max, upstream capacity)
     (
@@ -80,11 +97,7 @@ fn coalescing_model_by<P: Coalescing>(
                 }
             },
             Op::Free { pick, stream: s } => {
-                if !live.is_empty() {
-                    let b = live.swap_remove(pick.index(live.len()));
-                    if b.size > 0 {
-                        extents.remove(b.addr);
-                    }
+                if let Some(b) = take_live(&mut live, &mut extents, pick) {
                     run(t, Job::Free(b.addr, b.size, b.align, stream(s))).unwrap();
                 }
             }
@@ -298,11 +311,7 @@ proptest! {
                     }
                 },
                 Op::Free { pick, stream: s } => {
-                    if !live.is_empty() {
-                        let b = live.swap_remove(pick.index(live.len()));
-                        if b.size > 0 {
-                            extents.remove(b.addr);
-                        }
+                    if let Some(b) = take_live(&mut live, &mut extents, pick) {
                         // SAFETY: b is live, from this resource, with this size and alignment.
                         unsafe { mr.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
                     }
@@ -358,11 +367,7 @@ proptest! {
                     Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
                 },
                 Op::Free { pick, stream: s } => {
-                    if !live.is_empty() {
-                        let b = live.swap_remove(pick.index(live.len()));
-                        if b.size > 0 {
-                            extents.remove(b.addr);
-                        }
+                    if let Some(b) = take_live(&mut live, &mut extents, pick) {
                         // SAFETY: b is live, from this resource, with this size and alignment.
                         unsafe { mr.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
                     }
