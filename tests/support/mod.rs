@@ -43,6 +43,15 @@ pub(crate) fn assert_no_driver(e: AllocError) {
     assert_eq!(e.kind, mrstack::resource::AllocErrorKind::NoDriver, "{e}");
 }
 
+/// Allocates a block of `size` bytes at `align` on `stream` from `mr`, panicking if that fails,
+/// and frees it at once: a request the resource must serve.
+#[track_caller]
+pub(crate) fn serve_one<R: MemoryResource>(mr: &R, size: usize, align: usize, stream: StreamRef) {
+    let p = mr.allocate(size, align, stream).unwrap();
+    // SAFETY: p came from mr just now, with this size and alignment.
+    unsafe { mr.deallocate(p, size, align, stream) };
+}
+
 /// Tests of this binary that skipped so far, and the first one's reason.
 static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static FIRST_REASON: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -232,9 +232,7 @@ fn metered_counts_what_reaches_its_upstream_from_many_threads() {
             s.spawn(move || {
                 for i in 0..200 {
                     let size = 256 * (1 + (i + t) % 7);
-                    let p = meter.allocate(size, 256, StreamRef::DEFAULT).unwrap();
-                    // SAFETY: p came from meter with this size and alignment.
-                    unsafe { meter.deallocate(p, size, 256, StreamRef::DEFAULT) };
+                    crate::support::serve_one(&meter, size, 256, StreamRef::DEFAULT);
                 }
             });
         }
