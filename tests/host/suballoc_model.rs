@@ -36,6 +36,14 @@ fn take_live(
     Some(b)
 }
 
+/// The address of a block `allocate` returned, checked to meet `align` and the 256 bytes every
+/// suballocator here gives.
+fn aligned_addr(p: std::ptr::NonNull<u8>, align: usize) -> Result<usize, TestCaseError> {
+    let addr = p.as_ptr() as usize;
+    prop_assert_eq!(addr % align.max(256), 0);
+    Ok(addr)
+}
+
 fn pool_config() -> impl Strategy<Value = (usize, usize, usize)> {
     // (initial, max, upstream capacity)
     (
@@ -290,8 +298,7 @@ proptest! {
             match op {
                 Op::Alloc { size, align, stream: s } => match mr.allocate(size, align, stream(s)) {
                     Ok(p) => {
-                        let addr = p.as_ptr() as usize;
-                        prop_assert_eq!(addr % align.max(256), 0);
+                        let addr = aligned_addr(p, align)?;
                         prop_assert!(size <= bs);
                         if size > 0 {
                             extents.insert(addr, bs);
@@ -355,8 +362,7 @@ proptest! {
             match op {
                 Op::Alloc { size, align, stream: s } => match mr.allocate(size, align, stream(s)) {
                     Ok(p) => {
-                        let addr = p.as_ptr() as usize;
-                        prop_assert_eq!(addr % align.max(256), 0);
+                        let addr = aligned_addr(p, align)?;
                         if size > 0 {
                             let b = Block { addr, size, align };
                             let len = if passed(&b) { size } else { *sizes.iter().find(|&&s| s >= size).unwrap() };
