@@ -119,7 +119,7 @@ fn a_view_written_on_another_context_objects_stream_is_waited_for() {
     tb.memcpy_dtod(&src, &mut v.slice_mut(n..).unwrap())
         .unwrap();
     let host = v.as_host_slice().unwrap();
-    assert_zeros_then_filled(&host, n, 61);
+    assert_zeros_then_filled(host, n, 61);
 }
 
 /// A view of a default-stream vector written on stream `t`, then `t` dropped: the host read still
