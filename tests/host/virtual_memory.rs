@@ -481,9 +481,7 @@ fn paged_heaps_give_every_heaps_free_pages_back_before_a_request_fails() {
     // SAFETY: live with this size.
     unsafe { heaps.deallocate(p, 6 * PAGE, 256, StreamRef::DEFAULT) };
     // More than the device has fails.
-    let e = heaps
-        .allocate(9 * PAGE, 256, StreamRef::DEFAULT)
-        .unwrap_err();
+    let e = heaps.allocate(9 * PAGE, 256, StreamRef::DEFAULT).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     let mapped = sim.mapped();
     assert_eq!(heaps.release(), mapped);
