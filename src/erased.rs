@@ -3,7 +3,7 @@
 use crate::adaptor::{Statistics, Tracking};
 use crate::property::{Accessible, DeviceAccessible, HostAccessible, Migratable};
 pub(crate) use crate::property::{Properties, PropertySet};
-use crate::resource::{check_request, AllocError, MemoryResource, Result};
+use crate::resource::{check_request, properties, AllocError, MemoryResource, Result};
 use crate::stack::AnyLayer;
 use crate::stream::StreamRef;
 use std::any::Any;
@@ -53,7 +53,7 @@ unsafe fn erased_deallocate<D: DynResource + ?Sized>(
 }
 
 /// The object-safe face of a [`MemoryResource`]: what the vtable of an erased resource holds.
-trait DynResource {
+pub(crate) trait DynResource {
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>>;
     /// # Safety
     /// As for [`MemoryResource::deallocate`].
@@ -337,11 +337,7 @@ impl<P: PropertySet> std::fmt::Debug for AnyResource<P> {
 // bound or at run time against the resource type's bits); every call goes to that resource with
 // the alignment raised to at least 16, so its promises hold, and the alignment claimed (16) too.
 unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
-    type Host = P::Host;
-    type Device = P::Device;
-    type Managed = P::Managed;
-    type Pageable = P::Pageable;
-    type Alignment = U16;
+    properties! { Host = P::Host, Device = P::Device, Managed = P::Managed, Pageable = P::Pageable, Alignment = U16 }
 
     #[inline]
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
@@ -475,11 +471,7 @@ impl<P: PropertySet> std::fmt::Debug for ResourceRef<'_, P> {
 // SAFETY: as for AnyResource: built only from resources with P's properties, every call forwarded
 // with the alignment raised to at least 16.
 unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
-    type Host = P::Host;
-    type Device = P::Device;
-    type Managed = P::Managed;
-    type Pageable = P::Pageable;
-    type Alignment = U16;
+    properties! { Host = P::Host, Device = P::Device, Managed = P::Managed, Pageable = P::Pageable, Alignment = U16 }
 
     #[inline]
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {

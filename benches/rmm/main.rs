@@ -633,16 +633,5 @@ fn emit(f: &OpFile, stack: &str, upstream: &str, what: &str, result: Result<Meas
 
 /// `s` as a JSON string.
 fn json(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    serde_json::to_string(s).expect("a string always serializes")
 }

@@ -512,19 +512,12 @@ mod tests {
     #[test]
     fn repeating_keeps_the_peak_and_frees_what_each_copy_leaves() {
         // Allocation 1 is never freed: each copy frees it before the next.
-        let ops = vec![
-            Op::Alloc {
-                id: 0,
-                size: 100,
-                stream: 0,
-            },
-            Op::Alloc {
-                id: 1,
-                size: 50,
-                stream: 0,
-            },
-            Op::Free { id: 0 },
-        ];
+        let alloc = |id, size| Op::Alloc {
+            id,
+            size,
+            stream: 0,
+        };
+        let ops = vec![alloc(0, 100), alloc(1, 50), Op::Free { id: 0 }];
         let w = Workload::new("w", ops).unwrap();
         let r = repeat(&w, 10).unwrap();
         assert_eq!(r.ops().len(), 4 * 4);

@@ -32,6 +32,17 @@ class Checks:
     def put(self, key, value):
         self.data[key] = value
 
+    def raises(self, what, allocate, describe):
+        """Calls `allocate`, which must raise: returns the exception it raised, or fails the check
+        `what` (`describe(result)` says what came back instead, which is then let go) and
+        returns None."""
+        try:
+            got = allocate()
+        except Exception as e:  # noqa: BLE001 - which exception is what is checked
+            return e
+        self.check(what, False, f"got {describe(got)} instead")
+        return None
+
     def put_allocator(self, allocator):
         """Records the allocator a client runs with, and the stack mrstack's reads from the
         environment."""

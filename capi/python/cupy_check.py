@@ -89,29 +89,30 @@ def work(c, rng, label):
         close(c, f"{label}: elementwise + reductions n={n}", got, want, 1e-9)
 
 
-def main(c):
-    rng = np.random.default_rng(args.seed)
-    before = stats()
-    c.put("stack_at_start", before)
-    work(c, rng, "round 1")
+def round_of_work(c, rng, n):
+    """Runs round `n` of the work, lets go of what CuPy keeps, and returns the stack's stats."""
+    work(c, rng, f"round {n}")
     # What CuPy caches on its own: FFT plans hold their work areas (blocks of the stack).
     cupy.fft.config.get_plan_cache().clear()
     gc.collect()
     cupy.cuda.Device().synchronize()
-    first = stats()
-    c.put("stack_after_round_1", first)
+    after = stats()
+    c.put(f"stack_after_round_{n}", after)
+    return after
+
+
+def main(c):
+    rng = np.random.default_rng(args.seed)
+    before = stats()
+    c.put("stack_at_start", before)
+    first = round_of_work(c, rng, 1)
     c.check("CuPy allocated through the stack", first["allocations"] > before["allocations"],
             f"{first['allocations']} allocations, peak live "
             f"{first['peak_live_bytes'] / client_checks.MIB:.1f} MiB")
     c.check("nothing leaks: 0 live blocks after freeing everything", first["live_blocks"] == 0,
             f"live_blocks {first['live_blocks']}, live_bytes {first['live_bytes']}")
     # A second round: the same again, from a warm CuPy (kernels compiled, handles made).
-    work(c, rng, "round 2")
-    cupy.fft.config.get_plan_cache().clear()
-    gc.collect()
-    cupy.cuda.Device().synchronize()
-    second = stats()
-    c.put("stack_after_round_2", second)
+    second = round_of_work(c, rng, 2)
     # Against the first round, not 0: a cache CuPy keeps would fail the check above and pass
     # this one (it does not grow with the work), a leak fails both.
     c.check("a second round leaves no more live blocks than the first",
@@ -129,14 +130,9 @@ def oom(c):
     c.put("oom_bytes", args.oom_bytes)
     small = cupy.arange(1000, dtype=cupy.float64)
     before = stats()
-    caught = None
-    try:
-        huge = cupy.empty(args.oom_bytes, dtype=cupy.uint8)
-        c.check(f"{args.oom_bytes / (1 << 30):.0f} GiB raises", False,
-                f"got an array at {huge.data.ptr:#x} instead")
-        del huge
-    except Exception as e:  # noqa: BLE001 - which exception is what is checked
-        caught = e
+    caught = c.raises(f"{args.oom_bytes / (1 << 30):.0f} GiB raises",
+                      lambda: cupy.empty(args.oom_bytes, dtype=cupy.uint8),
+                      lambda huge: f"an array at {huge.data.ptr:#x}")
     if caught is not None:
         c.put("exception", f"{type(caught).__name__}: {caught}")
         # mrstack_cupy_malloc_or_throw throws std::bad_alloc, which CuPy (`except +`) raises as

@@ -32,14 +32,9 @@ def body(c):
     a = torch.arange(1000, dtype=torch.float64, device="cuda")
     before = mrstack_capi.statistics(lib)
     for attempt in range(3):  # more than once: a failure must leave nothing behind
-        caught = None
-        try:
-            t = torch.empty(args.oom_bytes, dtype=torch.uint8, device="cuda")
-            c.check(f"{gib:.0f} GiB raises (attempt {attempt + 1})", False,
-                    f"got a tensor at {t.data_ptr():#x} instead")
-            del t
-        except Exception as e:  # noqa: BLE001 - which exception is what is checked
-            caught = e
+        caught = c.raises(f"{gib:.0f} GiB raises (attempt {attempt + 1})",
+                          lambda: torch.empty(args.oom_bytes, dtype=torch.uint8, device="cuda"),
+                          lambda t: f"a tensor at {t.data_ptr():#x}")
         if caught is not None:
             first_line = str(caught).splitlines()[0] if str(caught) else ""
             c.put(f"exception_{attempt + 1}", f"{type(caught).__name__}: {caught}")

@@ -7,19 +7,16 @@ use std::sync::Arc;
 
 pub(crate) fn tiny() -> Workload {
     use mrstack::replay::Op;
+    let alloc = |id, size| Op::Alloc {
+        id,
+        size,
+        stream: 0,
+    };
     Workload::new(
         "tiny",
         vec![
-            Op::Alloc {
-                id: 0,
-                size: 100,
-                stream: 0,
-            },
-            Op::Alloc {
-                id: 1,
-                size: 200,
-                stream: 0,
-            },
+            alloc(0, 100),
+            alloc(1, 200),
             Op::Free { id: 0 },
             Op::Free { id: 1 },
         ],

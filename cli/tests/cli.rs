@@ -22,23 +22,13 @@ fn binary() -> PathBuf {
         .map_or_else(|| env!("CARGO_BIN_EXE_mrstack").into(), PathBuf::from)
 }
 
-/// The ResNet-50 training trace, a fixture of this repository (`data/traces/`, as
-/// `tests/support/traces.rs` says for the library's tests): `$MRSTACK_TRACES/resnet50_train.csv.gz`
-/// where that variable is set, else `data/traces/` of the source tree (one level above this
-/// package), else `data/traces/` of the working directory (a GPU machine that runs the test
-/// binaries from a copy of the repository).
+#[path = "../../tests/support/traces.rs"]
+mod traces;
+
+/// The ResNet-50 training trace, a fixture of this repository (where `traces::resnet50_path`
+/// says), checked to be there.
 fn resnet50_path() -> PathBuf {
-    let dir = std::env::var_os("MRSTACK_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/traces");
-            if source.is_dir() {
-                source
-            } else {
-                PathBuf::from("data/traces")
-            }
-        });
-    let path = dir.join("resnet50_train.csv.gz");
+    let path = traces::resnet50_path();
     assert!(
         path.exists(),
         "no trace at {} (data/traces/ of the repository, or $MRSTACK_TRACES)",
@@ -91,6 +81,16 @@ fn expect(o: &Output, code: i32) -> String {
         stderr(o)
     );
     stdout(o)
+}
+
+/// Checks that `o` exited with `code` and that its stderr says `says`; returns the stderr for
+/// further checks.
+#[track_caller]
+fn fails_saying(o: &Output, code: i32, says: &str) -> String {
+    expect(o, code);
+    let err = stderr(o);
+    assert!(err.contains(says), "{err}");
+    err
 }
 
 fn json(o: &Output) -> Value {
@@ -355,12 +355,7 @@ fn the_resnet_trace_replays() {
 fn bad_line(name: &str, body: &str, line: usize, says: &str) {
     let f = TempFile::new("mrstack-cli", name, format!("{HEADER}{body}").as_bytes());
     let o = replay(&[f.text()]);
-    expect(&o, 1);
-    let err = stderr(&o);
-    assert!(
-        err.contains(&format!("{}: line {line}: {says}", f.text())),
-        "{err}"
-    );
+    let err = fails_saying(&o, 1, &format!("{}: line {line}: {says}", f.text()));
     assert!(err.contains("--on-error skip"), "{err}");
     assert_eq!(stdout(&o), "", "no table after a trace error");
 
@@ -429,22 +424,15 @@ fn a_truncated_gzip_is_named() {
 #[test]
 fn missing_empty_and_headless_files_exit_1() {
     let o = replay(&["/nonexistent/mrstack/trace.csv"]);
-    expect(&o, 1);
-    assert!(stderr(&o).contains("cannot open"), "{}", stderr(&o));
+    fails_saying(&o, 1, "cannot open");
 
     let empty = TempFile::new("mrstack-cli", "empty.csv", b"");
     let o = replay(&[empty.text(), "--on-error", "skip"]);
-    expect(&o, 1);
-    assert!(stderr(&o).contains("empty log"), "{}", stderr(&o));
+    fails_saying(&o, 1, "empty log");
 
     let headless = TempFile::new("mrstack-cli", "headless.csv", b"0,1,allocate,0x100,64,0\n");
     let o = replay(&[headless.text()]);
-    expect(&o, 1);
-    assert!(
-        stderr(&o).contains("line 1: the header has no `Action` column"),
-        "{}",
-        stderr(&o)
-    );
+    fails_saying(&o, 1, "line 1: the header has no `Action` column");
 }
 
 #[test]
@@ -454,12 +442,7 @@ fn cuda_upstream_without_a_gpu_exits_1() {
         return;
     }
     let o = mrstack(&["replay", "--upstream", "cuda", "--allocations", "10"]);
-    expect(&o, 1);
-    assert!(
-        stderr(&o).contains("--upstream cuda: no GPU"),
-        "{}",
-        stderr(&o)
-    );
+    fails_saying(&o, 1, "--upstream cuda: no GPU");
 }
 
 // ---------------------------------------------------------------- usage errors: exit status 2
@@ -467,20 +450,10 @@ fn cuda_upstream_without_a_gpu_exits_1() {
 #[test]
 fn an_unknown_stack_is_a_usage_error_listing_the_names() {
     let o = replay(&["--stack", "upstream,nope", "--allocations", "10"]);
-    expect(&o, 2);
-    let err = stderr(&o);
-    assert!(
-        err.contains("unknown stack `nope`; available: upstream"),
-        "{err}"
-    );
+    fails_saying(&o, 2, "unknown stack `nope`; available: upstream");
 
     let o = replay(&["--stack", "cuda-async", "--allocations", "10"]);
-    expect(&o, 2);
-    assert!(
-        stderr(&o).contains("needs --upstream cuda"),
-        "{}",
-        stderr(&o)
-    );
+    fails_saying(&o, 2, "needs --upstream cuda");
 }
 
 #[test]
@@ -564,9 +537,7 @@ fn a_directory_is_named_and_skip_is_suggested_only_where_it_helps() {
     let dir = std::env::temp_dir();
     let dir = dir.to_str().unwrap();
     let o = replay(&[dir]);
-    expect(&o, 1);
-    let err = stderr(&o);
-    assert!(err.contains("is a directory"), "{err}");
+    let err = fails_saying(&o, 1, "is a directory");
     assert!(
         !err.contains("gzip") && !err.contains("--on-error"),
         "{err}"
@@ -731,9 +702,7 @@ fn a_snapshot_without_history_or_cut_short_exits_1_naming_why() {
         b"\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x08segments\x94]\x94s.",
     );
     let o = replay(&[f.text()]);
-    expect(&o, 1);
-    let err = stderr(&o);
-    assert!(err.contains("has no allocation history"), "{err}");
+    let err = fails_saying(&o, 1, "has no allocation history");
     assert!(err.contains("_record_memory_history"), "{err}");
     assert!(!err.contains("--on-error skip"), "{err}");
 

@@ -146,24 +146,23 @@ def snapshot(out: str):
           "notes": from_file.notes, "text": from_file.text})
 
 
+# Each scenario by the name the test passes; `snapshot` also takes the path after it.
+SCENARIOS = {
+    "train-native": lambda: train(False),
+    "train-mrstack": lambda: train(True),
+    "mempool": mempool,
+    "oom": lambda: oom(False),
+    "mempool-oom": lambda: oom(True),
+    "cupy": cupy_scenario,
+    "snapshot": lambda: snapshot(sys.argv[2]),
+}
+
+
 def main():
     what = sys.argv[1]
-    if what == "train-native":
-        train(False)
-    elif what == "train-mrstack":
-        train(True)
-    elif what == "mempool":
-        mempool()
-    elif what == "oom":
-        oom(False)
-    elif what == "mempool-oom":
-        oom(True)
-    elif what == "cupy":
-        cupy_scenario()
-    elif what == "snapshot":
-        snapshot(sys.argv[2])
-    else:
+    if what not in SCENARIOS:
         sys.exit(f"unknown scenario {what!r}")
+    SCENARIOS[what]()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ use crate::leaf::{
     VirtualMemoryConfig,
 };
 use crate::property::PropertySet;
+use crate::resource::{AllocError, MemoryResource};
 use std::sync::Arc;
 
 /// The leaf resources, by name.
@@ -28,6 +29,22 @@ pub(super) const LEAVES: &[&str] = &[
     "paged",
 ];
 
+/// A leaf whose one field is `device`, built by `on_device` on that device (or the default).
+fn device_leaf<P, R>(
+    item: &ItemSpec,
+    default_device: usize,
+    on_device: fn(usize) -> Result<R, AllocError>,
+) -> Result<AnyResource<P>, ConfigError>
+where
+    P: PropertySet,
+    R: MemoryResource + Send + Sync + 'static,
+{
+    item.check_fields(&["device"])?;
+    item.check_gives::<P, R>()?;
+    let device = item.number("device")?.unwrap_or(default_device);
+    item.erase(on_device(device).map_err(|e| item.resource_error(e))?)
+}
+
 /// Builds the leaf `item` names (on `default_device` unless it names one); `Ok(None)` when it
 /// names no leaf.
 pub(super) fn leaf<P: PropertySet>(
@@ -38,11 +55,7 @@ pub(super) fn leaf<P: PropertySet>(
         || -> Result<usize, ConfigError> { Ok(item.number("device")?.unwrap_or(default_device)) };
     let err = |e| item.resource_error(e);
     let any = match item.name.as_str() {
-        "cuda" => {
-            item.check_fields(&["device"])?;
-            item.check_gives::<P, Cuda>()?;
-            item.erase(Cuda::on_device(device()?).map_err(err)?)
-        }
+        "cuda" => device_leaf(item, default_device, Cuda::on_device),
         "cuda_async" => {
             item.check_fields(&["device", "initial", "release_threshold", "exportable"])?;
             item.check_gives::<P, CudaAsync>()?;
@@ -56,25 +69,11 @@ pub(super) fn leaf<P: PropertySet>(
         }
         "cuda_async_view" => {
             // Only the device's default pool: a foreign pool's handle is `unsafe` to take.
-            item.check_fields(&["device"])?;
-            item.check_gives::<P, CudaAsyncView>()?;
-            item.erase(CudaAsyncView::on_device(device()?).map_err(err)?)
+            device_leaf(item, default_device, CudaAsyncView::on_device)
         }
-        "cuda_async_managed" => {
-            item.check_fields(&["device"])?;
-            item.check_gives::<P, CudaAsyncManaged>()?;
-            item.erase(CudaAsyncManaged::on_device(device()?).map_err(err)?)
-        }
-        "managed" => {
-            item.check_fields(&["device"])?;
-            item.check_gives::<P, Managed>()?;
-            item.erase(Managed::on_device(device()?).map_err(err)?)
-        }
-        "pinned" => {
-            item.check_fields(&["device"])?;
-            item.check_gives::<P, Pinned>()?;
-            item.erase(Pinned::on_device(device()?).map_err(err)?)
-        }
+        "cuda_async_managed" => device_leaf(item, default_device, CudaAsyncManaged::on_device),
+        "managed" => device_leaf(item, default_device, Managed::on_device),
+        "pinned" => device_leaf(item, default_device, Pinned::on_device),
         "sam_headroom" => {
             item.check_fields(&["device", "headroom"])?;
             item.check_gives::<P, SamHeadroom>()?;

@@ -2,6 +2,7 @@
 
 use super::free_list::{BinLock, Growth, Upstream, GRANULE};
 use super::usage::{Meter, Usage};
+use crate::erased::DynResource;
 use crate::resource::{
     check_request, forward_upstream, AllocError, AllocErrorKind, MemoryResource, Result,
 };
@@ -154,44 +155,14 @@ pub struct Binning<U: MemoryResource> {
     own: Vec<Option<OwnBin>>,
 }
 
-/// A resource serving one bin in place of its free list.
-struct OwnBin(Box<dyn BinResource>);
+/// A resource serving one bin in place of its free list, erased: any `MemoryResource` with the
+/// upstream's properties. It holds blocks of its own, so it hears every `synchronize` and
+/// `order_after` the binning hears.
+struct OwnBin(Box<dyn DynResource + Send + Sync>);
 
 impl std::fmt::Debug for OwnBin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.describe(f)
-    }
-}
-
-/// What `Binning` asks of a bin's own resource, object-safe: any `MemoryResource` with the
-/// upstream's properties is one. It holds blocks of its own, so it hears every `synchronize` and
-/// `order_after` the binning hears.
-trait BinResource: Send + Sync {
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>>;
-    /// # Safety
-    /// As `MemoryResource::deallocate`.
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef);
-    fn synchronize(&self, stream: StreamRef) -> Result<()>;
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()>;
-    fn describe(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
-}
-
-impl<B: MemoryResource + Send + Sync> BinResource for B {
-    fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        MemoryResource::allocate(self, size, align, stream)
-    }
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, stream: StreamRef) {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { MemoryResource::deallocate(self, ptr, size, align, stream) }
-    }
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        MemoryResource::synchronize(self, stream)
-    }
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        MemoryResource::order_after(self, stream, after)
-    }
-    fn describe(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.describe_to(f)
+        self.0.describe_to(f)
     }
 }
 
@@ -282,7 +253,7 @@ impl<U: MemoryResource> Binning<U> {
 
     /// The resource serving bin `i`, if it has one of its own.
     #[inline]
-    fn own_bin(&self, i: usize) -> Option<&dyn BinResource> {
+    fn own_bin(&self, i: usize) -> Option<&(dyn DynResource + Send + Sync)> {
         self.own.get(i)?.as_ref().map(|b| &*b.0)
     }
 

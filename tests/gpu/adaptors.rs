@@ -16,7 +16,7 @@ use mrstack::{
 use std::sync::Arc;
 use typenum::U4096;
 
-use crate::support::{fill_and_check, gpu};
+use crate::support::{assert_filled, fill_and_check, gpu};
 
 const AFFINE: &str = r#"
 extern "C" __global__ void affine(float *out, const float *in, float a, float b, unsigned int n) {
@@ -312,7 +312,7 @@ fn a_host_device_pair_serves_each_container_from_its_own_pool() {
     fill_and_check(&ctx, &mut data, 7);
     data.copy_to_async(&mut staging).unwrap();
     // The host reads the pinned side in place once the copy is done (Deref waits for it).
-    assert_eq!(&staging[..], &crate::support::expected_fill(n, 7)[..]);
+    assert_filled(&staging[..], n, 7);
     assert_eq!(pair.host().usage().allocated, n * 4);
     assert_eq!(pair.device().usage().allocated, n * 4);
     // Each pool keeps to its own maximum.
@@ -382,7 +382,6 @@ fn thread_caches_serve_kernels_on_eight_threads_and_streams() {
 
 #[test]
 fn thread_heaps_serve_kernels_on_eight_threads_and_take_blocks_back_across_them() {
-    use crate::support::expected_fill;
     let Some(ctx) = gpu() else { return };
     let mr = resource_stack![Cuda::new(&ctx).unwrap(), ThreadHeaps { max: 2 GiB }];
     let kept = std::thread::scope(|s| {
@@ -418,7 +417,7 @@ fn thread_heaps_serve_kernels_on_eight_threads_and_take_blocks_back_across_them(
     assert!(mr.heaps() >= 2, "{} heaps", mr.heaps());
     // Read here, then freed here: each block goes back to the heap of the thread that made it.
     for (t, kept) in &kept {
-        assert_eq!(kept.to_vec().unwrap(), expected_fill(kept.len(), 7000 + t));
+        assert_filled(kept.to_vec().unwrap(), kept.len(), 7000 + t);
     }
     drop(kept);
     assert_eq!(mr.usage().allocated, 0);

@@ -10,7 +10,9 @@ use mrstack::{leaf::CudaAsyncOptions, resource::AllocErrorKind};
 use std::sync::Arc;
 
 use crate::increment;
-use crate::support::{fill_and_check, fill_on_two_streams, gpu, kernel};
+use crate::support::{
+    device_zeros, fill_and_check, fill_on_two_streams, gpu, kernel, pinned_zeros,
+};
 
 #[test]
 fn every_leaf_round_trips_through_a_kernel() {
@@ -59,11 +61,11 @@ fn pinned_vec_written_on_host_read_by_kernel_and_back() {
     let Some(ctx) = gpu() else { return };
     let stream = ctx.default_stream();
     let n = 300_001usize;
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &stream).unwrap();
+    let mut pinned = pinned_zeros(&ctx, n, &stream);
     for (i, x) in pinned.as_cells().unwrap().iter().enumerate() {
         x.set((i as u32) * 13);
     }
-    let mut out = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &stream).unwrap();
+    let mut out = device_zeros(&ctx, n, &stream);
     let f = kernel(&ctx, "scale");
     let n32 = n as u32;
     // SAFETY: `scale` reads n values of `pinned` and writes n values of `out`.
@@ -144,27 +146,11 @@ fn leaves_reject_bad_input_with_errors() {
     let pinned = Pinned::new(&ctx).unwrap();
     let check = |r: &dyn Fn(usize, usize) -> Result<std::ptr::NonNull<u8>, AllocError>,
                  name: &str| {
-        assert!(
-            matches!(
-                r(64, 3).unwrap_err().kind,
-                AllocErrorKind::InvalidArgument(_)
-            ),
-            "{name}"
-        );
-        assert!(
-            matches!(
-                r(usize::MAX, 1).unwrap_err().kind,
-                AllocErrorKind::InvalidArgument(_)
-            ),
-            "{name}"
-        );
-        assert!(
-            matches!(
-                r(64, 4096).unwrap_err().kind,
-                AllocErrorKind::Unsupported(_)
-            ),
-            "{name}"
-        );
+        use AllocErrorKind::{InvalidArgument, Unsupported};
+        let kind = |size, align| r(size, align).unwrap_err().kind;
+        assert!(matches!(kind(64, 3), InvalidArgument(_)), "{name}");
+        assert!(matches!(kind(usize::MAX, 1), InvalidArgument(_)), "{name}");
+        assert!(matches!(kind(64, 4096), Unsupported(_)), "{name}");
         assert_eq!(
             r(0, 64).unwrap().as_ptr() as usize,
             256,

@@ -6,7 +6,7 @@
 //! a capture makes other threads' work on the legacy default stream fail).
 
 use crate::slow_fill;
-use crate::support::{expected_fill, gpu, kernel};
+use crate::support::{expected_fill, gpu, kernel, pinned_zeros};
 use cudarc::driver::sys::CUstreamCaptureMode;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
@@ -205,7 +205,7 @@ fn a_pinned_read_while_its_stream_captures_waits_or_refuses() {
     let Some(ctx) = gpu() else { return };
     let stream = ctx.new_stream().unwrap();
     let n = 1 << 20;
-    let mut p = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &stream).unwrap();
+    let mut p = pinned_zeros(&ctx, n, &stream);
     slow_fill!(&ctx, &stream, &mut p, n, 3);
     stream
         .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -252,7 +252,7 @@ fn copies_of_a_pinned_vector_are_refused_while_its_stream_captures() {
     let stream = ctx.new_stream().unwrap();
     let n = 1 << 16;
     let mut dev = DeviceVec::from_slice(&vec![5u32; n], Cuda::new(&ctx).unwrap(), &stream).unwrap();
-    let mut p = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &stream).unwrap();
+    let mut p = pinned_zeros(&ctx, n, &stream);
     stream.synchronize().unwrap();
     stream
         .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)

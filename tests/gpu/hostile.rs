@@ -6,7 +6,10 @@
 //! ~100 ms) so that a missing wait shows as wrong values, and checks the values.
 
 use crate::slow_fill;
-use crate::support::{expected_fill, gpu, kernel};
+use crate::support::{
+    assert_filled, assert_zeros_then_filled, device_zeros, expected_fill, gpu, kernel,
+    pinned_zeros, slow_copy_into_pinned,
+};
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use mrstack::suballoc::Pool;
@@ -43,7 +46,7 @@ fn a_write_on_a_stream_dropped_since_is_waited_for_by_the_drop() {
     let d = ctx.default_stream();
     let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
     let n = 1 << 20;
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &d).unwrap();
+    let mut scratch = device_zeros(&ctx, 1, &d);
     let address = {
         let mut v = DeviceVec::from_slice(&vec![5u32; n], &pool, &d).unwrap();
         let t = ctx.new_stream().unwrap();
@@ -74,7 +77,7 @@ fn a_pinned_vec_read_waits_for_a_copy_on_a_stream_dropped_since() {
     let d = ctx.default_stream();
     let async_mr = CudaAsync::new(&ctx).unwrap();
     let n = 1 << 20;
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &d).unwrap();
+    let mut pinned = pinned_zeros(&ctx, n, &d);
     {
         let t = ctx.new_stream().unwrap();
         let mut dev = DeviceVec::<u32, _>::zeroed(n, &async_mr, &t).unwrap();
@@ -82,7 +85,7 @@ fn a_pinned_vec_read_waits_for_a_copy_on_a_stream_dropped_since() {
         dev.copy_to_async(&mut pinned).unwrap(); // on `t`, behind the fill
     }
     assert!(!ctx.is_managing_stream_synchronization());
-    assert_eq!(&pinned[..], &expected_fill(n, 53)[..]);
+    assert_filled(&pinned[..], n, 53);
 }
 
 /// Two `CudaContext` objects of one device: the vector's (`a`) keeps events, the other (`b`) has
@@ -96,12 +99,7 @@ fn a_copy_on_a_stream_of_a_context_object_without_events_is_waited_for() {
     let bd = b.default_stream();
     assert!(a.is_managing_stream_synchronization());
     assert!(!b.is_managing_stream_synchronization());
-    let n = 1 << 20;
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&a).unwrap(), &sa).unwrap();
-    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&b).unwrap(), &bd).unwrap();
-    slow_fill!(&b, &bd, &mut dev, n, 59);
-    bd.memcpy_dtoh(&dev, &mut pinned).unwrap();
-    assert_eq!(&pinned[..], &expected_fill(n, 59)[..]);
+    slow_copy_into_pinned((&b, &bd), (&a, &sa), 59);
 }
 
 /// A view is ordered like its vector: the vector's context object (`a`) has made no stream, a
@@ -116,13 +114,12 @@ fn a_view_written_on_another_context_objects_stream_is_waited_for() {
     assert!(!a.is_managing_stream_synchronization());
     let n = 1 << 20;
     let mut v = DeviceVec::<u32, _>::zeroed(2 * n, Managed::new(&a).unwrap(), &da).unwrap();
-    let mut src = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&b).unwrap(), &tb).unwrap();
+    let mut src = device_zeros(&b, n, &tb);
     slow_fill!(&b, &tb, &mut src, n, 61);
     tb.memcpy_dtod(&src, &mut v.slice_mut(n..).unwrap())
         .unwrap();
     let host = v.as_host_slice().unwrap();
-    assert!(host[..n].iter().all(|&x| x == 0));
-    assert_eq!(host[n..], expected_fill(n, 61)[..]);
+    assert_zeros_then_filled(host, n, 61);
 }
 
 /// A view of a default-stream vector written on stream `t`, then `t` dropped: the host read still
@@ -141,7 +138,7 @@ fn a_view_written_on_a_stream_dropped_since_is_waited_for() {
         t.memcpy_dtod(&src, &mut v.slice_mut(..).unwrap()).unwrap();
     }
     assert!(!ctx.is_managing_stream_synchronization());
-    assert_eq!(v.as_host_slice().unwrap(), &expected_fill(n, 79)[..]);
+    assert_filled(v.as_host_slice().unwrap(), n, 79);
 }
 
 /// A copy on `t` reads the vector late; the vector is then read again on its own stream `s` and
@@ -165,8 +162,8 @@ fn a_read_on_t_comes_before_the_blocks_next_owner(
     let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
     let n = 1 << 20;
     let old = expected_fill(n, k);
-    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut w = device_zeros(&ctx, n, &t);
+    let mut scratch = device_zeros(&ctx, 1, &t);
     let address = {
         let v = DeviceVec::from_slice(&old, &pool, &s).unwrap();
         slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
@@ -189,7 +186,7 @@ fn a_read_on_another_stream_is_not_forgotten_by_a_later_read() {
     a_read_on_t_comes_before_the_blocks_next_owner(67, |_, v, t, w| {
         t.memcpy_dtod(v, w).unwrap();
         let values = v.to_vec().unwrap(); // reads `v` again, on `s`
-        assert_eq!(values, expected_fill(v.len(), 67));
+        assert_filled(values, v.len(), 67);
     });
 }
 
@@ -206,9 +203,9 @@ fn host_writes_wait_for_reads_of_a_pinned_vec_on_two_streams() {
     let n = 1 << 20;
     let src = expected_fill(n, 71);
     let mut pinned = PinnedVec::from_slice(&src, Pinned::new(&ctx).unwrap(), &s).unwrap();
-    let mut a = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
-    let mut b = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &u).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut a = device_zeros(&ctx, n, &t);
+    let mut b = device_zeros(&ctx, n, &u);
+    let mut scratch = device_zeros(&ctx, 1, &t);
     slow_fill!(&ctx, &t, &mut scratch, 1, 1);
     t.memcpy_htod(&pinned, &mut a).unwrap(); // late
     u.memcpy_htod(&pinned, &mut b).unwrap(); // at once
@@ -235,8 +232,8 @@ fn a_kernel_write_waits_for_reads_on_two_streams() {
     let n = 1 << 20;
     let old = expected_fill(n, 73);
     let mut v = DeviceVec::from_slice(&old, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut w = device_zeros(&ctx, n, &t);
+    let mut scratch = device_zeros(&ctx, 1, &t);
     slow_fill!(&ctx, &t, &mut scratch, 1, 1);
     t.memcpy_dtod(&v, &mut w).unwrap(); // late
     assert_eq!(v.to_vec().unwrap(), old); // on `s`
@@ -251,7 +248,7 @@ fn a_kernel_write_waits_for_reads_on_two_streams() {
         old,
         "the kernel wrote before t's copy read"
     );
-    assert_eq!(v.to_vec().unwrap(), expected_fill(n, 5));
+    assert_filled(v.to_vec().unwrap(), n, 5);
 }
 
 /// View ranges are checked without overflow (cudarc adds one to an inclusive bound): a bound at
@@ -286,9 +283,9 @@ fn view_ranges_at_usize_max_are_errors_and_sub_views_write_their_range() {
 fn empty_containers_on_several_streams() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let mut a = DeviceVec::<u32, _>::zeroed(0, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut a = device_zeros(&ctx, 0, &s);
     let b = DeviceVec::<u32, _>::from_slice(&[], CudaAsync::new(&ctx).unwrap(), &t).unwrap();
-    let mut p = PinnedVec::<u32, _>::zeroed(0, Pinned::new(&ctx).unwrap(), &t).unwrap();
+    let mut p = pinned_zeros(&ctx, 0, &t);
     t.memcpy_dtod(&b, &mut a).unwrap();
     assert!(t.clone_dtoh(&a).unwrap().is_empty());
     assert!(s.clone_dtoh(&a.slice(..).unwrap()).unwrap().is_empty());
@@ -311,7 +308,7 @@ fn a_pool_dropped_after_a_vector_was_forgotten_keeps_the_vectors_chunk() {
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let async_mr = CudaAsync::new(&ctx).unwrap();
     let n = 1 << 20;
-    let mut src = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut src = device_zeros(&ctx, n, &t);
     slow_fill!(&ctx, &t, &mut src, n, 83);
     {
         let pool = Pool::new(&async_mr, PoolConfig::default());
@@ -337,7 +334,7 @@ fn a_pinned_pool_dropped_after_a_pinned_vec_was_forgotten_keeps_its_chunk() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let n = 1 << 20;
-    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut dev = device_zeros(&ctx, n, &t);
     slow_fill!(&ctx, &t, &mut dev, n, 89);
     {
         let pool = Pool::new(Pinned::new(&ctx).unwrap(), PoolConfig::default());
@@ -387,13 +384,13 @@ fn a_pinned_vec_written_by_a_kernel_on_a_stream_dropped_since_is_waited_for() {
     let Some(ctx) = gpu() else { return };
     let d = ctx.default_stream();
     let n = 1 << 20;
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &d).unwrap();
+    let mut pinned = pinned_zeros(&ctx, n, &d);
     {
         let t = ctx.new_stream().unwrap();
         slow_fill!(&ctx, &t, &mut pinned, n, 101);
     }
     assert!(!ctx.is_managing_stream_synchronization());
-    assert_eq!(&pinned[..], &expected_fill(n, 101)[..]);
+    assert_filled(&pinned[..], n, 101);
 }
 
 /// Anyone may record an error in a context (`CudaContext::record_err` is safe), and cudarc's waits
@@ -523,8 +520,8 @@ fn a_write_elsewhere_comes_after_a_slow_read(
     let n = 1 << 20;
     let old = expected_fill(n, k);
     let mut v = DeviceVec::from_slice(&old, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &r).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &r).unwrap();
+    let mut w = device_zeros(&ctx, n, &r);
+    let mut scratch = device_zeros(&ctx, 1, &r);
     slow_fill!(&ctx, &r, &mut scratch, 1, 1); // the reader's stream is busy
     r.memcpy_dtod(&v, &mut w).unwrap(); // reads `v` behind it
     writer.memcpy_htod(&vec![0xdead_u32; n], &mut v).unwrap();
@@ -565,7 +562,7 @@ fn a_write_on_t_comes_before_the_blocks_next_owner(
     let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
     let n = 1 << 20;
     let src = DeviceVec::from_slice(&expected_fill(n, k), Cuda::new(&ctx).unwrap(), &t).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut scratch = device_zeros(&ctx, 1, &t);
     let address = {
         let mut v = DeviceVec::<u32, _>::zeroed(n, &pool, &s).unwrap();
         slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
@@ -639,10 +636,10 @@ fn a_read_on_a_third_stream_sees_a_write_on_another(
         ctx.new_stream().unwrap(),
     );
     let n = 1 << 20;
-    let mut v = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut w = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &u).unwrap();
+    let mut v = device_zeros(&ctx, n, &s);
+    let mut w = device_zeros(&ctx, n, &u);
     let src = DeviceVec::from_slice(&expected_fill(n, k), Cuda::new(&ctx).unwrap(), &t).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut scratch = device_zeros(&ctx, 1, &t);
     slow_fill!(&ctx, &t, &mut scratch, 1, 1); // `t` is busy
                                               // Device to device: a copy from pageable host memory may wait for the stream on the host.
     t.memcpy_dtod(&src, &mut v).unwrap(); // writes `v` behind it
@@ -702,8 +699,8 @@ fn a_host_read_waits_for_a_write_whose_host_wait_was_skipped() {
     let (a, b) = (CudaContext::new(0).unwrap(), CudaContext::new(0).unwrap());
     let (sa, tb) = (a.new_stream().unwrap(), b.new_stream().unwrap());
     let n = 1 << 20;
-    let mut p = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&a).unwrap(), &sa).unwrap();
-    let mut src = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&b).unwrap(), &tb).unwrap();
+    let mut p = pinned_zeros(&a, n, &sa);
+    let mut src = device_zeros(&b, n, &tb);
     slow_fill!(&b, &tb, &mut src, n, 109);
     {
         let (from, read) = src.device_ptr(&tb);

@@ -8,7 +8,7 @@
 //! then has no context current).
 
 use crate::slow_fill;
-use crate::support::{expected_fill, fill_and_check, gpu, kernel};
+use crate::support::{assert_filled, fill_and_check, gpu, kernel};
 use cudarc::driver::{result, sys, CudaContext, LaunchConfig, PushKernelArg};
 use mrstack::leaf::{CudaAsyncView, DevicePages};
 use mrstack::prelude::*;
@@ -170,19 +170,11 @@ fn copies_between_devices_wait_for_the_writes_staged_or_direct() {
         // Still writing on device 1 when device 0 copies it.
         slow_fill!(&c1, &s1, &mut v1, n, 3 + round);
         v0.copy_from_device(&v1).unwrap();
-        assert_eq!(
-            v0.to_vec().unwrap(),
-            expected_fill(n, 3 + round),
-            "round {round}"
-        );
+        assert_filled(v0.to_vec().unwrap(), n, 3 + round);
         // And back, after a kernel on device 0.
         slow_fill!(&c0, &s0, &mut v0, n, 5 + round);
         v1.copy_from_device(&v0).unwrap();
-        assert_eq!(
-            v1.to_vec().unwrap(),
-            expected_fill(n, 5 + round),
-            "round {round}"
-        );
+        assert_filled(v1.to_vec().unwrap(), n, 5 + round);
         assert_eq!(device_of(v0.device_address()), 0);
         assert_eq!(device_of(v1.device_address()), 1);
     }

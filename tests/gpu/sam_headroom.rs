@@ -2,7 +2,7 @@
 //! reason), and where it can, system memory that kernels write and the host reads in place,
 //! placed on the GPU only within the device's free memory minus the headroom.
 
-use crate::support::{expected_fill, fill_and_check, gpu};
+use crate::support::{assert_filled, fill_and_check, gpu};
 use cudarc::driver::sys;
 use mrstack::leaf::SamHeadroom;
 use mrstack::prelude::*;
@@ -53,7 +53,7 @@ fn sam_headroom_serves_kernels_where_the_platform_allows_and_says_why_not_elsewh
     let n = 1 << 20;
     let mut v = DeviceVec::<u32, _>::zeroed(n, &sam, &stream).unwrap();
     fill_and_check(&ctx, &mut v, 3);
-    assert_eq!(v.as_host_slice().unwrap(), &expected_fill(n, 3)[..]);
+    assert_filled(v.as_host_slice().unwrap(), n, 3);
     let on_device = preferred(v.device_address(), n * 4);
     println!("preferred location with 1 GiB headroom: {on_device:?}");
     if let Some(at) = on_device {

@@ -8,7 +8,9 @@
 //! GPU fails the test instead.
 
 use crate::slow_fill;
-use crate::support::{expected_fill, gpu, kernel};
+use crate::support::{
+    assert_filled, device_zeros, expected_fill, gpu, kernel, pinned_zeros, slow_copy_into_pinned,
+};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use mrstack::prelude::*;
 use mrstack::suballoc::{ArenaConfig, BinningConfig, PoolConfig};
@@ -128,12 +130,7 @@ fn arena_orders_reuse_after_a_dropped_stream() {
 fn a_copy_into_a_pinned_vec_is_waited_for_before_the_host_reads() {
     let Some(ctx) = gpu() else { return };
     let s = ctx.new_stream().unwrap();
-    let n = 1 << 20;
-    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &s).unwrap();
-    slow_fill!(&ctx, &s, &mut dev, n, 7);
-    s.memcpy_dtoh(&dev, &mut pinned).unwrap();
-    assert_eq!(&pinned[..], &expected_fill(n, 7)[..]);
+    slow_copy_into_pinned((&ctx, &s), (&ctx, &s), 7);
 }
 
 /// The same copy queued on another stream than the vector's.
@@ -141,12 +138,7 @@ fn a_copy_into_a_pinned_vec_is_waited_for_before_the_host_reads() {
 fn a_copy_into_a_pinned_vec_on_a_foreign_stream_is_waited_for() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let n = 1 << 20;
-    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &s).unwrap();
-    slow_fill!(&ctx, &t, &mut dev, n, 11);
-    t.memcpy_dtoh(&dev, &mut pinned).unwrap();
-    assert_eq!(&pinned[..], &expected_fill(n, 11)[..]);
+    slow_copy_into_pinned((&ctx, &t), (&ctx, &s), 11);
 }
 
 /// A kernel writes a `PinnedVec` in place; readers on four threads, sharing it, each see the
@@ -156,7 +148,7 @@ fn a_kernel_write_to_a_pinned_vec_is_waited_for_by_every_reader() {
     let Some(ctx) = gpu() else { return };
     let s = ctx.new_stream().unwrap();
     let n = 1 << 20;
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &s).unwrap();
+    let mut pinned = pinned_zeros(&ctx, n, &s);
     slow_fill!(&ctx, &s, &mut pinned, n, 13);
     let want = expected_fill(n, 13);
     std::thread::scope(|scope| {
@@ -195,9 +187,9 @@ fn host_writes_wait_for_a_copy_that_reads_the_pinned_vec() {
     let n = 1 << 20;
     let src = expected_fill(n, 19);
     let mut pinned = PinnedVec::from_slice(&src, Pinned::new(&ctx).unwrap(), &s).unwrap();
-    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut dev = device_zeros(&ctx, n, &s);
     // Slow work first on the stream, so the copy out of the pinned memory runs late.
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut scratch = device_zeros(&ctx, 1, &s);
     slow_fill!(&ctx, &s, &mut scratch, 1, 1);
     s.memcpy_htod(&pinned, &mut dev).unwrap();
     pinned.fill(0).unwrap(); // must wait for the copy to have read the old values
@@ -277,7 +269,7 @@ fn per_thread_streams_of_two_threads_are_two_streams() {
                 "the block freed on the other thread's stream was reused"
             );
             fill_raw(&ctx, &b, p, n, 5, false);
-            assert_eq!(read_raw(&b, p, n), expected_fill(n, 5));
+            assert_filled(read_raw(&b, p, n), n, 5);
             // SAFETY: as above.
             unsafe { pool.deallocate(p, bytes, 256, StreamRef::from(&b)) };
         })
@@ -308,7 +300,7 @@ fn a_simulated_stream_does_not_launder_a_blocks_ordering() {
     let r = pool.allocate(bytes, 256, StreamRef::from(&t)).unwrap();
     assert_eq!(r, p);
     fill_raw(&ctx, &t, r, n, 5, false);
-    assert_eq!(read_raw(&t, r, n), expected_fill(n, 5));
+    assert_filled(read_raw(&t, r, n), n, 5);
     // SAFETY: as above.
     unsafe { pool.deallocate(r, bytes, 256, StreamRef::from(&t)) };
     ctx.synchronize().unwrap();

@@ -10,7 +10,9 @@ use mrstack::suballoc::PoolConfig;
 use std::sync::Arc;
 
 use crate::slow_fill;
-use crate::support::{expected_fill, gpu, kernel};
+use crate::support::{
+    assert_filled, assert_zeros_then_filled, device_zeros, expected_fill, gpu, kernel, pinned_zeros,
+};
 
 /// `scale(in, out)` on `stream`: out[i] = 2*in[i] + 7.
 fn scale_on<A, B>(
@@ -38,9 +40,9 @@ fn a_kernel_write_on_another_stream_is_seen_by_the_vectors_reads() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let n = 1 << 20;
-    let mut v = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut v = device_zeros(&ctx, n, &s);
     slow_fill!(&ctx, &t, &mut v, n, 21);
-    assert_eq!(v.to_vec().unwrap(), expected_fill(n, 21));
+    assert_filled(v.to_vec().unwrap(), n, 21);
 }
 
 /// A kernel on stream `t` reads a vector of stream `s` late (behind slow work on `t`); the
@@ -53,7 +55,7 @@ fn a_vector_dropped_while_another_stream_reads_it_is_not_reused_early() {
     let pool = Pool::new(Cuda::new(&ctx).unwrap(), PoolConfig::default());
     let n = 1 << 20;
     let old = expected_fill(n, 23);
-    let mut out = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &t).unwrap();
+    let mut out = device_zeros(&ctx, n, &t);
     let address = {
         let v = DeviceVec::from_slice(&old, &pool, &s).unwrap();
         slow_fill!(&ctx, &t, &mut out, n, 1);
@@ -104,14 +106,13 @@ fn a_view_written_on_another_stream_is_seen_by_the_vector() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let n = 1 << 20;
-    let mut v = DeviceVec::<u32, _>::zeroed(2 * n, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut v = device_zeros(&ctx, 2 * n, &s);
     {
         let mut back = v.slice_mut(n..).unwrap();
         slow_fill!(&ctx, &t, &mut back, n, 29);
     }
     let all = v.to_vec().unwrap();
-    assert!(all[..n].iter().all(|&x| x == 0));
-    assert_eq!(all[n..], expected_fill(n, 29)[..]);
+    assert_zeros_then_filled(&all, n, 29);
 }
 
 /// Device-to-host staging without blocking: the copy into a `PinnedVec` (of another stream) is
@@ -121,12 +122,12 @@ fn copy_to_async_is_waited_for_by_the_pinned_vecs_next_read() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let n = 1 << 20;
-    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &t).unwrap();
+    let mut dev = device_zeros(&ctx, n, &s);
+    let mut pinned = pinned_zeros(&ctx, n, &t);
     slow_fill!(&ctx, &s, &mut dev, n, 31);
     dev.copy_to_async(&mut pinned).unwrap();
     assert_eq!(pinned.len(), n);
-    assert_eq!(&pinned[..], &expected_fill(n, 31)[..]);
+    assert_filled(&pinned[..], n, 31);
 }
 
 /// Host-to-device staging without blocking: the copy out of a `PinnedVec` runs late (behind
@@ -139,15 +140,15 @@ fn copy_from_async_is_waited_for_by_the_pinned_vecs_next_write() {
     let n = 1 << 20;
     let values = expected_fill(n, 37);
     let mut pinned = PinnedVec::from_slice(&values, Pinned::new(&ctx).unwrap(), &t).unwrap();
-    let mut dev = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx).unwrap(), &s).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx).unwrap(), &s).unwrap();
+    let mut dev = device_zeros(&ctx, n, &s);
+    let mut scratch = device_zeros(&ctx, 1, &s);
     slow_fill!(&ctx, &s, &mut scratch, 1, 1);
     dev.copy_from_async(&pinned).unwrap();
     pinned.fill(0).unwrap(); // waits for the copy to have read the old values
     assert_eq!(dev.to_vec().unwrap(), values);
     assert!(pinned.iter().all(|&x| x == 0));
     // Lengths must match.
-    let short = PinnedVec::<u32, _>::zeroed(n - 1, Pinned::new(&ctx).unwrap(), &t).unwrap();
+    let short = pinned_zeros(&ctx, n - 1, &t);
     assert!(dev.copy_from_async(&short).is_err());
 }
 
@@ -158,9 +159,9 @@ fn a_pinned_vec_written_on_another_stream_is_waited_for() {
     let Some(ctx) = gpu() else { return };
     let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let n = 1 << 20;
-    let mut pinned = PinnedVec::<u32, _>::zeroed(n, Pinned::new(&ctx).unwrap(), &s).unwrap();
+    let mut pinned = pinned_zeros(&ctx, n, &s);
     slow_fill!(&ctx, &t, &mut pinned, n, 41);
-    assert_eq!(&pinned[..], &expected_fill(n, 41)[..]);
+    assert_filled(&pinned[..], n, 41);
 }
 
 /// Two `CudaContext` objects of one device: the vector's context has made no stream (so cudarc
@@ -176,8 +177,8 @@ fn a_copy_on_another_context_objects_stream_is_waited_for() {
     let t2 = ctx2.new_stream().unwrap();
     assert!(!ctx1.is_managing_stream_synchronization());
     let n = 1 << 20;
-    let mut v = DeviceVec::<u32, _>::zeroed(n, Cuda::new(&ctx1).unwrap(), &s1).unwrap();
-    let mut scratch = DeviceVec::<u32, _>::zeroed(1, Cuda::new(&ctx2).unwrap(), &t2).unwrap();
+    let mut v = device_zeros(&ctx1, n, &s1);
+    let mut scratch = device_zeros(&ctx2, 1, &t2);
     slow_fill!(&ctx2, &t2, &mut scratch, 1, 1);
     let host = expected_fill(n, 43);
     t2.memcpy_htod(&host, &mut v).unwrap();

@@ -235,9 +235,7 @@ fn many_streams_merging_are_synchronized_not_forgotten() {
     }
     // Six streams' ranges coalesced: more than a range remembers, so some were waited for.
     assert!(!syncs(&rec).is_empty());
-    let p = arena.allocate(6 * MIB, 256, stream(99)).unwrap();
-    // SAFETY: p came from arena with this size.
-    unsafe { arena.deallocate(p, 6 * MIB, 256, stream(99)) };
+    crate::support::serve_one(&arena, 6 * MIB, 256, stream(99));
 }
 
 #[test]
@@ -268,9 +266,7 @@ fn out_of_memory_at_the_arena_size_then_usable_again() {
         unsafe { arena.deallocate(p, 100_000, 256, D) };
     }
     // Everything coalesced back, even the superblock the thread keeps.
-    let whole = arena.allocate(32 * MIB, 256, stream(7)).unwrap();
-    // SAFETY: whole came from arena with this size.
-    unsafe { arena.deallocate(whole, 32 * MIB, 256, stream(7)) };
+    crate::support::serve_one(&arena, 32 * MIB, 256, stream(7));
     let p = arena.allocate(1000, 256, D).unwrap();
     // SAFETY: p came from arena with this size.
     unsafe { arena.deallocate(p, 1000, 256, D) };
@@ -287,9 +283,7 @@ fn empty_superblocks_of_other_arenas_are_reclaimed_when_memory_runs_out() {
         unsafe { arena.deallocate(p, 1000, 256, stream(s)) };
     }
     // Another stream needs the whole arena: all four come back and coalesce.
-    let p = arena.allocate(4 * MIB, 256, stream(5)).unwrap();
-    // SAFETY: p came from arena with this size.
-    unsafe { arena.deallocate(p, 4 * MIB, 256, stream(5)) };
+    crate::support::serve_one(&arena, 4 * MIB, 256, stream(5));
 }
 
 #[test]
@@ -304,9 +298,7 @@ fn a_small_request_uses_the_global_arena_when_no_superblock_is_free() {
         // SAFETY: p came from arena with this size.
         unsafe { arena.deallocate(p, n, 256, D) };
     }
-    let whole = arena.allocate(4 * MIB, 256, D).unwrap();
-    // SAFETY: whole came from arena with this size.
-    unsafe { arena.deallocate(whole, 4 * MIB, 256, D) };
+    crate::support::serve_one(&arena, 4 * MIB, 256, D);
 }
 
 #[test]
@@ -338,9 +330,7 @@ fn threads_exiting_leave_their_arenas_to_the_next_threads() {
             std::thread::scope(|s| {
                 s.spawn(|| {
                     let p = arena.allocate(5000, 256, D).unwrap();
-                    let q = arena.allocate(7000, 256, D).unwrap();
-                    // SAFETY: q came from arena with this size.
-                    unsafe { arena.deallocate(q, 7000, 256, D) };
+                    crate::support::serve_one(&arena, 7000, 256, D);
                     addr(p)
                 })
                 .join()
@@ -777,9 +767,7 @@ fn new_streams_take_evicted_arenas_and_old_streams_are_let_go() {
     let held = arena.held_streams();
     assert!(held <= 1024 + 16, "{held} streams held");
     // A stream whose arena passed to another still allocates, and its block is ordered.
-    let p = arena.allocate(1000, 256, stream(1)).unwrap();
-    // SAFETY: p came from arena with this size and alignment.
-    unsafe { arena.deallocate(p, 1000, 256, stream(1)) };
+    crate::support::serve_one(&arena, 1000, 256, stream(1));
     assert_eq!(arena.usage().allocated, 0);
     drop(arena);
     assert_eq!((sim.in_use(), sim.live()), (0, 0));
@@ -797,9 +785,7 @@ fn a_block_of_an_arena_that_passed_to_another_stream_is_ordered() {
     std::thread::scope(|s| {
         s.spawn(|| {
             for n in 2..=3_000 {
-                let q = arena.allocate(1000, 256, stream(n)).unwrap();
-                // SAFETY: q came from arena with this size and alignment.
-                unsafe { arena.deallocate(q, 1000, 256, stream(n)) };
+                crate::support::serve_one(&arena, 1000, 256, stream(n));
             }
         });
     });
@@ -850,9 +836,7 @@ fn idle_stream_arenas_give_their_superblocks_back() {
     assert_eq!(u.allocated, 5120);
     // Streams old and new still allocate, and the freed superblocks serve a large request.
     for n in [1, 5000, 20_000] {
-        let p = arena.allocate(1000, 256, stream(n)).unwrap();
-        // SAFETY: p came from arena with this size and alignment.
-        unsafe { arena.deallocate(p, 1000, 256, stream(n)) };
+        crate::support::serve_one(&arena, 1000, 256, stream(n));
     }
     let big = arena.allocate(1000 << 20, 256, D).unwrap();
     // SAFETY: each came from arena with this size and alignment.

@@ -188,10 +188,9 @@ fn stream_functions_can_be_supplied() {
 
 #[test]
 fn default_stream_functions_have_nothing_to_wait_for_without_a_driver() {
-    if mrstack::driver_available() {
-        crate::support::skipped(
-            "a driver is loaded, so the defaults call it (the GPU suite tests them)",
-        );
+    if crate::support::driver_loaded(
+        "a driver is loaded, so the defaults call it (the GPU suite tests them)",
+    ) {
         return;
     }
     let mr = heap();
@@ -211,9 +210,7 @@ fn a_callback_is_a_resource_like_any_other() {
     assert_eq!(v.iter().sum::<u32>(), 499_500);
     drop(v);
     assert!(mr.context().live.lock().unwrap().is_empty());
-    let p = any.allocate(64, 64, S).unwrap();
-    // SAFETY: p came from any with this size and align.
-    unsafe { any.deallocate(p, 64, 64, S) };
+    crate::support::serve_one(&any, 64, 64, S);
     assert_eq!(any.name(), "heap");
     assert_eq!(any.properties().alignment, 16);
 }

@@ -147,8 +147,7 @@ fn a_leaf_lacking_a_property_is_refused_before_it_is_built() {
 
 #[test]
 fn cuda_leaves_without_a_driver_say_so() {
-    if mrstack::driver_available() {
-        crate::support::skipped("a driver is loaded here (the GPU suite builds CUDA leaves)");
+    if crate::support::driver_loaded("a driver is loaded here (the GPU suite builds CUDA leaves)") {
         return;
     }
     for text in [
@@ -477,9 +476,7 @@ fn the_issue_example_builds_a_pool_and_bins() {
         "simulated(capacity=1GiB) > fixed_size(block_size=64KiB, blocks_to_preallocate=4)",
     )
     .unwrap();
-    let p = fixed.allocate(1000, 256, S).unwrap();
-    // SAFETY: p came from fixed with this size and align.
-    unsafe { fixed.deallocate(p, 1000, 256, S) };
+    crate::support::serve_one(&fixed, 1000, 256, S);
     let e = fixed.allocate(128 << 10, 256, S).unwrap_err();
     assert!(matches!(e.kind, AllocErrorKind::InvalidArgument(_)), "{e}");
 
@@ -577,9 +574,7 @@ fn a_stack_has_at_most_max_items() {
     assert_eq!(config::MAX_ITEMS, 64);
     // The leaf and 63 adaptors: built, and it allocates through every layer.
     let mr = config::build::<()>(&statistics_stack(63)).unwrap();
-    let p = mr.allocate(1 << 20, 256, S).unwrap();
-    // SAFETY: p came from mr with this size and alignment.
-    unsafe { mr.deallocate(p, 1 << 20, 256, S) };
+    crate::support::serve_one(&mr, 1 << 20, 256, S);
     // One more is refused at the column of the 65th item: 24 characters of leaf, then 63 times
     // " > statistics" (13), then " > ".
     let column = 24 + 63 * 13 + 3 + 1;

@@ -232,9 +232,7 @@ fn an_any_resource_can_sit_under_another_and_in_containers() {
     // types over it.
     let inner = AnyResource::<HostAccessible>::new(System::new());
     let outer = AnyResource::<HostAccessible>::new(inner.clone());
-    let p = outer.allocate(32, 8, S).unwrap();
-    // SAFETY: p came from outer with this size and align.
-    unsafe { outer.deallocate(p, 32, 8, S) };
+    crate::support::serve_one(&outer, 32, 8, S);
     fn device_vec_type<R: MemoryResource + Accessible<DeviceAccessible>>() -> &'static str {
         std::any::type_name::<DeviceVec<u32, R>>()
     }

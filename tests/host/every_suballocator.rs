@@ -70,9 +70,7 @@ fn absurd_configurations_still_serve_what_fits() {
             ..Default::default()
         },
     );
-    let p = arena.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
-    // SAFETY: p came from arena with this size and align.
-    unsafe { arena.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+    crate::support::serve_one(&arena, 1000, 256, StreamRef::DEFAULT);
     drop(arena);
     assert_eq!(sim.in_use(), 0);
 }
@@ -206,9 +204,7 @@ fn tlsf_forgets_idle_streams() {
     let tlsf = Tlsf::new(&sim, TlsfConfig::default());
     for round in 0..200u32 {
         let s = StreamRef::simulated(round + 1).to_handle();
-        let p = tlsf.allocate(4096, 256, s.as_ref()).unwrap();
-        // SAFETY: live with this size.
-        unsafe { tlsf.deallocate(p, 4096, 256, s.as_ref()) };
+        crate::support::serve_one(&tlsf, 4096, 256, s.as_ref());
         let q = tlsf.allocate(4096, 256, StreamRef::DEFAULT).unwrap();
         // SAFETY: live with this size.
         unsafe { tlsf.deallocate(q, 4096, 256, StreamRef::DEFAULT) };
@@ -328,9 +324,7 @@ fn blocks_no_allocation_can_hold_are_out_of_memory() {
 fn a_suballocator_dropped_with_a_block_live_leaks_its_chunk() {
     fn check<R: MemoryResource>(name: &str, sim: &Simulated, mr: R, size: usize) {
         let kept = mr.allocate(size, 256, stream(1)).unwrap();
-        let freed = mr.allocate(size, 256, stream(2)).unwrap();
-        // SAFETY: freed came from mr with this size.
-        unsafe { mr.deallocate(freed, size, 256, stream(2)) };
+        crate::support::serve_one(&mr, size, 256, stream(2));
         let _ = kept; // leaked, as by `mem::forget` of its container
         drop(mr);
         assert!(
@@ -339,9 +333,7 @@ fn a_suballocator_dropped_with_a_block_live_leaks_its_chunk() {
         );
     }
     fn all_back<R: MemoryResource>(name: &str, sim: &Simulated, mr: R, size: usize) {
-        let p = mr.allocate(size, 256, stream(1)).unwrap();
-        // SAFETY: p came from mr with this size.
-        unsafe { mr.deallocate(p, size, 256, stream(1)) };
+        crate::support::serve_one(&mr, size, 256, stream(1));
         drop(mr);
         assert_eq!(sim.live(), 0, "{name}: a wholly free chunk was kept");
     }
@@ -353,30 +345,15 @@ fn a_suballocator_dropped_with_a_block_live_leaks_its_chunk() {
         size: 8 << 20,
         ..Default::default()
     };
-    let sim = Simulated::new(1 << 30);
-    check("Pool", &sim, Pool::new(&sim, PoolConfig::default()), 4096);
-    let sim = Simulated::new(1 << 30);
-    check("FixedSize", &sim, FixedSize::new(&sim, fixed()), 4096);
-    let sim = Simulated::new(1 << 30);
-    check(
-        "Binning",
-        &sim,
-        Binning::new(&sim, BinningConfig::default()),
-        4096,
-    );
-    let sim = Simulated::new(1 << 30);
-    check("Arena", &sim, Arena::new(&sim, arena()), 4096);
-    let sim = Simulated::new(1 << 30);
-    all_back("Pool", &sim, Pool::new(&sim, PoolConfig::default()), 4096);
-    let sim = Simulated::new(1 << 30);
-    all_back("FixedSize", &sim, FixedSize::new(&sim, fixed()), 4096);
-    let sim = Simulated::new(1 << 30);
-    all_back(
-        "Binning",
-        &sim,
-        Binning::new(&sim, BinningConfig::default()),
-        4096,
-    );
-    let sim = Simulated::new(1 << 30);
-    all_back("Arena", &sim, Arena::new(&sim, arena()), 4096);
+    // Both checks over a fresh upstream each, the suballocator sharing it.
+    fn both<R: MemoryResource>(name: &str, make: impl Fn(std::sync::Arc<Simulated>) -> R) {
+        let sim = std::sync::Arc::new(Simulated::new(1 << 30));
+        check(name, &sim, make(sim.clone()), 4096);
+        let sim = std::sync::Arc::new(Simulated::new(1 << 30));
+        all_back(name, &sim, make(sim.clone()), 4096);
+    }
+    both("Pool", |sim| Pool::new(sim, PoolConfig::default()));
+    both("FixedSize", |sim| FixedSize::new(sim, fixed()));
+    both("Binning", |sim| Binning::new(sim, BinningConfig::default()));
+    both("Arena", |sim| Arena::new(sim, arena()));
 }

@@ -96,9 +96,7 @@ fn simulated_out_of_memory_is_an_error_and_recoverable() {
     );
     // SAFETY: a came from sim with this size.
     unsafe { sim.deallocate(a, 4096, 1, S) };
-    let b = sim.allocate(4096, 1, S).unwrap();
-    // SAFETY: b came from sim with this size.
-    unsafe { sim.deallocate(b, 4096, 1, S) };
+    crate::support::serve_one(&sim, 4096, 1, S);
 }
 
 #[test]
@@ -184,16 +182,16 @@ fn simulated_starts_over_once_its_address_space_is_spent_and_nothing_is_live() {
 
 #[test]
 fn cuda_constructors_fail_cleanly_without_a_driver() {
-    if mrstack::driver_available() {
-        crate::support::skipped("a CUDA driver is present here; the GPU suite covers this machine");
+    if crate::support::driver_loaded(
+        "a CUDA driver is present here; the GPU suite covers this machine",
+    ) {
         return;
     }
-    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
-    no_driver(mrstack::cuda_context(0).unwrap_err());
-    no_driver(Cuda::on_device(0).unwrap_err());
-    no_driver(CudaAsync::on_device(0).unwrap_err());
-    no_driver(Managed::on_device(0).unwrap_err());
-    no_driver(Pinned::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(mrstack::cuda_context(0).unwrap_err());
+    crate::support::assert_no_driver(Cuda::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(CudaAsync::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(Managed::on_device(0).unwrap_err());
+    crate::support::assert_no_driver(Pinned::on_device(0).unwrap_err());
     assert_eq!(mrstack::device_count(), 0);
     let msg = Cuda::on_device(0).unwrap_err().to_string();
     assert!(msg.contains("no CUDA driver"), "{msg}");

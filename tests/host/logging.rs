@@ -96,9 +96,7 @@ fn logging_threads_get_their_own_numbers() {
     std::thread::scope(|s| {
         for _ in 0..3 {
             s.spawn(|| {
-                let p = mr.allocate(64, 16, S).unwrap();
-                // SAFETY: p came from mr with this size and alignment.
-                unsafe { mr.deallocate(p, 64, 16, S) };
+                crate::support::serve_one(&mr, 64, 16, S);
             });
         }
     });
@@ -132,9 +130,7 @@ fn logging_keeps_every_line_and_each_threads_order() {
             s.spawn(move || {
                 for i in 0..pairs {
                     let size = 16 + (i * 31 + t * 7) % 200;
-                    let p = mr.allocate(size, 16, S).unwrap();
-                    // SAFETY: p came from mr with this size and alignment.
-                    unsafe { mr.deallocate(p, size, 16, S) };
+                    crate::support::serve_one(&mr, size, 16, S);
                 }
             });
         }
@@ -187,9 +183,7 @@ fn logging_times_are_the_wall_clock_in_microseconds() {
     let mut times = Vec::new();
     for _ in 0..3 {
         times.push(micros());
-        let p = mr.allocate(256, 16, S).unwrap();
-        // SAFETY: p came from mr with this size and alignment.
-        unsafe { mr.deallocate(p, 256, 16, S) };
+        crate::support::serve_one(&mr, 256, 16, S);
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let after = micros();
@@ -236,9 +230,7 @@ fn logging_survives_a_writer_that_panics() {
     // and flush says what happened.
     let mr = Logging::new(System::new(), Panics);
     for i in 0..20_000 {
-        let p = mr.allocate(64 + i % 100, 16, S).unwrap();
-        // SAFETY: p came from mr with this size and alignment.
-        unsafe { mr.deallocate(p, 64 + i % 100, 16, S) };
+        crate::support::serve_one(&mr, 64 + i % 100, 16, S);
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut flushed = mr.flush();
@@ -260,9 +252,7 @@ fn logging_keeps_a_panicking_writer_out_of_drop_and_into_parts() {
     // neither `drop` (an abort when dropped while unwinding) nor `into_parts`.
     let few = |mr: &Logging<System, Panics>| {
         for _ in 0..4 {
-            let p = mr.allocate(64, 8, S).unwrap();
-            // SAFETY: p came from mr with this size and alignment.
-            unsafe { mr.deallocate(p, 64, 8, S) };
+            crate::support::serve_one(&mr, 64, 8, S);
         }
     };
     let mr = Logging::new(System::new(), Panics);
@@ -303,9 +293,7 @@ impl std::io::Write for Broken {
 fn logging_write_errors_do_not_fail_allocations() {
     let mr = Logging::new(System::new(), Broken);
     // The header sits in the buffer; the error shows when the buffer is written out.
-    let p = mr.allocate(64, 16, S).unwrap();
-    // SAFETY: p came from mr with this size and alignment.
-    unsafe { mr.deallocate(p, 64, 16, S) };
+    crate::support::serve_one(&mr, 64, 16, S);
     let err = mr.flush().unwrap_err();
     assert_eq!(err.to_string(), "disk on fire");
 }
@@ -321,9 +309,7 @@ fn logging_through_resource_stack_to_a_file() {
                 to: Box::new(std::fs::File::create(&path).unwrap())
             }
         ];
-        let p = mr.allocate(4 << 10, 256, S).unwrap();
-        // SAFETY: p came from mr with this size and alignment.
-        unsafe { mr.deallocate(p, 4 << 10, 256, S) };
+        crate::support::serve_one(&mr, 4 << 10, 256, S);
         // Dropping the adaptor flushes the buffer.
     }
     let text = std::fs::read_to_string(&path).unwrap();

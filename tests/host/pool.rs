@@ -113,9 +113,7 @@ fn pool_at_its_maximum_is_out_of_memory_and_recovers() {
         unsafe { pool.deallocate(b, 256 << 10, 256, d) };
     }
     assert_eq!(pool.usage().allocated, 0);
-    let all = pool.allocate(1 << 20, 256, d).unwrap();
-    // SAFETY: live with this size.
-    unsafe { pool.deallocate(all, 1 << 20, 256, d) };
+    crate::support::serve_one(&pool, 1 << 20, 256, d);
 }
 
 #[test]
@@ -196,9 +194,7 @@ fn pool_try_new_reports_a_failed_reservation() {
     // `new` (and the macro) start empty instead, and still serve what fits.
     let pool = resource_stack![&sim, Pool { initial: 2 MiB }];
     assert_eq!(pool.usage().held, 0);
-    let p = pool.allocate(1000, 256, StreamRef::DEFAULT).unwrap();
-    // SAFETY: live with this size.
-    unsafe { pool.deallocate(p, 1000, 256, StreamRef::DEFAULT) };
+    crate::support::serve_one(&pool, 1000, 256, StreamRef::DEFAULT);
     drop(pool);
     let ok = Pool::try_new(
         &sim,

@@ -174,18 +174,16 @@ fn threads_racing_set_and_get() {
 
 #[test]
 fn the_process_wide_registry_needs_a_driver() {
-    if mrstack::driver_available() {
-        crate::support::skipped(
-            "a driver is loaded here; the GPU suite (erased) covers the registry",
-        );
+    if crate::support::driver_loaded(
+        "a driver is loaded here; the GPU suite (erased) covers the registry",
+    ) {
         return;
     }
-    let no_driver = |e: AllocError| assert_eq!(e.kind, AllocErrorKind::NoDriver, "{e}");
-    no_driver(registry::per_device_resource(0).unwrap_err());
-    no_driver(registry::reset_per_device_resource(0).unwrap_err());
-    no_driver(registry::current_device_resource().unwrap_err());
-    no_driver(registry::current_device().unwrap_err());
-    no_driver(registry::reset_current_device_resource().unwrap_err());
+    crate::support::assert_no_driver(registry::per_device_resource(0).unwrap_err());
+    crate::support::assert_no_driver(registry::reset_per_device_resource(0).unwrap_err());
+    crate::support::assert_no_driver(registry::current_device_resource().unwrap_err());
+    crate::support::assert_no_driver(registry::current_device().unwrap_err());
+    crate::support::assert_no_driver(registry::reset_current_device_resource().unwrap_err());
 }
 
 /// A default that lost to a resource stored meanwhile is dropped after the slot's lock goes: its

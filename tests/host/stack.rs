@@ -472,50 +472,26 @@ fn macro_size_literals_in_every_spelling() {
             other => panic!("{other:?}"),
         }
     };
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 0x10 MiB }]),
-        16 << 20
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 2KiB }]),
-        2048
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 1_024 B }]),
-        1024
-    );
+    // The limit of a `Limiting` layer written `Limiting { limit: … }` with these tokens.
+    macro_rules! limit_of {
+        ($($limit:tt)*) => {
+            limit(&resource_stack![&sim, Limiting { limit: $($limit)* }])
+        };
+    }
+    assert_eq!(limit_of!(0x10 MiB), 16 << 20);
+    assert_eq!(limit_of!(2KiB), 2048);
+    assert_eq!(limit_of!(1_024 B), 1024);
     // An expression is bytes; a number literal alone needs its unit (tests/ui/size_without_unit.rs).
     let kib = 1024;
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 3 * kib }]),
-        3072
-    );
+    assert_eq!(limit_of!(3 * kib), 3072);
     // KB/MB/GB/TB are powers of 1024, as Holoscan reads them.
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 3 GB }]),
-        3 << 30
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: "64 KB" }]),
-        64 << 10
-    );
+    assert_eq!(limit_of!(3 GB), 3 << 30);
+    assert_eq!(limit_of!("64 KB"), 64 << 10);
     // Decimals, truncated to whole bytes: as a literal and its unit, or as a string.
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 1.5 GiB }]),
-        3 << 29
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 1.5GiB }]),
-        3 << 29
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: "1.5GB" }]),
-        3 << 29
-    );
-    assert_eq!(
-        limit(&resource_stack![&sim, Limiting { limit: 0.3 KiB }]),
-        307
-    );
+    assert_eq!(limit_of!(1.5 GiB), 3 << 29);
+    assert_eq!(limit_of!(1.5GiB), 3 << 29);
+    assert_eq!(limit_of!("1.5GB"), 3 << 29);
+    assert_eq!(limit_of!(0.3 KiB), 307);
     // Both literal and in order: accepted.
     let pool = resource_stack![&sim, Pool { initial: 1 MiB, max: "2MB" }];
     assert_eq!(pool.usage().held, 1 << 20);

@@ -19,6 +19,31 @@ use crate::suballoc_support::{
     cases, check_pattern, nn, on_workers, ops, stream, Block, Coalescing, Job, Live, Op,
 };
 
+/// Takes the live block `pick` chooses out of `live`, and its bytes out of `extents`; `None`
+/// when nothing is live.
+fn take_live(
+    live: &mut Vec<Block>,
+    extents: &mut Live,
+    pick: prop::sample::Index,
+) -> Option<Block> {
+    if live.is_empty() {
+        return None;
+    }
+    let b = live.swap_remove(pick.index(live.len()));
+    if b.size > 0 {
+        extents.remove(b.addr);
+    }
+    Some(b)
+}
+
+/// The address of a block `allocate` returned, checked to meet `align` and the 256 bytes every
+/// suballocator here gives.
+fn aligned_addr(p: std::ptr::NonNull<u8>, align: usize) -> Result<usize, TestCaseError> {
+    let addr = p.as_ptr() as usize;
+    prop_assert_eq!(addr % align.max(256), 0);
+    Ok(addr)
+}
+
 fn pool_config() -> impl Strategy<Value = (usize, usize, usize)> {
     // (initial, max, upstream capacity)
     (
@@ -80,11 +105,7 @@ fn coalescing_model_by<P: Coalescing>(
                 }
             },
             Op::Free { pick, stream: s } => {
-                if !live.is_empty() {
-                    let b = live.swap_remove(pick.index(live.len()));
-                    if b.size > 0 {
-                        extents.remove(b.addr);
-                    }
+                if let Some(b) = take_live(&mut live, &mut extents, pick) {
                     run(t, Job::Free(b.addr, b.size, b.align, stream(s))).unwrap();
                 }
             }
@@ -277,8 +298,7 @@ proptest! {
             match op {
                 Op::Alloc { size, align, stream: s } => match mr.allocate(size, align, stream(s)) {
                     Ok(p) => {
-                        let addr = p.as_ptr() as usize;
-                        prop_assert_eq!(addr % align.max(256), 0);
+                        let addr = aligned_addr(p, align)?;
                         prop_assert!(size <= bs);
                         if size > 0 {
                             extents.insert(addr, bs);
@@ -298,11 +318,7 @@ proptest! {
                     }
                 },
                 Op::Free { pick, stream: s } => {
-                    if !live.is_empty() {
-                        let b = live.swap_remove(pick.index(live.len()));
-                        if b.size > 0 {
-                            extents.remove(b.addr);
-                        }
+                    if let Some(b) = take_live(&mut live, &mut extents, pick) {
                         // SAFETY: b is live, from this resource, with this size and alignment.
                         unsafe { mr.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
                     }
@@ -346,8 +362,7 @@ proptest! {
             match op {
                 Op::Alloc { size, align, stream: s } => match mr.allocate(size, align, stream(s)) {
                     Ok(p) => {
-                        let addr = p.as_ptr() as usize;
-                        prop_assert_eq!(addr % align.max(256), 0);
+                        let addr = aligned_addr(p, align)?;
                         if size > 0 {
                             let b = Block { addr, size, align };
                             let len = if passed(&b) { size } else { *sizes.iter().find(|&&s| s >= size).unwrap() };
@@ -358,11 +373,7 @@ proptest! {
                     Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
                 },
                 Op::Free { pick, stream: s } => {
-                    if !live.is_empty() {
-                        let b = live.swap_remove(pick.index(live.len()));
-                        if b.size > 0 {
-                            extents.remove(b.addr);
-                        }
+                    if let Some(b) = take_live(&mut live, &mut extents, pick) {
                         // SAFETY: b is live, from this resource, with this size and alignment.
                         unsafe { mr.deallocate(nn(b.addr), b.size, b.align, stream(s)) };
                     }

@@ -220,9 +220,7 @@ fn a_stream_switch_hands_the_blocks_on_with_their_room() {
     std::thread::scope(|s| {
         s.spawn(|| {
             for _ in 0..4 {
-                let p = mr.allocate(64 << 10, 256, stream(1)).unwrap();
-                // SAFETY: p came from mr with this size and alignment.
-                unsafe { mr.deallocate(p, 64 << 10, 256, stream(1)) };
+                crate::support::serve_one(&mr, 64 << 10, 256, stream(1));
             }
         });
     });
@@ -255,9 +253,7 @@ fn an_exiting_thread_hands_its_blocks_and_room_on() {
     .unwrap();
     let before = rec.record().allocations();
     for _ in 0..100 {
-        let p = mr.allocate(64 << 10, 256, stream(1)).unwrap();
-        // SAFETY: p came from mr with this size and alignment.
-        unsafe { mr.deallocate(p, 64 << 10, 256, stream(1)) };
+        crate::support::serve_one(&mr, 64 << 10, 256, stream(1));
     }
     assert_eq!(
         rec.record().allocations(),
@@ -363,9 +359,7 @@ fn exiting_threads_on_streams_of_their_own_leave_at_most_eight_lists_a_class() {
     }
     // The exit hooks could not give the lists past eight to the upstream; this thread's next
     // free does.
-    let p = mr.allocate(256, 256, stream(1000)).unwrap();
-    // SAFETY: p came from mr with this size and alignment.
-    unsafe { mr.deallocate(p, 256, 256, stream(1000)) };
+    crate::support::serve_one(&mr, 256, 256, stream(1000));
     assert_eq!(
         rec.record().in_use(),
         9 * 256,
@@ -408,9 +402,7 @@ fn streams_used_once_do_not_pile_up_on_the_shared_lists() {
     let rec = Recorder::new(System::new());
     let mr = ThreadCache::new(&rec, config(256 << 20, 16 << 20));
     for k in 1..=2_000u32 {
-        let p = mr.allocate(256, 256, stream(k as usize)).unwrap();
-        // SAFETY: p came from mr with this size and alignment.
-        unsafe { mr.deallocate(p, 256, 256, stream(k as usize)) };
+        crate::support::serve_one(&mr, 256, 256, stream(k as usize));
     }
     // The thread's cache holds the last stream's block, the class's list eight others.
     assert_eq!(mr.cached(), 9 * 256);

@@ -128,9 +128,7 @@ fn thread_heaps_keep_their_cap_after_an_upstream_panics() {
     assert!(r.is_err(), "the upstream's panic comes through");
     assert_eq!((heaps.usage().held, up.inner.record().in_use()), (0, 0));
     // Nothing is held: the whole cap is there.
-    let p = heaps.allocate(4 << 20, 256, StreamRef::DEFAULT).unwrap();
-    // SAFETY: live with this size.
-    unsafe { heaps.deallocate(p, 4 << 20, 256, StreamRef::DEFAULT) };
+    crate::support::serve_one(&heaps, 4 << 20, 256, StreamRef::DEFAULT);
     drop(heaps);
     assert_eq!(up.inner.record().in_use(), 0);
 }
@@ -209,9 +207,7 @@ fn a_request_above_the_cap_gives_nothing_back() {
         run(0, Job::Free(p, 8 << 20, 256, stream(0))).unwrap();
     });
     let keep = heaps.allocate(256, 256, StreamRef::DEFAULT).unwrap();
-    let p = heaps.allocate(8 << 20, 256, StreamRef::DEFAULT).unwrap();
-    // SAFETY: live with this size.
-    unsafe { heaps.deallocate(p, 8 << 20, 256, StreamRef::DEFAULT) };
+    crate::support::serve_one(&heaps, 8 << 20, 256, StreamRef::DEFAULT);
     let (held, frees) = (heaps.usage().held, rec.record().deallocations());
     let err = heaps
         .allocate(1 << 30, 256, StreamRef::DEFAULT)

@@ -27,6 +27,31 @@ pub(crate) fn gpu() -> Option<Arc<cudarc::driver::CudaContext>> {
     }
 }
 
+/// Whether a CUDA driver is loaded here; if so, counts the calling test of the no-driver paths
+/// as skipped, saying `why`, and the test returns early (the GPU suite covers such a machine).
+pub(crate) fn driver_loaded(why: &str) -> bool {
+    let loaded = mrstack::driver_available();
+    if loaded {
+        skipped(why);
+    }
+    loaded
+}
+
+/// Checks that `e` says no CUDA driver could be loaded.
+#[track_caller]
+pub(crate) fn assert_no_driver(e: AllocError) {
+    assert_eq!(e.kind, mrstack::resource::AllocErrorKind::NoDriver, "{e}");
+}
+
+/// Allocates a block of `size` bytes at `align` on `stream` from `mr`, panicking if that fails,
+/// and frees it at once: a request the resource must serve.
+#[track_caller]
+pub(crate) fn serve_one<R: MemoryResource>(mr: &R, size: usize, align: usize, stream: StreamRef) {
+    let p = mr.allocate(size, align, stream).unwrap();
+    // SAFETY: p came from mr just now, with this size and alignment.
+    unsafe { mr.deallocate(p, size, align, stream) };
+}
+
 /// Tests of this binary that skipped so far, and the first one's reason.
 static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static FIRST_REASON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -182,4 +207,46 @@ where
     }
     .expect("launch");
     assert_eq!(v.to_vec().unwrap(), expected_fill(v.len(), k));
+}
+
+/// A context, as the GPU tests pass one.
+type Ctx = Arc<CudaContext>;
+/// A stream, as the GPU tests pass one.
+type Stream = Arc<CudaStream>;
+
+/// `n` zeros in a `DeviceVec` of a plain `Cuda` leaf on `ctx`, ordered on `stream`.
+pub(crate) fn device_zeros(ctx: &Ctx, n: usize, stream: &Stream) -> DeviceVec<u32, Cuda> {
+    DeviceVec::zeroed(n, Cuda::new(ctx).unwrap(), stream).unwrap()
+}
+
+/// `n` zeros in a `PinnedVec` of a plain `Pinned` leaf on `ctx`, ordered on `stream`.
+pub(crate) fn pinned_zeros(ctx: &Ctx, n: usize, stream: &Stream) -> PinnedVec<u32, Pinned> {
+    PinnedVec::zeroed(n, Pinned::new(ctx).unwrap(), stream).unwrap()
+}
+
+/// Queues slow `fill` work on a `DeviceVec` of `dev`'s context and stream, copies it on that
+/// stream into a `PinnedVec` of `pinned`'s context and stream without waiting, and checks every
+/// value of the `PinnedVec`'s host read: the read must wait for the copy, whichever stream it
+/// was queued on.
+pub(crate) fn slow_copy_into_pinned(dev: (&Ctx, &Stream), pinned: (&Ctx, &Stream), k: u32) {
+    let n = 1 << 20;
+    let mut from = device_zeros(dev.0, n, dev.1);
+    let mut to = pinned_zeros(pinned.0, n, pinned.1);
+    slow_fill!(dev.0, dev.1, &mut from, n, k);
+    dev.1.memcpy_dtoh(&from, &mut to).unwrap();
+    assert_filled(&to[..], n, k);
+}
+
+/// Checks that `got` holds exactly what `fill` writes over `n` values with `k`.
+#[track_caller]
+pub(crate) fn assert_filled(got: impl AsRef<[u32]>, n: usize, k: u32) {
+    assert_eq!(got.as_ref(), &expected_fill(n, k)[..]);
+}
+
+/// Checks that the first `n` values of `host` are still zero and the rest what `fill` writes
+/// over `n` values with `k`: a copy into the second half of a zeroed vector of `2 * n`.
+#[track_caller]
+pub(crate) fn assert_zeros_then_filled(host: &[u32], n: usize, k: u32) {
+    assert!(host[..n].iter().all(|&x| x == 0));
+    assert_eq!(host[n..], expected_fill(n, k)[..]);
 }

@@ -1,6 +1,7 @@
 //! Workloads, the replayer of one thread, timing, and the minimum-capacity search.
 
 use super::{alloc, free, HEADER};
+use crate::adaptor_support::{claims, streams};
 use mrstack::prelude::*;
 use mrstack::replay::rmm_log;
 use mrstack::replay::{
@@ -177,11 +178,7 @@ struct NoReuse<U: MemoryResource> {
 
 // SAFETY: every block comes from the upstream and goes back to it, once, on drop.
 unsafe impl<U: MemoryResource> MemoryResource for NoReuse<U> {
-    type Host = U::Host;
-    type Device = U::Device;
-    type Managed = U::Managed;
-    type Pageable = U::Pageable;
-    type Alignment = U::Alignment;
+    claims! { as U }
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         if let Some(p) = check_request::<Self>(size, align, "NoReuse")? {
@@ -199,12 +196,7 @@ unsafe impl<U: MemoryResource> MemoryResource for NoReuse<U> {
         }
     }
 
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.upstream.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.upstream.order_after(s, after)
-    }
+    streams!(to upstream);
 }
 
 impl<U: MemoryResource> Drop for NoReuse<U> {

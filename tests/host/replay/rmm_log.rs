@@ -78,12 +78,18 @@ fn parse_error(body: &str) -> (usize, String, TraceErrorKind) {
     (e.line, msg, e.kind)
 }
 
+/// Parses `line` after the standard header and one good allocation, checks that the error is on
+/// that line (line 3), and returns its message and kind.
+#[track_caller]
+fn second_line_error(line: &str) -> (String, TraceErrorKind) {
+    let (at, msg, kind) = parse_error(&format!("0,1,allocate,0x100,64,0\n{line}"));
+    assert_eq!(at, 3);
+    (msg, kind)
+}
+
 #[test]
 fn malformed_lines_are_errors_naming_the_line() {
-    let ok = "0,1,allocate,0x100,64,0\n";
-
-    let (line, msg, kind) = parse_error(&format!("{ok}0,2,allocate,0x200,64\n"));
-    assert_eq!(line, 3);
+    let (msg, kind) = second_line_error("0,2,allocate,0x200,64\n");
     assert!(matches!(
         kind,
         TraceErrorKind::FieldCount {
@@ -93,16 +99,14 @@ fn malformed_lines_are_errors_naming_the_line() {
     ));
     assert!(msg.contains("line 3") && msg.contains("5 fields"), "{msg}");
 
-    let (line, msg, kind) = parse_error(&format!("{ok}0,2,allocate,0x200,lots,0\n"));
-    assert_eq!(line, 3);
+    let (msg, kind) = second_line_error("0,2,allocate,0x200,lots,0\n");
     assert!(matches!(
         kind,
         TraceErrorKind::BadNumber { column: "Size", .. }
     ));
     assert!(msg.contains("Size `lots` is not a number"), "{msg}");
 
-    let (line, _, kind) = parse_error(&format!("{ok}0,2,allocate,0xZZ,8,0\n"));
-    assert_eq!(line, 3);
+    let (_, kind) = second_line_error("0,2,allocate,0xZZ,8,0\n");
     assert!(matches!(
         kind,
         TraceErrorKind::BadNumber {
@@ -111,17 +115,14 @@ fn malformed_lines_are_errors_naming_the_line() {
         }
     ));
 
-    let (line, msg, kind) = parse_error(&format!("{ok}0,2,reallocate,0x200,8,0\n"));
-    assert_eq!(line, 3);
+    let (msg, kind) = second_line_error("0,2,reallocate,0x200,8,0\n");
     assert!(matches!(kind, TraceErrorKind::UnknownAction(ref a) if a == "reallocate"));
     assert!(msg.contains("unknown action `reallocate`"), "{msg}");
 
-    let (line, _, kind) = parse_error(&format!("{ok}0,2,allocate,0x100,8,0\n"));
-    assert_eq!(line, 3);
+    let (_, kind) = second_line_error("0,2,allocate,0x100,8,0\n");
     assert!(matches!(kind, TraceErrorKind::PointerLive(0x100)));
 
-    let (line, _, kind) = parse_error(&format!("{ok}0,2,free,0x100,65,0\n"));
-    assert_eq!(line, 3);
+    let (_, kind) = second_line_error("0,2,free,0x100,65,0\n");
     assert!(matches!(
         kind,
         TraceErrorKind::SizeMismatch {

@@ -2,6 +2,7 @@
 //! meter that counts what reaches the upstream from them.
 
 use super::{alloc, free, HEADER};
+use crate::adaptor_support::{claims, deallocate_to, streams};
 use mrstack::prelude::*;
 use mrstack::replay::rmm_log;
 use mrstack::replay::{self, measure, ReplayError, Workload, WorkloadError};
@@ -232,9 +233,7 @@ fn metered_counts_what_reaches_its_upstream_from_many_threads() {
             s.spawn(move || {
                 for i in 0..200 {
                     let size = 256 * (1 + (i + t) % 7);
-                    let p = meter.allocate(size, 256, StreamRef::DEFAULT).unwrap();
-                    // SAFETY: p came from meter with this size and alignment.
-                    unsafe { meter.deallocate(p, size, 256, StreamRef::DEFAULT) };
+                    crate::support::serve_one(&meter, size, 256, StreamRef::DEFAULT);
                 }
             });
         }
@@ -256,28 +255,15 @@ struct PanicsOn999(Simulated);
 
 // SAFETY: every call goes to the Simulated inside, unchanged, or panics before reaching it.
 unsafe impl MemoryResource for PanicsOn999 {
-    type Host = <Simulated as MemoryResource>::Host;
-    type Device = <Simulated as MemoryResource>::Device;
-    type Managed = <Simulated as MemoryResource>::Managed;
-    type Pageable = <Simulated as MemoryResource>::Pageable;
-    type Alignment = <Simulated as MemoryResource>::Alignment;
+    claims! { as Simulated }
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         assert_ne!(size, 999, "PanicsOn999 was asked for 999 bytes");
         self.0.allocate(size, align, s)
     }
 
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, align: usize, s: StreamRef) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.0.deallocate(ptr, size, align, s) }
-    }
-
-    fn synchronize(&self, s: StreamRef) -> Result<(), AllocError> {
-        self.0.synchronize(s)
-    }
-    fn order_after(&self, s: StreamRef, after: StreamRef) -> Result<(), AllocError> {
-        self.0.order_after(s, after)
-    }
+    deallocate_to!(0);
+    streams!(to 0);
 }
 
 #[test]
