@@ -72,7 +72,9 @@ fn thread_heaps_give_a_block_back_to_the_heap_it_came_from() {
         let mine = heaps.allocate(4096, 256, StreamRef::DEFAULT).unwrap();
         // SAFETY: live blocks of `heaps` with this size.
         unsafe { heaps.deallocate(nn(a), 4096, 256, StreamRef::DEFAULT) };
-        assert_eq!(heaps.heaps(), 2);
+        // Two heaps, or one where other tests' threads hold every thread slot at the moment
+        // (both threads then share the overflow heap): the block goes back either way.
+        assert!((1..=2).contains(&heaps.heaps()), "{}", heaps.heaps());
         // The worker's heap has it back: its next request of that size gets it, with no
         // ordering (same stream) and no new chunk.
         let chunks = rec.record().live();
