@@ -148,6 +148,20 @@
 //! 0.6 µs, which is why a cache over its bound is trimmed behind events, queried every 32 calls,
 //! and never behind a host synchronization.
 //!
+//! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,heaps,cuda_async,pool,binning,arena
+//! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random bash scripts/gpu-bench-rmm`, one call on
+//! the same H200, 2026-11-28), ns/op (wall time over all threads' ops), RMM's best of its
+//! `cuda_async`, `pool`, `binning` and `arena` in the same run:
+//!
+//! | threads, streams | `paged` | `heaps` | RMM's best | `paged` / RMM's best |
+//! |---|---:|---:|---:|---:|
+//! | 1, own | 150 | 142 | 259 (binning) | 0.58 |
+//! | 1, one | 135 | 106 | 324 (binning) | 0.42 |
+//! | 8, own | 137 | 23.2 | 671 (binning) | 0.20 |
+//! | 8, one | 48.4 | 21.3 | 1,314 (binning) | 0.037 |
+//! | 16, own | 77.1 | 15.8 | 368 (arena) | 0.21 |
+//! | 16, one | 48.1 | 13.7 | 1,460 (binning) | 0.033 |
+//!
 //! # Clients through the C library
 //!
 //! `bash gpu-bin/run.sh clients` ([C library](super::c_library#the-gpu-proof)) on an NVIDIA H100
