@@ -262,16 +262,8 @@ mod host_leaf {
         }
     }
 
-    pub(crate) struct DevicePages;
-
-    impl DevicePages {
-        #[allow(clippy::new_ret_no_self)]
-        pub(crate) fn new(
-            capacity: &usize,
-        ) -> Result<mrstack::leaf::Simulated, mrstack::resource::AllocError> {
-            Ok(mrstack::leaf::Simulated::new(*capacity))
-        }
-    }
+    /// The same stand-in: both build a `Simulated` of the capacity.
+    pub(crate) type DevicePages = Cuda;
 }
 
 /// Stands in for `mrstack::leaf::PagedHeaps` in the golden block: `PagedHeaps::for_context(&ctx)?`,
@@ -296,64 +288,44 @@ mod host_paged {
 
 /// The golden blocks over the stand-in leaf, as they are in the files.
 mod on_host {
-    use super::host_leaf::Cuda;
+    use super::host_leaf::{Cuda, DevicePages};
+    use super::host_paged::PagedHeaps;
     use super::*;
+    use mrstack::leaf::{VirtualMemory, VirtualMemoryConfig};
 
-    pub(crate) fn arena(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
-        Ok(include!("data/recommended_arena.rs"))
+    /// `name(ctx)`: the block of `data/recommended_name.rs` over the stand-ins, `ctx` their
+    /// capacity (named here, where the blocks' own `ctx` is written).
+    macro_rules! golden {
+        ($ctx:ident: $($name:ident)*) => {$(
+            pub(crate) fn $name($ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
+                Ok(include!(concat!("data/recommended_", stringify!($name), ".rs")))
+            }
+        )*};
     }
-    pub(crate) fn tlsf(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
-        Ok(include!("data/recommended_tlsf.rs"))
-    }
-    pub(crate) fn pool(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
-        Ok(include!("data/recommended_pool.rs"))
-    }
-    pub(crate) fn binning(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
-        Ok(include!("data/recommended_binning.rs"))
-    }
-    pub(crate) fn paged(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
-        use super::host_paged::PagedHeaps;
-        Ok(include!("data/recommended_paged.rs"))
-    }
-    pub(crate) fn vmm(ctx: usize) -> Result<impl MemoryResource, Box<dyn Error>> {
-        use super::host_leaf::DevicePages;
-        use mrstack::leaf::{VirtualMemory, VirtualMemoryConfig};
-        Ok(include!("data/recommended_vmm.rs"))
-    }
+
+    golden!(ctx: arena tlsf pool binning paged vmm);
 }
 
 /// The golden blocks over the real `Cuda` leaf, written as the command says: after
 /// `use mrstack::prelude::*;` and `let ctx = mrstack::cuda_context(0)?;`. That these compile is
 /// the test that a user can paste them; they run where there is a GPU.
 mod on_gpu {
+    use mrstack::leaf::{DevicePages, VirtualMemory, VirtualMemoryConfig};
     use mrstack::prelude::*;
     use std::error::Error;
 
-    pub(crate) fn arena() -> Result<impl MemoryResource, Box<dyn Error>> {
-        let ctx = mrstack::cuda_context(0)?;
-        Ok(include!("data/recommended_arena.rs"))
+    /// `name()`: the block of `data/recommended_name.rs` after `let ctx = …`, as printed (`ctx`
+    /// named here, where the blocks' own `ctx` is written).
+    macro_rules! golden {
+        ($ctx:ident: $($name:ident)*) => {$(
+            pub(crate) fn $name() -> Result<impl MemoryResource, Box<dyn Error>> {
+                let $ctx = mrstack::cuda_context(0)?;
+                Ok(include!(concat!("data/recommended_", stringify!($name), ".rs")))
+            }
+        )*};
     }
-    pub(crate) fn tlsf() -> Result<impl MemoryResource, Box<dyn Error>> {
-        let ctx = mrstack::cuda_context(0)?;
-        Ok(include!("data/recommended_tlsf.rs"))
-    }
-    pub(crate) fn pool() -> Result<impl MemoryResource, Box<dyn Error>> {
-        let ctx = mrstack::cuda_context(0)?;
-        Ok(include!("data/recommended_pool.rs"))
-    }
-    pub(crate) fn binning() -> Result<impl MemoryResource, Box<dyn Error>> {
-        let ctx = mrstack::cuda_context(0)?;
-        Ok(include!("data/recommended_binning.rs"))
-    }
-    pub(crate) fn paged() -> Result<impl MemoryResource, Box<dyn Error>> {
-        let ctx = mrstack::cuda_context(0)?;
-        Ok(include!("data/recommended_paged.rs"))
-    }
-    pub(crate) fn vmm() -> Result<impl MemoryResource, Box<dyn Error>> {
-        use mrstack::leaf::{DevicePages, VirtualMemory, VirtualMemoryConfig};
-        let ctx = mrstack::cuda_context(0)?;
-        Ok(include!("data/recommended_vmm.rs"))
-    }
+
+    golden!(ctx: arena tlsf pool binning paged vmm);
 }
 
 fn capacity_of(stack: &str) -> usize {

@@ -102,6 +102,38 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
 impl<P: PhysicalPages + ?Sized> sealed::Sealed for Arc<P> {}
 impl<P: PhysicalPages + ?Sized> sealed::Sealed for &P {}
 
+/// Writes the calls of a page source that wraps another, `$inner` (an expression of `self`), and
+/// takes its geometry and reservations as they are: `page_size`, `capacity`,
+/// `default_reservation`, `reserve` and `unreserve`.
+macro_rules! forward_reservations {
+    // `self` is named by the caller: a macro's own `self` would be another (hygiene).
+    ($s:ident . $field:ident) => {
+        $crate::leaf::pages::forward_reservations!(@ $s, $s.$field);
+    };
+    (** $s:ident) => {
+        $crate::leaf::pages::forward_reservations!(@ $s, **$s);
+    };
+    (@ $s:ident, $($inner:tt)+) => {
+        fn page_size(&$s) -> usize {
+            $crate::leaf::PhysicalPages::page_size(&$($inner)+)
+        }
+        fn capacity(&$s) -> usize {
+            $crate::leaf::PhysicalPages::capacity(&$($inner)+)
+        }
+        fn default_reservation(&$s) -> usize {
+            $crate::leaf::PhysicalPages::default_reservation(&$($inner)+)
+        }
+        fn reserve(&$s, size: usize) -> $crate::resource::Result<usize> {
+            $crate::leaf::PhysicalPages::reserve(&$($inner)+, size)
+        }
+        unsafe fn unreserve(&$s, addr: usize, size: usize) {
+            // SAFETY: forwarded from the caller.
+            unsafe { $crate::leaf::PhysicalPages::unreserve(&$($inner)+, addr, size) }
+        }
+    };
+}
+pub(crate) use forward_reservations;
+
 /// Forwards every call to the `PhysicalPages` behind a pointer.
 macro_rules! forward_pages {
     () => {
@@ -110,22 +142,7 @@ macro_rules! forward_pages {
         type Managed = P::Managed;
         type Page = P::Page;
         type Mark = P::Mark;
-        fn page_size(&self) -> usize {
-            (**self).page_size()
-        }
-        fn capacity(&self) -> usize {
-            (**self).capacity()
-        }
-        fn default_reservation(&self) -> usize {
-            (**self).default_reservation()
-        }
-        fn reserve(&self, size: usize) -> Result<usize> {
-            (**self).reserve(size)
-        }
-        unsafe fn unreserve(&self, addr: usize, size: usize) {
-            // SAFETY: forwarded from the caller.
-            unsafe { (**self).unreserve(addr, size) }
-        }
+        forward_reservations!(**self);
         unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
             // SAFETY: forwarded from the caller.
             unsafe { (**self).map(addr, size) }

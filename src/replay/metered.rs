@@ -157,22 +157,7 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
     type Page = P::Page;
     type Mark = P::Mark;
 
-    fn page_size(&self) -> usize {
-        self.pages.page_size()
-    }
-    fn capacity(&self) -> usize {
-        self.pages.capacity()
-    }
-    fn default_reservation(&self) -> usize {
-        self.pages.default_reservation()
-    }
-    fn reserve(&self, size: usize) -> Result<usize> {
-        self.pages.reserve(size)
-    }
-    unsafe fn unreserve(&self, addr: usize, size: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.pages.unreserve(addr, size) }
-    }
+    crate::leaf::pages::forward_reservations!(self.pages);
     unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
         // SAFETY: forwarded from the caller.
         let page = unsafe { self.pages.map(addr, size) }?;

@@ -174,3 +174,27 @@ macro_rules! no_stream_work {
     };
 }
 pub(crate) use no_stream_work;
+
+/// Writes `synchronize` and `order_after` for a resource whose blocks all come through one
+/// resource it holds (`streams_through!(self.field.field)`: `self` named by the caller, as a
+/// macro's own would be another), which hears both, and `name`, the calling module's `NAME`.
+macro_rules! streams_through {
+    ($s:ident $(. $f:ident)+) => {
+        fn synchronize(&$s, stream: $crate::stream::StreamRef<'_>) -> $crate::resource::Result<()> {
+            $s$(.$f)+.synchronize(stream)
+        }
+
+        fn order_after(
+            &$s,
+            stream: $crate::stream::StreamRef<'_>,
+            after: $crate::stream::StreamRef<'_>,
+        ) -> $crate::resource::Result<()> {
+            $s$(.$f)+.order_after(stream, after)
+        }
+
+        fn name(&$s) -> &'static str {
+            NAME
+        }
+    };
+}
+pub(crate) use streams_through;

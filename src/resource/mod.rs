@@ -5,7 +5,7 @@ mod forward;
 mod request;
 
 pub use error::{AllocError, AllocErrorKind};
-pub(crate) use forward::{forward_upstream, no_stream_work, properties};
+pub(crate) use forward::{forward_upstream, no_stream_work, properties, streams_through};
 pub use request::{align_up, check_request, dangling};
 
 use crate::stream::StreamRef;

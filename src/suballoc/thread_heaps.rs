@@ -177,17 +177,7 @@ unsafe impl<U: MemoryResource> MemoryResource for HeapUpstream<U> {
         unsafe { self.shared.global.deallocate(ptr, size, align, stream) };
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.shared.global.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.shared.global.order_after(stream, after)
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
+    crate::resource::streams_through!(self.shared.global);
 }
 
 impl<U: MemoryResource> ThreadHeaps<U> {
@@ -334,17 +324,7 @@ unsafe impl<U: MemoryResource> MemoryResource for ThreadHeaps<U> {
 
     // Through the shared `Tlsf`, which every heap's chunks come from and which forwards to the
     // upstream: whoever holds a block hears it.
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.shared.global.synchronize(stream)
-    }
-
-    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-        self.shared.global.order_after(stream, after)
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
+    crate::resource::streams_through!(self.shared.global);
 
     /// `thread_heaps(max=…)`, leaving out the default.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -370,17 +350,9 @@ impl<U: MemoryResource> HasUpstream for ThreadHeaps<U> {
     }
 }
 
-static_assertions::assert_impl_all!(
-    ThreadHeaps<crate::leaf::Cuda>: Send,
-    Sync,
-    crate::property::Accessible<crate::property::DeviceAccessible>
-);
-static_assertions::assert_not_impl_any!(ThreadHeaps<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
+crate::property::assert_keeps_properties!(ThreadHeaps);
 static_assertions::assert_impl_all!(
     ThreadHeaps<crate::leaf::Pinned>: crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
-static_assertions::assert_impl_all!(ThreadHeaps<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_not_impl_any!(ThreadHeaps<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
-const _: () = assert!(crate::property::alignment_of::<ThreadHeaps<crate::leaf::System>>() == 256);
-static_assertions::assert_impl_all!(ThreadHeaps<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
 static_assertions::assert_not_impl_any!(ThreadHeaps<crate::leaf::Pinned>: crate::property::Accessible<crate::property::Pageable>);
+const _: () = assert!(crate::property::alignment_of::<ThreadHeaps<crate::leaf::System>>() == 256);

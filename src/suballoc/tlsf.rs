@@ -195,17 +195,9 @@ unsafe impl<U: MemoryResource> crate::resource::GrowInPlace for Tlsf<U> {
     }
 }
 
-static_assertions::assert_impl_all!(
-    Tlsf<crate::leaf::Cuda>: Send,
-    Sync,
-    crate::property::Accessible<crate::property::DeviceAccessible>
-);
-static_assertions::assert_not_impl_any!(Tlsf<crate::leaf::Cuda>: crate::property::Accessible<crate::property::HostAccessible>);
+crate::property::assert_keeps_properties!(Tlsf);
 static_assertions::assert_impl_all!(
     Tlsf<crate::leaf::Pinned>: crate::property::Accessible<(crate::property::HostAccessible, crate::property::DeviceAccessible)>
 );
-static_assertions::assert_impl_all!(Tlsf<crate::leaf::System>: Send, Sync, crate::property::Accessible<crate::property::HostAccessible>);
-static_assertions::assert_not_impl_any!(Tlsf<crate::leaf::System>: crate::property::Accessible<crate::property::DeviceAccessible>);
+static_assertions::assert_not_impl_any!(Tlsf<crate::leaf::Pinned>: crate::property::Accessible<crate::property::Pageable>);
 const _: () = assert!(crate::property::alignment_of::<Tlsf<crate::leaf::System>>() == 256);
-static_assertions::assert_impl_all!(Tlsf<crate::leaf::System>: crate::property::Accessible<crate::property::Pageable>);
-static_assertions::assert_not_impl_any!(Tlsf<crate::leaf::Cuda>: crate::property::Accessible<crate::property::Pageable>);

@@ -48,6 +48,15 @@ fn vm_following(sim: &Simulated, cache: usize, peak_slack: usize) -> VirtualMemo
     .unwrap()
 }
 
+/// Gives every free page of `r` (over `sim`) back, checks that none stays mapped, drops `r`, and
+/// checks that every byte and every reservation went back to `sim`.
+fn all_back<R>(sim: &Simulated, r: R, release: impl FnOnce(&R) -> usize) {
+    release(&r);
+    assert_eq!(sim.mapped(), 0);
+    drop(r);
+    assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+}
+
 /// The pages that live blocks `[addr, addr + size)` touch.
 fn pages_of(live: &BTreeMap<usize, (usize, usize)>) -> BTreeSet<usize> {
     live.iter()
@@ -206,10 +215,7 @@ proptest! {
         }
         let u = vm.usage();
         prop_assert_eq!((u.allocated, u.mapped), (0, u.cached));
-        vm.release();
-        prop_assert_eq!(sim.mapped(), 0);
-        drop(vm);
-        prop_assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+        all_back(&sim, vm, VirtualMemory::release);
     }
 }
 
@@ -237,8 +243,7 @@ fn a_hole_between_live_blocks_serves_a_larger_request() {
         vm.deallocate(a, PAGE, 256, s);
         vm.deallocate(b, PAGE, 256, s);
     }
-    drop(vm);
-    assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+    all_back(&sim, vm, VirtualMemory::release);
 }
 
 #[test]
@@ -333,8 +338,7 @@ fn grows_in_place_while_the_range_after_is_free() {
         vm.deallocate(b, PAGE, 256, s);
     }
     assert_eq!(vm.usage().allocated, 0);
-    drop(vm);
-    assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+    all_back(&sim, vm, VirtualMemory::release);
 }
 
 #[test]
@@ -451,10 +455,7 @@ mod paged_heaps {
                 unsafe { heaps.deallocate(NonNull::new(p as *mut u8).unwrap(), n, a, on) };
             }
             prop_assert_eq!(heaps.usage().allocated, 0);
-            heaps.release();
-            prop_assert_eq!(sim.mapped(), 0);
-            drop(heaps);
-            prop_assert_eq!((sim.in_use(), sim.reservations()), (0, 0));
+            all_back(&sim, heaps, PagedHeaps::release);
         }
     }
 }

@@ -279,15 +279,23 @@ fn the_table_ends_with_the_stack_to_paste() {
     assert!(v["no_recommendation"].is_null());
 }
 
+/// The built-in random workload of `allocations` allocations, and the preset stacks over
+/// Simulated.
+fn random_with_presets(
+    allocations: usize,
+) -> (Workload, Vec<Box<dyn replay::StackFactory<Arc<Simulated>>>>) {
+    let w = random(&RandomConfig {
+        allocations,
+        ..Default::default()
+    });
+    (w, replay::stacks::<Arc<Simulated>>())
+}
+
 #[test]
 fn printed_stacks_are_the_presets_that_were_measured() {
     // The text config of each candidate, over Simulated, needs exactly the capacity its
     // preset needs: the printed stack is the one the table measured.
-    let w = random(&RandomConfig {
-        allocations: 400,
-        ..Default::default()
-    });
-    let presets = replay::stacks::<Arc<Simulated>>();
+    let (w, presets) = random_with_presets(400);
     for name in ONE_THREAD_ORDER {
         let preset = presets.iter().find(|s| s.name() == name).unwrap();
         let printed = replay::stack(name, move |_: Arc<Simulated>, capacity: usize| {
@@ -310,11 +318,7 @@ fn printed_stacks_are_the_presets_that_were_measured() {
 #[test]
 fn a_real_replay_recommends_a_stack_that_completes() {
     // Rows from real runs over Simulated, as the command makes them.
-    let w = random(&RandomConfig {
-        allocations: 300,
-        ..Default::default()
-    });
-    let presets = replay::stacks::<Arc<Simulated>>();
+    let (w, presets) = random_with_presets(300);
     let settings = Settings {
         passes: 1,
         ..Settings::default()

@@ -280,11 +280,7 @@ impl PagedHeaps<crate::leaf::DevicePages> {
 // `synchronize` and `order_after` are its page source's alone, so calling them once on `P`'s
 // original is calling them on every heap.
 unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
-    type Host = P::Host;
-    type Device = P::Device;
-    type Managed = P::Managed;
-    type Pageable = typenum::B0;
-    type Alignment = U256;
+    page_leaf!();
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
@@ -361,8 +357,6 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
             heap.free_if_owned(addr, stream);
         }
     }
-
-    page_source_streams!();
 
     /// `paged(device=0, …)` (or `paged(simulated=…, …)`), leaving out what the defaults give.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -9,21 +9,21 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use typenum::U256;
 
-/// The stream calls of a resource over a field `pages`: its page source's, which every heap,
-/// region and mapping of the resource shares; and its `name`, the module's `NAME`.
-macro_rules! page_source_streams {
+/// What a resource over a field `pages` of type `P: PhysicalPages` takes from it: the properties
+/// of its memory (those of the pages; not pageable; 256-byte alignment) and its stream calls,
+/// which every heap, region and mapping of the resource shares; and its `name`, the module's
+/// `NAME`.
+macro_rules! page_leaf {
     () => {
-        fn synchronize(&self, stream: StreamRef) -> Result<()> {
-            self.pages.synchronize(stream)
-        }
+        crate::resource::properties!(
+            Host = P::Host,
+            Device = P::Device,
+            Managed = P::Managed,
+            Pageable = typenum::B0,
+            Alignment = U256
+        );
 
-        fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
-            self.pages.order_after(stream, after)
-        }
-
-        fn name(&self) -> &'static str {
-            NAME
-        }
+        crate::resource::streams_through!(self.pages);
     };
 }
 
@@ -338,11 +338,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 // after the streams that freed blocks on it are synchronized. A block freed on one stream goes to
 // another only after `order_after`. The memory has the page source's properties.
 unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
-    type Host = P::Host;
-    type Device = P::Device;
-    type Managed = P::Managed;
-    type Pageable = typenum::B0;
-    type Alignment = U256;
+    page_leaf!();
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         self.allocate_with(size, align, stream, false)
@@ -355,8 +351,6 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
         }
         self.free_if_owned(ptr.as_ptr() as usize, stream);
     }
-
-    page_source_streams!();
 
     /// `vmm(device=0, …)` (or `vmm(simulated=…, …)`), leaving out what the defaults give.
     fn describe_to(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -76,22 +76,7 @@ unsafe impl PhysicalPages for Recording {
     type Page = ();
     /// The marked stream: reaching its mark is logged as the stream's synchronization.
     type Mark = StreamId;
-    fn page_size(&self) -> usize {
-        PhysicalPages::page_size(&self.sim)
-    }
-    fn capacity(&self) -> usize {
-        PhysicalPages::capacity(&self.sim)
-    }
-    fn default_reservation(&self) -> usize {
-        self.sim.default_reservation()
-    }
-    fn reserve(&self, size: usize) -> Result<usize> {
-        self.sim.reserve(size)
-    }
-    unsafe fn unreserve(&self, addr: usize, size: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.sim.unreserve(addr, size) }
-    }
+    crate::leaf::pages::forward_reservations!(self.sim);
     unsafe fn map(&self, addr: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe { self.sim.map(addr, size) }?;
@@ -178,6 +163,17 @@ fn with_u_freed_on_s(
     (vm, base, live)
 }
 
+/// Releases `vm` and checks that U's page, at `page`, was unmapped only after stream 1 (which
+/// freed U) was waited for.
+fn released_after_waiting(rec: &Recording, vm: VirtualMemory<&Recording>, page: usize) {
+    vm.release();
+    let log = rec.log();
+    assert!(
+        synced_before_unmap(&log, page, StreamRef::simulated(1)),
+        "{log:?}"
+    );
+}
+
 #[test]
 fn a_failed_allocation_keeps_the_stream_to_wait_for() {
     // U is freed on S while S's work may still use it; a failed request on S takes S's
@@ -187,12 +183,7 @@ fn a_failed_allocation_keeps_the_stream_to_wait_for() {
     let (vm, base, _live) = with_u_freed_on_s(&rec, 3, 1);
     let s = StreamRef::simulated(1);
     assert!(vm.allocate(3 * P, 256, s).unwrap_err().is_out_of_memory());
-    vm.release();
-    assert!(
-        synced_before_unmap(&rec.log(), base + 2 * P, s),
-        "{:?}",
-        rec.log()
-    );
+    released_after_waiting(&rec, vm, base + 2 * P);
 }
 
 #[test]
@@ -205,12 +196,7 @@ fn a_failed_growth_keeps_the_stream_to_wait_for() {
         unsafe { crate::resource::GrowInPlace::grow_in_place(&vm, live[1], P, 256, 4 * P, s) }
     };
     assert!(grown.is_err());
-    vm.release();
-    assert!(
-        synced_before_unmap(&rec.log(), base + 3 * P, s),
-        "{:?}",
-        rec.log()
-    );
+    released_after_waiting(&rec, vm, base + 3 * P);
 }
 
 #[test]
@@ -275,6 +261,22 @@ fn calls(vm: &VirtualMemory<&Recording>, s: StreamRef) {
     }
 }
 
+/// A resource with no cache over `rec` and a block of `pages` pages made and freed on simulated
+/// stream 1 while its work still runs (`rec` busy, left so): the block's pages are doomed, not
+/// unmapped. Returns the resource, the stream and the block.
+fn freed_while_busy(
+    rec: &Recording,
+    pages: usize,
+) -> (VirtualMemory<&Recording>, StreamRef<'static>, NonNull<u8>) {
+    let vm = no_cache(rec);
+    let s = StreamRef::simulated(1);
+    rec.set_busy(true);
+    let a = vm.allocate(pages * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, pages * P, 256, s) };
+    (vm, s, a)
+}
+
 fn unmaps(log: &[Ev]) -> usize {
     log.iter().filter(|e| matches!(e, Ev::Unmap(_))).count()
 }
@@ -282,12 +284,7 @@ fn unmaps(log: &[Ev]) -> usize {
 #[test]
 fn a_cache_over_its_bound_never_waits_and_unmaps_once_the_marks_are_reached() {
     let rec = Recording::new(1 << 30);
-    let vm = no_cache(&rec);
-    let s = StreamRef::simulated(1);
-    rec.set_busy(true);
-    let a = vm.allocate(2 * P, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { vm.deallocate(a, 2 * P, 256, s) };
+    let (vm, s, a) = freed_while_busy(&rec, 2);
     // The work on `s` may still use the pages: marked, not waited for, not unmapped.
     assert_eq!(vm.usage().mapped, 2 * P);
     assert!(!rec.log().iter().any(|e| matches!(e, Ev::Sync(_))));
@@ -309,12 +306,7 @@ const TICKS: usize = 40;
 #[test]
 fn a_doomed_page_that_goes_live_again_stays_mapped() {
     let rec = Recording::new(1 << 30);
-    let vm = no_cache(&rec);
-    let s = StreamRef::simulated(1);
-    rec.set_busy(true);
-    let a = vm.allocate(P, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { vm.deallocate(a, P, 256, s) };
+    let (vm, s, a) = freed_while_busy(&rec, 1);
     // Reused at once on the same stream: the doomed page is live again, with no map.
     let b = vm.allocate(P, 256, s).unwrap();
     assert_eq!(a, b);
@@ -335,12 +327,7 @@ fn a_doomed_page_that_goes_live_again_stays_mapped() {
 #[test]
 fn release_waits_for_a_pending_batch() {
     let rec = Recording::new(1 << 30);
-    let vm = no_cache(&rec);
-    let s = StreamRef::simulated(1);
-    rec.set_busy(true);
-    let a = vm.allocate(3 * P, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { vm.deallocate(a, 3 * P, 256, s) };
+    let (vm, s, a) = freed_while_busy(&rec, 3);
     assert_eq!(vm.usage().mapped, 3 * P);
     assert_eq!(vm.release(), 3 * P);
     assert_eq!(vm.usage().mapped, 0);
@@ -407,12 +394,7 @@ fn a_stream_that_cannot_be_marked_keeps_its_pages_until_it_can() {
 #[test]
 fn a_mark_that_cannot_be_queried_gives_its_batch_up_and_nothing_is_lost() {
     let rec = Recording::new(1 << 30);
-    let vm = no_cache(&rec);
-    let s = StreamRef::simulated(1);
-    rec.set_busy(true);
-    let a = vm.allocate(4 * P, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    let (vm, s, a) = freed_while_busy(&rec, 4);
     // Marked; then every query fails: the batch is given up, its pages stay cached.
     rec.set_capturing(true);
     calls(&vm, s);
