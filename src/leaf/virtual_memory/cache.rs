@@ -121,20 +121,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             self.unmap_highest(st, target);
             return;
         }
-        let mut doomed = st.cached - target;
-        'regions: for region in st.regions.iter_mut().rev() {
-            for w in (0..region.cached.0.len()).rev() {
-                let mut bits = region.cached.0[w] & !region.doomed.0[w];
-                while bits != 0 {
-                    if doomed == 0 {
-                        break 'regions;
-                    }
-                    let b = 63 - bits.leading_zeros() as usize;
-                    region.doomed.0[w] |= 1 << b;
-                    bits &= !(1 << b);
-                    doomed -= 1;
-                }
-            }
+        // No batch is pending, so no page is doomed yet.
+        for (r, p) in self.highest_cached(st, st.cached - target) {
+            st.regions[r].doomed.set(p, p + 1);
         }
         st.batch = Some(super::region::Batch { marks, streams });
         st.ticks = 0;
@@ -193,21 +182,30 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// Unmaps cached pages, the highest first, until at most `target` pages are cached. The
     /// caller has waited for every use of cached pages.
     fn unmap_highest(&self, st: &mut State<P::Page, P::Mark>, target: usize) {
-        for r in (0..st.regions.len()).rev() {
-            for w in (0..st.regions[r].cached.0.len()).rev() {
-                let mut bits = st.regions[r].cached.0[w];
-                while st.cached > target && bits != 0 {
+        for (r, p) in self.highest_cached(st, st.cached.saturating_sub(target)) {
+            st.regions[r].cached.clear(p, p + 1);
+            st.cached -= 1;
+            self.unmap_page(st, r, p);
+        }
+    }
+
+    /// The `n` highest cached pages, `(region, page)`, highest first: blocks are carved from the
+    /// low end of free ranges, so low pages are the likeliest to serve again.
+    fn highest_cached(&self, st: &State<P::Page, P::Mark>, n: usize) -> Vec<(usize, usize)> {
+        let mut pages = Vec::with_capacity(n.min(st.cached));
+        for (r, region) in st.regions.iter().enumerate().rev() {
+            for (w, &word) in region.cached.0.iter().enumerate().rev() {
+                let mut bits = word;
+                while bits != 0 {
+                    if pages.len() == n {
+                        return pages;
+                    }
                     let b = 63 - bits.leading_zeros() as usize;
                     bits &= !(1 << b);
-                    let p = w * 64 + b;
-                    st.regions[r].cached.clear(p, p + 1);
-                    st.cached -= 1;
-                    self.unmap_page(st, r, p);
-                }
-                if st.cached <= target {
-                    return;
+                    pages.push((r, w * 64 + b));
                 }
             }
         }
+        pages
     }
 }

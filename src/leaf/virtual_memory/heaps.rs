@@ -289,7 +289,12 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         // The stream's heap, unless another thread held it lately: then this thread's own for
         // a while, so that threads sharing a stream do not take turns on one lock's line.
         let by_stream = stream_heap(stream);
-        if HINT.with(|h| h.skip_stream.get()) == 0 {
+        let skip = HINT.with(|h| {
+            let skip = h.skip_stream.get();
+            h.skip_stream.set(skip.saturating_sub(1));
+            skip
+        });
+        if skip == 0 {
             let heap = self.heap(by_stream)?;
             match heap.allocate_with(size, align, stream, true) {
                 None => HINT.with(|h| h.skip_stream.set(SKIP_AFTER_BUSY)),
@@ -299,19 +304,13 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                     return done;
                 }
             }
-        } else {
-            HINT.with(|h| h.skip_stream.set(h.skip_stream.get() - 1));
         }
         let slot = shard::slot();
         HINT.with(|h| h.served.set(slot));
         let heap = self.heap(slot)?;
         match heap.allocate(size, align, stream) {
-            // A request larger than the device would fail whatever the heaps give back.
-            Err(e)
-                if e.is_out_of_memory()
-                    && crate::suballoc::growth::block_of(size, align).1
-                        <= self.pages.capacity() =>
-            {
+            // A request the device could never hold fails whatever the heaps give back.
+            Err(e) if e.is_out_of_memory() && !heap.never_fits(size, align) => {
                 // Other heaps' free pages, given back, may make room (the heap gave back its
                 // own already).
                 let freed: usize = self

@@ -243,6 +243,16 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         before - st.mapped
     }
 
+    /// Whether a request could never be served: more than could ever be mapped, or a placement
+    /// further into a range than twice that (a huge alignment). Such a request is refused before
+    /// a range or a page table is sized for it, so the page tables stay within twice the
+    /// source's capacity in pages, and no memory is given back for it.
+    pub(crate) fn never_fits(&self, size: usize, align: usize) -> bool {
+        let (_, block, need) = crate::suballoc::growth::block_of(size, align);
+        let most = self.config.max.min(self.pages.capacity());
+        block > most || need > most.saturating_mul(2)
+    }
+
     /// An allocation, or `None` where `try_only` and another thread holds the lock (then
     /// nothing was done).
     pub(crate) fn allocate_with(
@@ -258,15 +268,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             Err(e) => return Some(Err(e)),
             Ok(None) => {}
         }
-        let (align, block, need) = crate::suballoc::growth::block_of(size, align);
         let oom = || AllocError::out_of_memory(size, align, NAME);
-        // More than could ever be mapped, or a placement further into a range than twice that
-        // (a huge alignment): refused before a range or a page table is sized for it, so the
-        // page tables stay within twice the source's capacity in pages.
-        let most = self.config.max.min(self.pages.capacity());
-        if block > most || need > most.saturating_mul(2) {
+        if self.never_fits(size, align) {
             return Some(Err(oom()));
         }
+        let (align, block, need) = crate::suballoc::growth::block_of(size, align);
         let mut st = if try_only {
             match self.state.try_lock() {
                 Ok(st) => st,
