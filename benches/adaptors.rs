@@ -129,7 +129,7 @@ struct Distinct;
 unsafe impl MemoryResource for Distinct {
     type Host = typenum::B0;
     type Device = typenum::B0;
-    type Managed = typenum::B0;
+    type Migratable = typenum::B0;
     type Pageable = typenum::B0;
     type Alignment = typenum::U256;
 

@@ -337,7 +337,7 @@ impl<P: PropertySet> std::fmt::Debug for AnyResource<P> {
 // bound or at run time against the resource type's bits); every call goes to that resource with
 // the alignment raised to at least 16, so its promises hold, and the alignment claimed (16) too.
 unsafe impl<P: PropertySet> MemoryResource for AnyResource<P> {
-    properties! { Host = P::Host, Device = P::Device, Managed = P::Managed, Pageable = P::Pageable, Alignment = U16 }
+    properties! { Host = P::Host, Device = P::Device, Migratable = P::Migratable, Pageable = P::Pageable, Alignment = U16 }
 
     #[inline]
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
@@ -471,7 +471,7 @@ impl<P: PropertySet> std::fmt::Debug for ResourceRef<'_, P> {
 // SAFETY: as for AnyResource: built only from resources with P's properties, every call forwarded
 // with the alignment raised to at least 16.
 unsafe impl<P: PropertySet> MemoryResource for ResourceRef<'_, P> {
-    properties! { Host = P::Host, Device = P::Device, Managed = P::Managed, Pageable = P::Pageable, Alignment = U16 }
+    properties! { Host = P::Host, Device = P::Device, Migratable = P::Migratable, Pageable = P::Pageable, Alignment = U16 }
 
     #[inline]
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {

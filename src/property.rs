@@ -1,7 +1,7 @@
 //! Memory properties: what a resource's memory may be touched by.
 //!
 //! A [`MemoryResource`] states its properties as [typenum] bits (`type Host`, `type Device`,
-//! `type Managed`, `type Pageable`) and its guaranteed alignment as a typenum unsigned (`type
+//! `type Migratable`, `type Pageable`) and its guaranteed alignment as a typenum unsigned (`type
 //! Alignment`), so that adaptors compute theirs from their upstream's at compile time. Users and
 //! containers speak in marker types instead: [`HostAccessible`], [`DeviceAccessible`],
 //! [`Migratable`], [`Pageable`], and the bound [`Accessible<P>`], which every resource with the
@@ -92,7 +92,7 @@ pub(crate) mod sealed {
     #[diagnostic::on_unimplemented(
         message = "`{Self}` has no {P} property: properties come only from the bits of a resource's `unsafe impl MemoryResource`",
         label = "not a memory resource, or {P} is not one of mrstack's properties",
-        note = "properties are HostAccessible, DeviceAccessible, Migratable, Pageable and tuples of them, claimed by setting `type Host`/`Device`/`Managed`/`Pageable = B1` in an `unsafe impl MemoryResource` (whose # Safety section is the promise); Accessible cannot be implemented by hand"
+        note = "properties are HostAccessible, DeviceAccessible, Migratable, Pageable and tuples of them, claimed by setting `type Host`/`Device`/`Migratable`/`Pageable = B1` in an `unsafe impl MemoryResource` (whose # Safety section is the promise); Accessible cannot be implemented by hand"
     )]
     pub trait Selects<P> {
         /// `B1` where the resource gives the property.
@@ -104,7 +104,7 @@ pub(crate) mod sealed {
     #[diagnostic::on_unimplemented(
         message = "`{Self}` cannot be declared {P} by hand: properties come only from the bits of its `unsafe impl MemoryResource`",
         label = "no `impl Accessible<{P}>` outside mrstack",
-        note = "Accessible is sealed: set `type Host`/`Device`/`Managed`/`Pageable = B1` in your resource's `unsafe impl MemoryResource` (whose # Safety section is the promise), and the property follows"
+        note = "Accessible is sealed: set `type Host`/`Device`/`Migratable`/`Pageable = B1` in your resource's `unsafe impl MemoryResource` (whose # Safety section is the promise), and the property follows"
     )]
     pub trait Claimed<P> {}
 
@@ -130,7 +130,7 @@ impl<R: MemoryResource + ?Sized> Selects<DeviceAccessible> for R {
     type Bit = R::Device;
 }
 impl<R: MemoryResource + ?Sized> Selects<Migratable> for R {
-    type Bit = R::Managed;
+    type Bit = R::Migratable;
 }
 // The empty set asks for nothing, so every resource gives it: `AnyResource<()>` can hold a
 // `Simulated` stack.
@@ -194,13 +194,13 @@ impl<R: MemoryResource + ?Sized> Selects<Pageable> for R {
 }
 
 /// `B: SameProperties<U>`: resource `B` claims exactly the property bits of resource `U`
-/// (host, device, managed, pageable). What a composite asks of a second resource whose blocks it
+/// (host, device, migratable, pageable). What a composite asks of a second resource whose blocks it
 /// hands out under the claims it makes from `U`, such as a bin of
 /// [`Binning::with_bin`](crate::suballoc::Binning::with_bin). Implemented for every such pair;
 /// it cannot be implemented by hand.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not claim the same memory properties as `{U}`",
-    label = "its host, device, managed or pageable claim differs from `{U}`'s",
+    label = "its host, device, migratable or pageable claim differs from `{U}`'s",
     note = "a composite hands this resource's blocks out under the properties it claims from `{U}`: a bin of pinned or managed memory under a binning over System would put a Vec where the driver may DMA",
     note = "give it a resource of the same kind of memory as the upstream, or erase both to the same `AnyResource<P>`"
 )]
@@ -217,7 +217,7 @@ where
     B: MemoryResource<
             Host = U::Host,
             Device = U::Device,
-            Managed = U::Managed,
+            Migratable = U::Migratable,
             Pageable = U::Pageable,
         > + ?Sized,
     U: MemoryResource + ?Sized,
@@ -237,19 +237,19 @@ pub trait PropertySet: sealed::Set + 'static {
     /// `B1` when the set includes [`DeviceAccessible`].
     type Device: Bit;
     /// `B1` when the set includes [`Migratable`].
-    type Managed: Bit;
+    type Migratable: Bit;
     /// `B1` when the set includes [`Pageable`].
     type Pageable: Bit;
 }
 
 /// The marker sets: each its own bits.
 macro_rules! marker_sets {
-    ($($set:ty => $host:ty, $device:ty, $managed:ty, $pageable:ty;)+) => {$(
+    ($($set:ty => $host:ty, $device:ty, $migratable:ty, $pageable:ty;)+) => {$(
         impl sealed::Set for $set {}
         impl PropertySet for $set {
             type Host = $host;
             type Device = $device;
-            type Managed = $managed;
+            type Migratable = $migratable;
             type Pageable = $pageable;
         }
     )+};
@@ -268,12 +268,12 @@ impl<A: PropertySet, B: PropertySet> PropertySet for (A, B)
 where
     A::Host: BitOr<B::Host, Output: Bit>,
     A::Device: BitOr<B::Device, Output: Bit>,
-    A::Managed: BitOr<B::Managed, Output: Bit>,
+    A::Migratable: BitOr<B::Migratable, Output: Bit>,
     A::Pageable: BitOr<B::Pageable, Output: Bit>,
 {
     type Host = Or<A::Host, B::Host>;
     type Device = Or<A::Device, B::Device>;
-    type Managed = Or<A::Managed, B::Managed>;
+    type Migratable = Or<A::Migratable, B::Migratable>;
     type Pageable = Or<A::Pageable, B::Pageable>;
 }
 
@@ -283,12 +283,12 @@ where
     (A, B): PropertySet,
     <(A, B) as PropertySet>::Host: BitOr<C::Host, Output: Bit>,
     <(A, B) as PropertySet>::Device: BitOr<C::Device, Output: Bit>,
-    <(A, B) as PropertySet>::Managed: BitOr<C::Managed, Output: Bit>,
+    <(A, B) as PropertySet>::Migratable: BitOr<C::Migratable, Output: Bit>,
     <(A, B) as PropertySet>::Pageable: BitOr<C::Pageable, Output: Bit>,
 {
     type Host = Or<<(A, B) as PropertySet>::Host, C::Host>;
     type Device = Or<<(A, B) as PropertySet>::Device, C::Device>;
-    type Managed = Or<<(A, B) as PropertySet>::Managed, C::Managed>;
+    type Migratable = Or<<(A, B) as PropertySet>::Migratable, C::Migratable>;
     type Pageable = Or<<(A, B) as PropertySet>::Pageable, C::Pageable>;
 }
 
@@ -301,7 +301,7 @@ pub struct Properties {
     /// Kernels may dereference the memory.
     pub device: bool,
     /// The memory is managed (migratable) memory.
-    pub managed: bool,
+    pub migratable: bool,
     /// Every pointer is aligned to this many bytes.
     pub alignment: usize,
     /// The memory is pageable host memory ([`Pageable`]).
@@ -314,7 +314,7 @@ impl Properties {
         Properties {
             host: R::Host::BOOL,
             device: R::Device::BOOL,
-            managed: R::Managed::BOOL,
+            migratable: R::Migratable::BOOL,
             alignment: <R::Alignment as Unsigned>::USIZE,
             pageable: R::Pageable::BOOL,
         }
@@ -325,7 +325,7 @@ impl Properties {
         Properties {
             host: P::Host::BOOL,
             device: P::Device::BOOL,
-            managed: P::Managed::BOOL,
+            migratable: P::Migratable::BOOL,
             alignment: 1,
             pageable: P::Pageable::BOOL,
         }
@@ -335,7 +335,7 @@ impl Properties {
     pub fn includes(&self, wanted: &Properties) -> bool {
         (self.host || !wanted.host)
             && (self.device || !wanted.device)
-            && (self.managed || !wanted.managed)
+            && (self.migratable || !wanted.migratable)
             && (self.pageable || !wanted.pageable)
     }
 }
@@ -346,7 +346,7 @@ impl std::fmt::Display for Properties {
         let names = [
             (self.host, "HostAccessible"),
             (self.device, "DeviceAccessible"),
-            (self.managed, "Migratable"),
+            (self.migratable, "Migratable"),
             (self.pageable, "Pageable"),
         ];
         let mut first = true;

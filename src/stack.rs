@@ -115,7 +115,7 @@ impl<R: MemoryResource + ?Sized> fmt::Debug for Description<'_, R> {
 /// struct Quota<U> { upstream: U, bytes: usize }
 /// # // SAFETY: every call goes to `upstream` unchanged.
 /// # unsafe impl<U: MemoryResource> MemoryResource for Quota<U> {
-/// #     type Host = U::Host; type Device = U::Device; type Managed = U::Managed; type Pageable = U::Pageable;
+/// #     type Host = U::Host; type Device = U::Device; type Migratable = U::Migratable; type Pageable = U::Pageable;
 /// #     type Alignment = U::Alignment;
 /// #     fn allocate(&self, s: usize, a: usize, st: StreamRef) -> mrstack::resource::Result<std::ptr::NonNull<u8>> { self.upstream.allocate(s, a, st) }
 /// #     unsafe fn deallocate(&self, p: std::ptr::NonNull<u8>, s: usize, a: usize, st: StreamRef) { unsafe { self.upstream.deallocate(p, s, a, st) } }

@@ -14,7 +14,7 @@ pub(crate) struct Null;
 unsafe impl MemoryResource for Null {
     type Host = B0;
     type Device = B0;
-    type Managed = B0;
+    type Migratable = B0;
     type Pageable = B0;
     type Alignment = U256;
 

@@ -264,7 +264,7 @@ pub extern "C" fn mrstack_properties(stack: *const MrstackStack) -> c_int {
 /// `MRSTACK_HOST` | `MRSTACK_DEVICE` | `MRSTACK_MANAGED` bits of `p`.
 pub(crate) fn property_bits(p: mrstack::property::Properties) -> c_int {
     let bit = |set: bool, b: c_int| if set { b } else { 0 };
-    bit(p.host, MRSTACK_HOST) | bit(p.device, MRSTACK_DEVICE) | bit(p.managed, MRSTACK_MANAGED)
+    bit(p.host, MRSTACK_HOST) | bit(p.device, MRSTACK_DEVICE) | bit(p.migratable, MRSTACK_MANAGED)
 }
 
 /// The CPU may dereference the stack's memory.

@@ -215,7 +215,7 @@ unsafe impl<Ctx, P: PropertySet, A: Unsigned + NonZero + PowerOfTwo> MemoryResou
 {
     type Host = P::Host;
     type Device = P::Device;
-    type Managed = P::Managed;
+    type Migratable = P::Migratable;
     type Pageable = P::Pageable;
     type Alignment = A;
 

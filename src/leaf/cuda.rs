@@ -57,7 +57,7 @@ context_leaf!(Cuda, "device memory");
 // SAFETY: cuMemAlloc returns device memory of `size` bytes aligned to 256 (checked), which stays
 // valid until cuMemFree; alignments above 256 are refused by driver_allocate.
 unsafe impl MemoryResource for Cuda {
-    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
+    properties! { Host = B0, Device = B1, Migratable = B0, Pageable = B0, Alignment = U256 }
 
     context_leaf!(
         driver "cuda",

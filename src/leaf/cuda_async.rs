@@ -283,7 +283,7 @@ impl CudaAsync {
 // SAFETY: cuMemAllocFromPoolAsync returns device memory usable by work on `stream` once queued,
 // aligned to 256 (checked), valid until cuMemFreeAsync on that stream.
 unsafe impl MemoryResource for CudaAsync {
-    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
+    properties! { Host = B0, Device = B1, Migratable = B0, Pageable = B0, Alignment = U256 }
 
     super::context_leaf!(pool);
 

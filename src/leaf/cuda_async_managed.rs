@@ -119,7 +119,7 @@ impl CudaAsyncManaged {
 // memory, valid on host and device, usable by work on `stream` once queued, aligned to 256
 // (checked), until cuMemFreeAsync.
 unsafe impl MemoryResource for CudaAsyncManaged {
-    properties! { Host = B1, Device = B1, Managed = B1, Pageable = B0, Alignment = U256 }
+    properties! { Host = B1, Device = B1, Migratable = B1, Pageable = B0, Alignment = U256 }
 
     super::context_leaf!(pool);
     super::context_leaf!(describe "cuda_async_managed");

@@ -129,7 +129,7 @@ impl CudaAsyncView {
 // on `stream` once queued, aligned to 256 (checked), valid until cuMemFreeAsync; the pool
 // outlives the view (the driver's own, or the caller's promise).
 unsafe impl MemoryResource for CudaAsyncView {
-    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
+    properties! { Host = B0, Device = B1, Migratable = B0, Pageable = B0, Alignment = U256 }
 
     super::context_leaf!(pool);
 

@@ -68,7 +68,7 @@ context_leaf!(
 // SAFETY: cuMemAllocManaged returns memory valid on host and device until cuMemFree, aligned to
 // 256 (checked by driver_allocate, which refuses larger alignments).
 unsafe impl MemoryResource for Managed {
-    properties! { Host = B1, Device = B1, Managed = B1, Pageable = B0, Alignment = U256 }
+    properties! { Host = B1, Device = B1, Migratable = B1, Pageable = B0, Alignment = U256 }
 
     context_leaf!(
         driver "managed",

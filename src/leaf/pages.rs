@@ -24,7 +24,7 @@ pub(crate) mod sealed {
 /// An implementation promises: `reserve` returns a range of `size` bytes (rounded up to the page
 /// size), page-aligned, that overlaps no other reservation or allocation and stays reserved until
 /// `unreserve`; after `map(addr, size)` returns `Ok` and `enable` covered the range,
-/// `[addr, addr + size)` is memory with the `Host`/`Device`/`Managed` properties below, backed by
+/// `[addr, addr + size)` is memory with the `Host`/`Device`/`Migratable` properties below, backed by
 /// its own physical pages, until `unmap`; `synchronize` and `order_after` keep the promises of
 /// [`MemoryResource`](crate::resource::MemoryResource)'s; once `reached` has said `true` of a
 /// mark, or `wait` has returned `Ok` for it, every piece of work queued on the marked stream
@@ -35,7 +35,7 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     /// Whether mapped memory is accessible from the device.
     type Device: Bit;
     /// Whether mapped memory migrates.
-    type Managed: Bit;
+    type Migratable: Bit;
     /// The physical memory behind one mapping, given back by `unmap`.
     type Page: Send;
     /// A point in one stream's work (an event recorded on it), from [`mark`](Self::mark).
@@ -139,7 +139,7 @@ macro_rules! forward_pages {
     () => {
         type Host = P::Host;
         type Device = P::Device;
-        type Managed = P::Managed;
+        type Migratable = P::Migratable;
         type Page = P::Page;
         type Mark = P::Mark;
         forward_reservations!(**self);
@@ -391,7 +391,7 @@ impl sealed::Sealed for DevicePages {}
 unsafe impl PhysicalPages for DevicePages {
     type Host = B0;
     type Device = B1;
-    type Managed = B0;
+    type Migratable = B0;
     type Page = sys::CUmemGenericAllocationHandle;
     type Mark = super::driver::StreamMark;
 

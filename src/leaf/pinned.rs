@@ -62,7 +62,7 @@ impl Pinned {
 // SAFETY: cuMemHostAlloc with DEVICEMAP returns host memory that is also addressable by the device
 // under unified addressing, valid until cuMemFreeHost, aligned to 256 (checked).
 unsafe impl MemoryResource for Pinned {
-    properties! { Host = B1, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
+    properties! { Host = B1, Device = B1, Migratable = B0, Pageable = B0, Alignment = U256 }
 
     context_leaf!(
         driver "pinned",

@@ -143,7 +143,7 @@ impl SamHeadroom {
 // Managed). It is freed only after the host waited for the stream it was freed on, and leaked
 // where that wait fails.
 unsafe impl MemoryResource for SamHeadroom {
-    properties! { Host = B1, Device = B1, Managed = B1, Pageable = B0, Alignment = U256 }
+    properties! { Host = B1, Device = B1, Migratable = B1, Pageable = B0, Alignment = U256 }
 
     fn allocate(&self, size: usize, align: usize, _stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {

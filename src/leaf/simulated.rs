@@ -244,7 +244,7 @@ impl Simulated {
 // each is aligned to max(align, 256) and lies at 2^44 or above, never null. The type claims no
 // access property, so nothing dereferences it.
 unsafe impl MemoryResource for Simulated {
-    properties! { Host = B0, Device = B0, Managed = B0, Pageable = B0, Alignment = U256 }
+    properties! { Host = B0, Device = B0, Migratable = B0, Pageable = B0, Alignment = U256 }
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {
@@ -301,7 +301,7 @@ impl crate::leaf::pages::sealed::Sealed for Simulated {}
 unsafe impl crate::leaf::PhysicalPages for Simulated {
     type Host = B0;
     type Device = B0;
-    type Managed = B0;
+    type Migratable = B0;
     type Page = ();
     type Mark = ();
 

@@ -64,7 +64,7 @@ impl System {
 // with the same layout. It is pageable: mrstack never pins or registers it, and no CUDA call
 // allocated it, so the driver knows it neither as pinned nor as managed memory.
 unsafe impl MemoryResource for System {
-    properties! { Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16 }
+    properties! { Host = B1, Device = B0, Migratable = B0, Pageable = B1, Alignment = U16 }
 
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, Self::NAME)? {

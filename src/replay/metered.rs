@@ -153,7 +153,7 @@ impl<U: Send + Sync, P: PhysicalPages> crate::leaf::pages::sealed::Sealed for Me
 unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, P> {
     type Host = P::Host;
     type Device = P::Device;
-    type Managed = P::Managed;
+    type Migratable = P::Migratable;
     type Page = P::Page;
     type Mark = P::Mark;
 

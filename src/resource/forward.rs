@@ -13,7 +13,7 @@ macro_rules! forward_upstream {
     (properties of $U:ty) => {
         type Host = <$U as $crate::property::sealed::Selects<$crate::property::HostAccessible>>::Bit;
         type Device = <$U as $crate::property::sealed::Selects<$crate::property::DeviceAccessible>>::Bit;
-        type Managed = <$U as $crate::property::sealed::Selects<$crate::property::Migratable>>::Bit;
+        type Migratable = <$U as $crate::property::sealed::Selects<$crate::property::Migratable>>::Bit;
         type Pageable = <$U as $crate::property::sealed::Selects<$crate::property::Pageable>>::Bit;
     };
     // A pointer to a resource `R` is that resource: every item goes through.
@@ -135,13 +135,13 @@ macro_rules! forward_upstream {
 pub(crate) use forward_upstream;
 
 /// Writes the property bits and alignment a leaf claims, in one line:
-/// `properties! { Host = B1, Device = B0, Managed = B0, Pageable = B1, Alignment = U16 }`. The claim
+/// `properties! { Host = B1, Device = B0, Migratable = B0, Pageable = B1, Alignment = U16 }`. The claim
 /// is the `unsafe impl`'s, whose `// SAFETY:` argues it.
 macro_rules! properties {
-    (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
+    (Host = $h:ty, Device = $d:ty, Migratable = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
         type Host = $h;
         type Device = $d;
-        type Managed = $m;
+        type Migratable = $m;
         type Pageable = $p;
         type Alignment = $a;
     };

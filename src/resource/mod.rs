@@ -20,7 +20,7 @@ pub type Result<T, E = AllocError> = std::result::Result<T, E>;
 /// that wraps another resource (`Pool<Cuda>`, `Statistics<…>`).
 ///
 /// Properties are types, so that the compiler can check where memory may go:
-/// `Host`/`Device`/`Managed` are typenum bits (`B1` = yes) and `Alignment` is the alignment every
+/// `Host`/`Device`/`Migratable` are typenum bits (`B1` = yes) and `Alignment` is the alignment every
 /// pointer meets whatever was asked. Containers bound on them through
 /// [`Accessible`](crate::property::Accessible).
 ///
@@ -48,7 +48,7 @@ pub type Result<T, E = AllocError> = std::result::Result<T, E>;
 ///
 /// * **Memory:** `allocate` returns memory of at least `size` bytes, aligned to
 ///   `max(align, Self::Alignment)`, that does not overlap any other live allocation, and that
-///   is accessible as `Host`/`Device`/`Managed` say (these bits are the only way a resource
+///   is accessible as `Host`/`Device`/`Migratable` say (these bits are the only way a resource
 ///   gets a property: [`Accessible`](crate::property::Accessible) is sealed and derived from them),
 ///   valid until it is passed to `deallocate` with the same `size` and `align`.
 /// * **Streams:** the memory is usable by work queued on the `stream` it was allocated for from
@@ -89,7 +89,7 @@ pub type Result<T, E = AllocError> = std::result::Result<T, E>;
 /// unsafe impl MemoryResource for Counted {
 ///     type Host = B1;
 ///     type Device = B0;
-///     type Managed = B0;
+///     type Migratable = B0;
 ///     type Pageable = B0;
 ///     type Alignment = U16;
 ///
@@ -142,7 +142,7 @@ pub unsafe trait MemoryResource {
     /// `B1` when kernels may dereference the memory.
     type Device: Bit;
     /// `B1` when the memory is managed memory the driver migrates (it can be prefetched).
-    type Managed: Bit;
+    type Migratable: Bit;
     /// `B1` when the memory is pageable host memory that the CUDA driver knows neither as pinned
     /// (page-locked, registered) nor as managed: what [`HostAllocator`](crate::container::HostAllocator)
     /// needs ([`Pageable`](crate::property::Pageable) says why). `B1` implies `Host = B1`.
@@ -343,7 +343,7 @@ unsafe impl<R: GrowInPlace + ?Sized> GrowInPlace for Arc<R> {
 /// unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
 ///     type Host = U::Host;
 ///     type Device = U::Device;
-///     type Managed = U::Managed;
+///     type Migratable = U::Migratable;
 ///     type Pageable = U::Pageable;
 ///     type Alignment = U::Alignment;
 ///     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>> {

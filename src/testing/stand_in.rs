@@ -210,7 +210,7 @@ fn served(stream: StreamRef) -> bool {
 // until given back), aligned to max(align, 256), of at least `size` bytes; no stream-ordered work
 // exists to wait for or to order.
 unsafe impl MemoryResource for DeviceStandIn {
-    properties! { Host = B0, Device = B1, Managed = B0, Pageable = B0, Alignment = U256 }
+    properties! { Host = B0, Device = B1, Migratable = B0, Pageable = B0, Alignment = U256 }
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
         if let Some(empty) = check_request::<Self>(size, align, NAME)? {

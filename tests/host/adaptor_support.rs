@@ -51,7 +51,7 @@ pub(crate) struct Refusing {
 
 // SAFETY: memory from System at alignment 256, freed with the same size; larger alignments refused.
 unsafe impl MemoryResource for Refusing {
-    claims! { Host = B1, Device = B0, Managed = B0, Pageable = B0, Alignment = U256 }
+    claims! { Host = B1, Device = B0, Migratable = B0, Pageable = B0, Alignment = U256 }
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         if let Some(p) = check_request::<Self>(size, align, "Refusing")? {
@@ -123,10 +123,10 @@ pub(crate) fn hand_over<R: MemoryResource + Sync>(mr: &R, size: usize, rounds: u
 /// The property items of a test double's `unsafe impl MemoryResource`, in one line: what it
 /// claims, which its `// SAFETY:` argues.
 macro_rules! claims {
-    (Host = $h:ty, Device = $d:ty, Managed = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
+    (Host = $h:ty, Device = $d:ty, Migratable = $m:ty, Pageable = $p:ty, Alignment = $a:ty) => {
         type Host = $h;
         type Device = $d;
-        type Managed = $m;
+        type Migratable = $m;
         type Pageable = $p;
         type Alignment = $a;
     };
@@ -134,7 +134,7 @@ macro_rules! claims {
     (as $U:ty) => {
         type Host = <$U as mrstack::resource::MemoryResource>::Host;
         type Device = <$U as mrstack::resource::MemoryResource>::Device;
-        type Managed = <$U as mrstack::resource::MemoryResource>::Managed;
+        type Migratable = <$U as mrstack::resource::MemoryResource>::Migratable;
         type Pageable = <$U as mrstack::resource::MemoryResource>::Pageable;
         type Alignment = <$U as mrstack::resource::MemoryResource>::Alignment;
     };

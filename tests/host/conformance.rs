@@ -457,7 +457,7 @@ struct Broken<'a> {
 // SAFETY: broken on purpose, as the tests below say; the memory is `Simulated`'s, which claims no
 // access property, so nothing dereferences it and none of the bugs can cause harm.
 unsafe impl MemoryResource for Broken<'_> {
-    claims! { Host = typenum::B0, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U256 }
+    claims! { Host = typenum::B0, Device = typenum::B0, Migratable = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U256 }
 
     fn allocate(
         &self,

@@ -100,7 +100,7 @@ fn properties_are_the_erased_resources_own() {
         Properties {
             host: true,
             device: false,
-            managed: false,
+            migratable: false,
             alignment: 16,
             pageable: true
         }
@@ -316,7 +316,7 @@ fn erased_resources_ask_for_the_alignment_they_claim() {
     struct Asked(std::sync::Mutex<Vec<usize>>);
     // SAFETY: forwards to System, which honours every alignment it is asked for.
     unsafe impl MemoryResource for Asked {
-        claims! { Host = typenum::B1, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U1 }
+        claims! { Host = typenum::B1, Device = typenum::B0, Migratable = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U1 }
         fn allocate(
             &self,
             size: usize,

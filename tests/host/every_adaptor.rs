@@ -153,7 +153,7 @@ struct StreamRecorder {
 // SAFETY: `allocate` always fails, so no memory is ever handed out and every property holds of
 // none; the stream calls only record.
 unsafe impl MemoryResource for StreamRecorder {
-    claims! { Host = B1, Device = B1, Managed = B1, Pageable = B0, Alignment = U256 }
+    claims! { Host = B1, Device = B1, Migratable = B1, Pageable = B0, Alignment = U256 }
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {
         Err(AllocError::out_of_memory(size, align, "StreamRecorder"))
     }

@@ -111,7 +111,7 @@ fn err() -> AllocError {
 
 // SAFETY: memory is Simulated's, unchanged.
 unsafe impl MemoryResource for Hostile {
-    claims! { Host = B0, Device = B0, Managed = B0, Pageable = B0, Alignment = U256 }
+    claims! { Host = B0, Device = B0, Migratable = B0, Pageable = B0, Alignment = U256 }
     fn allocate(
         &self,
         size: usize,

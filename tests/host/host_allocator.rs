@@ -31,7 +31,7 @@ struct Ledger {
 // SAFETY: allocation and deallocation go to System unchanged, whose memory the driver knows
 // nothing of (pageable); the ledger only records them.
 unsafe impl MemoryResource for Ledger {
-    claims! { Host = typenum::B1, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B1, Alignment = typenum::U16 }
+    claims! { Host = typenum::B1, Device = typenum::B0, Migratable = typenum::B0, Pageable = typenum::B1, Alignment = typenum::U16 }
 
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         let p = System.allocate(size, align, s)?;
@@ -257,7 +257,7 @@ struct HostOfUnknownKind;
 
 // SAFETY: System's memory, claimed as host memory alone.
 unsafe impl MemoryResource for HostOfUnknownKind {
-    claims! { Host = typenum::B1, Device = typenum::B0, Managed = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U16 }
+    claims! { Host = typenum::B1, Device = typenum::B0, Migratable = typenum::B0, Pageable = typenum::B0, Alignment = typenum::U16 }
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {
         System.allocate(size, align, s)
     }

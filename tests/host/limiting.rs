@@ -134,7 +134,7 @@ struct PanicsOnce(System, std::sync::atomic::AtomicBool);
 unsafe impl MemoryResource for PanicsOnce {
     type Host = B1;
     type Device = B0;
-    type Managed = B0;
+    type Migratable = B0;
     type Pageable = B0;
     type Alignment = <System as MemoryResource>::Alignment;
     fn allocate(

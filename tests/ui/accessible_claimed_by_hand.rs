@@ -11,7 +11,7 @@ struct Empty;
 unsafe impl MemoryResource for Empty {
     type Host = B0;
     type Device = B0;
-    type Managed = B0;
+    type Migratable = B0;
     type Pageable = B0;
     type Alignment = U256;
     fn allocate(&self, size: usize, align: usize, _: StreamRef) -> Result<NonNull<u8>, AllocError> {

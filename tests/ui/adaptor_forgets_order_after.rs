@@ -12,7 +12,7 @@ struct Counting<U> {
 unsafe impl<U: MemoryResource> MemoryResource for Counting<U> {
     type Host = U::Host;
     type Device = U::Device;
-    type Managed = U::Managed;
+    type Migratable = U::Migratable;
     type Pageable = U::Pageable;
     type Alignment = U::Alignment;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {

@@ -6,7 +6,7 @@ struct Everything;
 impl PropertySet for Everything {
     type Host = typenum::B1;
     type Device = typenum::B1;
-    type Managed = typenum::B1;
+    type Migratable = typenum::B1;
     type Pageable = typenum::B0;
 }
 

@@ -11,7 +11,7 @@ struct Disguised(Pinned);
 unsafe impl MemoryResource for Disguised {
     type Host = typenum::B1;
     type Device = typenum::B1;
-    type Managed = typenum::B0;
+    type Migratable = typenum::B0;
     type Pageable = typenum::B0;
     type Alignment = typenum::U256;
     fn allocate(&self, size: usize, align: usize, s: StreamRef) -> Result<NonNull<u8>, AllocError> {

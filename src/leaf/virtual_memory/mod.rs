@@ -18,7 +18,7 @@ macro_rules! page_leaf {
         crate::resource::properties!(
             Host = P::Host,
             Device = P::Device,
-            Managed = P::Managed,
+            Migratable = P::Migratable,
             Pageable = typenum::B0,
             Alignment = U256
         );

@@ -72,7 +72,7 @@ impl Sealed for Recording {}
 unsafe impl PhysicalPages for Recording {
     type Host = typenum::B0;
     type Device = typenum::B0;
-    type Managed = typenum::B0;
+    type Migratable = typenum::B0;
     type Page = ();
     /// The marked stream: reaching its mark is logged as the stream's synchronization.
     type Mark = StreamId;
