@@ -492,3 +492,78 @@ fn paged_heaps_give_every_heaps_free_pages_back_before_a_request_fails() {
     assert_eq!(heaps.release(), mapped);
     assert_eq!(sim.mapped(), 0);
 }
+
+#[test]
+fn paged_heaps_give_each_of_the_first_streams_a_heap_of_its_own() {
+    use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+    let sim = Simulated::with_page_size(64 * PAGE, PAGE);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let mut live = Vec::new();
+    for n in 0..16 {
+        let on = StreamRef::simulated(100 + n);
+        live.push((heaps.allocate(PAGE, 256, on).unwrap(), on));
+        assert_eq!(
+            heaps.heaps(),
+            n as usize + 1,
+            "stream {n} got a heap of its own"
+        );
+    }
+    // A 17th stream shares one of them.
+    let on = StreamRef::simulated(200);
+    live.push((heaps.allocate(PAGE, 256, on).unwrap(), on));
+    assert_eq!(heaps.heaps(), 16);
+    for (p, on) in live {
+        // SAFETY: live with this size, freed on the stream that allocated it.
+        unsafe { heaps.deallocate(p, PAGE, 256, on) };
+    }
+    assert_eq!(heaps.usage().allocated, 0);
+    heaps.release();
+    assert_eq!(sim.mapped(), 0);
+}
+
+#[test]
+fn paged_heaps_map_nothing_more_when_threads_on_their_own_streams_repeat_their_work() {
+    use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+    let sim = Simulated::with_page_size(1024 * PAGE, PAGE);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let barrier = std::sync::Barrier::new(8);
+    let mut mapped = Vec::new();
+    for _pass in 0..3 {
+        std::thread::scope(|s| {
+            for t in 0..8u32 {
+                let (heaps, barrier) = (&heaps, &barrier);
+                s.spawn(move || {
+                    let on = StreamRef::simulated(t);
+                    let mut x = 0x9E37_79B9u32.wrapping_mul(t + 1);
+                    let mut live = Vec::new();
+                    barrier.wait();
+                    for _ in 0..2000 {
+                        x ^= x << 13;
+                        x ^= x >> 17;
+                        x ^= x << 5;
+                        if live.len() < 40 && x % 4 != 0 {
+                            let n = 256 + (x as usize % (3 * PAGE));
+                            live.push((heaps.allocate(n, 256, on).unwrap(), n));
+                        } else if !live.is_empty() {
+                            let (p, n) = live.swap_remove(x as usize % live.len());
+                            // SAFETY: live with this size, on this stream.
+                            unsafe { heaps.deallocate(p, n, 256, on) };
+                        }
+                    }
+                    for (p, n) in live {
+                        // SAFETY: as above.
+                        unsafe { heaps.deallocate(p, n, 256, on) };
+                    }
+                });
+            }
+        });
+        mapped.push(sim.mapped());
+    }
+    // Each stream's blocks stay in its heap, whose free pages stay mapped for its next pass:
+    // the same work maps no more.
+    assert_eq!(heaps.heaps(), 8, "one heap per stream, none taken in turns");
+    assert_eq!(mapped[1], mapped[0], "{mapped:?}");
+    assert_eq!(mapped[2], mapped[0], "{mapped:?}");
+    heaps.release();
+    assert_eq!(sim.mapped(), 0);
+}

@@ -5,16 +5,23 @@ use super::{VirtualMemory, VirtualMemoryConfig, VmUsage};
 use crate::leaf::PhysicalPages;
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::shard;
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
+use cudarc::driver::CudaStream;
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::{OnceLock, PoisonError, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError, RwLock, Weak};
 use typenum::U256;
 
 const NAME: &str = "PagedHeaps";
 
-/// Heaps chosen by stream, beside those chosen by thread: streams whose ids hash alike share one.
+/// Heaps chosen by stream, beside those chosen by thread: the first streams seen get one each;
+/// streams beyond them share one by a hash of their id.
 const STREAM_HEAPS: usize = 16;
+
+/// Numbers the `PagedHeaps` of a process, so that a thread's remembered stream heap is of the
+/// one it asks.
+static INSTANCES: AtomicUsize = AtomicUsize::new(0);
 
 /// Allocations a thread sends to its own heap after finding its stream's heap held by another.
 const SKIP_AFTER_BUSY: u32 = 64;
@@ -26,6 +33,8 @@ struct Hint {
     served: Cell<usize>,
     /// Allocations left to send to its own heap, after its stream's was busy.
     skip_stream: Cell<u32>,
+    /// The stream heap of the last stream it allocated on: (instance, stream, heap).
+    stream: Cell<(usize, StreamId, usize)>,
 }
 
 thread_local! {
@@ -33,13 +42,50 @@ thread_local! {
         Hint {
             served: Cell::new(usize::MAX),
             skip_stream: Cell::new(0),
+            stream: Cell::new((usize::MAX, StreamId::DEFAULT, 0)),
         }
     };
 }
 
-/// The index of the stream heap for `stream` (after the thread heaps).
-fn stream_heap(stream: StreamRef) -> usize {
-    shard::SLOTS + 1 + (stream.id().mix() as usize) % STREAM_HEAPS
+/// The index of a stream heap (after the thread heaps).
+const fn stream_heap(i: usize) -> usize {
+    shard::SLOTS + 1 + i
+}
+
+/// The streams that own a stream heap each: the first [`STREAM_HEAPS`] streams seen, a slot
+/// given again once its stream is dropped (known for cudarc streams; the others, default,
+/// per-thread and raw handles, keep theirs). Two streams on one heap take turns on its lock
+/// and its pages follow both their peaks, so the common case, a few long-lived streams, gets
+/// a heap per stream.
+#[derive(Debug, Default)]
+struct StreamSlots([Option<(StreamId, Option<Weak<CudaStream>>)>; STREAM_HEAPS]);
+
+impl StreamSlots {
+    /// The stream heap (`0..STREAM_HEAPS`) of `stream`.
+    fn of(&mut self, stream: StreamRef) -> usize {
+        let id = stream.id();
+        let alive = |s: &Option<(StreamId, Option<Weak<CudaStream>>)>| {
+            s.as_ref()
+                .is_some_and(|(_, w)| w.as_ref().is_none_or(|w| w.strong_count() > 0))
+        };
+        let weak = stream.cuda_stream().map(std::sync::Arc::downgrade);
+        if let Some(i) = self
+            .0
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|(k, _)| *k == id))
+        {
+            // A stream made at a dropped one's handle takes its slot over.
+            if !alive(&self.0[i]) {
+                self.0[i] = Some((id, weak));
+            }
+            return i;
+        }
+        if let Some(i) = self.0.iter().position(|s| !alive(s)) {
+            self.0[i] = Some((id, weak));
+            return i;
+        }
+        (id.mix() as usize) % STREAM_HEAPS
+    }
 }
 
 /// The configuration of a [`PagedHeaps`]: what each thread's heap keeps mapped.
@@ -80,8 +126,11 @@ impl Default for PagedHeapsConfig {
 /// streams that freed them are done with them, which is checked by events the allocating thread
 /// never waits for.
 ///
-/// There are 16 stream heaps (streams whose ids hash alike share one) and a heap for each of the
-/// first 64 live threads, made at first use; later threads share one more. A heap outlives its
+/// There are 16 stream heaps, one for each of the first 16 streams allocated on (a cudarc
+/// stream's heap goes to a new stream once it is dropped; later streams share them by a hash of
+/// their id), and a heap for each of the first 64 live threads, made at first use; later threads
+/// share one more. A thread remembers the heap of the last stream it allocated on, so only its
+/// first allocation on a stream takes the lock of that table. A heap outlives its
 /// thread: the next thread to take the slot takes the heap as it is.
 ///
 /// # Cost
@@ -133,6 +182,10 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     /// Every heap's reserved ranges, `(base, size, slot)` sorted by base, for frees from other
     /// threads; a range missing (reserved since the last look) is found by asking each heap.
     routes: RwLock<Vec<(usize, usize, usize)>>,
+    /// Which stream heap each stream allocates from first.
+    streams: Mutex<StreamSlots>,
+    /// This instance's number ([`INSTANCES`]).
+    instance: usize,
 }
 
 impl<P: PhysicalPages + Clone> std::fmt::Debug for PagedHeaps<P> {
@@ -151,11 +204,27 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         PagedHeaps {
             pages,
             config,
-            heaps: (0..=shard::SLOTS + STREAM_HEAPS)
+            heaps: (0..stream_heap(STREAM_HEAPS))
                 .map(|_| OnceLock::new())
                 .collect(),
             routes: RwLock::new(Vec::new()),
+            streams: Mutex::new(StreamSlots::default()),
+            instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// The index of `stream`'s heap: remembered per thread, so that only a thread's first
+    /// allocation on a stream takes the slots' lock.
+    fn stream_heap(&self, stream: StreamRef) -> usize {
+        let id = stream.id();
+        let (instance, known, heap) = HINT.with(|h| h.stream.get());
+        if instance == self.instance && known == id {
+            return heap;
+        }
+        let slots = &mut *self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        let heap = stream_heap(slots.of(stream));
+        HINT.with(|h| h.stream.set((self.instance, id, heap)));
+        heap
     }
 
     /// The page source.
@@ -288,7 +357,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         }
         // The stream's heap, unless another thread held it lately: then this thread's own for
         // a while, so that threads sharing a stream do not take turns on one lock's line.
-        let by_stream = stream_heap(stream);
+        let by_stream = self.stream_heap(stream);
         let skip = HINT.with(|h| {
             let skip = h.skip_stream.get();
             h.skip_stream.set(skip.saturating_sub(1));
@@ -340,7 +409,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         // the heap whose ranges hold it; an address of no heap is ignored, as each heap ignores
         // one it never handed out.
         let last = HINT.with(|h| h.served.get());
-        let (by_stream, own) = (stream_heap(stream), shard::slot());
+        let (by_stream, own) = (self.stream_heap(stream), shard::slot());
         let tries = [last, by_stream, own];
         for (i, &slot) in tries.iter().enumerate() {
             if tries[..i].contains(&slot) || slot >= self.heaps.len() {
