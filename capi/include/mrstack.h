@@ -36,8 +36,13 @@
 #define MRSTACK_ERROR_CONFIG 1
 
 // The last error is any other: a resource that could not be built (no driver, no such device,
-// an initial reservation refused), an allocation that failed, a bad handle or pointer.
+// an initial reservation refused), an allocation that failed for another reason than memory, a
+// bad handle or pointer.
 #define MRSTACK_ERROR_OTHER 2
+
+// The last error is an allocation the stack had no memory for (its device, or a limit of the
+// stack, is full): the caller may free memory and try again.
+#define MRSTACK_ERROR_OUT_OF_MEMORY 3
 
 // A memory-resource stack behind the C API. Opaque to C: only pointers to it cross.
 typedef struct MrstackStack MrstackStack;
@@ -158,7 +163,8 @@ int mrstack_report(const char *path);
 const char *mrstack_last_error(void);
 
 // What the error `mrstack_last_error` describes is: `MRSTACK_ERROR_CONFIG` for the text of a
-// stack config (the message names the column), `MRSTACK_ERROR_OTHER` for any other,
+// stack config (the message names the column), `MRSTACK_ERROR_OUT_OF_MEMORY` for an allocation
+// the stack had no memory for, `MRSTACK_ERROR_OTHER` for any other,
 // `MRSTACK_ERROR_NONE` when no call on this thread failed yet.
 int mrstack_last_error_kind(void);
 
@@ -185,8 +191,10 @@ void *mrstack_trt_allocate(MrstackStack *stack,
 // As for `mrstack_trt_allocate`.
 bool mrstack_trt_deallocate(MrstackStack *stack, void *memory, void *stream);
 
-// PyTorch's `alloc_fn`: as `mrstack_torch_malloc`, but a failure for a non-zero size throws
-// `std::runtime_error` naming the cause (a `RuntimeError` in Python).
+// PyTorch's `alloc_fn`: as `mrstack_torch_malloc`, but a failure for a non-zero size throws a
+// C++ exception naming the cause: `c10::OutOfMemoryError` when the stack had no memory and
+// PyTorch's libraries are loaded (`torch.OutOfMemoryError` in Python), `std::runtime_error`
+// otherwise (a `RuntimeError`, of which `torch.OutOfMemoryError` is a subclass).
 //
 // # Safety
 //

@@ -19,8 +19,12 @@ pub const MRSTACK_ERROR_NONE: c_int = 0;
 /// The message names the column.
 pub const MRSTACK_ERROR_CONFIG: c_int = 1;
 /// The last error is any other: a resource that could not be built (no driver, no such device,
-/// an initial reservation refused), an allocation that failed, a bad handle or pointer.
+/// an initial reservation refused), an allocation that failed for another reason than memory, a
+/// bad handle or pointer.
 pub const MRSTACK_ERROR_OTHER: c_int = 2;
+/// The last error is an allocation the stack had no memory for (its device, or a limit of the
+/// stack, is full): the caller may free memory and try again.
+pub const MRSTACK_ERROR_OUT_OF_MEMORY: c_int = 3;
 
 /// Names the kind of the error the call in progress is about to return.
 pub(crate) fn set_kind(kind: c_int) {
@@ -84,7 +88,8 @@ pub extern "C" fn mrstack_last_error() -> *const c_char {
 }
 
 /// What the error `mrstack_last_error` describes is: `MRSTACK_ERROR_CONFIG` for the text of a
-/// stack config (the message names the column), `MRSTACK_ERROR_OTHER` for any other,
+/// stack config (the message names the column), `MRSTACK_ERROR_OUT_OF_MEMORY` for an allocation
+/// the stack had no memory for, `MRSTACK_ERROR_OTHER` for any other,
 /// `MRSTACK_ERROR_NONE` when no call on this thread failed yet.
 #[no_mangle]
 pub extern "C" fn mrstack_last_error_kind() -> c_int {

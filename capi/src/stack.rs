@@ -197,6 +197,9 @@ impl MrstackStack {
             Ok(p) => p,
             Err(e) => {
                 self.counts.failed_allocations.fetch_add(1, Relaxed);
+                if e.is_out_of_memory() {
+                    crate::error::set_kind(crate::error::MRSTACK_ERROR_OUT_OF_MEMORY);
+                }
                 return Err(e.to_string());
             }
         };

@@ -4,7 +4,7 @@
 //! exception cannot cross C.
 
 use crate::cupy::mrstack_cupy_malloc;
-use crate::error::mrstack_last_error;
+use crate::error::{mrstack_last_error, mrstack_last_error_kind, MRSTACK_ERROR_OUT_OF_MEMORY};
 use crate::torch::mrstack_torch_malloc;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -13,11 +13,14 @@ use std::ffi::{c_char, c_int, c_void};
 /// cbindgen:ignore
 extern "C-unwind" {
     fn mrstack_throw_runtime_error(what: *const c_char) -> !;
+    fn mrstack_throw_torch_out_of_memory(what: *const c_char) -> !;
     fn mrstack_throw_bad_alloc() -> !;
 }
 
-/// PyTorch's `alloc_fn`: as `mrstack_torch_malloc`, but a failure for a non-zero size throws
-/// `std::runtime_error` naming the cause (a `RuntimeError` in Python).
+/// PyTorch's `alloc_fn`: as `mrstack_torch_malloc`, but a failure for a non-zero size throws a
+/// C++ exception naming the cause: `c10::OutOfMemoryError` when the stack had no memory and
+/// PyTorch's libraries are loaded (`torch.OutOfMemoryError` in Python), `std::runtime_error`
+/// otherwise (a `RuntimeError`, of which `torch.OutOfMemoryError` is a subclass).
 ///
 /// # Safety
 ///
@@ -32,7 +35,12 @@ pub unsafe extern "C-unwind" fn mrstack_torch_malloc_or_throw(
     let p = unsafe { mrstack_torch_malloc(size, device, stream) };
     if p.is_null() && size != 0 {
         // SAFETY: the message is the library's NUL-terminated last error; the caller catches.
-        unsafe { mrstack_throw_runtime_error(mrstack_last_error()) }
+        unsafe {
+            if mrstack_last_error_kind() == MRSTACK_ERROR_OUT_OF_MEMORY {
+                mrstack_throw_torch_out_of_memory(mrstack_last_error())
+            }
+            mrstack_throw_runtime_error(mrstack_last_error())
+        }
     }
     p
 }

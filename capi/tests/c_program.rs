@@ -58,6 +58,51 @@ fn the_tensorrt_adapter_compiles_and_serves_through_the_interface() {
     );
 }
 
+/// PyTorch's entry point throws `c10::OutOfMemoryError` for an allocation the stack has no
+/// memory for once a `libc10.so` is loaded (here a stand-in of its classes, loaded privately as
+/// PyTorch loads its own), `std::runtime_error` before that and for any other failure.
+#[test]
+fn torch_out_of_memory_is_thrown_as_c10s_out_of_memory_error() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let standin = tmp.join("c10_standin").join("libc10.so");
+    std::fs::create_dir_all(standin.parent().unwrap()).unwrap();
+    let built = Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ])
+        .arg("-Wl,-soname,libc10.so")
+        .arg("-o")
+        .arg(&standin)
+        .arg(format!("{dir}/tests/c/c10_standin/c10.cpp"))
+        .output()
+        .unwrap_or_else(|e| panic!("running the compiler `{cxx}`: {e}"));
+    assert!(
+        built.status.success(),
+        "{cxx} c10.cpp failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let exe = tmp.join("throw_test");
+    compile(&cxx, &["-std=c++17"], "throw_test.cpp", &exe);
+    let run = Command::new(&exe)
+        .arg(&standin)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .expect("run throw_test");
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && out.contains(" passed, 0 failed"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 /// Compiles `host_test.c` as `name` and runs it with `args`, the library just built first in the
 /// library path, no `MRSTACK_*` variable from outside; checks that every check passed, and
 /// returns what it wrote to standard error.

@@ -23,6 +23,7 @@ _CLI_NAME = "mrstack"
 ERROR_NONE = 0
 ERROR_CONFIG = 1
 ERROR_OTHER = 2
+ERROR_OUT_OF_MEMORY = 3
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -117,7 +118,8 @@ def _declare(l: ctypes.CDLL) -> None:
 
 
 def last_error() -> tuple[int, str]:
-    """The kind (``ERROR_CONFIG`` or ``ERROR_OTHER``) and text of this thread's last error."""
+    """The kind (``ERROR_CONFIG``, ``ERROR_OUT_OF_MEMORY`` or ``ERROR_OTHER``) and text of this
+    thread's last error."""
     l = lib()
     text = (l.mrstack_last_error() or b"").decode("utf-8", "replace")
     return l.mrstack_last_error_kind(), text

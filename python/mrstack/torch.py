@@ -14,13 +14,13 @@ one pool's segments, for one region of a program::
     with torch.cuda.use_mem_pool(pool):
         y = model(x)        # the segments of these tensors come from mrstack
 
-Out of memory: with ``use()``, an allocation the stack cannot serve raises ``RuntimeError``
-naming the cause (PyTorch's pluggable-allocator path does not check for a null pointer, so the
-library's entry point throws a C++ ``std::runtime_error``, which PyTorch turns into
-``RuntimeError``; ``torch.OutOfMemoryError`` is a subclass of it, so ``except RuntimeError``
-catches both). Inside a ``MemPool``, PyTorch's caching allocator takes a failed segment as the
-driver's out of memory: it frees its cached blocks, tries again, and raises
-``torch.OutOfMemoryError``. Either way the process goes on.
+Out of memory: with ``use()``, an allocation the stack has no memory for raises
+``torch.OutOfMemoryError`` naming the cause, as PyTorch's own allocator does (the library's
+entry point throws PyTorch's C++ ``c10::OutOfMemoryError``, built by PyTorch's own library);
+any other failure raises ``RuntimeError``, of which ``torch.OutOfMemoryError`` is a subclass, so
+``except RuntimeError`` catches both. Inside a ``MemPool``, PyTorch's caching allocator takes a
+failed segment as the driver's out of memory: it frees its cached blocks, tries again, and
+raises ``torch.OutOfMemoryError``. Either way the process goes on.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ per-device stacks are chosen once per process). Each prints one JSON object on i
     python3 gpu_scenarios.py SCENARIO [ARGS]
 
 train-native | train-mrstack: the training loop of make_snapshot.py on PyTorch's allocator or
-on mrstack (mrstack.torch.use), its losses and peaks; mempool: mrstack.torch.MemPool for one
+on mrstack (mrstack.torch.use), its losses and peaks; model-native | model-mrstack NAME: the
+same for a model of models.py (resnet50, transformer); mempool: mrstack.torch.MemPool for one
 region; oom | mempool-oom: an allocation far larger than the GPU, then work goes on; cupy:
 mrstack.cupy.use, results against NumPy, out of memory; snapshot OUT: a snapshot captured on
 PyTorch's allocator, replayed from the file and from the dict.
@@ -20,6 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import make_snapshot  # noqa: E402
+import models  # noqa: E402
 
 HUGE = 1 << 50  # bytes: more than any GPU has
 STEPS = 12
@@ -30,7 +32,15 @@ def emit(result):
     print(json.dumps(result, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-def train(use_mrstack: bool):
+# The models `model-native NAME` / `model-mrstack NAME` train, by name, with their steps.
+MODELS = {
+    "small": lambda: make_snapshot.train(STEPS),
+    "resnet50": lambda: models.resnet50(6),
+    "transformer": lambda: models.transformer(12),
+}
+
+
+def train(use_mrstack: bool, model: str = "small"):
     import torch
 
     if use_mrstack:
@@ -38,12 +48,15 @@ def train(use_mrstack: bool):
         import mrstack.torch
 
         mrstack.torch.use(device=0)
-    losses = make_snapshot.train(STEPS)
+    losses = MODELS[model]()
     out = {"losses": losses}
     if use_mrstack:
         out["stats"] = mrstack.stats(0)
     else:
+        stats = torch.cuda.memory_stats()
         out["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        # The most blocks live at once: each is rounded up to 512 bytes in PyTorch's count.
+        out["peak_blocks"] = stats["allocation.all.peak"]
     emit(out)
 
 
@@ -150,6 +163,8 @@ def snapshot(out: str):
 SCENARIOS = {
     "train-native": lambda: train(False),
     "train-mrstack": lambda: train(True),
+    "model-native": lambda: train(False, sys.argv[2]),
+    "model-mrstack": lambda: train(True, sys.argv[2]),
     "mempool": mempool,
     "oom": lambda: oom(False),
     "mempool-oom": lambda: oom(True),

@@ -1,0 +1,90 @@
+"""The two models the GPU tests train on PyTorch's allocator and on mrstack's: torchvision's
+ResNet-50 and a GPT-style transformer with a sequence length drawn at every step. Everything that
+decides the losses is fixed (seeds, data drawn by a seeded generator on the host, deterministic
+algorithms), so an allocator can change no loss: each run must give the same ones, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import random
+
+
+def _deterministic():
+    # cuBLAS is deterministic only with a fixed workspace; read when its handle is made.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    return torch
+
+
+def resnet50(steps: int, seed: int = 0, batch: int = 16, size: int = 112) -> list:
+    """torchvision's ResNet-50 (random weights) trained with SGD on random images; the losses."""
+    torch = _deterministic()
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = torchvision.models.resnet50(weights=None).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(seed)  # on the host: no allocator draws the data
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(batch, 3, size, size, generator=gen).cuda()
+        y = torch.randint(0, 1000, (batch,), generator=gen).cuda()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    return losses
+
+
+def transformer(steps: int, seed: int = 0, batch: int = 8, vocab: int = 4096, d_model: int = 256,
+                heads: int = 4, layers: int = 4, lengths: tuple = (32, 384)) -> list:
+    """A GPT-style decoder (pre-norm layers under a causal mask, tied head) learning to continue
+    a counting sequence, with a sequence length drawn at every step; the losses."""
+    torch = _deterministic()
+    from torch import nn
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(vocab, d_model)
+            self.pos = nn.Embedding(lengths[1], d_model)
+            self.blocks = nn.ModuleList(
+                nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0,
+                                           activation="gelu", batch_first=True, norm_first=True)
+                for _ in range(layers))
+            self.ln = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab, bias=False)
+            self.head.weight = self.tok.weight
+
+        def forward(self, tokens):
+            n = tokens.shape[1]
+            mask = nn.Transformer.generate_square_subsequent_mask(n, device=tokens.device)
+            x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))
+            for block in self.blocks:
+                x = block(x, src_mask=mask, is_causal=True)
+            return self.head(self.ln(x))
+
+    torch.manual_seed(seed)
+    model = Gpt().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    draw = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        n = draw.randint(*lengths)
+        start = torch.randint(0, vocab, (batch, 1), generator=gen)
+        seq = ((start + torch.arange(n + 1)) % vocab).cuda()
+        logits = model(seq[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), seq[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    return losses
