@@ -55,8 +55,9 @@ def train(use_mrstack: bool, model: str = "small"):
     else:
         stats = torch.cuda.memory_stats()
         out["max_memory_allocated"] = torch.cuda.max_memory_allocated()
-        # The most blocks live at once: each is rounded up to 512 bytes in PyTorch's count.
-        out["peak_blocks"] = stats["allocation.all.peak"]
+        # The peak of the bytes tensors asked for, before PyTorch rounds a block up (to 512
+        # bytes, and by a remainder of up to 1 MiB it does not split off a large block).
+        out["requested_peak"] = stats["requested_bytes.all.peak"]
     emit(out)
 
 
