@@ -23,8 +23,12 @@ const STREAM_HEAPS: usize = 16;
 /// one it asks.
 static INSTANCES: AtomicUsize = AtomicUsize::new(0);
 
-/// Allocations a thread sends to its own heap after finding its stream's heap held by another.
+/// Allocations a thread sends to its own heap after finding its stream's heap held by another,
+/// doubled for each time in a row it finds it held again, up to [`MAX_BUSY_DOUBLINGS`]: threads
+/// that share a stream at once settle in their own heaps, while threads that take turns on it
+/// (a forward and a backward thread) keep sharing its heap and its pages.
 const SKIP_AFTER_BUSY: u32 = 64;
+const MAX_BUSY_DOUBLINGS: u32 = 6;
 
 /// What a thread remembers across calls of every `PagedHeaps` (hints only: a wrong one costs a
 /// lock, never a wrong answer).
@@ -33,6 +37,8 @@ struct Hint {
     served: Cell<usize>,
     /// Allocations left to send to its own heap, after its stream's was busy.
     skip_stream: Cell<u32>,
+    /// The times in a row it found its stream's heap busy.
+    busy_streak: Cell<u32>,
     /// The stream heap of the last stream it allocated on: (instance, stream, heap).
     stream: Cell<(usize, StreamId, usize)>,
 }
@@ -42,6 +48,7 @@ thread_local! {
         Hint {
             served: Cell::new(usize::MAX),
             skip_stream: Cell::new(0),
+            busy_streak: Cell::new(0),
             stream: Cell::new((usize::MAX, StreamId::DEFAULT, 0)),
         }
     };
@@ -366,10 +373,17 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         if skip == 0 {
             let heap = self.heap(by_stream)?;
             match heap.allocate_with(size, align, stream, true) {
-                None => HINT.with(|h| h.skip_stream.set(SKIP_AFTER_BUSY)),
+                None => HINT.with(|h| {
+                    let streak = h.busy_streak.get();
+                    h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
+                    h.skip_stream.set(SKIP_AFTER_BUSY << streak);
+                }),
                 Some(Err(e)) if e.is_out_of_memory() => {}
                 Some(done) => {
-                    HINT.with(|h| h.served.set(by_stream));
+                    HINT.with(|h| {
+                        h.served.set(by_stream);
+                        h.busy_streak.set(0);
+                    });
                     return done;
                 }
             }
