@@ -123,44 +123,57 @@
 //!
 //! # The default stack in PyTorch training
 //!
-//! `capi/python/footprint_torch.py` (each allocator in a process of its own, one call on an
-//! NVIDIA H200, driver 580.159.04, torch 2.11, 2026-11-28): GPT-style training (12 pre-norm
-//! layers, d_model 1024, 16 heads, vocabulary 32,000), sequence length 128–1024 and batch 8–24
-//! drawn at every step, 3 warm-up and 20 timed steps. Peak in use: `cuMemGetInfo`'s total − free,
-//! sampled every millisecond during the steps; ratio: that peak less what native mode holds
-//! outside its allocator (native's peak in use − its `max_memory_reserved`, 733 MiB here) over
-//! native's `max_memory_allocated` (26.13 GiB).
+//! `capi/python/footprint_torch.py --stack paged --steps 20` (each allocator in a process of its
+//! own, one call on an NVIDIA H200, driver 580.159.04, torch 2.11, 2026-11-28, `MRSTACK_LOG` on
+//! for the `paged` run): GPT-style training (12 pre-norm layers, d_model 1024, 16 heads,
+//! vocabulary 32,000), sequence length 128–1024 and batch 8–24 drawn at every step, 3 warm-up and
+//! 20 timed steps. Peak in use: `cuMemGetInfo`'s total − free, sampled every millisecond during
+//! the steps; ratio: that peak less what native mode holds outside its allocator (native's peak
+//! in use − its `max_memory_reserved`, 751 MiB here) over native's `max_memory_allocated`
+//! (26.13 GiB).
 //!
 //! | allocator | peak in use | ratio | median step ms | × native |
 //! |---|---:|---:|---:|---:|
-//! | PyTorch native | 31.01 GiB | 1.159 | 256.7 | 1.000 |
-//! | PyTorch expandable segments | 27.90 GiB | 1.040 | 256.4 | 0.999 |
-//! | mrstack `paged` (with `peak_slack=32 MiB`) | 28.05 GiB | 1.045 | 256.7 | 1.000 |
-//! | mrstack `vmm` | 28.05 GiB | 1.045 | 256.3 | 0.999 |
-//! | mrstack `cuda > pool > binning` (the default before `paged`; an earlier call) | 31.99 GiB | 1.196 | 256.7 | 1.000 |
+//! | PyTorch native | 31.01 GiB | 1.159 | 256.5 | 1.000 |
+//! | PyTorch expandable segments | 27.90 GiB | 1.040 | 256.5 | 1.000 |
+//! | mrstack `paged` | 28.05 GiB | 1.045 | 256.2 | 0.999 |
 //!
-//! Losses differ from native's by at most 6.1e-5 for every other allocator, expandable segments
-//! included (no deterministic mode here). `python3 scripts/vmm-costs.py` on the same GPU: a
-//! 2 MiB page costs `cuMemCreate` 10–21 µs, `cuMemMap` 2–5 µs, `cuMemSetAccess` 22–40 µs,
-//! `cuMemUnmap` 15–27 µs and `cuMemRelease` 11–18 µs (the first figure for runs of 16 or 128
-//! pages, the second for one page alone); mapping or unmapping pages no work uses does not wait
-//! for a kernel running on another stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery`
-//! 0.6 µs, which is why a cache over its bound is trimmed behind events, queried every 32 calls,
-//! and never behind a host synchronization.
+//! Losses differ from native's by at most 3.1e-05 for both other allocators (no deterministic
+//! mode here). The log of the `paged` run, replayed in its order over `Simulated` pages
+//! (`mrstack replay LOG --stack paged --upstream simulated --sequential`), maps 27.31 GiB for
+//! 26.12 GiB of peak live bytes: 1.0455, what the GPU showed. So the footprint is the
+//! placement's, reproducible on any machine: the pages are mapped during the first steps (the
+//! first tenth of the log maps 13,899 of its 13,984 pages) and stay mapped; the smallest page
+//! budget with which the log completes is 26.32 GiB (1.008), but holding it there unmaps and
+//! maps 12,368 pages again over the 23 steps, a cost of about 540 page remaps a step.
+//!
+//! `python3 scripts/vmm-costs.py` on the same GPU: a 2 MiB page costs `cuMemCreate` 10–21 µs,
+//! `cuMemMap` 2–5 µs, `cuMemSetAccess` 22–40 µs, `cuMemUnmap` 15–27 µs and `cuMemRelease`
+//! 11–18 µs (the first figure for runs of 16 or 128 pages, the second for one page alone);
+//! mapping or unmapping pages no work uses does not wait for a kernel running on another
+//! stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery` 0.6 µs, which is why a cache over its
+//! bound is trimmed behind events, queried every 32 calls, and never behind a host
+//! synchronization.
 //!
 //! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,heaps,cuda_async,pool,binning,arena
 //! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random bash scripts/gpu-bench-rmm`, one call on
-//! the same H200, 2026-11-28), ns/op (wall time over all threads' ops), RMM's best of its
+//! an NVIDIA H200, 2026-11-28), ns/op (wall time over all threads' ops), RMM's best of its
 //! `cuda_async`, `pool`, `binning` and `arena` in the same run:
 //!
 //! | threads, streams | `paged` | `heaps` | RMM's best | `paged` / RMM's best |
 //! |---|---:|---:|---:|---:|
-//! | 1, own | 150 | 142 | 259 (binning) | 0.58 |
-//! | 1, one | 135 | 106 | 324 (binning) | 0.42 |
-//! | 8, own | 137 | 23.2 | 671 (binning) | 0.20 |
-//! | 8, one | 48.4 | 21.3 | 1,314 (binning) | 0.037 |
-//! | 16, own | 77.1 | 15.8 | 368 (arena) | 0.21 |
-//! | 16, one | 48.1 | 13.7 | 1,460 (binning) | 0.033 |
+//! | 1, own | 212 | 200 | 253 (binning) | 0.84 |
+//! | 1, one | 175 | 134 | 689 (binning) | 0.25 |
+//! | 8, own | 38.3 | 32.9 | 734 (binning) | 0.052 |
+//! | 8, one | 125 | 44.9 | 1,504 (binning) | 0.083 |
+//! | 16, own | 19.7 | 15.1 | 417 (arena) | 0.047 |
+//! | 16, one | 66.9 | 15.4 | 1,736 (binning) | 0.039 |
+//!
+//! The one-thread figures move by 1.7x between runs: in a later call, the same binaries on one
+//! warm machine gave `paged` 126 and 218 ns/op for one thread on its own stream, while the rows
+//! with threads held within 1.3x. Each of the first 16 streams a `PagedHeaps` sees gets a heap of
+//! its own, so threads on streams of their own share no lock and keep their pages from pass to
+//! pass; threads on one stream find its heap busy and settle in heaps of their own.
 //!
 //! # Clients through the C library
 //!
