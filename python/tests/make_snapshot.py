@@ -10,14 +10,18 @@ Runs on PyTorch's own allocator (a snapshot records what PyTorch's caching alloc
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any, Dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import models  # noqa: E402
 
 
 def train(steps: int, seed: int = 0) -> list:
     """A small convolutional model trained on random data for ``steps`` steps on the current CUDA
     device, with deterministic algorithms; the losses."""
-    import os
-
     # cuBLAS is deterministic only with a fixed workspace; read at its first use.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
@@ -34,19 +38,14 @@ def train(steps: int, seed: int = 0) -> list:
     ).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    losses = []
-    for step in range(steps):
+
+    def batch(step):
         # Batches of changing size: many sizes of blocks, freed and reused.
-        batch = 16 + 8 * (step % 4)
-        x = torch.randn(batch, 3, 32, 32, device="cuda", generator=g)
-        y = torch.randint(0, 10, (batch,), device="cuda", generator=g)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    torch.cuda.synchronize()
-    return losses
+        n = 16 + 8 * (step % 4)
+        x = torch.randn(n, 3, 32, 32, device="cuda", generator=g)
+        return x, torch.randint(0, 10, (n,), device="cuda", generator=g)
+
+    return models.fit(model, opt, steps, batch, torch.nn.functional.cross_entropy)
 
 
 def capture(steps: int = 20) -> Dict[str, Any]:

@@ -20,7 +20,24 @@ def _deterministic():
     return torch
 
 
-def resnet50(steps: int, seed: int = 0, batch: int = 16, size: int = 112) -> list:
+def fit(model, opt, steps: int, batch, loss) -> list:
+    """Trains ``model`` for ``steps`` steps, each on ``batch(step)``'s (input, target) and
+    ``loss(output, target)``; the losses, after the device finished."""
+    import torch
+
+    losses = []
+    for step in range(steps):
+        x, target = batch(step)
+        value = loss(model(x), target)
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        opt.step()
+        losses.append(value.item())
+    torch.cuda.synchronize()
+    return losses
+
+
+def resnet50(steps: int, seed: int = 0, batch_size: int = 16, size: int = 112) -> list:
     """torchvision's ResNet-50 (random weights) trained with SGD on random images; the losses."""
     torch = _deterministic()
     import torchvision
@@ -29,20 +46,15 @@ def resnet50(steps: int, seed: int = 0, batch: int = 16, size: int = 112) -> lis
     model = torchvision.models.resnet50(weights=None).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     gen = torch.Generator().manual_seed(seed)  # on the host: no allocator draws the data
-    losses = []
-    for _ in range(steps):
-        x = torch.randn(batch, 3, size, size, generator=gen).cuda()
-        y = torch.randint(0, 1000, (batch,), generator=gen).cuda()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    torch.cuda.synchronize()
-    return losses
+
+    def batch(_step):
+        x = torch.randn(batch_size, 3, size, size, generator=gen).cuda()
+        return x, torch.randint(0, 1000, (batch_size,), generator=gen).cuda()
+
+    return fit(model, opt, steps, batch, torch.nn.functional.cross_entropy)
 
 
-def transformer(steps: int, seed: int = 0, batch: int = 8, vocab: int = 4096, d_model: int = 256,
+def transformer(steps: int, seed: int = 0, batch_size: int = 8, vocab: int = 4096, d_model: int = 256,
                 heads: int = 4, layers: int = 4, lengths: tuple = (32, 384)) -> list:
     """A GPT-style decoder (pre-norm layers under a causal mask, tied head) learning to continue
     a counting sequence, with a sequence length drawn at every step; the losses."""
@@ -75,16 +87,14 @@ def transformer(steps: int, seed: int = 0, batch: int = 8, vocab: int = 4096, d_
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     draw = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
+
+    def batch(_step):
         n = draw.randint(*lengths)
-        start = torch.randint(0, vocab, (batch, 1), generator=gen)
+        start = torch.randint(0, vocab, (batch_size, 1), generator=gen)
         seq = ((start + torch.arange(n + 1)) % vocab).cuda()
-        logits = model(seq[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), seq[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    torch.cuda.synchronize()
-    return losses
+        return seq[:, :-1], seq[:, 1:]
+
+    def loss(logits, target):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+
+    return fit(model, opt, steps, batch, loss)
