@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 
 
 def _deterministic():
@@ -59,31 +60,13 @@ def transformer(steps: int, seed: int = 0, batch_size: int = 8, vocab: int = 409
     """A GPT-style decoder (pre-norm layers under a causal mask, tied head) learning to continue
     a counting sequence, with a sequence length drawn at every step; the losses."""
     torch = _deterministic()
-    from torch import nn
-
-    class Gpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok = nn.Embedding(vocab, d_model)
-            self.pos = nn.Embedding(lengths[1], d_model)
-            self.blocks = nn.ModuleList(
-                nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0,
-                                           activation="gelu", batch_first=True, norm_first=True)
-                for _ in range(layers))
-            self.ln = nn.LayerNorm(d_model)
-            self.head = nn.Linear(d_model, vocab, bias=False)
-            self.head.weight = self.tok.weight
-
-        def forward(self, tokens):
-            n = tokens.shape[1]
-            mask = nn.Transformer.generate_square_subsequent_mask(n, device=tokens.device)
-            x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))
-            for block in self.blocks:
-                x = block(x, src_mask=mask, is_causal=True)
-            return self.head(self.ln(x))
+    # The C library's clients' model (capi/python/tiny_gpt.py), random weights from the seed.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "capi", "python"))
+    import tiny_gpt
 
     torch.manual_seed(seed)
-    model = Gpt().cuda()
+    model = tiny_gpt.TinyGPT(vocab, d_model, heads, layers, lengths[1]).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     draw = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
