@@ -3,8 +3,8 @@ per-device stacks are chosen once per process). Each prints one JSON object on i
 
     python3 gpu_scenarios.py SCENARIO [ARGS]
 
-train-native | train-mrstack: the training loop of make_snapshot.py on PyTorch's allocator or
-on mrstack (mrstack.torch.use), its losses and peaks; model-native | model-mrstack NAME: the
+train-native | train-mrstack [STACK]: the training loop of make_snapshot.py on PyTorch's
+allocator or on mrstack (mrstack.torch.use, the default stack or STACK), its losses and peaks; model-native | model-mrstack NAME: the
 same for a model of models.py (resnet50, transformer); mempool: mrstack.torch.MemPool for one
 region; oom | mempool-oom: an allocation far larger than the GPU, then work goes on; cupy:
 mrstack.cupy.use, results against NumPy, out of memory; snapshot OUT: a snapshot captured on
@@ -40,14 +40,14 @@ MODELS = {
 }
 
 
-def train(use_mrstack: bool, model: str = "small"):
+def train(use_mrstack: bool, model: str = "small", stack=None):
     import torch
 
     if use_mrstack:
         import mrstack
         import mrstack.torch
 
-        mrstack.torch.use(device=0)
+        mrstack.torch.use(stack, device=0)
     losses = MODELS[model]()
     out = {"losses": losses}
     if use_mrstack:
@@ -163,7 +163,7 @@ def snapshot(out: str):
 # Each scenario by the name the test passes; `snapshot` also takes the path after it.
 SCENARIOS = {
     "train-native": lambda: train(False),
-    "train-mrstack": lambda: train(True),
+    "train-mrstack": lambda: train(True, stack=sys.argv[2] if len(sys.argv) > 2 else None),
     "model-native": lambda: train(False, sys.argv[2]),
     "model-mrstack": lambda: train(True, sys.argv[2]),
     "mempool": mempool,

@@ -119,7 +119,7 @@ def test_cupy_on_mrstack_computes_right_and_reports_out_of_memory(cupy_here):
     assert r["goes_on"]
 
 
-def test_a_snapshot_captured_here_replays_and_recommends_a_stack(torch_here, tmp_path):
+def test_a_snapshot_captured_here_recommends_a_stack_that_then_trains(torch_here, tmp_path):
     out = tmp_path / "snapshot.pickle"
     r = scenario("snapshot", str(out))
     assert out.stat().st_size > 0
@@ -128,3 +128,5 @@ def test_a_snapshot_captured_here_replays_and_recommends_a_stack(torch_here, tmp
     assert stack and (stack == "paged" or stack.startswith("cuda > ")), r["text"]
     assert r["dict_stack"], r["text"]
     assert any("PyTorch memory snapshot" in n for n in r["notes"]), r["notes"]
+    # The recommended stack trains the model the snapshot recorded, as PyTorch's own allocator.
+    same_training(scenario("train-native"), scenario("train-mrstack", stack))
