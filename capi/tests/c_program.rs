@@ -21,7 +21,8 @@ fn compile(compiler: &str, flags: &[&str], source: &str, exe: &std::path::Path) 
         "no libmrstack_c.so in {}",
         libs.display()
     );
-    let built = Command::new(compiler)
+    let mut command = Command::new(compiler);
+    command
         .args(flags)
         .args(["-Wall", "-Wextra", "-Werror", "-o"])
         .arg(exe)
@@ -30,13 +31,19 @@ fn compile(compiler: &str, flags: &[&str], source: &str, exe: &std::path::Path) 
         .arg(format!("-I{dir}/tests/c/trt_standin"))
         .arg(format!("-L{}", libs.display()))
         .arg(format!("-Wl,-rpath,{}", libs.display()))
-        .args(["-lmrstack_c", "-lpthread"])
+        .args(["-lmrstack_c", "-lpthread"]);
+    built(command, source);
+}
+
+/// Runs the compiler `command` for `source`; panics with its output on failure.
+fn built(mut command: Command, source: &str) {
+    let out = command
         .output()
-        .unwrap_or_else(|e| panic!("running the compiler `{compiler}`: {e}"));
+        .unwrap_or_else(|e| panic!("running the compiler for {source}: {e}"));
     assert!(
-        built.status.success(),
-        "{compiler} {source} failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
+        out.status.success(),
+        "compiling {source} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -68,7 +75,8 @@ fn torch_out_of_memory_is_thrown_as_c10s_out_of_memory_error() {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let standin = tmp.join("c10_standin").join("libc10.so");
     std::fs::create_dir_all(standin.parent().unwrap()).unwrap();
-    let built = Command::new(&cxx)
+    let mut command = Command::new(&cxx);
+    command
         .args([
             "-std=c++17",
             "-shared",
@@ -80,14 +88,8 @@ fn torch_out_of_memory_is_thrown_as_c10s_out_of_memory_error() {
         .arg("-Wl,-soname,libc10.so")
         .arg("-o")
         .arg(&standin)
-        .arg(format!("{dir}/tests/c/c10_standin/c10.cpp"))
-        .output()
-        .unwrap_or_else(|e| panic!("running the compiler `{cxx}`: {e}"));
-    assert!(
-        built.status.success(),
-        "{cxx} c10.cpp failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+        .arg(format!("{dir}/tests/c/c10_standin/c10.cpp"));
+    built(command, "c10_standin/c10.cpp");
     let exe = tmp.join("throw_test");
     compile(&cxx, &["-std=c++17"], "throw_test.cpp", &exe);
     let run = Command::new(&exe)

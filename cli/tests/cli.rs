@@ -114,6 +114,11 @@ const TINY: &str = "0,1,allocate,0x1000,100,0\n\
                     0,4,allocate,0x3000,50,0\n\
                     0,5,free,0x2000,200,0\n";
 
+/// [`TINY`] in a log file called `name`.
+fn tiny(name: &str) -> TempFile {
+    TempFile::new("mrstack-cli", name, format!("{HEADER}{TINY}").as_bytes())
+}
+
 // ---------------------------------------------------------------- output
 
 #[test]
@@ -177,11 +182,7 @@ fn replay_without_a_trace_prints_the_table() {
 
 #[test]
 fn json_gives_the_capacity_of_a_tiny_trace() {
-    let f = TempFile::new(
-        "mrstack-cli",
-        "tiny.csv",
-        format!("{HEADER}{TINY}").as_bytes(),
-    );
+    let f = tiny("tiny.csv");
     let v = json(&replay(&[f.text(), "--json", "--stack", "upstream"]));
     let w = &v["workload"];
     assert_eq!(w["ops"], 5);
@@ -205,11 +206,7 @@ fn json_gives_the_capacity_of_a_tiny_trace() {
 
 #[test]
 fn every_preset_completes_the_tiny_trace_at_or_above_its_peak() {
-    let f = TempFile::new(
-        "mrstack-cli",
-        "tiny-all.csv",
-        format!("{HEADER}{TINY}").as_bytes(),
-    );
+    let f = tiny("tiny-all.csv");
     let v = json(&replay(&[f.text(), "--json"]));
     let stacks = v["stacks"].as_array().unwrap();
     assert!(!stacks.is_empty());
@@ -305,11 +302,7 @@ fn plain_and_gzip_logs_replay_alike() {
 
 #[test]
 fn stacks_are_picked_by_repeated_or_comma_separated_names() {
-    let f = TempFile::new(
-        "mrstack-cli",
-        "pick.csv",
-        format!("{HEADER}{TINY}").as_bytes(),
-    );
+    let f = tiny("pick.csv");
     // `simulated` names the raw upstream on Simulated; each stack is replayed once.
     let v = json(&replay(&[
         f.text(),
@@ -324,11 +317,7 @@ fn stacks_are_picked_by_repeated_or_comma_separated_names() {
 
 #[test]
 fn quiet_leaves_stderr_empty_and_no_capacity_skips_the_search() {
-    let f = TempFile::new(
-        "mrstack-cli",
-        "quiet.csv",
-        format!("{HEADER}{TINY}").as_bytes(),
-    );
+    let f = tiny("quiet.csv");
     let o = replay(&[f.text(), "--quiet", "--no-capacity", "--json"]);
     let v = json(&o);
     assert_eq!(stderr(&o), "");

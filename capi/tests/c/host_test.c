@@ -13,19 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (cond) {                                                             \
-            passed++;                                                           \
-        } else {                                                                \
-            failed++;                                                           \
-            printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);            \
-            printf(__VA_ARGS__);                                                \
-            printf(" (last error: %s)\n", mrstack_last_error());                \
-        }                                                                       \
-    } while (0)
+#include "check.h"
 
 static int contains(const char *haystack, const char *needle) {
     return haystack && strstr(haystack, needle) != NULL;

@@ -13,19 +13,7 @@
 
 #include "mrstack.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                   \
-    do {                                                   \
-        if (cond) {                                        \
-            passed++;                                      \
-        } else {                                           \
-            failed++;                                      \
-            std::printf("FAILED %s:%d: ", __FILE__, __LINE__); \
-            std::printf(__VA_ARGS__);                      \
-            std::printf("\n");                             \
-        }                                                  \
-    } while (0)
+#include "check.h"
 
 // What a call of the throwing entry point threw: the exception's class name (mangled, as
 // typeid gives it) and message, or "none" when it returned.

@@ -111,11 +111,7 @@ fn an_unknown_stack_is_a_usage_error_listing_the_names() {
 
 #[test]
 fn bad_options_are_usage_errors() {
-    let f = TempFile::new(
-        "mrstack-cli",
-        "usage.csv",
-        format!("{HEADER}{TINY}").as_bytes(),
-    );
+    let f = tiny("usage.csv");
     for args in [
         &["replay", "--precision", "2"][..],
         &["replay", "--precision", "0"],
