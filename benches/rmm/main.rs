@@ -282,6 +282,16 @@ fn gib(bytes: usize) -> f64 {
 
 // ------------------------------------------------------------------------------------------ run
 
+/// `mrstack replay`'s preset `name`, so that both tools measure one configuration.
+fn preset<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
+    name: &str,
+) -> Box<dyn StackFactory<U>> {
+    replay::stacks::<U>()
+        .into_iter()
+        .find(|s| s.name() == name)
+        .unwrap_or_else(|| panic!("mrstack replay has no preset {name}"))
+}
+
 /// The stacks that both libraries have, over any upstream `U`, by name, with what they are.
 fn stacks<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
 ) -> Vec<(&'static str, &'static str, Box<dyn StackFactory<U>>)> {
@@ -291,29 +301,11 @@ fn stacks<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
             "the upstream itself (cuMemAlloc)",
             stack("cuda", |up: U, _| Ok(up)),
         ),
-        (
-            "pool",
-            "Pool { initial: cap, max: cap }",
-            stack("pool", |up: U, cap| {
-                Ok(resource_stack![
-                    up,
-                    Pool {
-                        initial: cap,
-                        max: cap
-                    }
-                ])
-            }),
-        ),
+        ("pool", "Pool { initial: cap, max: cap }", preset("pool")),
         (
             "binning",
             "Pool { initial: cap, max: cap } > Binning (256 B to 1 MiB)",
-            stack("binning", |up: U, cap| {
-                Ok(resource_stack![
-                    up,
-                    Pool { initial: cap, max: cap },
-                    Binning { min: 256 B, max: 1 MiB }
-                ])
-            }),
+            preset("binning"),
         ),
         (
             "binning-rmm",
@@ -326,19 +318,7 @@ fn stacks<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
                 ])
             }),
         ),
-        (
-            "tlsf",
-            "Tlsf { initial: cap, max: cap }",
-            stack("tlsf", |up: U, cap| {
-                Ok(resource_stack![
-                    up,
-                    Tlsf {
-                        initial: cap,
-                        max: cap
-                    }
-                ])
-            }),
-        ),
+        ("tlsf", "Tlsf { initial: cap, max: cap }", preset("tlsf")),
         (
             "tlsf+cache",
             "Tlsf { initial: cap, max: cap } > ThreadCache { bytes: cap / 4, max_block: cap / 4 }",
@@ -359,34 +339,15 @@ fn stacks<U: MemoryResource + replay::Paged + Send + Sync + 'static>(
         (
             "vmm",
             "VirtualMemory { max: cap, cache: cap } over the device's pages",
-            // `mrstack replay`'s own preset, so that both measure one configuration.
-            replay::stacks::<U>()
-                .into_iter()
-                .find(|s| s.name() == "vmm")
-                .expect("mrstack replay has a vmm preset"),
+            preset("vmm"),
         ),
         (
             "paged",
             "PagedHeaps (default) over the device's pages",
-            replay::stacks::<U>()
-                .into_iter()
-                .find(|s| s.name() == "paged")
-                .expect("mrstack replay has a paged preset"),
+            preset("paged"),
         ),
-        (
-            "heaps",
-            "ThreadHeaps { max: cap }",
-            stack("heaps", |up: U, cap| {
-                Ok(resource_stack![up, ThreadHeaps { max: cap }])
-            }),
-        ),
-        (
-            "arena",
-            "Arena { size: cap }",
-            stack("arena", |up: U, cap| {
-                Ok(resource_stack![up, Arena { size: cap }])
-            }),
-        ),
+        ("heaps", "ThreadHeaps { max: cap }", preset("heaps")),
+        ("arena", "Arena { size: cap }", preset("arena")),
         (
             "binning+arena",
             "Arena { size: cap } > Binning (256 B to 1 MiB)",

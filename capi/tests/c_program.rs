@@ -54,14 +54,21 @@ fn the_tensorrt_adapter_compiles_and_serves_through_the_interface() {
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trt_test");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     compile(&cxx, &["-std=c++17"], "trt_test.cpp", &exe);
-    let run = Command::new(&exe)
+    all_pass(Command::new(&exe));
+}
+
+/// Runs a test program with the library just built first in the library path; asserts that it
+/// ended with every check passed.
+fn all_pass(mut program: Command) {
+    let run = program
         .env("LD_LIBRARY_PATH", lib_dir())
         .output()
-        .expect("run trt_test");
+        .unwrap_or_else(|e| panic!("running {program:?}: {e}"));
     let out = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success() && out.contains(" passed, 0 failed"),
-        "{out}"
+        "{out}\n{}",
+        String::from_utf8_lossy(&run.stderr)
     );
 }
 
@@ -92,17 +99,9 @@ fn torch_out_of_memory_is_thrown_as_c10s_out_of_memory_error() {
     built(command, "c10_standin/c10.cpp");
     let exe = tmp.join("throw_test");
     compile(&cxx, &["-std=c++17"], "throw_test.cpp", &exe);
-    let run = Command::new(&exe)
-        .arg(&standin)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .output()
-        .expect("run throw_test");
-    let out = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success() && out.contains(" passed, 0 failed"),
-        "{out}\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let mut program = Command::new(&exe);
+    program.arg(&standin);
+    all_pass(program);
 }
 
 /// Compiles `host_test.c` as `name` and runs it with `args`, the library just built first in the

@@ -8,6 +8,7 @@ use crate::leaf::{
 };
 use crate::resource::{AllocError, MemoryResource};
 use crate::stream::{StreamHandle, StreamRef};
+use crate::suballoc::{Pool, PoolConfig, Tlsf, TlsfConfig};
 use std::sync::Arc;
 
 /// A named way to build a resource stack over an upstream `U` with a capacity (pool maximum,
@@ -150,23 +151,10 @@ pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dy
 {
     vec![
         stack("upstream", |upstream: U, _capacity| Ok(upstream)),
-        stack("pool", |up: U, cap| {
-            Ok(crate::resource_stack![
-                up,
-                Pool {
-                    initial: cap,
-                    max: cap
-                }
-            ])
-        }),
+        stack("pool", |up: U, cap| Ok(Pool::new(up, whole(cap)))),
         stack("tlsf", |up: U, cap| {
-            Ok(crate::resource_stack![
-                up,
-                Tlsf {
-                    initial: cap,
-                    max: cap
-                }
-            ])
+            let PoolConfig { initial, max } = whole(cap);
+            Ok(Tlsf::new(up, TlsfConfig { initial, max }))
         }),
         stack("vmm", |up: U, cap| {
             let config = VirtualMemoryConfig {
@@ -185,14 +173,7 @@ pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dy
             Ok(PagedHeaps::new(up.pages()?, PagedHeapsConfig::default()))
         }),
         stack("binning", |up: U, cap| {
-            Ok(crate::resource_stack![
-                up,
-                Pool {
-                    initial: cap,
-                    max: cap
-                },
-                Binning
-            ])
+            Ok(crate::resource_stack![Pool::new(up, whole(cap)), Binning])
         }),
         stack("arena", |up: U, cap| {
             Ok(crate::resource_stack![up, Arena { size: cap }])
@@ -201,6 +182,15 @@ pub fn stacks<U: MemoryResource + Paged + Send + Sync + 'static>() -> Vec<Box<dy
             Ok(crate::resource_stack![up, ThreadHeaps { max: cap }])
         }),
     ]
+}
+
+/// A pool that takes the whole capacity when it is built (where the upstream has it), and never
+/// more: as `Pool { initial: cap, max: cap }` in a stack.
+fn whole(capacity: usize) -> PoolConfig {
+    PoolConfig {
+        initial: capacity,
+        max: capacity,
+    }
 }
 
 /// The capacity to time a workload with: twice its peak live bytes (at least 1 MiB), room enough

@@ -112,29 +112,34 @@ fn an_unknown_stack_is_a_usage_error_listing_the_names() {
 #[test]
 fn bad_options_are_usage_errors() {
     let f = tiny("usage.csv");
-    for args in [
-        &["replay", "--precision", "2"][..],
-        &["replay", "--precision", "0"],
-        &["replay", "--precision", "fine"],
-        &["replay", "--passes", "0"],
-        // Numbers past what each option takes are usage errors, not panics.
-        &["replay", "--allocations", "18446744073709551615"],
-        &["replay", "--allocations", "10000001"],
-        &["replay", "--allocations", "-1"],
-        &["replay", "--passes", "18446744073709551615"],
-        &["replay", "--passes", "1000001"],
-        &["replay", "--precision", "1e400"],
-        &["replay", "--precision", "NaN"],
-        &["replay", "--seed", "18446744073709551616"],
-        &["replay", "--upstream", "tpu"],
-        &["replay", "--on-error", "maybe"],
-        &["replay", "--bogus"],
-        &["replay", f.text(), "--seed", "3"],
-        &["replay", f.text(), "second.csv"],
-        &["record"],
-        &[],
-    ] {
-        let o = mrstack(args);
+    // Each line one command; LOG stands for a readable log.
+    let lines = "replay --precision 2
+        replay --precision 0
+        replay --precision fine
+        replay --passes 0
+        replay --allocations 18446744073709551615
+        replay --allocations 10000001
+        replay --allocations -1
+        replay --passes 18446744073709551615
+        replay --passes 1000001
+        replay --precision 1e400
+        replay --precision NaN
+        replay --seed 18446744073709551616
+        replay --upstream tpu
+        replay --on-error maybe
+        replay --bogus
+        replay LOG --seed 3
+        replay LOG second.csv
+        record";
+    // Numbers past what each option takes are usage errors, not panics; so is no command.
+    let commands = lines.lines().map(|l| {
+        let words = l.split_whitespace();
+        words
+            .map(|w| if w == "LOG" { f.text() } else { w })
+            .collect()
+    });
+    for args in commands.chain([Vec::new()]) {
+        let o = mrstack(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(!stderr(&o).is_empty(), "{args:?}");
     }
