@@ -139,8 +139,9 @@
 //! | mrstack `paged` | 28.05 GiB | 1.045 | 256.2 | 0.999 |
 //!
 //! Losses differ from native's by at most 3.1e-05 for both other allocators (no deterministic
-//! mode here). The log of the `paged` run, replayed in its order over `Simulated` pages
-//! (`mrstack replay LOG --stack paged --upstream simulated --sequential`), maps 27.31 GiB for
+//! mode here). The log of the `paged` run (`data/traces/gpt_train_pytorch.csv.gz`), replayed in
+//! its order over `Simulated` pages (`mrstack replay data/traces/gpt_train_pytorch.csv.gz --stack
+//! paged --upstream simulated --sequential --no-capacity`), maps 27.31 GiB for
 //! 26.12 GiB of peak live bytes: 1.0455, what the GPU showed. So the footprint is the
 //! placement's, reproducible on any machine: the pages are mapped during the first steps (the
 //! first tenth of the log maps 13,899 of its 13,984 pages) and stay mapped; the smallest page
