@@ -15,6 +15,15 @@ fn free_memory(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> usize {
     result::mem_get_info().unwrap().0
 }
 
+/// A `VirtualMemory` over `pages` with no cache: every page whose blocks are all freed goes back.
+fn uncached(pages: DevicePages) -> VirtualMemory<DevicePages> {
+    let config = VirtualMemoryConfig {
+        cache: 0,
+        ..Default::default()
+    };
+    VirtualMemory::new(pages, config).unwrap()
+}
+
 #[test]
 fn device_pages_report_the_granularity_and_map_real_memory() {
     let Some(ctx) = gpu() else { return };
@@ -22,14 +31,7 @@ fn device_pages_report_the_granularity_and_map_real_memory() {
     let page = pages.page_size();
     println!("device page (granularity): {page} bytes");
     assert!(page.is_power_of_two() && page >= 64 << 10, "{page}");
-    let vm = VirtualMemory::new(
-        pages,
-        VirtualMemoryConfig {
-            cache: 0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let vm = uncached(pages);
     let stream = ctx.new_stream().unwrap();
     // 3 pages and a bit: four pages mapped, written by a kernel and read back.
     let n = (3 * page + 4096) / 4;
@@ -256,11 +258,7 @@ fn pages_freed_under_a_running_kernel_stay_mapped_until_it_ends() {
     let page = pages.page_size();
     // No cache: every page whose blocks are freed goes back, but only once the freeing stream's
     // work is done, and the allocating thread never waits for it.
-    let config = VirtualMemoryConfig {
-        cache: 0,
-        ..Default::default()
-    };
-    let vm = VirtualMemory::new(pages, config).unwrap();
+    let vm = uncached(pages);
     let s = ctx.new_stream().unwrap();
     let n = 4 * page / 4;
     let mut v = DeviceVec::<u32, _>::zeroed(n, &vm, &s).unwrap();
@@ -381,11 +379,7 @@ fn pages_freed_while_their_stream_captures_go_back_after_the_capture() {
     let Some(ctx) = gpu() else { return };
     let pages = DevicePages::new(&ctx).unwrap();
     let page = pages.page_size();
-    let config = VirtualMemoryConfig {
-        cache: 0,
-        ..Default::default()
-    };
-    let vm = VirtualMemory::new(pages.clone(), config).unwrap();
+    let vm = uncached(pages.clone());
     free_pages_during_a_capture(&ctx, &vm, page);
     vm.release();
     assert_eq!(vm.usage().mapped, 0, "{:?}", vm.usage());

@@ -567,3 +567,55 @@ fn paged_heaps_map_nothing_more_when_threads_on_their_own_streams_repeat_their_w
     heaps.release();
     assert_eq!(sim.mapped(), 0);
 }
+
+#[test]
+fn paged_heaps_take_back_blocks_freed_on_other_streams_past_the_stream_heaps() {
+    use mrstack::leaf::{PagedHeaps, PagedHeapsConfig};
+    // 40 streams, more than there are stream heaps; each block freed on another stream and by
+    // another thread than the one that allocated it.
+    let sim = Simulated::with_page_size(256 * PAGE, PAGE);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let blocks: Vec<(usize, u32)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u32)
+            .map(|t| {
+                let heaps = &heaps;
+                s.spawn(move || {
+                    (0..10u32)
+                        .map(|i| {
+                            let on = StreamRef::simulated(t * 10 + i);
+                            let p = heaps.allocate(PAGE / 2 + 256 * i as usize, 256, on);
+                            (p.unwrap().as_ptr() as usize, t * 10 + i)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert_eq!(
+        heaps.heaps(),
+        16,
+        "16 stream heaps; the other streams share them"
+    );
+    std::thread::scope(|s| {
+        for chunk in blocks.chunks(10) {
+            let heaps = &heaps;
+            s.spawn(move || {
+                for &(p, n) in chunk {
+                    let size = PAGE / 2 + 256 * (n % 10) as usize;
+                    let other = StreamRef::simulated((n + 1) % 40);
+                    // SAFETY: live with this size; a free on another stream is allowed.
+                    unsafe {
+                        heaps.deallocate(NonNull::new(p as *mut u8).unwrap(), size, 256, other)
+                    };
+                }
+            });
+        }
+    });
+    assert_eq!(heaps.usage().allocated, 0, "every block came back");
+    heaps.release();
+    assert_eq!(sim.mapped(), 0);
+}

@@ -126,7 +126,6 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             st.regions[r].doomed.set(p, p + 1);
         }
         st.batch = Some(super::region::Batch { marks, streams });
-        st.ticks = 0;
         // Work often finishes before the host frees its blocks: then the pages go now.
         self.reap(st);
     }

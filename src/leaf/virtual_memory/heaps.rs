@@ -54,8 +54,8 @@ thread_local! {
     };
 }
 
-/// The index of a stream heap (after the thread heaps).
-const fn stream_heap(i: usize) -> usize {
+/// The index in `PagedHeaps::heaps` of stream heap `i` (after the thread heaps).
+const fn by_stream(i: usize) -> usize {
     shard::SLOTS + 1 + i
 }
 
@@ -211,7 +211,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         PagedHeaps {
             pages,
             config,
-            heaps: (0..stream_heap(STREAM_HEAPS))
+            heaps: (0..by_stream(STREAM_HEAPS))
                 .map(|_| OnceLock::new())
                 .collect(),
             routes: RwLock::new(Vec::new()),
@@ -229,7 +229,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             return heap;
         }
         let slots = &mut *self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        let heap = stream_heap(slots.of(stream));
+        let heap = by_stream(slots.of(stream));
         HINT.with(|h| h.stream.set((self.instance, id, heap)));
         heap
     }
@@ -364,13 +364,13 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         }
         // The stream's heap, unless another thread held it lately: then this thread's own for
         // a while, so that threads sharing a stream do not take turns on one lock's line.
-        let by_stream = self.stream_heap(stream);
         let skip = HINT.with(|h| {
             let skip = h.skip_stream.get();
             h.skip_stream.set(skip.saturating_sub(1));
             skip
         });
         if skip == 0 {
+            let by_stream = self.stream_heap(stream);
             let heap = self.heap(by_stream)?;
             match heap.allocate_with(size, align, stream, true) {
                 None => HINT.with(|h| {
@@ -419,21 +419,25 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         }
         let addr = ptr.as_ptr() as usize;
         // The heap that served this thread's last allocation first, then the stream's and the
-        // thread's own: one of them holds nearly every block, and each try is one lock. Then
+        // thread's own, each looked up only if the one before does not hold the block: one of
+        // them holds nearly every block, and each try is one lock. Then
         // the heap whose ranges hold it; an address of no heap is ignored, as each heap ignores
         // one it never handed out.
+        let owns = |slot: usize| {
+            let heap = self.heaps.get(slot).and_then(OnceLock::get);
+            heap.is_some_and(|heap| heap.free_if_owned(addr, stream))
+        };
         let last = HINT.with(|h| h.served.get());
-        let (by_stream, own) = (self.stream_heap(stream), shard::slot());
-        let tries = [last, by_stream, own];
-        for (i, &slot) in tries.iter().enumerate() {
-            if tries[..i].contains(&slot) || slot >= self.heaps.len() {
-                continue;
-            }
-            if let Some(heap) = self.heaps[slot].get() {
-                if heap.free_if_owned(addr, stream) {
-                    return;
-                }
-            }
+        if owns(last) {
+            return;
+        }
+        let by_stream = self.stream_heap(stream);
+        if by_stream != last && owns(by_stream) {
+            return;
+        }
+        let own = shard::slot();
+        if own != last && own != by_stream && owns(own) {
+            return;
         }
         if let Some(heap) = self.owner(addr) {
             heap.free_if_owned(addr, stream);

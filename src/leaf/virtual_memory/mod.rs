@@ -310,10 +310,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// never handed out is ignored.
     pub(crate) fn free_if_owned(&self, addr: usize, stream: StreamRef) -> bool {
         let mut st = self.lock();
-        self.tick(&mut st);
+        // A heap of `PagedHeaps` asked about another's block does nothing, so counts no call.
         let Some(r) = st.region_of(addr) else {
             return false;
         };
+        self.tick(&mut st);
         if let Some(block) = st.index.free(addr, stream) {
             self.uncommit(&mut st, r, addr, block, true);
         }
