@@ -45,33 +45,47 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     /// Waits on the host for the pending batch's marks and for the streams that freed blocks
-    /// since; then no work uses a page with no live block. Unmaps the batch's pages. A mark
-    /// that cannot be waited for gives the batch up: its streams are synchronized instead.
+    /// since; then no work uses a page with no live block, and every cached page is settled. A
+    /// mark that cannot be waited for gives the batch up: its streams are synchronized instead.
     pub(super) fn synchronize_freed(&self, st: &mut State<P::Page, P::Mark>) -> Result<()> {
-        if let Some(batch) = &st.batch {
-            if batch
-                .marks
-                .iter()
-                .try_for_each(|m| self.pages.wait(m))
-                .is_ok()
-            {
-                self.unmap_doomed(st);
-            } else {
-                self.abandon(st);
+        self.wait_batch(st);
+        self.each_freed(st, |pages, s| pages.synchronize(s))?;
+        self.settle_all(st);
+        Ok(())
+    }
+
+    /// Ends the pending batch, whose marks are reached: its pages are settled.
+    fn settle(&self, st: &mut State<P::Page, P::Mark>) {
+        st.batch = None;
+        for region in &mut st.regions {
+            for (s, p) in region.settled.0.iter_mut().zip(&mut region.pending.0) {
+                *s |= std::mem::take(p);
             }
         }
-        self.each_freed(st, |pages, s| pages.synchronize(s))
-            .map(drop)
+    }
+
+    /// Settles every cached page: the caller knows the work that freed them all is complete.
+    fn settle_all(&self, st: &mut State<P::Page, P::Mark>) {
+        for region in &mut st.regions {
+            region.settled.0.copy_from_slice(&region.cached.0);
+            region.pending.0.fill(0);
+        }
+    }
+
+    /// Clears the pending set, with no batch to settle it.
+    fn abandon_pending(&self, st: &mut State<P::Page, P::Mark>) {
+        for region in &mut st.regions {
+            region.pending.0.fill(0);
+        }
     }
 
     /// Gives the pending batch up (a mark could not be queried or waited for): its pages stay
-    /// cached, and its streams are listed again, to be marked or synchronized next time.
+    /// cached, unsettled, and its streams are listed again, to be marked or synchronized next
+    /// time.
     fn abandon(&self, st: &mut State<P::Page, P::Mark>) {
         if let Some(batch) = st.batch.take() {
             st.index.relist(batch.streams);
-            for region in &mut st.regions {
-                region.doomed.0.fill(0);
-            }
+            self.abandon_pending(st);
         }
     }
 
@@ -79,7 +93,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// ranges, so low pages are the likeliest to serve again), until at most `target` bytes are
     /// cached, after waiting for the work that may still use them
     /// ([`synchronize_freed`](Self::synchronize_freed)); keeps them if a wait fails. For
-    /// pressure, `release` and drop: a cache over its bound in the course of things goes
+    /// pressure, `release` and drop: a cache over its bounds in the course of things goes
     /// through [`trim_later`](Self::trim_later), which never waits.
     pub(super) fn trim(&self, st: &mut State<P::Page, P::Mark>, target: usize) {
         let target = target / self.page;
@@ -89,51 +103,143 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if self.synchronize_freed(st).is_err() {
             return;
         }
-        self.unmap_highest(st, target);
+        let over = st.cached - target;
+        self.unmap_settled(st, over);
     }
 
-    /// Chooses cached pages beyond `target` bytes, the highest first, to be unmapped once the
-    /// work queued so far on the streams that freed blocks is done: marks on those streams, and
-    /// the pages doomed; unmapped at once where no mark is needed. Never waits. While a batch
-    /// is pending no other is made (the cache stays over its bound until it is reaped).
-    pub(super) fn trim_later(&self, st: &mut State<P::Page, P::Mark>, target: usize) {
-        if st.batch.is_some() {
-            self.reap(st);
-            if st.batch.is_some() {
-                return;
+    /// Cached pages to unmap for the bounds, were `extra` more pages mapped for live blocks:
+    /// beyond [`VirtualMemoryConfig::cache`](super::VirtualMemoryConfig::cache), down to half
+    /// of it; and beyond the peak of live pages and its slack
+    /// ([`VirtualMemoryConfig::peak_slack`](super::VirtualMemoryConfig::peak_slack)), down to
+    /// it. At most the cache.
+    #[inline]
+    pub(super) fn excess(&self, st: &State<P::Page, P::Mark>, extra: usize) -> usize {
+        let mut over = 0;
+        if st.cached * self.page > self.config.cache {
+            over = st.cached - self.config.cache / 2 / self.page;
+        }
+        if self.config.peak_slack != usize::MAX {
+            let after = st.mapped + extra * self.page;
+            let peak = st.live_peak.max(after - st.cached * self.page);
+            // A 64th of the peak at most, so that a small workload's footprint stays as close
+            // to its peak as a large one's; a page at least, so that a block freed and made
+            // again within a page maps nothing.
+            let slack = self.config.peak_slack.min(peak >> 6).max(self.page);
+            let slack = slack.saturating_mul(1 << st.pace.doublings);
+            over = over.max(after.saturating_sub(peak + slack).div_ceil(self.page));
+        }
+        over.min(st.cached)
+    }
+
+    /// Brings the cache within its bounds ([`excess`](Self::excess), with `extra` pages about to
+    /// be mapped) without waiting: settled pages go at once, the highest first; for the rest, the
+    /// streams that freed blocks since the last batch are marked, and pages that settle go when
+    /// the marks are reached (a later call, [`reap`](Self::reap)). While a batch is pending no
+    /// other is made. Returns how many pages were unmapped.
+    pub(super) fn trim_later(&self, st: &mut State<P::Page, P::Mark>, extra: usize) -> usize {
+        let over = self.excess(st, extra);
+        if over == 0 {
+            return 0;
+        }
+        let earlier = st.batch.is_some();
+        let start = std::time::Instant::now();
+        let done = self.unmap_settled(st, over);
+        let mut done = match over - done {
+            0 => done,
+            left => done + self.settle_more(st, extra, left),
+        };
+        let mut spent = start.elapsed();
+        if done < over && extra > 0 && earlier && st.batch.is_some() {
+            // Pages are about to be mapped beyond the bound while a batch marked earlier is
+            // pending: waiting for its marks (work queued before them, not all that is queued
+            // now, so the device keeps working meanwhile) costs less than holding more
+            // physical memory than the peak and its slack.
+            if self.wait_batch(st) {
+                // The wait is the device's time, not the host's: only the unmaps count.
+                let unmapping = std::time::Instant::now();
+                done += self.unmap_settled(st, self.excess(st, extra));
+                spent += unmapping.elapsed();
             }
         }
-        let target = target / self.page;
-        if st.cached <= target {
-            return;
+        if done > 0 {
+            st.pace.spent(spent);
+        }
+        done
+    }
+
+    /// Waits for the pending batch's marks and settles its pages; gives the batch up if a mark
+    /// cannot be waited for. Says whether it settled.
+    fn wait_batch(&self, st: &mut State<P::Page, P::Mark>) -> bool {
+        let Some(batch) = &st.batch else { return false };
+        if batch
+            .marks
+            .iter()
+            .try_for_each(|m| self.pages.wait(m))
+            .is_err()
+        {
+            self.abandon(st);
+            return false;
+        }
+        self.settle(st);
+        true
+    }
+
+    /// Reaps the pending batch, or, where cached pages are not settled, marks the streams that
+    /// freed blocks since the last batch so that they settle; unmaps what the bounds ask (with
+    /// `extra` pages about to be mapped) of the pages that settle now, up to `over` where no
+    /// mark is needed. Returns how many pages were unmapped.
+    fn settle_more(&self, st: &mut State<P::Page, P::Mark>, extra: usize, over: usize) -> usize {
+        if st.batch.is_some() {
+            return self.reap(st, extra);
+        }
+        let mut unsettled = false;
+        for region in &mut st.regions {
+            for ((p, c), s) in region
+                .pending
+                .0
+                .iter_mut()
+                .zip(&region.cached.0)
+                .zip(&region.settled.0)
+            {
+                *p = c & !s;
+                unsettled |= *p != 0;
+            }
+        }
+        if !unsettled {
+            return 0;
         }
         let mut marks = Vec::new();
         let marked = self.each_freed(st, |pages, s| {
             marks.extend(pages.mark(s)?);
             Ok(())
         });
-        // A stream that cannot be marked now (one that captures a graph, another thread's
-        // per-thread stream): the streams stay listed; a later trim tries again, or a forced
-        // one waits.
-        let Ok(streams) = marked else { return };
-        if marks.is_empty() {
-            // Nothing left to wait for: the pages go now.
-            self.unmap_highest(st, target);
-            return;
+        match marked {
+            // A stream that cannot be marked now (one that captures a graph, another thread's
+            // per-thread stream): the streams stay listed; a later trim tries again, or a
+            // forced one waits.
+            Err(_) => {
+                self.abandon_pending(st);
+                0
+            }
+            Ok(_) if marks.is_empty() => {
+                // No batch is pending and no stream listed since the last has work to wait
+                // for: every cached page is settled.
+                self.settle_all(st);
+                self.unmap_settled(st, over)
+            }
+            Ok(streams) => {
+                st.batch = Some(super::region::Batch { marks, streams });
+                // Work often finishes before the host frees its blocks: then the pages go now.
+                self.reap(st, extra)
+            }
         }
-        // No batch is pending, so no page is doomed yet.
-        for (r, p) in self.highest_cached(st, st.cached - target) {
-            st.regions[r].doomed.set(p, p + 1);
-        }
-        st.batch = Some(super::region::Batch { marks, streams });
-        // Work often finishes before the host frees its blocks: then the pages go now.
-        self.reap(st);
     }
 
-    /// Unmaps the pending batch's pages (those still cached) if all its marks are reached;
-    /// never waits. Queried at most once every few calls.
-    pub(super) fn reap(&self, st: &mut State<P::Page, P::Mark>) {
-        let Some(batch) = &st.batch else { return };
+    /// Settles the pending batch's pages if all its marks are reached, and unmaps what the
+    /// bounds ask (with `extra` pages about to be mapped); never waits. Queried at most once
+    /// every few calls. Returns how many pages were unmapped.
+    pub(super) fn reap(&self, st: &mut State<P::Page, P::Mark>, extra: usize) -> usize {
+        let Some(batch) = &st.batch else { return 0 };
         st.ticks = 0;
         let mut reached = true;
         for m in &batch.marks {
@@ -142,69 +248,61 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 Ok(false) => reached = false,
                 Err(_) => {
                     self.abandon(st);
-                    return;
+                    return 0;
                 }
             }
         }
-        if reached {
-            self.unmap_doomed(st);
+        if !reached {
+            return 0;
         }
+        self.settle(st);
+        let over = self.excess(st, extra);
+        self.unmap_settled(st, over)
     }
 
-    /// Queries the pending batch every [`TICKS_PER_QUERY`] calls.
+    /// Every [`TICKS_PER_QUERY`] calls: queries the pending batch, or, where the next page
+    /// mapped would go beyond the peak bound, marks the streams that freed blocks since the last
+    /// batch, so that free pages keep settling and new pages take their place rather than add
+    /// to them.
     #[inline]
     pub(super) fn tick(&self, st: &mut State<P::Page, P::Mark>) {
-        if st.batch.is_some() {
-            st.ticks += 1;
-            if st.ticks >= TICKS_PER_QUERY {
-                self.reap(st);
-            }
+        st.ticks += 1;
+        if st.ticks < TICKS_PER_QUERY {
+            return;
+        }
+        st.ticks = 0;
+        let start = std::time::Instant::now();
+        let unmapped = if st.batch.is_some() {
+            self.reap(st, 0)
+        } else if self.config.peak_slack != usize::MAX && self.excess(st, 1) > 0 {
+            self.settle_more(st, 0, 0)
+        } else {
+            0
+        };
+        if unmapped > 0 {
+            st.pace.spent(start.elapsed());
         }
     }
 
-    /// Unmaps every doomed page and ends the batch; its marks are reached.
-    fn unmap_doomed(&self, st: &mut State<P::Page, P::Mark>) {
-        st.batch = None;
-        for r in 0..st.regions.len() {
-            for w in 0..st.regions[r].doomed.0.len() {
-                while st.regions[r].doomed.0[w] != 0 {
-                    let bits = st.regions[r].doomed.0[w];
-                    let p = w * 64 + bits.trailing_zeros() as usize;
+    /// Unmaps up to `n` settled pages, the highest first (blocks are carved from the low end of
+    /// free ranges, so low pages are the likeliest to serve again); returns how many.
+    fn unmap_settled(&self, st: &mut State<P::Page, P::Mark>, n: usize) -> usize {
+        let mut done = 0;
+        for r in (0..st.regions.len()).rev() {
+            for w in (0..st.regions[r].settled.0.len()).rev() {
+                while st.regions[r].settled.0[w] != 0 {
+                    if done == n {
+                        return done;
+                    }
+                    let bits = st.regions[r].settled.0[w];
+                    let p = w * 64 + 63 - bits.leading_zeros() as usize;
                     st.regions[r].cached.clear(p, p + 1);
                     st.cached -= 1;
                     self.unmap_page(st, r, p);
+                    done += 1;
                 }
             }
         }
-    }
-
-    /// Unmaps cached pages, the highest first, until at most `target` pages are cached. The
-    /// caller has waited for every use of cached pages.
-    fn unmap_highest(&self, st: &mut State<P::Page, P::Mark>, target: usize) {
-        for (r, p) in self.highest_cached(st, st.cached.saturating_sub(target)) {
-            st.regions[r].cached.clear(p, p + 1);
-            st.cached -= 1;
-            self.unmap_page(st, r, p);
-        }
-    }
-
-    /// The `n` highest cached pages, `(region, page)`, highest first: blocks are carved from the
-    /// low end of free ranges, so low pages are the likeliest to serve again.
-    fn highest_cached(&self, st: &State<P::Page, P::Mark>, n: usize) -> Vec<(usize, usize)> {
-        let mut pages = Vec::with_capacity(n.min(st.cached));
-        for (r, region) in st.regions.iter().enumerate().rev() {
-            for (w, &word) in region.cached.0.iter().enumerate().rev() {
-                let mut bits = word;
-                while bits != 0 {
-                    if pages.len() == n {
-                        return pages;
-                    }
-                    let b = 63 - bits.leading_zeros() as usize;
-                    bits &= !(1 << b);
-                    pages.push((r, w * 64 + b));
-                }
-            }
-        }
-        pages
+        done
     }
 }

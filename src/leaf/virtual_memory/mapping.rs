@@ -46,7 +46,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 handles: Vec::new(),
                 mapped: Bits::default(),
                 cached: Bits::default(),
-                doomed: Bits::default(),
+                settled: Bits::default(),
+                pending: Bits::default(),
             },
         );
         Ok(())
@@ -88,20 +89,17 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         result
     }
 
-    /// Keeps the cache within its bound after pages were mapped for a block: new pages while
-    /// cached ones lie elsewhere lower the bound, and those go later (never waiting); after a
-    /// failure the pages mapped for the request went to the cache, and go now.
+    /// Keeps the cache within its bounds after pages were mapped for a block (later, never
+    /// waiting); after a failure the pages mapped for the request went to the cache, and what
+    /// the bounds ask goes now.
     fn after_mapping(&self, st: &mut State<P::Page, P::Mark>, mapped: bool) {
         if mapped {
             self.note_live(st);
-        }
-        let bound = self.cache_bound(st);
-        if st.cached * self.page > bound {
-            if mapped {
-                self.trim_later(st, bound / 2);
-            } else {
-                self.trim(st, bound);
-            }
+            // Usually nothing: the swaps before the mapping kept within the bounds.
+            self.trim_later(st, 0);
+        } else {
+            let keep = st.cached - self.excess(st, 0);
+            self.trim(st, keep * self.page);
         }
     }
 
@@ -112,25 +110,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         st.live_peak = st.live_peak.max(live);
     }
 
-    /// The most bytes the cache may hold now: [`VirtualMemoryConfig::cache`], and where
-    /// [`VirtualMemoryConfig::peak_slack`] is set, no more than keeps the pages mapped within
-    /// the peak of live pages and that slack.
-    #[inline]
-    pub(super) fn cache_bound(&self, st: &State<P::Page, P::Mark>) -> usize {
-        if self.config.peak_slack == usize::MAX {
-            return self.config.cache;
-        }
-        let live = st.mapped - st.cached * self.page;
-        // A 64th of the peak at most, so that a small workload's footprint stays as close to
-        // its peak as a large one's; a page at least, so that a block freed and made again
-        // within a page maps nothing.
-        let slack = self.config.peak_slack.min(st.live_peak >> 6).max(self.page);
-        let follow = st.live_peak.saturating_add(slack).saturating_sub(live);
-        self.config.cache.min(follow)
-    }
-
-    /// Maps the unmapped pages of `first..last` of region `r` (all live), emptying the cache
-    /// first where the cap or the source says there is no room.
+    /// Maps the unmapped pages of `first..last` of region `r` (all live): first unmapping
+    /// settled free pages beyond the bounds in their place, and emptying the cache where the cap
+    /// or the source says there is no room.
     fn map_range(
         &self,
         st: &mut State<P::Page, P::Mark>,
@@ -142,6 +124,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if missing == 0 {
             return Ok(());
         }
+        // New pages take the place of settled free ones beyond the bounds, so that what is
+        // mapped never rises above them while such pages remain.
+        self.trim_later(st, missing);
         let bytes = missing * self.page;
         if bytes > self.config.max.saturating_sub(st.mapped) {
             self.trim(st, 0);
@@ -181,6 +166,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 region.handles[p] = Some(page);
                 region.mapped.set(p, p + 1);
                 st.mapped += self.page;
+                st.maps += 1;
                 st.peak_mapped = st.peak_mapped.max(st.mapped);
                 run.get_or_insert(p);
             } else if let Some(start) = run.take() {
@@ -221,11 +207,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             freed += region.touch(p, Overlap::Partial, Overlap::None);
         }
         st.cached += freed;
-        if trim {
-            let bound = self.cache_bound(st);
-            if st.cached * self.page > bound {
-                self.trim_later(st, bound / 2);
-            }
+        if trim && freed > 0 && self.excess(st, 0) > 0 {
+            self.trim_later(st, 0);
         }
     }
 
@@ -282,9 +265,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let region = &mut st.regions[r];
         let addr = region.base + p * self.page;
         region.mapped.clear(p, p + 1);
-        region.doomed.clear(p, p + 1);
+        region.settled.clear(p, p + 1);
+        region.pending.clear(p, p + 1);
         if let Some(page) = region.handles[p].take() {
             st.mapped -= self.page;
+            st.unmaps += 1;
             // SAFETY: a mapping this source made for this page, with no live block on it, whose
             // last users the caller synchronized (or that nothing ever used).
             unsafe { self.pages.unmap(addr, self.page, page) };

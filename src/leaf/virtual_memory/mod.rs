@@ -60,10 +60,14 @@ pub struct VirtualMemoryConfig {
     /// 41 ms unbounded.
     pub cache: usize,
     /// Keeps the pages mapped within the most bytes of pages live blocks have needed so far
-    /// plus a slack: this, or a 64th of that peak if less, and a page at least. Free pages
-    /// beyond it leave the cache (`usize::MAX`, the default: no such bound). So the physical memory follows the peak of live memory, not the peak of
-    /// live memory plus whatever holes the cache keeps elsewhere, while a workload that
-    /// repeats its peak maps nothing again.
+    /// plus a slack: this, or a 64th of that peak if less, and a page at least. A block that
+    /// needs new pages beyond it first unmaps wholly free pages whose freeing work is done (an
+    /// event recorded on the streams that freed them reached: never a wait), the highest first,
+    /// so that what is mapped does not rise above the bound while such pages remain; pages whose
+    /// work still runs go once their events are reached. Where unmapping for the bound takes
+    /// over a fortieth of the wall time within 100 ms (each such unmap brings a map later, about
+    /// twice its cost), the slack doubles, up to 64 times: a program that does little but
+    /// allocate soon maps nothing more. `usize::MAX` (the default): no such bound.
     pub peak_slack: usize,
 }
 
@@ -93,6 +97,10 @@ pub struct VmUsage {
     pub reserved: usize,
     /// Free blocks (of address space).
     pub free_blocks: usize,
+    /// Pages mapped so far (each a `cuMemCreate` + `cuMemMap` on a GPU).
+    pub maps: u64,
+    /// Pages unmapped so far (each a `cuMemUnmap` + `cuMemRelease` on a GPU).
+    pub unmaps: u64,
 }
 
 /// A resource that carves blocks out of reserved virtual address space and backs them with
@@ -117,10 +125,11 @@ pub struct VmUsage {
 /// `cuMemCreate` + `cuMemMap` (and one `cuMemSetAccess` per run of pages), a page unmapped
 /// `cuMemUnmap` + `cuMemRelease`: tens of microseconds per 2 MiB page together on an H200
 /// (`scripts/vmm-costs.py` measures them), which the cache keeps off the path of a workload whose
-/// working set repeats. A cache over its bound is trimmed in batches (down to half the bound)
-/// without waiting: the batch's pages are marked with an event on each stream that freed blocks
-/// since the last batch, and unmapped by a later call once every event is reached (queried every
-/// 32 calls, about a microsecond a query); a page that goes live again meanwhile stays.
+/// working set repeats. Free pages beyond the bounds (the cache, down to half of it; the peak of
+/// live pages and its slack) are unmapped without waiting: those whose freeing work is known done
+/// (settled) at once, the others after an event recorded on each stream that freed blocks since
+/// the last batch is reached (queried every 32 calls, about a microsecond a query); a page that
+/// goes live again meanwhile stays, and must settle again once freed.
 ///
 /// # Streams
 ///
@@ -203,6 +212,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 live_peak: 0,
                 batch: None,
                 ticks: 0,
+                maps: 0,
+                unmaps: 0,
+                pace: region::Pace::new(),
             }),
         };
         let mut st = vm.lock();
@@ -231,6 +243,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             allocated: st.index.allocated,
             reserved: st.index.size,
             free_blocks: st.index.free_blocks(),
+            maps: st.maps,
+            unmaps: st.unmaps,
         }
     }
 

@@ -19,9 +19,12 @@ pub(super) struct Region<H> {
     /// Pages mapped, and pages in the cache (mapped, no live block).
     pub(super) mapped: Bits,
     pub(super) cached: Bits,
-    /// Cached pages chosen to be unmapped once the pending batch's marks are reached
-    /// (`State::batch`); a subset of `cached`: a page that goes live again leaves both.
-    pub(super) doomed: Bits,
+    /// Cached pages whose freeing work is complete (a batch's marks reached, or their streams
+    /// synchronized): they can be unmapped at once. A subset of `cached`.
+    pub(super) settled: Bits,
+    /// Cached pages, not settled, when the pending batch was made (`State::batch`): settled once
+    /// its marks are reached. A subset of `cached`: a page that goes live again leaves all three.
+    pub(super) pending: Bits,
 }
 
 impl<H> Region<H> {
@@ -45,12 +48,17 @@ impl<H> Region<H> {
         }
     }
 
-    /// Takes the pages of `lo..hi`, which a block now lives on, out of the cache (and out of the
-    /// pending batch: a page with a live block is never unmapped); returns how many were cached.
+    /// Takes the pages of `lo..hi`, which a block now lives on, out of the cache (and out of
+    /// the settled and pending sets: a page with a live block is never unmapped, and once freed
+    /// again its new work must complete first); returns how many were cached.
     #[inline]
     pub(super) fn revive(&mut self, lo: usize, hi: usize) -> usize {
-        self.doomed.clear(lo, hi);
-        self.cached.clear(lo, hi)
+        let cached = self.cached.clear(lo, hi);
+        if cached > 0 {
+            self.settled.clear(lo, hi);
+            self.pending.clear(lo, hi);
+        }
+        cached
     }
 
     /// Puts the mapped pages of `lo..hi`, which no live block is on any more, in the cache;
@@ -74,7 +82,8 @@ impl<H> Region<H> {
             self.handles.resize_with(pages, || None);
             self.mapped.grow(pages);
             self.cached.grow(pages);
-            self.doomed.grow(pages);
+            self.settled.grow(pages);
+            self.pending.grow(pages);
         }
     }
 }
@@ -133,10 +142,67 @@ pub(super) struct State<H, M> {
     pub(super) cached: usize,
     /// The most bytes of pages under live blocks so far (`mapped` less the cache).
     pub(super) live_peak: usize,
-    /// The pending batch: its `doomed` pages are unmapped once its marks are all reached.
+    /// The pending batch: its `pending` pages are settled once its marks are all reached.
     pub(super) batch: Option<Batch<M>>,
     /// Calls since the pending batch's marks were last queried.
     pub(super) ticks: u32,
+    /// Pages mapped and unmapped so far.
+    pub(super) maps: u64,
+    pub(super) unmaps: u64,
+    /// The share of time unmapping for the bounds takes, which widens the slack where swaps
+    /// would slow the program.
+    pub(super) pace: Pace,
+}
+
+/// Pages unmapped for the bounds may take a fortieth of the wall time over a second, or a
+/// quarter over a tenth of one: a heap whose unmaps take more doubles its peak slack (up to
+/// [`Pace::MAX_DOUBLINGS`] times). Each such unmap brings a map later (a block lands where the
+/// page was), which costs about twice as much, so the pages swapped take about a thirteenth of
+/// the time at most. A program that allocates between long kernels (PyTorch training: about 80
+/// swaps in a step of 256 ms, and bursts of a few hundred as its first steps reach their peak)
+/// keeps its pages at its peak, while one that does little but allocate (a replay, a benchmark)
+/// soon stops swapping and maps nothing more, as with no bound. Growth maps no page in place of
+/// another, and counts nothing.
+#[derive(Debug)]
+pub(super) struct Pace {
+    /// The start of the window.
+    since: std::time::Instant,
+    /// Time spent unmapping for the bounds within the window.
+    spent: std::time::Duration,
+    /// How many times the slack has been doubled.
+    pub(super) doublings: u32,
+}
+
+impl Pace {
+    const WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+    const SHARE: u32 = 40;
+    const BURST_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+    const BURST_SHARE: u32 = 4;
+    const MAX_DOUBLINGS: u32 = 6;
+
+    pub(super) fn new() -> Self {
+        Pace {
+            since: std::time::Instant::now(),
+            spent: std::time::Duration::ZERO,
+            doublings: 0,
+        }
+    }
+
+    /// Counts `time` spent unmapping for the bounds; doubles the slack where that took more
+    /// than its share of the window so far.
+    pub(super) fn spent(&mut self, time: std::time::Duration) {
+        self.spent += time;
+        let window = self.since.elapsed();
+        let over = (window >= Self::BURST_WINDOW && self.spent * Self::BURST_SHARE > window)
+            || (window >= Self::WINDOW && self.spent * Self::SHARE > window);
+        if over {
+            self.doublings = (self.doublings + 1).min(Self::MAX_DOUBLINGS);
+        }
+        if over || window >= Self::WINDOW {
+            self.since = std::time::Instant::now();
+            self.spent = std::time::Duration::ZERO;
+        }
+    }
 }
 
 /// The pages of `[addr, addr + len)` in a region at `base`: `(first, last)` touched (end
