@@ -1,6 +1,7 @@
 """PyTorch's live bytes against the device memory an allocator holds for them, and the step
 time it costs: GPT-style training (a pre-norm decoder, tiny_gpt.py) with the sequence length and
-the batch drawn at every step, run once per allocator in a child process each, side by side.
+the batch drawn at every step, or torchvision's ResNet-50 with the batch drawn at every step
+(--model resnet50), run once per allocator in a child process each, side by side.
 
 For each allocator: the device memory in use (cuMemGetInfo's total - free), sampled every
 millisecond by a thread while the steps run, its peak; the median step time; the losses. The
@@ -37,10 +38,35 @@ def child(args):
         mrstack_capi.use_with_torch(args.lib)
     device = torch.device("cuda")
     torch.manual_seed(args.seed)
-    model = tiny_gpt.model(args).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     draw = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
+    if args.model == "resnet50":
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def batch():
+            b = draw.randint(args.min_batch, args.max_batch)
+            x = torch.randn(b, 3, args.image, args.image, generator=gen).to(device)
+            return x, torch.randint(0, 1000, (b,), generator=gen).to(device)
+
+        def loss_of(x, target):
+            return torch.nn.functional.cross_entropy(model(x), target)
+    else:
+        model = tiny_gpt.model(args).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def batch():
+            n = draw.randint(args.min_len, args.max_len)
+            b = draw.randint(args.min_batch, args.max_batch)
+            start = torch.randint(0, args.vocab, (b, 1), generator=gen)
+            seq = ((start + torch.arange(n + 1)) % args.vocab).to(device)
+            return seq[:, :-1], seq[:, 1:]
+
+        def loss_of(x, target):
+            logits = model(x)
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab), target.reshape(-1))
     peak, stop = [0], threading.Event()
 
     def sample():
@@ -56,13 +82,9 @@ def child(args):
             torch.cuda.synchronize()
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-        n = draw.randint(args.min_len, args.max_len)
-        b = draw.randint(args.min_batch, args.max_batch)
-        start = torch.randint(0, args.vocab, (b, 1), generator=gen)
-        seq = ((start + torch.arange(n + 1)) % args.vocab).to(device)
+        x, target = batch()
         t0 = time.perf_counter()
-        logits = model(seq[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab), seq[:, 1:].reshape(-1))
+        loss = loss_of(x, target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -91,6 +113,9 @@ def main():
     p.add_argument("--stack", action="append", default=[], help="an MRSTACK_STACK to compare (repeat)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--model", choices=["gpt", "resnet50"], default="gpt",
+                   help="the GPT below (default), or torchvision's ResNet-50 on random images")
+    p.add_argument("--image", type=int, default=224, help="ResNet-50's image side")
     p.add_argument("--min-batch", type=int, default=8)
     p.add_argument("--max-batch", type=int, default=24)
     p.add_argument("--json", help="write the rows here")

@@ -4,9 +4,9 @@
 //!
 //! * **`paged`** (`PagedHeaps::for_context(&ctx)?`): the stack to start with, and the C library's
 //!   default. Physical pages only under live blocks, a heap per stream and per thread; free pages
-//!   stay mapped for the next blocks until memory runs short, when every heap gives its own back.
-//!   PyTorch training on it held 1.045 × `max_memory_allocated` at native speed
-//!   ([performance](super::performance)).
+//!   stay mapped for the next blocks within the peak of live pages and a 64th, and every heap
+//!   gives its own back when memory runs short. PyTorch's GPT training on it held 1.017 ×
+//!   `max_memory_allocated` at native speed ([performance](super::performance)).
 //! * **`cuda > pool > binning`** (`resource_stack![Cuda::new(&ctx)?, Pool, Binning]`) where memory
 //!   is plentiful: `Binning` serves small requests from per-thread caches and fixed-size bins;
 //!   larger ones and the bins' refills come from the `Pool`.

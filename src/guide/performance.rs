@@ -123,58 +123,83 @@
 //!
 //! # The default stack in PyTorch training
 //!
-//! `capi/python/footprint_torch.py --stack paged --steps 20` (each allocator in a process of its
-//! own, one call on an NVIDIA H200, driver 580.159.04, torch 2.11, 2026-11-28, `MRSTACK_LOG` on
-//! for the `paged` run): GPT-style training (12 pre-norm layers, d_model 1024, 16 heads,
-//! vocabulary 32,000), sequence length 128–1024 and batch 8–24 drawn at every step, 3 warm-up and
-//! 20 timed steps. Peak in use: `cuMemGetInfo`'s total − free, sampled every millisecond during
-//! the steps; ratio: that peak less what native mode holds outside its allocator (native's peak
-//! in use − its `max_memory_reserved`, 751 MiB here) over native's `max_memory_allocated`
-//! (26.13 GiB).
+//! `capi/python/footprint_torch.py --stack paged --steps 20`, then the same with `--model resnet50
+//! --min-batch 64 --max-batch 160` (each allocator in a process of its own, both in one call on an
+//! NVIDIA H200, torch 2.11, 2026-11-28). GPT-style training: 12 pre-norm layers, d_model 1024, 16
+//! heads, vocabulary 32,000, sequence length 128–1024 and batch 8–24 drawn at every step.
+//! ResNet-50: torchvision's, SGD, 224-pixel random images, batch 64–160 drawn at every step. 3
+//! warm-up and 20 timed steps each. Peak in use: `cuMemGetInfo`'s total − free, sampled every
+//! millisecond during the timed steps; ratio: that peak less what native mode holds outside its
+//! allocator (native's peak in use − its `max_memory_reserved`) over native's
+//! `max_memory_allocated` (about 24.0 GiB for the GPT and 13.2 GiB for ResNet-50, as the ratios
+//! give them: the script's line that prints them was not kept).
 //!
-//! | allocator | peak in use | ratio | median step ms | × native |
-//! |---|---:|---:|---:|---:|
-//! | PyTorch native | 31.01 GiB | 1.159 | 256.5 | 1.000 |
-//! | PyTorch expandable segments | 27.90 GiB | 1.040 | 256.5 | 1.000 |
-//! | mrstack `paged` | 28.05 GiB | 1.045 | 256.2 | 0.999 |
+//! | model | allocator | peak in use | ratio | median step ms | × native |
+//! |---|---|---:|---:|---:|---:|
+//! | GPT | PyTorch native | 28.65 GiB | 1.169 | 256.4 | 1.000 |
+//! | GPT | PyTorch expandable segments | 25.54 GiB | 1.039 | 256.3 | 0.999 |
+//! | GPT | mrstack `paged` | 25.00 GiB | **1.017** | 256.2 | **0.999** |
+//! | ResNet-50 | PyTorch native | 24.06 GiB | 1.767 | 106.0 | 1.000 |
+//! | ResNet-50 | PyTorch expandable segments | 14.15 GiB | 1.015 | 127.5 | 1.202 |
+//! | ResNet-50 | mrstack `paged` | 14.16 GiB | **1.016** | 119.5 | 1.127 |
 //!
-//! Losses differ from native's by at most 3.1e-05 for both other allocators (no deterministic
-//! mode here). The log of the `paged` run (`data/traces/gpt_train_pytorch.csv.gz`), replayed in
-//! its order over `Simulated` pages (`mrstack replay data/traces/gpt_train_pytorch.csv.gz --stack
-//! paged --upstream simulated --sequential --no-capacity`), maps 27.31 GiB for
-//! 26.12 GiB of peak live bytes: 1.0455, what the GPU showed. So the footprint is the
-//! placement's, reproducible on any machine: the pages are mapped during the first steps (the
-//! first tenth of the log maps 13,899 of its 13,984 pages) and stay mapped; the smallest page
-//! budget with which the log completes is 26.32 GiB (1.008), but holding it there unmaps and
-//! maps 12,368 pages again over the 23 steps, a cost of about 540 page remaps a step.
+//! Losses: equal to native's for ResNet-50, within 6.1e-05 for the GPT (no deterministic mode
+//! here). In an earlier call on another H200 the GPT gave native 1.159, expandable segments
+//! 1.040 and `paged` 1.019 at 0.999 of native's step time.
 //!
-//! `python3 scripts/vmm-costs.py` on the same GPU: a 2 MiB page costs `cuMemCreate` 10–21 µs,
+//! How `paged` holds the GPT's peak: each heap keeps its mapped pages within the peak of its
+//! live pages and a 64th of it ([`PagedHeapsConfig::peak_slack`](crate::leaf::PagedHeapsConfig::peak_slack)).
+//! A block that needs new pages beyond that first unmaps free pages whose freeing work is known
+//! done (settled: an event recorded on the freeing streams is reached; free pages near the bound
+//! are marked every 32 calls, so they keep settling); where too few are settled and a batch
+//! marked earlier is pending, it waits for that batch (the device keeps working meanwhile:
+//! only the work queued before the marks is waited for). Without that wait the GPT held 1.045:
+//! PyTorch queues a step ahead of the device, so the pages freed during the step had not
+//! settled when the next peak came. Where unmapping for the bound takes over a fortieth of the
+//! time in a second, or a quarter of a tenth of one, the slack doubles (up to 64 times): the GPT
+//! never doubled it, while the replays below did within a few passes.
+//!
+//! The log of a `paged` run of the GPT is `data/traces/gpt_train_pytorch.csv.gz`. Replayed in its
+//! order over `Simulated` pages (`mrstack replay data/traces/gpt_train_pytorch.csv.gz --stack
+//! paged --upstream simulated --sequential --no-capacity`), it maps 26.57 GiB for 26.12 GiB of
+//! peak live bytes (1.017; 27.31 GiB, 1.0455, with no bound), each pass unmapping and mapping
+//! about 1,900 pages again (83 a step). `mrstack replay --upstream cuda --sequential --no-capacity
+//! --passes 5` mapped 512 MiB for transformer_infer's 489.9 MiB (1.045; `vmm`: 532 MiB) and
+//! 902 MiB for transformer_train's 830.0 MiB (1.087; `vmm`: 970 MiB): those replays do little but
+//! allocate, so their slack doubled once and twice.
+//!
+//! `python3 scripts/vmm-costs.py` on an H200: a 2 MiB page costs `cuMemCreate` 10–21 µs,
 //! `cuMemMap` 2–5 µs, `cuMemSetAccess` 22–40 µs, `cuMemUnmap` 15–27 µs and `cuMemRelease`
 //! 11–18 µs (the first figure for runs of 16 or 128 pages, the second for one page alone);
 //! mapping or unmapping pages no work uses does not wait for a kernel running on another
-//! stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery` 0.6 µs, which is why a cache over its
-//! bound is trimmed behind events, queried every 32 calls, and never behind a host
-//! synchronization.
+//! stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery` 0.6 µs, which is why marks are
+//! recorded and queried at most every 32 calls.
 //!
-//! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,heaps,cuda_async,pool,binning,arena
-//! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random bash scripts/gpu-bench-rmm`, one call on
-//! an NVIDIA H200, 2026-11-28), ns/op (wall time over all threads' ops), RMM's best of its
-//! `cuda_async`, `pool`, `binning` and `arena` in the same run:
+//! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
+//! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train bash
+//! scripts/gpu-bench-rmm`, the same call as the PyTorch tables), ns/op (wall time over all
+//! threads' ops) and its ratio to RMM's best of `cuda_async`, `pool`, `binning` and `arena` in
+//! the same run:
 //!
-//! | threads, streams | `paged` | `heaps` | RMM's best | `paged` / RMM's best |
-//! |---|---:|---:|---:|---:|
-//! | 1, own | 212 | 200 | 253 (binning) | 0.84 |
-//! | 1, one | 175 | 134 | 689 (binning) | 0.25 |
-//! | 8, own | 38.3 | 32.9 | 734 (binning) | 0.052 |
-//! | 8, one | 125 | 44.9 | 1,504 (binning) | 0.083 |
-//! | 16, own | 19.7 | 15.1 | 417 (arena) | 0.047 |
-//! | 16, one | 66.9 | 15.4 | 1,736 (binning) | 0.039 |
+//! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
+//! |---|---:|---:|---:|
+//! | random | 1 | 131 / 283 (0.46) | 201 / 284 (0.71) |
+//! | random | 8 | 28.2 / 537 (0.053) | 60.9 / 1,195 (0.051) |
+//! | random | 16 | 26.9 / 381 (0.071) | 64.6 / RMM not run in time |
+//! | transformer_infer | 1 | 159 / 241 (0.66) | 270 / 280 (0.96) |
+//! | transformer_infer | 8 | 24.2 / 783 (0.031) | 38.3 / 1,470 (0.026) |
+//! | transformer_infer | 16 | 16.9 / 997 (0.017) | not run in time |
+//! | transformer_train | 1 | 227 / 262 (0.87) | 330 / 305 (1.08) |
+//! | transformer_train | 8 | 129 / 666 (0.19) | 130 / 1,611 (0.081) |
+//! | transformer_train | 16 | 264 / 921 (0.29) | not run in time |
 //!
-//! The one-thread figures move by 1.7x between runs: in a later call, the same binaries on one
-//! warm machine gave `paged` 126 and 218 ns/op for one thread on its own stream, while the rows
-//! with threads held within 1.3x. Each of the first 16 streams a `PagedHeaps` sees gets a heap of
-//! its own, so threads on streams of their own share no lock and keep their pages from pass to
-//! pass; threads on one stream find its heap busy and settle in heaps of their own.
+//! One thread is where `paged` is weakest: a TLSF index with records kept apart costs 80 ns/op
+//! over `Simulated` against `binning+arena`'s 18, and the one-thread figures move by up to 1.7x
+//! between runs of the same binary. On the traces, the first passes swap pages until the slack
+//! has doubled; transformer_train on 16 threads swaps in each thread's heap through the timed
+//! passes. Each of the first 16 streams a `PagedHeaps` sees gets a heap of its own, so threads
+//! on streams of their own share no lock; threads on one stream find its heap busy and settle
+//! in heaps of their own.
 //!
 //! # Clients through the C library
 //!

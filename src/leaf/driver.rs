@@ -456,34 +456,41 @@ impl StreamMark {
         Ok(Some(mark))
     }
 
-    /// Whether the work before the event is complete (`cuEventQuery`); never waits. The query
-    /// runs in this thread's relaxed capture mode: another thread's graph capture in global
-    /// mode would otherwise fail, and be invalidated, at a query it cannot see.
+    /// Whether the work before the event is complete (`cuEventQuery`); never waits.
     pub(crate) fn reached(&self, name: &'static str) -> Result<bool, AllocError> {
+        // SAFETY: a live event of this context, recorded once.
+        self.relaxed(name, || match unsafe { sys::cuEventQuery(self.event) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(DriverError(e)),
+        })
+    }
+
+    /// Waits on the host for the work before the event (`cuEventSynchronize`).
+    pub(crate) fn wait(&self, name: &'static str) -> Result<(), AllocError> {
+        // SAFETY: a live event of this context, recorded once.
+        self.relaxed(name, || unsafe { result::event::synchronize(self.event) })
+    }
+
+    /// Runs `call` in the event's context and this thread's relaxed capture mode: another
+    /// thread's graph capture in global mode would otherwise fail, and be invalidated, at a
+    /// query or a wait it cannot see (an allocation on any thread may make one).
+    fn relaxed<T>(
+        &self,
+        name: &'static str,
+        call: impl FnOnce() -> Result<T, DriverError>,
+    ) -> Result<T, AllocError> {
         let err = |e| AllocError::cuda(e, 0, 0, name);
         let _current = make_current(&self.ctx).map_err(err)?;
         let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: a valid place for the mode, exchanged back below.
         let relaxed = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result();
-        // SAFETY: a live event of this context, recorded once.
-        let answer = match unsafe { sys::cuEventQuery(self.event) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => Err(err(DriverError(e))),
-        };
+        let answer = call().map_err(err);
         if relaxed.is_ok() {
             // SAFETY: as above; `mode` holds the thread's mode from before.
             let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
         }
         answer
-    }
-
-    /// Waits on the host for the work before the event (`cuEventSynchronize`).
-    pub(crate) fn wait(&self, name: &'static str) -> Result<(), AllocError> {
-        let err = |e| AllocError::cuda(e, 0, 0, name);
-        let _current = make_current(&self.ctx).map_err(err)?;
-        // SAFETY: a live event of this context, recorded once.
-        unsafe { result::event::synchronize(self.event) }.map_err(err)
     }
 }
 
