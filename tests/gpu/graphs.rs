@@ -289,3 +289,61 @@ fn copies_of_a_pinned_vector_are_refused_while_its_stream_captures() {
         "the graph copied from it"
     );
 }
+
+/// Frees pages on a stream while it captures a graph: the capture must end well, and the pages
+/// must still go back once it has (an event recorded during a capture is the graph's, and could
+/// never be waited for).
+fn free_pages_during_a_capture<R: MemoryResource>(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    mr: &R,
+    page: usize,
+) {
+    use cudarc::driver::sys::CUgraphInstantiate_flags;
+    let s = ctx.new_stream().unwrap();
+    let sr = StreamRef::from(&s);
+    let b = mr.allocate(page, 256, sr).unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    let c = mr.allocate(6 * page, 256, sr).unwrap();
+    // SAFETY: live with this size; nothing uses it.
+    unsafe { mr.deallocate(c, 6 * page, 256, sr) };
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(graph.is_ok(), "the capture ended badly: {:?}", graph.err());
+    drop(graph);
+    // SAFETY: live with this size.
+    unsafe { mr.deallocate(b, page, 256, sr) };
+    for _ in 0..100 {
+        let x = mr.allocate(256, 256, sr).unwrap();
+        // SAFETY: live with this size.
+        unsafe { mr.deallocate(x, 256, 256, sr) };
+    }
+    s.synchronize().unwrap();
+    ctx.check_err().unwrap();
+}
+
+#[test]
+fn pages_freed_while_their_stream_captures_go_back_after_the_capture() {
+    use mrstack::leaf::{DevicePages, PagedHeaps, PagedHeapsConfig, PhysicalPages};
+    use mrstack::leaf::{VirtualMemory, VirtualMemoryConfig};
+    let Some(ctx) = gpu() else { return };
+    let pages = DevicePages::new(&ctx).unwrap();
+    let page = pages.page_size();
+    let config = VirtualMemoryConfig {
+        cache: 0,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(pages.clone(), config).unwrap();
+    free_pages_during_a_capture(&ctx, &vm, page);
+    vm.release();
+    assert_eq!(vm.usage().mapped, 0, "{:?}", vm.usage());
+    let heaps = PagedHeaps::new(
+        pages,
+        PagedHeapsConfig {
+            cache: 0,
+            ..Default::default()
+        },
+    );
+    free_pages_during_a_capture(&ctx, &heaps, page);
+    heaps.release();
+    assert_eq!(heaps.usage().mapped, 0, "{:?}", heaps.usage());
+}

@@ -1,6 +1,7 @@
 //! The cache of free mapped pages, and giving its pages back: at once after waiting for the
 //! streams that freed blocks on them (pressure, `release`, drop), or later, once marks recorded
-//! on those streams are reached, without waiting (a cache over its bound).
+//! on those streams are reached (a cache over its bounds), waiting for them a bounded time at most
+//! where pages are about to be mapped beyond the peak bound.
 
 use crate::leaf::PhysicalPages;
 use crate::resource::Result;
@@ -9,10 +10,18 @@ use crate::suballoc::tlsf_index::ALL_STREAMS;
 
 use super::region::State;
 use super::VirtualMemory;
+use std::time::{Duration, Instant};
 
 /// Calls between two queries of a pending batch's marks: a query costs a driver call (about a
 /// microsecond), an allocation from the cache tens of nanoseconds.
 const TICKS_PER_QUERY: u32 = 32;
+
+/// The longest a request about to map pages beyond the peak bound waits for a batch marked
+/// earlier. A bound, not a wait on the host without end: the work before the marks may itself
+/// wait for the host (a stream waiting on a flag that a thread blocked on this heap would set).
+/// PyTorch's GPT training waits far less: the device reaches a mark within the step it was
+/// recorded in.
+pub(super) const WAIT_FOR_BATCH: Duration = Duration::from_millis(200);
 
 impl<P: PhysicalPages> VirtualMemory<P> {
     /// Calls `f` on each stream whose list got free bytes since the last time (the bits of
@@ -94,7 +103,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// cached, after waiting for the work that may still use them
     /// ([`synchronize_freed`](Self::synchronize_freed)); keeps them if a wait fails. For
     /// pressure, `release` and drop: a cache over its bounds in the course of things goes
-    /// through [`trim_later`](Self::trim_later), which never waits.
+    /// through [`trim_later`](Self::trim_later), which waits, if at all, a bounded time for marks.
     pub(super) fn trim(&self, st: &mut State<P::Page, P::Mark>, target: usize) {
         let target = target / self.page;
         if st.cached <= target {
@@ -132,17 +141,19 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     /// Brings the cache within its bounds ([`excess`](Self::excess), with `extra` pages about to
-    /// be mapped) without waiting: settled pages go at once, the highest first; for the rest, the
-    /// streams that freed blocks since the last batch are marked, and pages that settle go when
-    /// the marks are reached (a later call, [`reap`](Self::reap)). While a batch is pending no
-    /// other is made. Returns how many pages were unmapped.
+    /// be mapped): settled pages go at once, the highest first; for the rest, the streams that
+    /// freed blocks since the last batch are marked, and pages that settle go when the marks are
+    /// reached (a later call, [`reap`](Self::reap)). While a batch is pending no other is made.
+    /// Never waits, but where pages are about to be mapped beyond the bound while a batch marked
+    /// by an earlier call is pending: then it waits for that batch, [`WAIT_FOR_BATCH`] at most.
+    /// Returns how many pages were unmapped.
     pub(super) fn trim_later(&self, st: &mut State<P::Page, P::Mark>, extra: usize) -> usize {
         let over = self.excess(st, extra);
         if over == 0 {
             return 0;
         }
         let earlier = st.batch.is_some();
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let done = self.unmap_settled(st, over);
         let mut done = match over - done {
             0 => done,
@@ -154,9 +165,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             // pending: waiting for its marks (work queued before them, not all that is queued
             // now, so the device keeps working meanwhile) costs less than holding more
             // physical memory than the peak and its slack.
-            if self.wait_batch(st) {
+            if self.wait_batch_for(st, WAIT_FOR_BATCH) {
                 // The wait is the device's time, not the host's: only the unmaps count.
-                let unmapping = std::time::Instant::now();
+                let unmapping = Instant::now();
                 done += self.unmap_settled(st, self.excess(st, extra));
                 spent += unmapping.elapsed();
             }
@@ -165,6 +176,37 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             st.pace.spent(spent);
         }
         done
+    }
+
+    /// Polls the pending batch's marks until they are reached (then settles its pages) or for
+    /// `limit`; gives the batch up if a mark cannot be queried. Says whether it settled.
+    fn wait_batch_for(&self, st: &mut State<P::Page, P::Mark>, limit: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            let Some(batch) = &st.batch else { return false };
+            let mut reached = true;
+            for m in &batch.marks {
+                match self.pages.reached(m) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        reached = false;
+                        break;
+                    }
+                    Err(_) => {
+                        self.abandon(st);
+                        return false;
+                    }
+                }
+            }
+            if reached {
+                self.settle(st);
+                return true;
+            }
+            if start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 
     /// Waits for the pending batch's marks and settles its pages; gives the batch up if a mark
@@ -271,7 +313,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             return;
         }
         st.ticks = 0;
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let unmapped = if st.batch.is_some() {
             self.reap(st, 0)
         } else if self.config.peak_slack != usize::MAX && self.excess(st, 1) > 0 {

@@ -62,9 +62,10 @@ pub struct VirtualMemoryConfig {
     /// Keeps the pages mapped within the most bytes of pages live blocks have needed so far
     /// plus a slack: this, or a 64th of that peak if less, and a page at least. A block that
     /// needs new pages beyond it first unmaps wholly free pages whose freeing work is done (an
-    /// event recorded on the streams that freed them reached: never a wait), the highest first,
-    /// so that what is mapped does not rise above the bound while such pages remain; pages whose
-    /// work still runs go once their events are reached. Where unmapping for the bound takes
+    /// event recorded on the streams that freed them reached), the highest first, so that what
+    /// is mapped does not rise above the bound while such pages remain; where too few are, it
+    /// waits up to 200 ms for events recorded by an earlier call, and pages whose work still
+    /// runs go once their events are reached. Where unmapping for the bound takes
     /// over a fortieth of the wall time within 100 ms (each such unmap brings a map later, about
     /// twice its cost), the slack doubles, up to 64 times: a program that does little but
     /// allocate soon maps nothing more. `usize::MAX` (the default): no such bound.
@@ -126,7 +127,9 @@ pub struct VmUsage {
 /// `cuMemUnmap` + `cuMemRelease`: tens of microseconds per 2 MiB page together on an H200
 /// (`scripts/vmm-costs.py` measures them), which the cache keeps off the path of a workload whose
 /// working set repeats. Free pages beyond the bounds (the cache, down to half of it; the peak of
-/// live pages and its slack) are unmapped without waiting: those whose freeing work is known done
+/// live pages and its slack) are unmapped without waiting on the host (but up to 200 ms for events
+/// an earlier call recorded, where pages would be mapped beyond the peak bound): those whose
+/// freeing work is known done
 /// (settled) at once, the others after an event recorded on each stream that freed blocks since
 /// the last batch is reached (queried every 32 calls, about a microsecond a query); a page that
 /// goes live again meanwhile stays, and must settle again once freed.

@@ -4,6 +4,7 @@ use super::*;
 use crate::leaf::pages::sealed::Sealed;
 use crate::leaf::Simulated;
 use crate::stream::StreamId;
+use cache::WAIT_FOR_BATCH;
 use heaps::{PagedHeaps, PagedHeapsConfig};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -572,8 +573,15 @@ fn a_map_beyond_the_bound_waits_for_a_batch_marked_earlier_rather_than_add_pages
     // SAFETY: live with this size.
     unsafe { vm.deallocate(c, 6 * P, 256, s) };
     let before = rec.log().len();
-    // D needs two pages more: the batch marked at C is waited for, and A's pages go first.
-    let d = vm.allocate(8 * P, 256, s).unwrap();
+    // D needs two pages more: the batch marked at C is waited for (the device reaches its marks
+    // 20 ms later), and A's pages go first.
+    let d = std::thread::scope(|t| {
+        t.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            rec.set_busy(false);
+        });
+        vm.allocate(8 * P, 256, s).unwrap()
+    });
     assert_eq!(vm.usage().mapped, 13 * P);
     assert_eq!(vm.usage().peak_mapped, 14 * P);
     let log = &rec.log()[before..];
@@ -581,6 +589,37 @@ fn a_map_beyond_the_bound_waits_for_a_batch_marked_earlier_rather_than_add_pages
     let first_unmap = log.iter().position(|e| matches!(e, Ev::Unmap(_))).unwrap();
     let first_map = log.iter().position(|e| matches!(e, Ev::Map(_))).unwrap();
     assert!(synced < first_unmap && first_unmap < first_map, "{log:?}");
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(b, 4 * P, 256, s);
+        vm.deallocate(d, 8 * P, 256, s);
+    }
+}
+
+#[test]
+fn a_batch_whose_marks_are_never_reached_is_waited_for_a_bounded_time() {
+    let rec = Recording::new(1 << 30);
+    let vm = following(&rec);
+    let s = StreamRef::simulated(1);
+    // The marked work never completes (it might wait for this very thread).
+    rec.set_busy(true);
+    let a = vm.allocate(4 * P, 256, s).unwrap();
+    let b = vm.allocate(4 * P, 256, s).unwrap();
+    // SAFETY: live with these sizes.
+    unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    let c = vm.allocate(6 * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(c, 6 * P, 256, s) };
+    let start = std::time::Instant::now();
+    let d = vm.allocate(8 * P, 256, s).unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited >= WAIT_FOR_BATCH && waited < 10 * WAIT_FOR_BATCH,
+        "{waited:?}"
+    );
+    // Mapped beyond the bound, nothing unmapped: A's work may still run.
+    assert_eq!(vm.usage().mapped, 16 * P);
+    assert!(!rec.log().iter().any(|e| matches!(e, Ev::Unmap(_))));
     rec.set_busy(false);
     // SAFETY: live with these sizes.
     unsafe {
