@@ -131,8 +131,8 @@
 //! warm-up and 20 timed steps each. Peak in use: `cuMemGetInfo`'s total − free, sampled every
 //! millisecond during the timed steps; ratio: that peak less what native mode holds outside its
 //! allocator (native's peak in use − its `max_memory_reserved`) over native's
-//! `max_memory_allocated` (about 24.0 GiB for the GPT and 13.2 GiB for ResNet-50, as the ratios
-//! give them: the script's line that prints them was not kept).
+//! `max_memory_allocated` (23.87 GiB for the GPT; about 13.2 GiB for ResNet-50, as its ratios
+//! give it: the line that prints it was not kept).
 //!
 //! | model | allocator | peak in use | ratio | median step ms | × native |
 //! |---|---|---:|---:|---:|---:|
@@ -144,8 +144,9 @@
 //! | ResNet-50 | mrstack `paged` | 14.16 GiB | **1.016** | 119.5 | 1.127 |
 //!
 //! Losses: equal to native's for ResNet-50, within 6.1e-05 for the GPT (no deterministic mode
-//! here). In an earlier call on another H200 the GPT gave native 1.159, expandable segments
-//! 1.040 and `paged` 1.019 at 0.999 of native's step time.
+//! here). The final build, in a later call on the same H200: GPT native 1.169, expandable
+//! segments 1.039 at 0.998, `paged` 1.017 at 0.997 of native's step time. An earlier call on
+//! another H200 gave native 1.159, expandable segments 1.040 and `paged` 1.019 at 0.999.
 //!
 //! How `paged` holds the GPT's peak: each heap keeps its mapped pages within the peak of its
 //! live pages and a 64th of it ([`PagedHeapsConfig::peak_slack`](crate::leaf::PagedHeapsConfig::peak_slack)).
