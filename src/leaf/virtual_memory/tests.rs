@@ -445,19 +445,33 @@ fn following(rec: &Recording) -> VirtualMemory<&Recording> {
     VirtualMemory::new(rec, config).unwrap()
 }
 
-#[test]
-fn pages_whose_work_still_runs_are_not_taken_for_new_ones_until_their_marks_are_reached() {
-    let rec = Recording::new(1 << 30);
-    let vm = following(&rec);
+/// Over [`following`] `rec`, on simulated stream 1: A and B of four pages each, A freed, then C
+/// of six pages, too large for A's hole, on new pages. Returns the resource, the stream, A
+/// (freed), B and C (live).
+fn c_beyond_a_hole(
+    rec: &Recording,
+) -> (
+    VirtualMemory<&Recording>,
+    StreamRef<'static>,
+    [NonNull<u8>; 3],
+) {
+    let vm = following(rec);
     let s = StreamRef::simulated(1);
-    rec.set_busy(true);
     let a = vm.allocate(4 * P, 256, s).unwrap();
     let b = vm.allocate(4 * P, 256, s).unwrap();
     // SAFETY: live with this size.
     unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    let c = vm.allocate(6 * P, 256, s).unwrap();
+    (vm, s, [a, b, c])
+}
+
+#[test]
+fn pages_whose_work_still_runs_are_not_taken_for_new_ones_until_their_marks_are_reached() {
+    let rec = Recording::new(1 << 30);
+    rec.set_busy(true);
     // C needs 6 new pages; A's 4 free pages may still be used by the work on `s`: mapped over
     // the bound rather than wait.
-    let c = vm.allocate(6 * P, 256, s).unwrap();
+    let (vm, s, [a, b, c]) = c_beyond_a_hole(&rec);
     assert_eq!(vm.usage().mapped, 14 * P);
     assert!(!rec
         .log()
@@ -485,14 +499,8 @@ fn pages_whose_work_still_runs_are_not_taken_for_new_ones_until_their_marks_are_
 #[test]
 fn a_settled_page_used_and_freed_again_waits_for_its_new_work() {
     let rec = Recording::new(1 << 30);
-    let vm = following(&rec);
-    let s = StreamRef::simulated(1);
-    let a = vm.allocate(4 * P, 256, s).unwrap();
-    let b = vm.allocate(4 * P, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { vm.deallocate(a, 4 * P, 256, s) };
     // C takes the place of three of A's settled pages; A's first page stays, settled.
-    let c = vm.allocate(6 * P, 256, s).unwrap();
+    let (vm, s, [a, b, c]) = c_beyond_a_hole(&rec);
     assert_eq!(vm.usage().mapped, 11 * P);
     let first = a.as_ptr() as usize;
     assert!(!rec.log().contains(&Ev::Unmap(first)));
@@ -560,15 +568,9 @@ fn swaps_that_take_much_of_the_time_widen_the_slack() {
 #[test]
 fn a_map_beyond_the_bound_waits_for_a_batch_marked_earlier_rather_than_add_pages() {
     let rec = Recording::new(1 << 30);
-    let vm = following(&rec);
-    let s = StreamRef::simulated(1);
     rec.set_busy(true);
-    let a = vm.allocate(4 * P, 256, s).unwrap();
-    let b = vm.allocate(4 * P, 256, s).unwrap();
-    // SAFETY: live with this size.
-    unsafe { vm.deallocate(a, 4 * P, 256, s) };
     // C maps beyond the bound (A's pages are marked now, not waited for).
-    let c = vm.allocate(6 * P, 256, s).unwrap();
+    let (vm, s, [_, b, c]) = c_beyond_a_hole(&rec);
     assert_eq!(vm.usage().mapped, 14 * P);
     // SAFETY: live with this size.
     unsafe { vm.deallocate(c, 6 * P, 256, s) };
@@ -599,15 +601,9 @@ fn a_map_beyond_the_bound_waits_for_a_batch_marked_earlier_rather_than_add_pages
 #[test]
 fn a_batch_whose_marks_are_never_reached_is_waited_for_a_bounded_time() {
     let rec = Recording::new(1 << 30);
-    let vm = following(&rec);
-    let s = StreamRef::simulated(1);
     // The marked work never completes (it might wait for this very thread).
     rec.set_busy(true);
-    let a = vm.allocate(4 * P, 256, s).unwrap();
-    let b = vm.allocate(4 * P, 256, s).unwrap();
-    // SAFETY: live with these sizes.
-    unsafe { vm.deallocate(a, 4 * P, 256, s) };
-    let c = vm.allocate(6 * P, 256, s).unwrap();
+    let (vm, s, [_, b, c]) = c_beyond_a_hole(&rec);
     // SAFETY: live with this size.
     unsafe { vm.deallocate(c, 6 * P, 256, s) };
     let start = std::time::Instant::now();
