@@ -182,31 +182,34 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// `limit`; gives the batch up if a mark cannot be queried. Says whether it settled.
     fn wait_batch_for(&self, st: &mut State<P::Page, P::Mark>, limit: Duration) -> bool {
         let start = Instant::now();
-        loop {
-            let Some(batch) = &st.batch else { return false };
-            let mut reached = true;
-            for m in &batch.marks {
-                match self.pages.reached(m) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        reached = false;
-                        break;
-                    }
-                    Err(_) => {
-                        self.abandon(st);
-                        return false;
-                    }
-                }
-            }
-            if reached {
-                self.settle(st);
+        while st.batch.is_some() {
+            if self.batch_reached(st) {
                 return true;
             }
             if start.elapsed() >= limit {
-                return false;
+                break;
             }
             std::thread::sleep(Duration::from_micros(50));
         }
+        false
+    }
+
+    /// Queries the pending batch's marks once, never waiting: settles its pages if all are
+    /// reached, gives the batch up if one cannot be queried. Says whether it settled.
+    fn batch_reached(&self, st: &mut State<P::Page, P::Mark>) -> bool {
+        let Some(batch) = &st.batch else { return false };
+        for m in &batch.marks {
+            match self.pages.reached(m) {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(_) => {
+                    self.abandon(st);
+                    return false;
+                }
+            }
+        }
+        self.settle(st);
+        true
     }
 
     /// Waits for the pending batch's marks and settles its pages; gives the batch up if a mark
@@ -281,23 +284,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// bounds ask (with `extra` pages about to be mapped); never waits. Queried at most once
     /// every few calls. Returns how many pages were unmapped.
     pub(super) fn reap(&self, st: &mut State<P::Page, P::Mark>, extra: usize) -> usize {
-        let Some(batch) = &st.batch else { return 0 };
         st.ticks = 0;
-        let mut reached = true;
-        for m in &batch.marks {
-            match self.pages.reached(m) {
-                Ok(true) => {}
-                Ok(false) => reached = false,
-                Err(_) => {
-                    self.abandon(st);
-                    return 0;
-                }
-            }
-        }
-        if !reached {
+        if !self.batch_reached(st) {
             return 0;
         }
-        self.settle(st);
         let over = self.excess(st, extra);
         self.unmap_settled(st, over)
     }
@@ -313,13 +303,14 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             return;
         }
         st.ticks = 0;
+        let pending = st.batch.is_some();
+        if !pending && (self.config.peak_slack == usize::MAX || self.excess(st, 1) == 0) {
+            return;
+        }
         let start = Instant::now();
-        let unmapped = if st.batch.is_some() {
-            self.reap(st, 0)
-        } else if self.config.peak_slack != usize::MAX && self.excess(st, 1) > 0 {
-            self.settle_more(st, 0, 0)
-        } else {
-            0
+        let unmapped = match pending {
+            true => self.reap(st, 0),
+            false => self.settle_more(st, 0, 0),
         };
         if unmapped > 0 {
             st.pace.spent(start.elapsed());

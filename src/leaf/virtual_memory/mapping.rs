@@ -207,7 +207,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             freed += region.touch(p, Overlap::Partial, Overlap::None);
         }
         st.cached += freed;
-        if trim && freed > 0 && self.excess(st, 0) > 0 {
+        if trim && freed > 0 {
             self.trim_later(st, 0);
         }
     }
