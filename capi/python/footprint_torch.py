@@ -100,6 +100,13 @@ def child(args):
         "median_step_s": statistics.median(times),
         "losses": losses,
     }
+    if args.allocator == "mrstack":
+        # What the page leaf did over the whole run (warm-up included): pages mapped and
+        # unmapped, and the time requests waited for the device.
+        stats = mrstack_capi.statistics(mrstack_capi.load(args.lib))
+        pages = [layer for layer in stats.get("layers", []) if "maps" in layer]
+        if pages:
+            row["pages"] = {k: pages[0][k] for k in ("maps", "unmaps", "waited_ns")}
     if args.allocator == "native":
         row["max_allocated"] = torch.cuda.max_memory_allocated()
         row["max_reserved"] = torch.cuda.max_memory_reserved()
@@ -168,6 +175,12 @@ def main():
         print(f"{row['name']:<34} {row['peak_in_use'] / 2**30:>10.2f} G {ratio:>7.3f} "
               f"{row['median_step_s'] * 1e3:>8.1f} {row['step_ratio']:>8.3f} "
               f"{'equal' if same else f'max diff {close:.2g}':>16}")
+    for row in rows:
+        if "pages" in row:
+            p = row["pages"]
+            runs = args.warmup + args.steps
+            print(f"{row['name']}: {p['maps']} pages mapped, {p['unmaps']} unmapped, "
+                  f"{p['waited_ns'] / 1e6:.1f} ms waited for the device over {runs} steps")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -321,7 +321,9 @@ impl MrstackStack {
     /// allocations, bad frees, live blocks and bytes, peak live bytes), the bytes the stack's leaf
     /// handed out and not yet back (`driver_bytes`, what the stack holds from the driver for a
     /// CUDA leaf) and their peak (`peak_driver_bytes`), and each suballocator layer's usage,
-    /// leaf side first (`layers`: `layer`, `held`, `peak_held`, `allocated`, `free_blocks`, `chunks`).
+    /// leaf side first (`layers`: `layer`, `held`, `peak_held`, `allocated`, `free_blocks`,
+    /// `chunks`; a page leaf's: `layer`, `mapped`, `peak_mapped`, `cached`, `allocated`,
+    /// `reserved`, `free_blocks`, `maps`, `unmaps`, `waited_ns`).
     pub(crate) fn statistics_json(&self) -> String {
         let c = &self.counts;
         let live_blocks: usize = self
@@ -432,9 +434,19 @@ fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> Str
             Some(format!(
                 concat!(
                     "{{\"layer\":\"{}\",\"mapped\":{},\"peak_mapped\":{},\"cached\":{},",
-                    "\"allocated\":{},\"reserved\":{},\"free_blocks\":{}}}"
+                    "\"allocated\":{},\"reserved\":{},\"free_blocks\":{},\"maps\":{},",
+                    "\"unmaps\":{},\"waited_ns\":{}}}"
                 ),
-                name, u.mapped, u.peak_mapped, u.cached, u.allocated, u.reserved, u.free_blocks
+                name,
+                u.mapped,
+                u.peak_mapped,
+                u.cached,
+                u.allocated,
+                u.reserved,
+                u.free_blocks,
+                u.maps,
+                u.unmaps,
+                u.waited.as_nanos()
             ))
         })
         .collect();

@@ -57,8 +57,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// since; then no work uses a page with no live block, and every cached page is settled. A
     /// mark that cannot be waited for gives the batch up: its streams are synchronized instead.
     pub(super) fn synchronize_freed(&self, st: &mut State<P::Page, P::Mark>) -> Result<()> {
+        let start = Instant::now();
         self.wait_batch(st);
-        self.each_freed(st, |pages, s| pages.synchronize(s))?;
+        let synchronized = self.each_freed(st, |pages, s| pages.synchronize(s));
+        st.waited += start.elapsed();
+        synchronized?;
         self.settle_all(st);
         Ok(())
     }
@@ -182,16 +185,19 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// `limit`; gives the batch up if a mark cannot be queried. Says whether it settled.
     fn wait_batch_for(&self, st: &mut State<P::Page, P::Mark>, limit: Duration) -> bool {
         let start = Instant::now();
+        let mut settled = false;
         while st.batch.is_some() {
             if self.batch_reached(st) {
-                return true;
+                settled = true;
+                break;
             }
             if start.elapsed() >= limit {
                 break;
             }
             std::thread::sleep(Duration::from_micros(50));
         }
-        false
+        st.waited += start.elapsed();
+        settled
     }
 
     /// Queries the pending batch's marks once, never waiting: settles its pages if all are

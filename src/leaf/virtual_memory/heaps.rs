@@ -267,6 +267,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             total.free_blocks += u.free_blocks;
             total.maps += u.maps;
             total.unmaps += u.unmaps;
+            total.waited += u.waited;
         }
         total
     }

@@ -103,6 +103,10 @@ pub struct VmUsage {
     pub maps: u64,
     /// Pages unmapped so far (each a `cuMemUnmap` + `cuMemRelease` on a GPU).
     pub unmaps: u64,
+    /// Time requests spent waiting on the host for device work so far: the bounded waits for
+    /// events before mapping beyond the peak bound, and the synchronizations before memory
+    /// pressure, `release` or drop unmap free pages.
+    pub waited: std::time::Duration,
 }
 
 /// A resource that carves blocks out of reserved virtual address space and backs them with
@@ -218,6 +222,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 ticks: 0,
                 maps: 0,
                 unmaps: 0,
+                waited: std::time::Duration::ZERO,
                 pace: region::Pace::new(),
             }),
         };
@@ -249,6 +254,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             free_blocks: st.index.free_blocks(),
             maps: st.maps,
             unmaps: st.unmaps,
+            waited: st.waited,
         }
     }
 

@@ -149,6 +149,8 @@ pub(super) struct State<H, M> {
     /// Pages mapped and unmapped so far.
     pub(super) maps: u64,
     pub(super) unmaps: u64,
+    /// Time spent waiting on the host for device work ([`VmUsage::waited`](super::VmUsage::waited)).
+    pub(super) waited: std::time::Duration,
     /// The share of time unmapping for the bounds takes, which widens the slack where swaps
     /// would slow the program.
     pub(super) pace: Pace,

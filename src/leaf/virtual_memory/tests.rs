@@ -613,6 +613,12 @@ fn a_batch_whose_marks_are_never_reached_is_waited_for_a_bounded_time() {
         waited >= WAIT_FOR_BATCH && waited < 10 * WAIT_FOR_BATCH,
         "{waited:?}"
     );
+    // The statistics count the wait, and no more than the request took.
+    let counted = vm.usage().waited;
+    assert!(
+        counted >= WAIT_FOR_BATCH && counted <= waited,
+        "{counted:?} of {waited:?}"
+    );
     // Mapped beyond the bound, nothing unmapped: A's work may still run.
     assert_eq!(vm.usage().mapped, 16 * P);
     assert!(!rec.log().iter().any(|e| matches!(e, Ev::Unmap(_))));
