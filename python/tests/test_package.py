@@ -107,10 +107,13 @@ def test_stats_of_a_page_stack_say_what_is_mapped_and_cached():
         assert [l["layer"] for l in during] == ["paged"], during
         # Three 2 MiB pages under a 5 MiB block.
         assert during[0]["mapped"] == 6 << 20 and during[0]["allocated"] >= 5 << 20, during
+        assert during[0]["maps"] == 3 and during[0]["unmaps"] == 0, during
+        assert during[0]["page_table_bytes"] > 0, during
         s.deallocate(p, 5 << 20)
         after = s.stats()["layers"][0]
         assert after["allocated"] == 0
         assert after["mapped"] == after["cached"] and after["peak_mapped"] == 6 << 20, after
+        assert after["maps"] == 3 and after["waited_ns"] == 0, after
 
 
 def test_stats_of_a_device_stack_come_from_mrstack_stack():

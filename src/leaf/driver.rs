@@ -333,6 +333,19 @@ pub(crate) fn driver_synchronize(
     match locate(ctx, stream) {
         Some((c, handle)) => {
             let _current = crate::leaf::make_current(c).map_err(err)?;
+            // Waiting for a capturing stream fails and invalidates its capture: say why instead,
+            // and leave the capture whole.
+            // SAFETY: as below.
+            if unsafe { captures(handle) }.map_err(err)? {
+                return Err(AllocError::new(
+                    AllocErrorKind::Unsupported(
+                        "the stream captures a graph: its work cannot be waited for until the capture ends",
+                    ),
+                    0,
+                    0,
+                    name,
+                ));
+            }
             // SAFETY: `handle` is null, a special handle valid on this thread, or a live stream
             // of `c`: a StreamRef borrows its stream for the call (or was made by `from_raw`,
             // whose caller promised it live).
@@ -394,6 +407,19 @@ pub(crate) fn driver_order_after(
     waited.map_err(err)
 }
 
+/// Whether `handle` captures a graph now (`cuStreamIsCapturing`).
+///
+/// # Safety
+///
+/// `handle` is null, a special handle valid on this thread, or a live stream of the current
+/// context.
+unsafe fn captures(handle: sys::CUstream) -> Result<bool, DriverError> {
+    let mut capturing = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a valid place for the answer; `handle` as the caller promised.
+    unsafe { sys::cuStreamIsCapturing(handle, &mut capturing) }.result()?;
+    Ok(capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// An event recorded on a stream: what the stream had queued when it was recorded is complete
 /// once the event is. Destroyed when dropped.
 #[derive(Debug)]
@@ -435,12 +461,8 @@ impl StreamMark {
         let owner = stream.context().unwrap_or(ctx);
         let err = |e| AllocError::cuda(e, 0, 0, name);
         let _current = make_current(owner).map_err(err)?;
-        let mut capturing = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: a valid place for the answer; `handle` as below.
-        unsafe { sys::cuStreamIsCapturing(handle, &mut capturing) }
-            .result()
-            .map_err(err)?;
-        if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        // SAFETY: `handle` as below.
+        if unsafe { captures(handle) }.map_err(err)? {
             return unsupported("the stream captures a graph");
         }
         let event =

@@ -347,3 +347,36 @@ fn pages_freed_while_their_stream_captures_go_back_after_the_capture() {
     heaps.release();
     assert_eq!(heaps.usage().mapped, 0, "{:?}", heaps.usage());
 }
+
+#[test]
+fn a_release_while_a_freeing_stream_captures_leaves_the_capture_whole() {
+    use cudarc::driver::sys::CUgraphInstantiate_flags;
+    use mrstack::leaf::{DevicePages, PhysicalPages, VirtualMemory, VirtualMemoryConfig};
+    let Some(ctx) = gpu() else { return };
+    let pages = DevicePages::new(&ctx).unwrap();
+    let page = pages.page_size();
+    let vm = VirtualMemory::new(pages, VirtualMemoryConfig::default()).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let sr = StreamRef::from(&s);
+    let v = DeviceVec::from_slice(&vec![7u32; page / 4], &vm, &s).unwrap();
+    assert!(v.to_vec().unwrap().iter().all(|&x| x == 7));
+    drop(v);
+    assert_eq!(vm.usage().cached, page);
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    // The freed page's stream captures: it cannot be waited for, so the page stays.
+    assert_eq!(vm.release(), 0);
+    let refused = vm.synchronize(sr).unwrap_err().to_string();
+    assert!(refused.contains("captures a graph"), "{refused}");
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(
+        graph.is_ok(),
+        "the capture was invalidated: {:?}",
+        graph.err()
+    );
+    drop(graph);
+    // Once the capture is over, the page goes.
+    assert_eq!(vm.release(), page);
+    assert_eq!(vm.usage().mapped, 0);
+    ctx.check_err().unwrap();
+}

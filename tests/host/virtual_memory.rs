@@ -215,6 +215,10 @@ proptest! {
         }
         let u = vm.usage();
         prop_assert_eq!((u.allocated, u.mapped), (0, u.cached));
+        vm.release();
+        // With no page mapped and no block live, the page table keeps nothing.
+        let u = vm.usage();
+        prop_assert_eq!(u.page_table_bytes, 0, "{:?}", u);
         all_back(&sim, vm, VirtualMemory::release);
     }
 }

@@ -1,21 +1,21 @@
-//! `Bits`, the page bit set a region keeps for its mapped and its cached pages.
+//! `Bits`: a set of the pages of one chunk of the page table, a bit each.
 
-/// A set of pages, a bit each.
-#[derive(Debug, Default)]
-pub(super) struct Bits(pub(super) Vec<u64>);
+use super::table::CHUNK_PAGES;
+
+const WORDS: usize = CHUNK_PAGES / 64;
+
+/// A set of the pages of one chunk, by their index in the chunk.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Bits(pub(super) [u64; WORDS]);
 
 impl Bits {
-    /// Makes room for pages below `n`.
-    pub(super) fn grow(&mut self, n: usize) {
-        let words = n.div_ceil(64);
-        if self.0.len() < words {
-            self.0.resize(words, 0);
-        }
-    }
-
     #[inline]
     pub(super) fn get(&self, p: usize) -> bool {
         self.0[p / 64] & (1 << (p % 64)) != 0
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
     }
 
     /// Calls `f(word index, mask)` for the words of pages `lo..hi` (`lo < hi`).

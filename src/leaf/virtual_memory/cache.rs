@@ -70,24 +70,21 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     fn settle(&self, st: &mut State<P::Page, P::Mark>) {
         st.batch = None;
         for region in &mut st.regions {
-            for (s, p) in region.settled.0.iter_mut().zip(&mut region.pending.0) {
-                *s |= std::mem::take(p);
-            }
+            region.pages.settle();
         }
     }
 
     /// Settles every cached page: the caller knows the work that freed them all is complete.
     fn settle_all(&self, st: &mut State<P::Page, P::Mark>) {
         for region in &mut st.regions {
-            region.settled.0.copy_from_slice(&region.cached.0);
-            region.pending.0.fill(0);
+            region.pages.settle_all();
         }
     }
 
     /// Clears the pending set, with no batch to settle it.
     fn abandon_pending(&self, st: &mut State<P::Page, P::Mark>) {
         for region in &mut st.regions {
-            region.pending.0.fill(0);
+            region.pages.abandon_pending();
         }
     }
 
@@ -245,16 +242,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
         let mut unsettled = false;
         for region in &mut st.regions {
-            for ((p, c), s) in region
-                .pending
-                .0
-                .iter_mut()
-                .zip(&region.cached.0)
-                .zip(&region.settled.0)
-            {
-                *p = c & !s;
-                unsettled |= *p != 0;
-            }
+            unsettled |= region.pages.mark_pending();
         }
         if !unsettled {
             return 0;
@@ -328,18 +316,15 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     fn unmap_settled(&self, st: &mut State<P::Page, P::Mark>, n: usize) -> usize {
         let mut done = 0;
         for r in (0..st.regions.len()).rev() {
-            for w in (0..st.regions[r].settled.0.len()).rev() {
-                while st.regions[r].settled.0[w] != 0 {
-                    if done == n {
-                        return done;
-                    }
-                    let bits = st.regions[r].settled.0[w];
-                    let p = w * 64 + 63 - bits.leading_zeros() as usize;
-                    st.regions[r].cached.clear(p, p + 1);
-                    st.cached -= 1;
-                    self.unmap_page(st, r, p);
-                    done += 1;
-                }
+            let mut below = usize::MAX;
+            while done < n {
+                let Some(p) = st.regions[r].pages.highest_settled(below) else {
+                    break;
+                };
+                st.cached -= 1;
+                self.unmap_page(st, r, p);
+                done += 1;
+                below = p;
             }
         }
         done

@@ -268,6 +268,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             total.maps += u.maps;
             total.unmaps += u.unmaps;
             total.waited += u.waited;
+            total.page_table_bytes += u.page_table_bytes;
         }
         total
     }

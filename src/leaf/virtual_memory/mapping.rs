@@ -5,7 +5,6 @@ use crate::resource::{AllocError, Result};
 use crate::stream::StreamRef;
 use crate::suballoc::tlsf_index::GRANULE;
 
-use super::bitset::Bits;
 use super::region::{ends, page_span, Overlap, Region, State};
 use super::{VirtualMemory, NAME};
 
@@ -42,12 +41,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             Region {
                 base,
                 size,
-                partial: Vec::new(),
-                handles: Vec::new(),
-                mapped: Bits::default(),
-                cached: Bits::default(),
-                settled: Bits::default(),
-                pending: Bits::default(),
+                pages: Default::default(),
             },
         );
         Ok(())
@@ -64,17 +58,17 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         len: usize,
     ) -> Result<()> {
         let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
-        let region = &mut st.regions[r];
-        region.grow(last);
+        let pages = &mut st.regions[r].pages;
+        pages.make(first, last);
         // The pages it covers are live through it alone; the end pages it shares are counted.
-        let covered_cached = region.revive(lo, hi);
+        let covered_cached = pages.revive(lo, hi);
         let mut uncached = covered_cached;
         // The usual case maps nothing: a covered page was free, so it is mapped exactly when it
         // was cached, and an end page is looked up (one bit each) instead of counting the span.
         let mut all_mapped = covered_cached == hi - lo;
         for p in ends(first, last, lo, hi) {
-            uncached += region.touch(p, Overlap::None, Overlap::Partial);
-            all_mapped &= region.mapped.get(p);
+            uncached += pages.touch(p, Overlap::None, Overlap::Partial);
+            all_mapped &= pages.is_mapped(p);
         }
         st.cached -= uncached;
         if all_mapped {
@@ -120,7 +114,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         first: usize,
         last: usize,
     ) -> Result<()> {
-        let missing = st.regions[r].mapped.count_clear(first, last);
+        let missing = st.regions[r].pages.count_unmapped(first, last);
         if missing == 0 {
             return Ok(());
         }
@@ -137,7 +131,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let base = st.regions[r].base;
         let mut run: Option<usize> = None;
         for p in first..=last {
-            let unmapped = p < last && !st.regions[r].mapped.get(p);
+            let unmapped = p < last && !st.regions[r].pages.is_mapped(p);
             if unmapped {
                 let addr = base + p * self.page;
                 // SAFETY: one page of a reservation of this source, not mapped (its bit is
@@ -162,9 +156,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                         return Err(e);
                     }
                 };
-                let region = &mut st.regions[r];
-                region.handles[p] = Some(page);
-                region.mapped.set(p, p + 1);
+                st.regions[r].pages.map(p, page);
                 st.mapped += self.page;
                 st.maps += 1;
                 st.peak_mapped = st.peak_mapped.max(st.mapped);
@@ -199,12 +191,16 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         trim: bool,
     ) {
         let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
-        let region = &mut st.regions[r];
+        let pages = &mut st.regions[r].pages;
         // The pages the block covered wholly are free now; they are mapped, unless the block is
         // being given up because mapping them failed.
-        let mut freed = region.cache_mapped(lo, hi);
+        let mut freed = pages.cache_mapped(lo, hi);
         for p in ends(first, last, lo, hi) {
-            freed += region.touch(p, Overlap::Partial, Overlap::None);
+            freed += pages.touch(p, Overlap::Partial, Overlap::None);
+        }
+        if !trim {
+            // A block given up for want of pages may leave chunks with nothing in them.
+            pages.forget_unused(first, last);
         }
         st.cached += freed;
         if trim && freed > 0 {
@@ -228,31 +224,32 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         // The old block's last page is the only one it shares with the grown one's new pages.
         let shared = before.1 - 1;
         let (lo, hi) = (after.2.max(shared + 1), after.3.max(shared + 1));
-        let region = &mut st.regions[r];
-        region.grow(after.1);
-        let mut uncached = region.touch(
+        let pages = &mut st.regions[r].pages;
+        pages.make(shared, after.1);
+        let mut uncached = pages.touch(
             shared,
             Overlap::of(before, shared),
             Overlap::of(after, shared),
         );
-        uncached += region.revive(lo, hi);
+        uncached += pages.revive(lo, hi);
         for p in ends(after.0, after.1, after.2, after.3).filter(|&p| p > shared) {
-            uncached += region.touch(p, Overlap::None, Overlap::Partial);
+            uncached += pages.touch(p, Overlap::None, Overlap::Partial);
         }
         st.cached -= uncached;
         let result = self.map_range(st, r, shared, after.1);
         if result.is_err() {
             // The same steps backwards: what the grown block alone held goes to the cache.
-            let region = &mut st.regions[r];
-            let mut freed = region.cache_mapped(lo, hi);
+            let pages = &mut st.regions[r].pages;
+            let mut freed = pages.cache_mapped(lo, hi);
             for p in ends(after.0, after.1, after.2, after.3).filter(|&p| p > shared) {
-                freed += region.touch(p, Overlap::Partial, Overlap::None);
+                freed += pages.touch(p, Overlap::Partial, Overlap::None);
             }
-            freed += region.touch(
+            freed += pages.touch(
                 shared,
                 Overlap::of(after, shared),
                 Overlap::of(before, shared),
             );
+            pages.forget_unused(shared, after.1);
             st.cached += freed;
         }
         self.after_mapping(st, result.is_ok());
@@ -264,10 +261,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     pub(super) fn unmap_page(&self, st: &mut State<P::Page, P::Mark>, r: usize, p: usize) {
         let region = &mut st.regions[r];
         let addr = region.base + p * self.page;
-        region.mapped.clear(p, p + 1);
-        region.settled.clear(p, p + 1);
-        region.pending.clear(p, p + 1);
-        if let Some(page) = region.handles[p].take() {
+        if let Some(page) = region.pages.unmap(p) {
             st.mapped -= self.page;
             st.unmaps += 1;
             // SAFETY: a mapping this source made for this page, with no live block on it, whose

@@ -32,10 +32,10 @@ mod cache;
 mod heaps;
 mod mapping;
 mod region;
+mod table;
 
 pub use heaps::{PagedHeaps, PagedHeapsConfig};
 
-use bitset::Bits;
 use region::{page_span, State};
 
 const NAME: &str = "VirtualMemory";
@@ -107,6 +107,10 @@ pub struct VmUsage {
     /// events before mapping beyond the peak bound, and the synchronizations before memory
     /// pressure, `release` or drop unmap free pages.
     pub waited: std::time::Duration,
+    /// Host bytes of the page tables: what is known of each page, in chunks of 256 pages made
+    /// when a block first lies in them and freed once none of their pages is mapped or under a
+    /// live block. So it follows live blocks and mapped pages, not the reservation.
+    pub page_table_bytes: usize,
 }
 
 /// A resource that carves blocks out of reserved virtual address space and backs them with
@@ -138,6 +142,10 @@ pub struct VmUsage {
 /// (settled) at once, the others after an event recorded on each stream that freed blocks since
 /// the last batch is reached (queried every 32 calls, about a microsecond a query); a page that
 /// goes live again meanwhile stays, and must settle again once freed.
+///
+/// The host memory of the page table follows live blocks and mapped pages: it is kept in chunks
+/// of 256 pages (about 5 KiB each), made when a block first lies in one and freed once none of
+/// its pages is mapped or under a live block ([`VmUsage::page_table_bytes`]).
 ///
 /// # Streams
 ///
@@ -255,6 +263,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             maps: st.maps,
             unmaps: st.unmaps,
             waited: st.waited,
+            page_table_bytes: st.regions.iter().map(|r| r.pages.bytes()).sum(),
         }
     }
 
@@ -269,8 +278,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 
     /// Whether a request could never be served: more than could ever be mapped, or a placement
     /// further into a range than twice that (a huge alignment). Such a request is refused before
-    /// a range or a page table is sized for it, so the page tables stay within twice the
-    /// source's capacity in pages, and no memory is given back for it.
+    /// a range is reserved for it, so the ranges stay within twice the source's capacity, and
+    /// no memory is given back for it.
     pub(crate) fn never_fits(&self, size: usize, align: usize) -> bool {
         let (_, block, need) = crate::suballoc::growth::block_of(size, align);
         let most = self.config.max.min(self.pages.capacity());
@@ -497,19 +506,25 @@ impl VirtualMemory<super::DevicePages> {
             return Ok(());
         }
         for region in &st.regions {
-            let mut p = 0;
-            while p < region.mapped.0.len() * 64 {
-                if !region.mapped.get(p) {
-                    p += 1;
-                    continue;
-                }
-                let start = p;
-                while p < region.mapped.0.len() * 64 && region.mapped.get(p) {
-                    p += 1;
-                }
-                let (addr, len) = (region.base + start * self.page, (p - start) * self.page);
-                // SAFETY: pages `start..p` of this region are mapped by these pages' source.
-                unsafe { self.pages.set_access(addr, len, &[peer.cu_device()]) }?;
+            // Runs of mapped pages, `start..end`, one call each.
+            let mut run: Option<(usize, usize)> = None;
+            let grant = |(start, end): (usize, usize)| {
+                let (addr, len) = (region.base + start * self.page, (end - start) * self.page);
+                // SAFETY: pages `start..end` of this region are mapped by these pages' source.
+                unsafe { self.pages.set_access(addr, len, &[peer.cu_device()]) }
+            };
+            for p in region.pages.mapped_pages() {
+                run = match run {
+                    Some((start, end)) if end == p => Some((start, p + 1)),
+                    Some(done) => {
+                        grant(done)?;
+                        Some((p, p + 1))
+                    }
+                    None => Some((p, p + 1)),
+                };
+            }
+            if let Some(done) = run {
+                grant(done)?;
             }
         }
         // Last: a failure above leaves the peer out, to be granted again in full.
@@ -530,26 +545,23 @@ impl<P: PhysicalPages> Drop for VirtualMemory<P> {
         }
         // The pages of blocks still allocated: their owners were leaked (`mem::forget`), and
         // device work may still use them. Those pages and their ranges are leaked too.
-        let mut live: Vec<Bits> = st.regions.iter().map(|_| Bits::default()).collect();
+        let mut live = std::collections::HashSet::new();
         for (addr, size) in st.index.live_blocks() {
             if let Some(r) = st.region_of(addr) {
                 let (first, last, _, _) = page_span(st.regions[r].base, addr, size, self.shift);
-                live[r].grow(last);
-                live[r].set(first, last);
+                live.extend((first..last).map(|p| (r, p)));
             }
         }
-        for (region, live) in std::mem::take(&mut st.regions).into_iter().zip(live) {
+        for (r, region) in std::mem::take(&mut st.regions).into_iter().enumerate() {
             let mut leaked = false;
-            for (p, handle) in region.handles.into_iter().enumerate() {
-                if live.0.get(p / 64).is_some_and(|w| w & (1 << (p % 64)) != 0) {
+            for (p, h) in region.pages.drain() {
+                if live.contains(&(r, p)) {
                     leaked = true;
                     continue;
                 }
-                if let Some(h) = handle {
-                    // SAFETY: a mapping of this source with no live block on it, whose last
-                    // users were synchronized above; the resource hands out nothing any more.
-                    unsafe { self.pages.unmap(region.base + p * page, page, h) };
-                }
+                // SAFETY: a mapping of this source with no live block on it, whose last users
+                // were synchronized above; the resource hands out nothing any more.
+                unsafe { self.pages.unmap(region.base + p * page, page, h) };
             }
             if !leaked {
                 // SAFETY: a reservation of this source with nothing mapped in it any more.

@@ -1,91 +1,17 @@
-//! A reserved range (`Region`): its page handles, live-block counts and bit sets, how a block
-//! covers its pages (`page_span`, `Overlap`, `ends`), and the `State` behind the lock.
+//! A reserved range (`Region`) and its page table, how a block covers its pages (`page_span`,
+//! `Overlap`, `ends`), and the `State` behind the lock.
 
 use crate::suballoc::tlsf_index::TlsfIndex;
 
-use super::bitset::Bits;
+use super::table::PageTable;
 
 #[derive(Debug)]
 pub(super) struct Region<H> {
     pub(super) base: usize,
     pub(super) size: usize,
-    /// Per page, up to the highest page ever used (grown on demand: a reservation of the
-    /// device's whole memory costs nothing until used): the live blocks that overlap the page
-    /// without covering it (a page covered wholly by a block can overlap no other, so it needs
-    /// no count: it is live exactly while that block is).
-    pub(super) partial: Vec<u32>,
-    /// The physical memory mapped at each page.
-    pub(super) handles: Vec<Option<H>>,
-    /// Pages mapped, and pages in the cache (mapped, no live block).
-    pub(super) mapped: Bits,
-    pub(super) cached: Bits,
-    /// Cached pages whose freeing work is complete (a batch's marks reached, or their streams
-    /// synchronized): they can be unmapped at once. A subset of `cached`.
-    pub(super) settled: Bits,
-    /// Cached pages, not settled, when the pending batch was made (`State::batch`): settled once
-    /// its marks are reached. A subset of `cached`: a page that goes live again leaves all three.
-    pub(super) pending: Bits,
-}
-
-impl<H> Region<H> {
-    /// Page `p` goes from being overlapped `from` to `to` by one block (its other blocks
-    /// unchanged); returns 1 when that takes it out of the cache (live again) or puts it in (no
-    /// live block left), 0 otherwise.
-    #[inline]
-    pub(super) fn touch(&mut self, p: usize, from: Overlap, to: Overlap) -> usize {
-        let was_live = self.partial[p] > 0 || from == Overlap::Whole;
-        if from == Overlap::Partial {
-            self.partial[p] -= 1;
-        }
-        if to == Overlap::Partial {
-            self.partial[p] += 1;
-        }
-        let live = self.partial[p] > 0 || to == Overlap::Whole;
-        match (was_live, live) {
-            (false, true) => self.revive(p, p + 1),
-            (true, false) if self.mapped.get(p) => self.cached.set(p, p + 1),
-            _ => 0,
-        }
-    }
-
-    /// Takes the pages of `lo..hi`, which a block now lives on, out of the cache (and out of
-    /// the settled and pending sets: a page with a live block is never unmapped, and once freed
-    /// again its new work must complete first); returns how many were cached.
-    #[inline]
-    pub(super) fn revive(&mut self, lo: usize, hi: usize) -> usize {
-        let cached = self.cached.clear(lo, hi);
-        if cached > 0 {
-            self.settled.clear(lo, hi);
-            self.pending.clear(lo, hi);
-        }
-        cached
-    }
-
-    /// Puts the mapped pages of `lo..hi`, which no live block is on any more, in the cache;
-    /// returns how many.
-    pub(super) fn cache_mapped(&mut self, lo: usize, hi: usize) -> usize {
-        let mut n = 0;
-        if lo < hi {
-            let (mapped, cached) = (&self.mapped.0, &mut self.cached.0);
-            Bits::words(lo, hi, |w, m| {
-                let newly = mapped[w] & m & !cached[w];
-                n += newly.count_ones() as usize;
-                cached[w] |= newly;
-            });
-        }
-        n
-    }
-
-    pub(super) fn grow(&mut self, pages: usize) {
-        if self.partial.len() < pages {
-            self.partial.resize(pages, 0);
-            self.handles.resize_with(pages, || None);
-            self.mapped.grow(pages);
-            self.cached.grow(pages);
-            self.settled.grow(pages);
-            self.pending.grow(pages);
-        }
-    }
+    /// What is known of each page: made in chunks as blocks come (a reservation of the device's
+    /// whole memory costs nothing until used), freed as they go.
+    pub(super) pages: PageTable<H>,
 }
 
 /// How a block lies on a page.

@@ -629,3 +629,31 @@ fn a_batch_whose_marks_are_never_reached_is_waited_for_a_bounded_time() {
         vm.deallocate(d, 8 * P, 256, s);
     }
 }
+
+#[test]
+fn the_page_table_follows_live_blocks_and_mapped_pages_not_the_reservation() {
+    let chunk = std::mem::size_of::<table::Chunk<<Simulated as PhysicalPages>::Page>>();
+    let pointers = |vm: &VirtualMemory<&Simulated>| vm.usage().page_table_bytes % chunk;
+    // 64 MiB pages of 1 TiB: a reservation of 2 TiB, 32,768 pages, 128 chunks of the table.
+    let sim = Simulated::with_page_size(1 << 40, 64 << 20);
+    let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
+    let s = StreamRef::DEFAULT;
+    assert_eq!(vm.usage().page_table_bytes, 0);
+    // A block below a large one, which goes: only the small block's chunk stays.
+    let big = vm.allocate(600 << 30, 256, s).unwrap();
+    let small = vm.allocate(256, 256, s).unwrap();
+    let held = vm.usage().page_table_bytes;
+    assert!(held / chunk >= 38, "{held} bytes for 600 GiB of pages");
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(big, 600 << 30, 256, s) };
+    vm.release();
+    let u = vm.usage();
+    assert_eq!(u.mapped, 64 << 20, "{u:?}");
+    assert_eq!(u.page_table_bytes / chunk, 1, "{u:?}");
+    // A pointer a chunk of the reservation up to the small block, at most twice over.
+    assert!(pointers(&vm) <= 2 * 8 * 40, "{u:?}");
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(small, 256, 256, s) };
+    vm.release();
+    assert_eq!(vm.usage().page_table_bytes, 0);
+}

@@ -1,0 +1,335 @@
+//! `PageTable`: what a region knows of each of its pages, in chunks of [`CHUNK_PAGES`] pages made
+//! when a block first lies in them and freed once none of their pages is mapped or under a live
+//! block, so that the bookkeeping follows live blocks and mapped pages, not the reservation.
+
+use super::bitset::Bits;
+use super::region::Overlap;
+
+/// Pages a chunk of the table covers: 512 MiB of 2 MiB pages, about 5 KiB of bookkeeping.
+pub(super) const CHUNK_PAGES: usize = 256;
+const CHUNK_LOG: u32 = CHUNK_PAGES.trailing_zeros();
+
+/// The pages of one chunk.
+#[derive(Debug)]
+pub(super) struct Chunk<H> {
+    /// The live blocks that overlap each page without covering it (a page covered wholly by a
+    /// block can overlap no other, so it needs no count: it is live exactly while that block is).
+    partial: [u32; CHUNK_PAGES],
+    /// The physical memory mapped at each page.
+    handles: [Option<H>; CHUNK_PAGES],
+    /// Pages mapped, and pages in the cache (mapped, no live block).
+    mapped: Bits,
+    cached: Bits,
+    /// Cached pages whose freeing work is complete (a batch's marks reached, or their streams
+    /// synchronized): they can be unmapped at once. A subset of `cached`.
+    settled: Bits,
+    /// Cached pages, not settled, when the pending batch was made (`State::batch`): settled once
+    /// its marks are reached. A subset of `cached`: a page that goes live again leaves all three.
+    pending: Bits,
+}
+
+impl<H> Chunk<H> {
+    fn new() -> Box<Self> {
+        Box::new(Chunk {
+            partial: [0; CHUNK_PAGES],
+            handles: std::array::from_fn(|_| None),
+            mapped: Bits::default(),
+            cached: Bits::default(),
+            settled: Bits::default(),
+            pending: Bits::default(),
+        })
+    }
+
+    /// [`PageTable::revive`] in this chunk.
+    #[inline]
+    fn revive(&mut self, lo: usize, hi: usize) -> usize {
+        let cached = self.cached.clear(lo, hi);
+        if cached > 0 {
+            self.settled.clear(lo, hi);
+            self.pending.clear(lo, hi);
+        }
+        cached
+    }
+
+    /// No page mapped and no live block on any: nothing to keep.
+    fn unused(&self) -> bool {
+        self.mapped.is_empty() && self.partial.iter().all(|&n| n == 0)
+    }
+}
+
+/// The pages of a region, by index from its base.
+#[derive(Debug)]
+pub(super) struct PageTable<H> {
+    chunks: Vec<Option<Box<Chunk<H>>>>,
+}
+
+impl<H> Default for PageTable<H> {
+    fn default() -> Self {
+        PageTable { chunks: Vec::new() }
+    }
+}
+
+/// Calls `f(chunk, lo, hi)` for each chunk index the pages `lo..hi` fall in, with the part of
+/// the range in it, by index in the chunk.
+#[inline]
+fn spans(lo: usize, hi: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let mut p = lo;
+    while p < hi {
+        let c = p >> CHUNK_LOG;
+        let end = hi.min((c + 1) << CHUNK_LOG);
+        f(c, p & (CHUNK_PAGES - 1), end - (c << CHUNK_LOG));
+        p = end;
+    }
+}
+
+impl<H> PageTable<H> {
+    /// The chunk of page `p`, which [`make`](Self::make) made.
+    #[inline]
+    fn chunk(&mut self, p: usize) -> Option<&mut Chunk<H>> {
+        self.chunks.get_mut(p >> CHUNK_LOG)?.as_deref_mut()
+    }
+
+    /// Makes the chunks of pages `lo..hi`, for a block about to lie on them.
+    #[inline]
+    pub(super) fn make(&mut self, lo: usize, hi: usize) {
+        let last = (hi - 1) >> CHUNK_LOG;
+        if self.chunks.len() <= last {
+            self.chunks.resize_with(last + 1, || None);
+        }
+        for c in &mut self.chunks[lo >> CHUNK_LOG..=last] {
+            c.get_or_insert_with(Chunk::new);
+        }
+    }
+
+    /// Frees the chunks of pages `lo..hi` that keep nothing (after a block that was never
+    /// mapped is given up).
+    pub(super) fn forget_unused(&mut self, lo: usize, hi: usize) {
+        spans(lo, hi, |c, _, _| {
+            if let Some(Some(chunk)) = self.chunks.get(c) {
+                if chunk.unused() {
+                    self.forget(c);
+                }
+            }
+        });
+    }
+
+    /// Frees chunk `c`; the pointers too once no chunk is left.
+    fn forget(&mut self, c: usize) {
+        self.chunks[c] = None;
+        if self.chunks.iter().all(Option::is_none) {
+            self.chunks = Vec::new();
+        }
+    }
+
+    /// Host bytes held: the chunks, and while any is, a pointer for each chunk of the
+    /// reservation up to the highest used so far.
+    pub(super) fn bytes(&self) -> usize {
+        let chunks = self.chunks.iter().flatten().count();
+        chunks * std::mem::size_of::<Chunk<H>>()
+            + self.chunks.capacity() * std::mem::size_of::<Option<Box<Chunk<H>>>>()
+    }
+
+    /// Page `p` goes from being overlapped `from` to `to` by one block (its other blocks
+    /// unchanged); returns 1 when that takes it out of the cache (live again) or puts it in (no
+    /// live block left), 0 otherwise. Its chunk was made.
+    #[inline]
+    pub(super) fn touch(&mut self, p: usize, from: Overlap, to: Overlap) -> usize {
+        let Some(chunk) = self.chunk(p) else {
+            debug_assert!(false, "page {p} has no chunk");
+            return 0;
+        };
+        let i = p & (CHUNK_PAGES - 1);
+        let was_live = chunk.partial[i] > 0 || from == Overlap::Whole;
+        if from == Overlap::Partial {
+            chunk.partial[i] -= 1;
+        }
+        if to == Overlap::Partial {
+            chunk.partial[i] += 1;
+        }
+        let live = chunk.partial[i] > 0 || to == Overlap::Whole;
+        match (was_live, live) {
+            (false, true) => chunk.revive(i, i + 1),
+            (true, false) if chunk.mapped.get(i) => chunk.cached.set(i, i + 1),
+            _ => 0,
+        }
+    }
+
+    /// Takes the pages of `lo..hi`, which a block now lives on, out of the cache (and out of
+    /// the settled and pending sets: a page with a live block is never unmapped, and once freed
+    /// again its new work must complete first); returns how many were cached.
+    #[inline]
+    pub(super) fn revive(&mut self, lo: usize, hi: usize) -> usize {
+        let mut n = 0;
+        spans(lo, hi, |c, lo, hi| {
+            if let Some(chunk) = self.chunks.get_mut(c).and_then(Option::as_deref_mut) {
+                n += chunk.revive(lo, hi);
+            }
+        });
+        n
+    }
+
+    /// Puts the mapped pages of `lo..hi`, which no live block is on any more, in the cache;
+    /// returns how many.
+    pub(super) fn cache_mapped(&mut self, lo: usize, hi: usize) -> usize {
+        let mut n = 0;
+        spans(lo, hi, |c, lo, hi| {
+            if let Some(chunk) = self.chunks.get_mut(c).and_then(Option::as_deref_mut) {
+                let (mapped, cached) = (&chunk.mapped.0, &mut chunk.cached.0);
+                Bits::words(lo, hi, |w, m| {
+                    let newly = mapped[w] & m & !cached[w];
+                    n += newly.count_ones() as usize;
+                    cached[w] |= newly;
+                });
+            }
+        });
+        n
+    }
+
+    /// Whether page `p` is mapped.
+    #[inline]
+    pub(super) fn is_mapped(&self, p: usize) -> bool {
+        let chunk = self.chunks.get(p >> CHUNK_LOG).and_then(Option::as_deref);
+        chunk.is_some_and(|c| c.mapped.get(p & (CHUNK_PAGES - 1)))
+    }
+
+    /// How many pages of `lo..hi` are not mapped.
+    pub(super) fn count_unmapped(&self, lo: usize, hi: usize) -> usize {
+        let mut n = 0;
+        spans(lo, hi, |c, lo, hi| {
+            n += match self.chunks.get(c).and_then(Option::as_deref) {
+                Some(chunk) => chunk.mapped.count_clear(lo, hi),
+                None => hi - lo,
+            }
+        });
+        n
+    }
+
+    /// Records `handle` mapped at page `p`, whose chunk was made.
+    pub(super) fn map(&mut self, p: usize, handle: H) {
+        let Some(chunk) = self.chunk(p) else {
+            debug_assert!(false, "page {p} has no chunk");
+            return;
+        };
+        let i = p & (CHUNK_PAGES - 1);
+        chunk.handles[i] = Some(handle);
+        chunk.mapped.set(i, i + 1);
+    }
+
+    /// Forgets page `p`'s mapping (out of every set) and returns its handle, if it had one;
+    /// frees its chunk if that keeps nothing any more.
+    pub(super) fn unmap(&mut self, p: usize) -> Option<H> {
+        let c = p >> CHUNK_LOG;
+        let chunk = self.chunks.get_mut(c)?.as_deref_mut()?;
+        let i = p & (CHUNK_PAGES - 1);
+        for set in [
+            &mut chunk.mapped,
+            &mut chunk.cached,
+            &mut chunk.settled,
+            &mut chunk.pending,
+        ] {
+            set.clear(i, i + 1);
+        }
+        let handle = chunk.handles[i].take();
+        if chunk.unused() {
+            self.forget(c);
+        }
+        handle
+    }
+
+    /// Ends the pending batch, whose marks are reached: its pages are settled.
+    pub(super) fn settle(&mut self) {
+        for chunk in self.chunks.iter_mut().flatten() {
+            for (s, p) in chunk.settled.0.iter_mut().zip(&mut chunk.pending.0) {
+                *s |= std::mem::take(p);
+            }
+        }
+    }
+
+    /// Settles every cached page, and empties the pending set.
+    pub(super) fn settle_all(&mut self) {
+        for chunk in self.chunks.iter_mut().flatten() {
+            chunk.settled = chunk.cached;
+            chunk.pending = Bits::default();
+        }
+    }
+
+    /// Empties the pending set.
+    pub(super) fn abandon_pending(&mut self) {
+        for chunk in self.chunks.iter_mut().flatten() {
+            chunk.pending = Bits::default();
+        }
+    }
+
+    /// Makes the cached pages that are not settled pending; says whether there are any.
+    pub(super) fn mark_pending(&mut self) -> bool {
+        let mut any = false;
+        for chunk in self.chunks.iter_mut().flatten() {
+            for ((p, c), s) in chunk
+                .pending
+                .0
+                .iter_mut()
+                .zip(&chunk.cached.0)
+                .zip(&chunk.settled.0)
+            {
+                *p = c & !s;
+                any |= *p != 0;
+            }
+        }
+        any
+    }
+
+    /// The highest settled page below `below`.
+    pub(super) fn highest_settled(&self, below: usize) -> Option<usize> {
+        let top = below.checked_sub(1)?;
+        let first = (top >> CHUNK_LOG).min(self.chunks.len().checked_sub(1)?);
+        for c in (0..=first).rev() {
+            let Some(chunk) = self.chunks[c].as_deref() else {
+                continue;
+            };
+            for w in (0..chunk.settled.0.len()).rev() {
+                let base = (c << CHUNK_LOG) + w * 64;
+                if base > top {
+                    continue;
+                }
+                let keep = top - base;
+                let mask = if keep >= 63 {
+                    u64::MAX
+                } else {
+                    (1u64 << (keep + 1)) - 1
+                };
+                let bits = chunk.settled.0[w] & mask;
+                if bits != 0 {
+                    return Some(base + 63 - bits.leading_zeros() as usize);
+                }
+            }
+        }
+        None
+    }
+
+    /// The mapped pages, lowest first.
+    pub(super) fn mapped_pages(&self) -> impl Iterator<Item = usize> + '_ {
+        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
+            let mapped = chunk
+                .as_deref()
+                .map_or(Bits::default(), |chunk| chunk.mapped);
+            (0..CHUNK_PAGES)
+                .filter(move |&i| mapped.get(i))
+                .map(move |i| (c << CHUNK_LOG) + i)
+        })
+    }
+
+    /// Every mapped page with its handle, lowest first, emptying the table.
+    pub(super) fn drain(self) -> impl Iterator<Item = (usize, H)> {
+        self.chunks
+            .into_iter()
+            .enumerate()
+            .filter_map(|(c, chunk)| chunk.map(|chunk| (c, chunk)))
+            .flat_map(|(c, chunk)| {
+                let Chunk { handles, .. } = *chunk;
+                handles
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(move |(i, h)| h.map(|h| ((c << CHUNK_LOG) + i, h)))
+            })
+    }
+}
