@@ -174,6 +174,21 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
         // SAFETY: forwarded from the caller.
         unsafe { self.pages.unmap(addr, size, page) };
     }
+    unsafe fn remap(
+        &self,
+        from: usize,
+        to: usize,
+        size: usize,
+        page: Self::Page,
+    ) -> Result<Self::Page> {
+        // SAFETY: forwarded from the caller.
+        let moved = unsafe { self.pages.remap(from, to, size, page) };
+        // The same memory, moved: counted out only where it went back.
+        if moved.is_err() {
+            self.meter.count_out(size);
+        }
+        moved
+    }
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
         self.pages.synchronize(stream)
     }

@@ -4,6 +4,7 @@ use crate::leaf::PhysicalPages;
 use crate::resource::{AllocError, Result};
 use crate::stream::StreamRef;
 use crate::suballoc::tlsf_index::GRANULE;
+use std::time::{Duration, Instant};
 
 use super::region::{ends, page_span, Overlap, Region, State};
 use super::{VirtualMemory, NAME};
@@ -119,9 +120,42 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             return Ok(());
         }
         // New pages take the place of settled free ones beyond the bounds, so that what is
-        // mapped never rises above them while such pages remain.
+        // mapped never rises above them while such pages remain: their physical memory moves
+        // here (`remap`) rather than going back and being made anew.
+        st.donate = true;
         self.trim_later(st, missing);
-        let bytes = missing * self.page;
+        st.donate = false;
+        let result = self.map_pages(st, r, first, last, missing);
+        self.give_back_donors(st);
+        result
+    }
+
+    /// Gives back the physical memory of pages unmapped for the bounds that no new page took.
+    pub(super) fn give_back_donors(&self, st: &mut State<P::Page, P::Mark>) {
+        let start = Instant::now();
+        let any = !st.donors.is_empty();
+        for (addr, page) in st.donors.drain(..) {
+            // SAFETY: a mapping of this source for a settled page, with no live block on it and
+            // its freeing work complete, taken out of the page table.
+            unsafe { self.pages.unmap(addr, self.page, page) };
+        }
+        if any {
+            st.pace.spent(start.elapsed());
+        }
+    }
+
+    /// [`map_range`](Self::map_range) after the swaps: maps the `missing` unmapped pages of
+    /// `first..last` of region `r`, taking the memory of the donors first.
+    fn map_pages(
+        &self,
+        st: &mut State<P::Page, P::Mark>,
+        r: usize,
+        first: usize,
+        last: usize,
+        missing: usize,
+    ) -> Result<()> {
+        // The donors' memory is held already: only the rest is new.
+        let bytes = missing.saturating_sub(st.donors.len()) * self.page;
         if bytes > self.config.max.saturating_sub(st.mapped) {
             self.trim(st, 0);
             if bytes > self.config.max.saturating_sub(st.mapped) {
@@ -130,13 +164,25 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
         let base = st.regions[r].base;
         let mut run: Option<usize> = None;
+        let mut swapping = Duration::ZERO;
         for p in first..=last {
             let unmapped = p < last && !st.regions[r].pages.is_mapped(p);
             if unmapped {
                 let addr = base + p * self.page;
-                // SAFETY: one page of a reservation of this source, not mapped (its bit is
-                // clear, and nothing but this resource maps in its reservations).
-                let mapped = match unsafe { self.pages.map(addr, self.page) } {
+                let mapped = match st.donors.pop() {
+                    Some((from, page)) => {
+                        let start = Instant::now();
+                        // SAFETY: `from` as in `give_back_donors`; `addr` is one page of a
+                        // reservation of this source, not mapped (its bit is clear, and nothing
+                        // but this resource maps in its reservations).
+                        let moved = unsafe { self.pages.remap(from, addr, self.page, page) };
+                        swapping += start.elapsed();
+                        moved
+                    }
+                    // SAFETY: `addr` as above.
+                    None => unsafe { self.pages.map(addr, self.page) },
+                };
+                let mapped = match mapped {
                     Err(e) if e.is_out_of_memory() && st.cached > 0 => {
                         self.trim(st, 0);
                         // SAFETY: as above; the trim unmapped only cached pages.
@@ -176,6 +222,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                     return Err(e);
                 }
             }
+        }
+        if swapping > Duration::ZERO {
+            st.pace.spent(swapping);
         }
         Ok(())
     }
@@ -258,12 +307,17 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 
     /// Unmaps page `p` of region `r`, out of the cache, that no work uses: no live block is on
     /// it and the streams that freed blocks on it were synchronized, or it was never enabled.
+    /// While `donate` is set, its memory goes to the donors, for the block being mapped.
     pub(super) fn unmap_page(&self, st: &mut State<P::Page, P::Mark>, r: usize, p: usize) {
         let region = &mut st.regions[r];
         let addr = region.base + p * self.page;
         if let Some(page) = region.pages.unmap(p) {
             st.mapped -= self.page;
             st.unmaps += 1;
+            if st.donate {
+                st.donors.push((addr, page));
+                return;
+            }
             // SAFETY: a mapping this source made for this page, with no live block on it, whose
             // last users the caller synchronized (or that nothing ever used).
             unsafe { self.pages.unmap(addr, self.page, page) };

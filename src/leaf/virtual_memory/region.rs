@@ -75,6 +75,12 @@ pub(super) struct State<H, M> {
     /// Pages mapped and unmapped so far.
     pub(super) maps: u64,
     pub(super) unmaps: u64,
+    /// While set, pages unmapped for the bounds are not given back but kept in `donors`, for
+    /// the block about to be mapped to take ([`PhysicalPages::remap`](crate::leaf::PhysicalPages::remap)).
+    pub(super) donate: bool,
+    /// Pages unmapped for the bounds (their address and physical memory) that the block being
+    /// mapped takes; empty outside `map_range`.
+    pub(super) donors: Vec<(usize, H)>,
     /// Time spent waiting on the host for device work ([`VmUsage::waited`](super::VmUsage::waited)).
     pub(super) waited: std::time::Duration,
     /// The share of time unmapping for the bounds takes, which widens the slack where swaps

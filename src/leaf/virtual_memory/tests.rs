@@ -26,6 +26,8 @@ struct Recording {
     capturing: std::sync::atomic::AtomicBool,
     /// Microseconds each unmap takes.
     unmap_us: std::sync::atomic::AtomicU64,
+    /// Pages whose memory moved to another page.
+    remaps: std::sync::atomic::AtomicUsize,
 }
 
 impl Recording {
@@ -36,6 +38,7 @@ impl Recording {
             busy: std::sync::atomic::AtomicBool::new(false),
             capturing: std::sync::atomic::AtomicBool::new(false),
             unmap_us: std::sync::atomic::AtomicU64::new(0),
+            remaps: std::sync::atomic::AtomicUsize::new(0),
         }
     }
     fn set_capturing(&self, capturing: bool) {
@@ -97,6 +100,16 @@ unsafe impl PhysicalPages for Recording {
         std::thread::sleep(std::time::Duration::from_micros(us));
         // SAFETY: forwarded from the caller.
         unsafe { self.sim.unmap(addr, size, page) }
+    }
+    /// Logged as the unmap and the map it stands for, and counted.
+    unsafe fn remap(&self, from: usize, to: usize, size: usize, page: ()) -> Result<()> {
+        self.remaps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.unmap(from, size, page);
+            self.map(to, size)
+        }
     }
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
         self.push(Ev::Sync(stream.id()));
@@ -656,4 +669,29 @@ fn the_page_table_follows_live_blocks_and_mapped_pages_not_the_reservation() {
     unsafe { vm.deallocate(small, 256, 256, s) };
     vm.release();
     assert_eq!(vm.usage().page_table_bytes, 0);
+}
+
+#[test]
+fn pages_swapped_for_the_bound_move_their_memory_to_the_new_pages() {
+    let rec = Recording::new(1 << 30);
+    // C needs 6 new pages and A's 4 free pages settle at once: the bound (the peak of 10 live
+    // pages, B and C, and a page) takes 3 of them, whose memory moves under C.
+    let (vm, s, [a, b, c]) = c_beyond_a_hole(&rec);
+    let moved = rec.remaps.load(std::sync::atomic::Ordering::Relaxed);
+    let u = vm.usage();
+    assert_eq!(u.mapped, 11 * P, "{u:?}");
+    assert_eq!(moved, 3, "{:?}", rec.log());
+    assert_eq!((u.maps - 14, u.unmaps), (0, 3), "{u:?}");
+    // The moved pages are A's highest, and each was unmapped after its stream's work.
+    let log = rec.log();
+    for k in 1..4 {
+        let page = a.as_ptr() as usize + k * P;
+        assert!(log.contains(&Ev::Unmap(page)), "{log:?}");
+        assert!(synced_before_unmap(&log, page, s), "{log:?}");
+    }
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(b, 4 * P, 256, s);
+        vm.deallocate(c, 6 * P, 256, s);
+    }
 }
