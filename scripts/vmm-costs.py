@@ -6,6 +6,8 @@ Measures, with the driver API through ctypes (PyTorch only to own the context an
 
 - per 2 MiB page: cuMemCreate, cuMemMap, cuMemSetAccess (per page and once per run of pages),
   cuMemUnmap (per page and once per run), cuMemRelease; runs of 1, 16 and 128 pages;
+- a swap of one page (unmapped at one address, mapped at another): given back and made anew, or
+  the same allocation moved;
 - whether cuMemUnmap / cuMemMap of pages no work uses wait for a kernel running on another stream;
 - cuEventRecord and cuEventQuery;
 - what a thread that maps and unmaps pages in a loop costs a thread that launches small kernels.
@@ -127,6 +129,36 @@ for n in (1, 16, 128):
         m = {k: statistics.median(v) for k, v in t.items()}
         print(f"{n:>6} {how:<22} " + " ".join(f"{m[k]:8.1f}" for k in ("create", "map", "access", "unmap", "release")) + f" {sum(m.values()):8.1f}")
     check(cu.cuMemAddressFree(CUdeviceptr(va), C.c_size_t(n * PAGE)), "free")
+
+# A swap: a page unmapped at one address and one mapped at another, one page at a time (as
+# VirtualMemory does for its bound): given back and made anew, or the same allocation moved.
+va = reserve(2)
+h = Handle()
+check(cu.cuMemCreate(C.byref(h), C.c_size_t(PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
+check(cu.cuMemMap(CUdeviceptr(va), C.c_size_t(PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
+check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(PAGE), C.byref(access), C.c_size_t(1)), "access")
+at = [0]
+times = {"anew": [], "moved": []}
+for rnd in range(2 * 200):
+    how = "anew" if rnd % 2 == 0 else "moved"
+    src, dst = va + at[0] * PAGE, va + (1 - at[0]) * PAGE
+    a = now()
+    check(cu.cuMemUnmap(CUdeviceptr(src), C.c_size_t(PAGE)), "unmap")
+    if how == "anew":
+        check(cu.cuMemRelease(h), "release")
+        h = Handle()
+        check(cu.cuMemCreate(C.byref(h), C.c_size_t(PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
+    check(cu.cuMemMap(CUdeviceptr(dst), C.c_size_t(PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
+    check(cu.cuMemSetAccess(CUdeviceptr(dst), C.c_size_t(PAGE), C.byref(access), C.c_size_t(1)), "access")
+    times[how].append(now() - a)
+    at[0] = 1 - at[0]
+check(cu.cuMemUnmap(CUdeviceptr(va + at[0] * PAGE), C.c_size_t(PAGE)), "unmap")
+check(cu.cuMemRelease(h), "release")
+check(cu.cuMemAddressFree(CUdeviceptr(va), C.c_size_t(2 * PAGE)), "free")
+anew, moved = (statistics.median(times[k]) for k in ("anew", "moved"))
+print(f"a swap of one page, µs (median of 200): given back and made anew "
+      f"(unmap+release+create+map+access) {anew:.1f}, the same allocation moved "
+      f"(unmap+map+access) {moved:.1f} ({moved / anew:.2f}x)")
 
 # Does unmapping (or mapping) pages that no work uses wait for a kernel on another stream?
 va = reserve(16)
