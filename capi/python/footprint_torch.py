@@ -12,7 +12,8 @@ max_memory_allocated (what PyTorch's tensors needed at most, rounded as PyTorch 
     python3 capi/python/footprint_torch.py --lib gpu-bin/lib/libmrstack_c.so \\
         --stack 'vmm(device=0)' --stack 'paged(device=0)'
 
-Prints one table; --json writes the rows.
+Prints one table; --json writes the rows. --rounds N runs every allocator N times, taking turns,
+and pools their steps: the machine's slow spells then fall on all of them alike.
 """
 
 import argparse
@@ -98,6 +99,7 @@ def child(args):
     row = {
         "peak_in_use": peak[0],
         "median_step_s": statistics.median(times),
+        "step_s": times,
         "losses": losses,
     }
     if args.allocator == "mrstack":
@@ -125,6 +127,9 @@ def main():
     p.add_argument("--image", type=int, default=224, help="ResNet-50's image side")
     p.add_argument("--min-batch", type=int, default=8)
     p.add_argument("--max-batch", type=int, default=24)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every allocator this many times, taking turns; a row's step time is the "
+                        "median over the steps of all its runs, its peak the highest")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--allocator", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -139,23 +144,37 @@ def main():
     runs = [("native", "native", {}), ("expandable segments", "native",
             {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
     runs += [(s, "mrstack", {"MRSTACK_STACK": s}) for s in args.stack]
+    # Each allocator runs once per round, in turn, so that a slow spell of the machine falls on
+    # every allocator alike rather than on one.
+    results = {name: [] for name, _, _ in runs}
+    for _ in range(args.rounds):
+        for i, (name, allocator, env) in enumerate(runs):
+            out = f"/tmp/footprint-{i}.json"
+            # The child gets this run's options, one by one, and its own allocator and output.
+            own = {"lib", "stack", "json", "allocator", "out", "rounds"}
+            clean = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--allocator", allocator,
+                     "--out", out]
+            for key, value in vars(args).items():
+                if key not in own:
+                    clean += ["--" + key.replace("_", "-"), str(value)]
+            r = subprocess.run(clean, env={**os.environ, **env}, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"{name}: failed\n{r.stderr[-3000:]}")
+                results[name].append(None)
+                continue
+            results[name].append(json.load(open(out)))
     rows = []
-    for name, allocator, env in runs:
-        out = f"/tmp/footprint-{len(rows)}.json"
-        # The child gets this run's options, one by one, and its own allocator and output.
-        own = {"lib", "stack", "json", "allocator", "out"}
-        clean = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--allocator", allocator,
-                 "--out", out]
-        for key, value in vars(args).items():
-            if key not in own:
-                clean += ["--" + key.replace("_", "-"), str(value)]
-        r = subprocess.run(clean, env={**os.environ, **env}, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"{name}: failed\n{r.stderr[-3000:]}")
+    for name, _, _ in runs:
+        done = results[name]
+        if any(r is None for r in done):
             rows.append({"name": name, "failed": True})
             continue
-        row = json.load(open(out))
+        row = dict(done[0])
         row["name"] = name
+        row["peak_in_use"] = max(r["peak_in_use"] for r in done)
+        row["step_s"] = [t for r in done for t in r["step_s"]]
+        row["median_step_s"] = statistics.median(row["step_s"])
+        row["rounds"] = len(done)
         rows.append(row)
     native = rows[0]
     overhead = native["peak_in_use"] - native["max_reserved"]
@@ -178,9 +197,9 @@ def main():
     for row in rows:
         if "pages" in row:
             p = row["pages"]
-            runs = args.warmup + args.steps
+            steps = args.warmup + args.steps
             print(f"{row['name']}: {p['maps']} pages mapped, {p['unmaps']} unmapped, "
-                  f"{p['waited_ns'] / 1e6:.1f} ms waited for the device over {runs} steps")
+                  f"{p['waited_ns'] / 1e6:.1f} ms waited for the device over its first run's {steps} steps")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
