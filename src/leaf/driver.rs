@@ -319,7 +319,9 @@ pub(crate) fn stream_in(
 }
 
 /// Synchronizes `stream`: its context made current, then the stream; for another thread's
-/// per-thread stream, which cannot be named here, the whole of its context.
+/// per-thread stream, which cannot be named here, the whole of its context. A stream that
+/// captures a graph is refused (`Unsupported`), its capture left whole; the whole context's
+/// synchronization cannot see whether one of its streams captures, and fails such a capture.
 pub(crate) fn driver_synchronize(
     ctx: &CudaContext,
     stream: StreamRef,

@@ -134,7 +134,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     pub(super) fn give_back_donors(&self, st: &mut State<P::Page, P::Mark>) {
         let start = Instant::now();
         let any = !st.donors.is_empty();
-        for (addr, page) in st.donors.drain(..) {
+        // One at a time: should the source panic, the rest stay listed, to be given back later.
+        while let Some((addr, page)) = st.donors.pop() {
             // SAFETY: a mapping of this source for a settled page, with no live block on it and
             // its freeing work complete, taken out of the page table.
             unsafe { self.pages.unmap(addr, self.page, page) };
@@ -154,8 +155,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         last: usize,
         missing: usize,
     ) -> Result<()> {
-        // The donors' memory is held already: only the rest is new.
-        let bytes = missing.saturating_sub(st.donors.len()) * self.page;
+        // The donors are out of `st.mapped` already, and their memory comes back in with the
+        // pages they move to.
+        let bytes = missing * self.page;
         if bytes > self.config.max.saturating_sub(st.mapped) {
             self.trim(st, 0);
             if bytes > self.config.max.saturating_sub(st.mapped) {

@@ -99,17 +99,19 @@ pub struct VmUsage {
     pub reserved: usize,
     /// Free blocks (of address space).
     pub free_blocks: usize,
-    /// Pages mapped so far (each a `cuMemCreate` + `cuMemMap` on a GPU).
+    /// Pages mapped so far (each a `cuMemCreate` + `cuMemMap` on a GPU, or only a `cuMemMap`
+    /// where the memory of a page unmapped in its place moved to it).
     pub maps: u64,
-    /// Pages unmapped so far (each a `cuMemUnmap` + `cuMemRelease` on a GPU).
+    /// Pages unmapped so far (each a `cuMemUnmap` on a GPU, and a `cuMemRelease` unless its
+    /// memory moved to a page mapped in its place).
     pub unmaps: u64,
     /// Time requests spent waiting on the host for device work so far: the bounded waits for
     /// events before mapping beyond the peak bound, and the synchronizations before memory
     /// pressure, `release` or drop unmap free pages.
     pub waited: std::time::Duration,
     /// Host bytes of the page tables: what is known of each page, in chunks of 256 pages made
-    /// when a block first lies in them and freed once none of their pages is mapped or under a
-    /// live block. So it follows live blocks and mapped pages, not the reservation.
+    /// when a block first lies in them and freed once none of their pages is mapped or partly
+    /// under a live block. So it follows live blocks and mapped pages, not the reservation.
     pub page_table_bytes: usize,
 }
 
@@ -145,7 +147,10 @@ pub struct VmUsage {
 ///
 /// The host memory of the page table follows live blocks and mapped pages: it is kept in chunks
 /// of 256 pages (about 5 KiB each), made when a block first lies in one and freed once none of
-/// its pages is mapped or under a live block ([`VmUsage::page_table_bytes`]).
+/// its pages is mapped or partly under a live block ([`VmUsage::page_table_bytes`]). A page
+/// unmapped for the bounds gives its physical memory to the page mapped in its place
+/// ([`PhysicalPages::remap`](crate::leaf::PhysicalPages::remap): `cuMemUnmap`, then `cuMemMap`
+/// of the same allocation), which spares `cuMemRelease` and `cuMemCreate`.
 ///
 /// # Streams
 ///
@@ -311,7 +316,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let mut st = if try_only {
             match self.state.try_lock() {
                 Ok(st) => st,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::Poisoned(p)) => self.recover(p.into_inner()),
                 Err(std::sync::TryLockError::WouldBlock) => return None,
             }
         } else {
@@ -366,10 +371,23 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State<P::Page, P::Mark>> {
-        // Every update completes before the next call to the page source, the only thing that may
-        // panic inside the lock (a test source catching a broken contract): the state behind a
-        // poisoned lock is consistent.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        match self.state.lock() {
+            Ok(st) => st,
+            Err(poisoned) => self.recover(poisoned.into_inner()),
+        }
+    }
+
+    /// The state behind a poisoned lock, made whole. Every update completes before the next call
+    /// to the page source, the only thing that may panic inside the lock (a test source catching
+    /// a broken contract), so the state is consistent but for a mapping cut short: pages
+    /// unmapped for the bounds still waiting for a page to take their memory, which go back.
+    fn recover<'a>(
+        &self,
+        mut st: MutexGuard<'a, State<P::Page, P::Mark>>,
+    ) -> MutexGuard<'a, State<P::Page, P::Mark>> {
+        st.donate = false;
+        self.give_back_donors(&mut st);
+        st
     }
 }
 

@@ -1,6 +1,8 @@
 //! `PageTable`: what a region knows of each of its pages, in chunks of [`CHUNK_PAGES`] pages made
-//! when a block first lies in them and freed once none of their pages is mapped or under a live
-//! block, so that the bookkeeping follows live blocks and mapped pages, not the reservation.
+//! when a block first lies in them and freed once none of their pages is mapped or counted
+//! (partly under a live block), so that the bookkeeping follows live blocks and mapped pages, not
+//! the reservation. A page a block covers wholly has no count: it is mapped while the block
+//! lives, and its chunk is made again if it went while the block's pages were being mapped.
 
 use super::bitset::Bits;
 use super::region::Overlap;
@@ -204,8 +206,12 @@ impl<H> PageTable<H> {
         n
     }
 
-    /// Records `handle` mapped at page `p`, whose chunk was made.
+    /// Records `handle` mapped at page `p`.
     pub(super) fn map(&mut self, p: usize, handle: H) {
+        // The chunk may have gone since the block was placed: a page a block covers wholly has
+        // no count, so a chunk whose last mapped page was unmapped to make room for the block's
+        // own pages kept nothing; it is made again, exact, as those pages are mapped.
+        self.make(p, p + 1);
         let Some(chunk) = self.chunk(p) else {
             debug_assert!(false, "page {p} has no chunk");
             return;

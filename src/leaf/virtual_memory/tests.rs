@@ -695,3 +695,68 @@ fn pages_swapped_for_the_bound_move_their_memory_to_the_new_pages() {
         vm.deallocate(c, 6 * P, 256, s);
     }
 }
+
+#[test]
+fn a_chunk_emptied_while_a_block_maps_its_pages_is_made_again() {
+    // F covers pages 0..254 and A 254..258; A is freed, and C's 6 new pages (258..264) take
+    // the memory of A's pages 255..258, the only mapped pages of the table's second chunk,
+    // which C's covered pages then need again.
+    let sim = Simulated::with_page_size(1 << 30, P);
+    let config = VirtualMemoryConfig {
+        reservation: 1024 * P,
+        peak_slack: 0,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(&sim, config).unwrap();
+    let (d, s) = (StreamRef::DEFAULT, StreamRef::simulated(1));
+    let f = vm.allocate(254 * P, 256, d).unwrap();
+    let a = vm.allocate(4 * P, 256, d).unwrap();
+    let base = f.as_ptr() as usize;
+    assert_eq!(a.as_ptr() as usize, base + 254 * P);
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    let c = vm.allocate(6 * P, 256, d).unwrap();
+    assert_eq!(c.as_ptr() as usize, base + 258 * P);
+    assert_eq!(vm.usage().mapped, sim.mapped());
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(c, 6 * P, 256, d) };
+    vm.release();
+    assert_eq!(vm.usage().mapped, 254 * P, "{:?}", vm.usage());
+    assert_eq!(sim.mapped(), 254 * P);
+    // C's pages can be mapped again.
+    let c = vm.allocate(6 * P, 256, d).unwrap();
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(c, 6 * P, 256, d);
+        vm.deallocate(f, 254 * P, 256, d);
+    }
+    vm.release();
+    assert_eq!((vm.usage().mapped, vm.usage().page_table_bytes), (0, 0));
+}
+
+#[test]
+fn pages_moved_by_a_swap_count_against_max_once() {
+    // `max` of 10 pages: A and B of 4, A freed on a stream, C of 6. The swap moves A's pages
+    // beyond the bound to C; the cap then asks for the last cached page too.
+    let sim = Simulated::with_page_size(1 << 30, P);
+    let config = VirtualMemoryConfig {
+        reservation: 64 * P,
+        max: 10 * P,
+        peak_slack: 0,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(&sim, config).unwrap();
+    let s = StreamRef::simulated(1);
+    let a = vm.allocate(4 * P, 256, s).unwrap();
+    let b = vm.allocate(4 * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    let c = vm.allocate(6 * P, 256, s).unwrap();
+    assert!(vm.usage().mapped <= 10 * P, "{:?}", vm.usage());
+    assert_eq!(sim.mapped(), vm.usage().mapped);
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(b, 4 * P, 256, s);
+        vm.deallocate(c, 6 * P, 256, s);
+    }
+}
