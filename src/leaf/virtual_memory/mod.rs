@@ -6,7 +6,7 @@ use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
 use crate::suballoc::tlsf_index::TlsfIndex;
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use typenum::U256;
 
 /// What a resource over a field `pages` of type `P: PhysicalPages` takes from it: the properties
