@@ -6,6 +6,7 @@ use crate::leaf::Simulated;
 use crate::stream::StreamId;
 use cache::WAIT_FOR_BATCH;
 use heaps::{PagedHeaps, PagedHeapsConfig};
+use std::sync::PoisonError;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Ev {
