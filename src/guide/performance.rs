@@ -123,84 +123,92 @@
 //!
 //! # The default stack in PyTorch training
 //!
-//! `capi/python/footprint_torch.py --stack paged --steps 20`, then the same with `--model resnet50
-//! --min-batch 64 --max-batch 160` (each allocator in a process of its own, both in one call on an
-//! NVIDIA H200, torch 2.11, 2026-11-28). GPT-style training: 12 pre-norm layers, d_model 1024, 16
-//! heads, vocabulary 32,000, sequence length 128–1024 and batch 8–24 drawn at every step.
-//! ResNet-50: torchvision's, SGD, 224-pixel random images, batch 64–160 drawn at every step. 3
-//! warm-up and 20 timed steps each. Peak in use: `cuMemGetInfo`'s total − free, sampled every
-//! millisecond during the timed steps; ratio: that peak less what native mode holds outside its
-//! allocator (native's peak in use − its `max_memory_reserved`) over native's
-//! `max_memory_allocated` (23.87 GiB for the GPT; about 13.2 GiB for ResNet-50, as its ratios
-//! give it: the line that prints it was not kept).
+//! `capi/python/footprint_torch.py --stack paged --steps 20 --rounds 2`, then the same with
+//! `--model resnet50 --min-batch 64 --max-batch 160` (each allocator in a process of its own, run
+//! twice taking turns, both models in one call on an NVIDIA H200, torch 2.11, 2026-11-28).
+//! GPT-style training: 12 pre-norm layers, d_model 1024, 16 heads, vocabulary 32,000, sequence
+//! length 128–1024 and batch 8–24 drawn at every step. ResNet-50: torchvision's, SGD, 224-pixel
+//! random images, batch 64–160 drawn at every step. 3 warm-up and 20 timed steps a run. Peak in
+//! use: `cuMemGetInfo`'s total − free, sampled every millisecond during the timed steps, the
+//! higher of the two runs; ratio: that peak less what native mode holds outside its allocator
+//! (native's peak in use − its `max_memory_reserved`) over native's `max_memory_allocated`
+//! (23.87 GiB for the GPT, 13.19 GiB for ResNet-50); step time: the median over both runs' steps.
 //!
 //! | model | allocator | peak in use | ratio | median step ms | × native |
 //! |---|---|---:|---:|---:|---:|
-//! | GPT | PyTorch native | 28.65 GiB | 1.169 | 256.4 | 1.000 |
+//! | GPT | PyTorch native | 28.65 GiB | 1.169 | 256.6 | 1.000 |
 //! | GPT | PyTorch expandable segments | 25.54 GiB | 1.039 | 256.3 | 0.999 |
-//! | GPT | mrstack `paged` | 25.00 GiB | **1.017** | 256.2 | **0.999** |
-//! | ResNet-50 | PyTorch native | 24.06 GiB | 1.767 | 106.0 | 1.000 |
-//! | ResNet-50 | PyTorch expandable segments | 14.15 GiB | 1.015 | 127.5 | 1.202 |
-//! | ResNet-50 | mrstack `paged` | 14.16 GiB | **1.016** | 119.5 | 1.127 |
+//! | GPT | mrstack `paged` | 25.00 GiB | **1.017** | 256.2 | **0.998** |
+//! | ResNet-50 | PyTorch native | 24.06 GiB | 1.767 | 134.9 | 1.000 |
+//! | ResNet-50 | PyTorch expandable segments | 14.15 GiB | 1.015 | 118.1 | 0.875 |
+//! | ResNet-50 | mrstack `paged` | 14.16 GiB | **1.016** | 126.7 | **0.939** |
 //!
-//! Losses: equal to native's for ResNet-50, within 6.1e-05 for the GPT (no deterministic mode
-//! here). The final build, in a later call on the same H200: GPT native 1.169, expandable
-//! segments 1.039 at 0.998, `paged` 1.017 at 0.997 of native's step time. An earlier call on
-//! another H200 gave native 1.159, expandable segments 1.040 and `paged` 1.019 at 0.999.
+//! Losses: equal to native's for ResNet-50, within 3.1e-05 for the GPT (no deterministic mode
+//! here). ResNet-50's step times move by about a tenth from one call to the next, whatever the
+//! allocator (single runs gave `paged` 0.908, 1.083 and 1.127 of native's in three calls, and
+//! expandable segments 1.000, 0.923 and 1.202): hence two runs each, taking turns. Over its first
+//! run, `paged` mapped 12,692 pages and unmapped 267 for the GPT, 6,899 and 36 for ResNet-50,
+//! and waited 0 ms for the device in both (the C library's statistics: `maps`, `unmaps`,
+//! `waited_ns`).
 //!
 //! How `paged` holds the GPT's peak: each heap keeps its mapped pages within the peak of its
 //! live pages and a 64th of it ([`PagedHeapsConfig::peak_slack`](crate::leaf::PagedHeapsConfig::peak_slack)).
 //! A block that needs new pages beyond that first unmaps free pages whose freeing work is known
 //! done (settled: an event recorded on the freeing streams is reached; free pages near the bound
-//! are marked every 32 calls, so they keep settling); where too few are settled and a batch
-//! marked earlier is pending, it waits for that batch (the device keeps working meanwhile:
+//! are marked every 32 calls, so they keep settling), and their physical memory moves to its
+//! pages (`cuMemUnmap`, then `cuMemMap` of the same allocation); where too few are settled and a
+//! batch marked earlier is pending, it waits for that batch (the device keeps working meanwhile:
 //! only the work queued before the marks is waited for). Without that wait the GPT held 1.045:
 //! PyTorch queues a step ahead of the device, so the pages freed during the step had not
-//! settled when the next peak came. Where unmapping for the bound takes over a fortieth of the
-//! time in a second, or a quarter of a tenth of one, the slack doubles (up to 64 times): the GPT
-//! never doubled it, while the replays below did within a few passes.
+//! settled when the next peak came. Where swapping pages for the bound takes over a fortieth of
+//! the time in a second, or a quarter of a tenth of one, the slack doubles (up to 64 times): the
+//! GPT never doubled it, while the replays below did within a few passes.
 //!
 //! The log of a `paged` run of the GPT is `data/traces/gpt_train_pytorch.csv.gz`. Replayed in its
 //! order over `Simulated` pages (`mrstack replay data/traces/gpt_train_pytorch.csv.gz --stack
 //! paged --upstream simulated --sequential --no-capacity`), it maps 26.57 GiB for 26.12 GiB of
 //! peak live bytes (1.017; 27.31 GiB, 1.0455, with no bound), each pass unmapping and mapping
-//! about 1,900 pages again (83 a step). `mrstack replay --upstream cuda --sequential --no-capacity
-//! --passes 5` mapped 512 MiB for transformer_infer's 489.9 MiB (1.045; `vmm`: 532 MiB) and
-//! 902 MiB for transformer_train's 830.0 MiB (1.087; `vmm`: 970 MiB): those replays do little but
-//! allocate, so their slack doubled once and twice.
+//! about 1,465 pages again. `mrstack replay --upstream cuda --sequential --no-capacity --passes 5`
+//! mapped 512 MiB for transformer_infer's 489.9 MiB (1.045; `vmm`: 532 MiB) and 876 MiB for
+//! transformer_train's 830.0 MiB (1.055; `vmm`: 970 MiB): those replays do little but allocate, so
+//! their slack doubled. They cannot keep a bound near 1.03 at a pace worth having: over
+//! `Simulated`, with no doubling, each pass of transformer_infer swaps about 450 pages for a peak
+//! of 245 live ones (the same pages go back and forth), while with no bound it maps 266 and
+//! swaps none.
 //!
-//! `python3 scripts/vmm-costs.py` on an H200: a 2 MiB page costs `cuMemCreate` 10–21 µs,
-//! `cuMemMap` 2–5 µs, `cuMemSetAccess` 22–40 µs, `cuMemUnmap` 15–27 µs and `cuMemRelease`
-//! 11–18 µs (the first figure for runs of 16 or 128 pages, the second for one page alone);
-//! mapping or unmapping pages no work uses does not wait for a kernel running on another
-//! stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery` 0.6 µs, which is why marks are
-//! recorded and queried at most every 32 calls.
+//! `python3 scripts/vmm-costs.py` on an H200: a 2 MiB page costs `cuMemCreate` 8–10 µs,
+//! `cuMemMap` 2–3 µs, `cuMemSetAccess` 19–21 µs, `cuMemUnmap` 13–15 µs and `cuMemRelease`
+//! 9–10 µs (runs of 16 pages and of one); a swap of one page (unmapped at one address, mapped at
+//! another) costs 54.5 µs given back and made anew, 36.3 µs with the same allocation moved
+//! (0.67x); mapping or unmapping pages no work uses does not wait for a kernel running on
+//! another stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery` 0.6 µs, which is why marks
+//! are recorded and queried at most every 32 calls.
 //!
 //! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
 //! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train bash
-//! scripts/gpu-bench-rmm`, the same call as the PyTorch tables), ns/op (wall time over all
-//! threads' ops) and its ratio to RMM's best of `cuda_async`, `pool`, `binning` and `arena` in
-//! the same run:
+//! scripts/gpu-bench-rmm`, the call after the PyTorch tables', on the same machine), ns/op (wall
+//! time over all threads' ops) and its ratio to RMM's best of `cuda_async`, `pool`, `binning` and
+//! `arena` in the same run:
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
 //! |---|---:|---:|---:|
-//! | random | 1 | 131 / 283 (0.46) | 201 / 284 (0.71) |
-//! | random | 8 | 28.2 / 537 (0.053) | 60.9 / 1,195 (0.051) |
-//! | random | 16 | 26.9 / 381 (0.071) | 64.6 / RMM not run in time |
-//! | transformer_infer | 1 | 159 / 241 (0.66) | 270 / 280 (0.96) |
-//! | transformer_infer | 8 | 24.2 / 783 (0.031) | 38.3 / 1,470 (0.026) |
-//! | transformer_infer | 16 | 16.9 / 997 (0.017) | not run in time |
-//! | transformer_train | 1 | 227 / 262 (0.87) | 330 / 305 (1.08) |
-//! | transformer_train | 8 | 129 / 666 (0.19) | 130 / 1,611 (0.081) |
-//! | transformer_train | 16 | 264 / 921 (0.29) | not run in time |
+//! | random | 1 | 178 / 257 (0.69) | 219 / 289 (0.76) |
+//! | random | 8 | 32.2 / 621 (0.052) | 55.2 / 1,207 (0.046) |
+//! | random | 16 | 17.1 / 381 (0.045) | 138 / 1,109 (0.12) |
+//! | transformer_infer | 1 | 161 / 232 (0.69) | 261 / 503 (0.52) |
+//! | transformer_infer | 8 | 30.8 / 815 (0.038) | 24.0 / 1,375 (0.017) |
+//! | transformer_infer | 16 | 15.7 / 939 (0.017) | 44.1 / 1,351 (0.033) |
+//! | transformer_train | 1 | 308 / 460 (0.67) | 455 / 321 (1.42) |
+//! | transformer_train | 8 | 146 / 816 (0.18) | 118 / 1,363 (0.087) |
+//! | transformer_train | 16 | 201 / 837 (0.24) | 148 / 1,625 (0.091) |
 //!
-//! One thread is where `paged` is weakest: a TLSF index with records kept apart costs 80 ns/op
-//! over `Simulated` against `binning+arena`'s 18, and the one-thread figures move by up to 1.7x
-//! between runs of the same binary. On the traces, the first passes swap pages until the slack
-//! has doubled; transformer_train on 16 threads swaps in each thread's heap through the timed
-//! passes. Each of the first 16 streams a `PagedHeaps` sees gets a heap of its own, so threads
-//! on streams of their own share no lock; threads on one stream find its heap busy and settle
-//! in heaps of their own.
+//! One thread is where `paged` is weakest: a TLSF index with records kept apart costs 80–95
+//! ns/op over `Simulated`, and the one-thread figures move by up to 1.7x between runs of the
+//! same binary (random's five passes here: 143 to 217). On the transformer traces, the timed
+//! passes still swap pages while the slack doubles (transformer_train on one thread: 551, 407,
+//! 308, 304 and 308 ns/op), and on 16 threads each thread's heap swaps through them. Each of the
+//! first 16 streams a `PagedHeaps` sees gets a heap of its own, so threads on streams of their
+//! own share no lock; threads on one stream find its heap busy and settle in heaps of their own.
 //!
 //! # Clients through the C library
 //!
