@@ -459,6 +459,9 @@ mod paged_heaps {
                 unsafe { heaps.deallocate(NonNull::new(p as *mut u8).unwrap(), n, a, on) };
             }
             prop_assert_eq!(heaps.usage().allocated, 0);
+            heaps.release();
+            // Nothing live, nothing mapped: no heap keeps any of its page table.
+            prop_assert_eq!(heaps.usage().page_table_bytes, 0);
             all_back(&sim, heaps, PagedHeaps::release);
         }
     }
