@@ -155,7 +155,7 @@
 //! live pages and a 64th of it ([`PagedHeapsConfig::peak_slack`](crate::leaf::PagedHeapsConfig::peak_slack)).
 //! A block that needs new pages beyond that first unmaps free pages whose freeing work is known
 //! done (settled: an event recorded on the freeing streams is reached; free pages near the bound
-//! are marked every 32 calls, so they keep settling), and their physical memory moves to its
+//! are marked every 32 calls and 50 µs at most, so they keep settling), and their physical memory moves to its
 //! pages (`cuMemUnmap`, then `cuMemMap` of the same allocation); where too few are settled and a
 //! batch marked earlier is pending, it waits for that batch (the device keeps working meanwhile:
 //! only the work queued before the marks is waited for). Without that wait the GPT held 1.045:
@@ -182,7 +182,7 @@
 //! another) costs 54.5 µs given back and made anew, 36.3 µs with the same allocation moved
 //! (0.67x); mapping or unmapping pages no work uses does not wait for a kernel running on
 //! another stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery` 0.6 µs, which is why marks
-//! are recorded and queried at most every 32 calls.
+//! are recorded and queried at most every 32 calls, and 50 µs apart at least.
 //!
 //! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
 //! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train bash

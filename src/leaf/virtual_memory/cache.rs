@@ -16,6 +16,15 @@ use std::time::{Duration, Instant};
 /// microsecond), an allocation from the cache tens of nanoseconds.
 const TICKS_PER_QUERY: u32 = 32;
 
+/// The least time between two rounds of [`tick`](VirtualMemory::tick)'s work on events (a batch
+/// made or queried while pages are near the bound, which no request waits for): a batch costs an
+/// event made, recorded and destroyed, a few microseconds, and a query most of one, so a program
+/// that does little but allocate (tens of nanoseconds a call) spends a few nanoseconds a call on
+/// them, while one with kernels between its calls (PyTorch: a step of hundreds of milliseconds)
+/// sees its pages settle as often as it needs. A request over the bounds marks and queries at
+/// once.
+pub(super) const EVENT_INTERVAL: Duration = Duration::from_micros(50);
+
 /// The longest a request about to map pages beyond the peak bound waits for a batch marked
 /// earlier. A bound, not a wait on the host without end: the work before the marks may itself
 /// wait for the host (a stream waiting on a flag that a thread blocked on this heap would set).
@@ -286,7 +295,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         self.unmap_settled(st, over)
     }
 
-    /// Every [`TICKS_PER_QUERY`] calls: queries the pending batch, or, where the next page
+    /// Every [`TICKS_PER_QUERY`] calls, and [`EVENT_INTERVAL`] at least after the last time:
+    /// queries the pending batch, or, where the next page
     /// mapped would go beyond the peak bound, marks the streams that freed blocks since the last
     /// batch, so that free pages keep settling and new pages take their place rather than add
     /// to them.
@@ -301,6 +311,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if !pending && (self.config.peak_slack == usize::MAX || self.excess(st, 1) == 0) {
             return;
         }
+        if !self.events_due(st) {
+            return;
+        }
         let start = Instant::now();
         let unmapped = match pending {
             true => self.reap(st, 0),
@@ -309,6 +322,20 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if unmapped > 0 {
             st.pace.spent(start.elapsed());
         }
+    }
+
+    /// Whether [`EVENT_INTERVAL`] has passed since the tick's last round of work on events; if
+    /// so, a new round starts now.
+    fn events_due(&self, st: &mut State<P::Page, P::Mark>) -> bool {
+        let now = Instant::now();
+        if st
+            .events_at
+            .is_some_and(|at| now.duration_since(at) < EVENT_INTERVAL)
+        {
+            return false;
+        }
+        st.events_at = Some(now);
+        true
     }
 
     /// Unmaps up to `n` settled pages, the highest first (blocks are carved from the low end of

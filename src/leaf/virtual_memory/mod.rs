@@ -142,7 +142,7 @@ pub struct VmUsage {
 /// an earlier call recorded, where pages would be mapped beyond the peak bound): those whose
 /// freeing work is known done
 /// (settled) at once, the others after an event recorded on each stream that freed blocks since
-/// the last batch is reached (queried every 32 calls, about a microsecond a query); a page that
+/// the last batch is reached (queried every 32 calls and 50 µs at most, about a microsecond a query); a page that
 /// goes live again meanwhile stays, and must settle again once freed.
 ///
 /// The host memory of the page table follows live blocks and mapped pages: it is kept in chunks
@@ -233,6 +233,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 live_peak: 0,
                 batch: None,
                 ticks: 0,
+                events_at: None,
                 maps: 0,
                 unmaps: 0,
                 waited: std::time::Duration::ZERO,

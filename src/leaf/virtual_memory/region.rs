@@ -72,6 +72,9 @@ pub(super) struct State<H, M> {
     pub(super) batch: Option<Batch<M>>,
     /// Calls since the pending batch's marks were last queried.
     pub(super) ticks: u32,
+    /// When the tick's last round of work on events began
+    /// ([`EVENT_INTERVAL`](super::cache::EVENT_INTERVAL)).
+    pub(super) events_at: Option<std::time::Instant>,
     /// Pages mapped and unmapped so far.
     pub(super) maps: u64,
     pub(super) unmaps: u64,

@@ -29,6 +29,8 @@ struct Recording {
     unmap_us: std::sync::atomic::AtomicU64,
     /// Pages whose memory moved to another page.
     remaps: std::sync::atomic::AtomicUsize,
+    /// Marks made.
+    marks: std::sync::atomic::AtomicUsize,
 }
 
 impl Recording {
@@ -40,6 +42,7 @@ impl Recording {
             capturing: std::sync::atomic::AtomicBool::new(false),
             unmap_us: std::sync::atomic::AtomicU64::new(0),
             remaps: std::sync::atomic::AtomicUsize::new(0),
+            marks: std::sync::atomic::AtomicUsize::new(0),
         }
     }
     fn set_capturing(&self, capturing: bool) {
@@ -121,6 +124,8 @@ unsafe impl PhysicalPages for Recording {
     }
     fn mark(&self, stream: StreamRef) -> Result<Option<StreamId>> {
         self.refuse()?;
+        self.marks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Some(stream.id()))
     }
     fn reached(&self, mark: &StreamId) -> Result<bool> {
@@ -274,11 +279,17 @@ fn no_cache(rec: &Recording) -> VirtualMemory<&Recording> {
 
 /// Enough calls for a pending batch to be queried at least once.
 fn calls(vm: &VirtualMemory<&Recording>, s: StreamRef) {
-    for _ in 0..TICKS {
+    let call = || {
         let b = vm.allocate(256, 256, s).unwrap();
         // SAFETY: live with this size.
         unsafe { vm.deallocate(b, 256, 256, s) };
-    }
+    };
+    // Past the interval between two rounds of work on events, so that the tick does its round;
+    // and a last call past it again, whose free marks what the calls freed.
+    std::thread::sleep(cache::EVENT_INTERVAL);
+    (0..TICKS).for_each(|_| call());
+    std::thread::sleep(cache::EVENT_INTERVAL);
+    call();
 }
 
 /// A resource with no cache over `rec` and a block of `pages` pages made and freed on simulated
@@ -760,4 +771,33 @@ fn pages_moved_by_a_swap_count_against_max_once() {
         vm.deallocate(b, 4 * P, 256, s);
         vm.deallocate(c, 6 * P, 256, s);
     }
+}
+
+#[test]
+fn a_program_that_does_little_but_allocate_marks_its_streams_once_an_interval_at_most() {
+    let rec = Recording::new(1 << 30);
+    // At the bound (the peak of 10 live pages and a page), B's pages cached, one of which every
+    // call's small block revives and frees again: every tick finds an unsettled page near the
+    // bound.
+    let (vm, s, [_, b, c]) = c_beyond_a_hole(&rec);
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(b, 4 * P, 256, s) };
+    assert_eq!(vm.usage().mapped, 11 * P);
+    let before = rec.marks.load(std::sync::atomic::Ordering::Relaxed);
+    let start = std::time::Instant::now();
+    for _ in 0..20_000 {
+        let x = vm.allocate(256, 256, s).unwrap();
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(x, 256, 256, s) };
+    }
+    let rounds = start.elapsed().as_micros() / cache::EVENT_INTERVAL.as_micros() + 2;
+    let marks = rec.marks.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(marks >= 1, "the cached page never settles");
+    assert!(
+        marks as u128 <= rounds,
+        "{marks} marks in {:?}",
+        start.elapsed()
+    );
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(c, 6 * P, 256, s) };
 }
