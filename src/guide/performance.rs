@@ -125,7 +125,9 @@
 //!
 //! `capi/python/footprint_torch.py --stack paged --steps 20 --rounds 2`, then the same with
 //! `--model resnet50 --min-batch 64 --max-batch 160` (each allocator in a process of its own, run
-//! twice taking turns, both models in one call on an NVIDIA H200, torch 2.11, 2026-11-28).
+//! twice taking turns, both models in one call on an NVIDIA H200, torch 2.11, 2026-11-28; the
+//! build before the tick's events were spaced, whose GPT, run once in a later call, gave the same:
+//! native 1.169, expandable segments 1.039 at 0.999, `paged` 1.017 at 0.997).
 //! GPT-style training: 12 pre-norm layers, d_model 1024, 16 heads, vocabulary 32,000, sequence
 //! length 128–1024 and batch 8–24 drawn at every step. ResNet-50: torchvision's, SGD, 224-pixel
 //! random images, batch 64–160 drawn at every step. 3 warm-up and 20 timed steps a run. Peak in
@@ -155,14 +157,14 @@
 //! live pages and a 64th of it ([`PagedHeapsConfig::peak_slack`](crate::leaf::PagedHeapsConfig::peak_slack)).
 //! A block that needs new pages beyond that first unmaps free pages whose freeing work is known
 //! done (settled: an event recorded on the freeing streams is reached; free pages near the bound
-//! are marked every 32 calls and 50 µs at most, so they keep settling), and their physical memory moves to its
-//! pages (`cuMemUnmap`, then `cuMemMap` of the same allocation); where too few are settled and a
-//! batch marked earlier is pending, it waits for that batch (the device keeps working meanwhile:
-//! only the work queued before the marks is waited for). Without that wait the GPT held 1.045:
-//! PyTorch queues a step ahead of the device, so the pages freed during the step had not
-//! settled when the next peak came. Where swapping pages for the bound takes over a fortieth of
-//! the time in a second, or a quarter of a tenth of one, the slack doubles (up to 64 times): the
-//! GPT never doubled it, while the replays below did within a few passes.
+//! are marked at most every 32 calls and every 50 µs, so they keep settling), and their physical
+//! memory moves to its pages (`cuMemUnmap`, then `cuMemMap` of the same allocation); where too
+//! few are settled and a batch marked earlier is pending, it waits for that batch (the device
+//! keeps working meanwhile: only the work queued before the marks is waited for). Without that
+//! wait the GPT held 1.045: PyTorch queues a step ahead of the device, so the pages freed during
+//! the step had not settled when the next peak came. Where swapping pages for the bound takes
+//! over a fortieth of the time in a second, or a quarter of a tenth of one, the slack doubles (up
+//! to 64 times): the GPT never doubled it, while the replays below did within a few passes.
 //!
 //! The log of a `paged` run of the GPT is `data/traces/gpt_train_pytorch.csv.gz`. Replayed in its
 //! order over `Simulated` pages (`mrstack replay data/traces/gpt_train_pytorch.csv.gz --stack
@@ -186,9 +188,23 @@
 //!
 //! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
 //! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train bash
-//! scripts/gpu-bench-rmm`, the call after the PyTorch tables', on the same machine), ns/op (wall
-//! time over all threads' ops) and its ratio to RMM's best of `cuda_async`, `pool`, `binning` and
-//! `arena` in the same run:
+//! scripts/gpu-bench-rmm`), ns/op (wall time over all threads' ops) and its ratio to RMM's best of
+//! `cuda_async`, `pool`, `binning` and `arena` in the same run. The final build, with the tick's
+//! events 50 µs apart at least (`RMM_BENCH_DEADLINE_S=150`: the 16-thread cells but one were not
+//! run in time):
+//!
+//! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
+//! |---|---:|---:|---:|
+//! | random | 1 | 213 / 239 (0.89) | 122 / 324 (0.38) |
+//! | random | 8 | 35.6 / 651 (0.055) | 64.7 / 1,206 (0.054) |
+//! | random | 16 | 27.5 / RMM's not all run | not run in time |
+//! | transformer_infer | 1 | 177 / 217 (0.82) | 219 / 391 (0.56) |
+//! | transformer_infer | 8 | 30.3 / 884 (0.034) | 32.9 / 1,244 (0.026) |
+//! | transformer_train | 1 | 318 / 323 (0.98) | 277 / 332 (0.83) |
+//! | transformer_train | 8 | 45.8 / 700 (0.065) | 50.3 / 1,587 (0.032) |
+//!
+//! The build before it (an event made and queried every 32 calls near the bound), in the call
+//! after the PyTorch tables', on the same machine:
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
 //! |---|---:|---:|---:|
@@ -202,13 +218,15 @@
 //! | transformer_train | 8 | 146 / 816 (0.18) | 118 / 1,363 (0.087) |
 //! | transformer_train | 16 | 201 / 837 (0.24) | 148 / 1,625 (0.091) |
 //!
-//! One thread is where `paged` is weakest: a TLSF index with records kept apart costs 80–95
-//! ns/op over `Simulated`, and the one-thread figures move by up to 1.7x between runs of the
-//! same binary (random's five passes here: 143 to 217). On the transformer traces, the timed
-//! passes still swap pages while the slack doubles (transformer_train on one thread: 551, 407,
-//! 308, 304 and 308 ns/op), and on 16 threads each thread's heap swaps through them. Each of the
-//! first 16 streams a `PagedHeaps` sees gets a heap of its own, so threads on streams of their
-//! own share no lock; threads on one stream find its heap busy and settle in heaps of their own.
+//! Spacing the events cut transformer_train on 8 threads from 146 to 45.8 ns/op (own streams)
+//! and from 118 to 50.3 (one stream), and transformer_infer's last one-thread passes from about
+//! 157 to 130. One thread is where `paged` is weakest, and where the machine moves most: a TLSF
+//! index with records kept apart costs 80–95 ns/op over `Simulated`, and RMM's own best moved
+//! between 215 and 257 ns/op on random from one call to the next (the same binary). On the
+//! transformer traces the timed passes still swap pages while the slack doubles
+//! (transformer_train on one thread: 620, 402, 318, 285 and 136 ns/op). Each of the first 16
+//! streams a `PagedHeaps` sees gets a heap of its own, so threads on streams of their own share
+//! no lock; threads on one stream find its heap busy and settle in heaps of their own.
 //!
 //! # Clients through the C library
 //!

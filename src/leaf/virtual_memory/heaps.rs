@@ -132,9 +132,9 @@ impl Default for PagedHeapsConfig {
 /// peak of the heap's live pages and a slack (a 64th of that peak,
 /// [`PagedHeapsConfig::peak_slack`]): a block that needs new pages beyond it takes the place of
 /// free pages whose freeing work is done, unmapping them first, which is checked by events
-/// queried every 32 calls and 50 µs at most (where too few pages have settled, the request waits for events an
-/// earlier call recorded, 200 ms at most). So the physical memory follows the peak of live memory,
-/// not that peak plus the holes freed blocks leave. Memory running short or
+/// queried at most every 32 calls and every 50 µs (where too few pages have settled, the request
+/// waits for events an earlier call recorded, 200 ms at most). So the physical memory follows the
+/// peak of live memory, not that peak plus the holes freed blocks leave. Memory running short or
 /// [`release`](Self::release) gives back every free page.
 ///
 /// There are 16 stream heaps, one for each of the first 16 streams allocated on (a cudarc

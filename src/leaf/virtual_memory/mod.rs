@@ -140,10 +140,10 @@ pub struct VmUsage {
 /// working set repeats. Free pages beyond the bounds (the cache, down to half of it; the peak of
 /// live pages and its slack) are unmapped without waiting on the host (but up to 200 ms for events
 /// an earlier call recorded, where pages would be mapped beyond the peak bound): those whose
-/// freeing work is known done
-/// (settled) at once, the others after an event recorded on each stream that freed blocks since
-/// the last batch is reached (queried every 32 calls and 50 µs at most, about a microsecond a query); a page that
-/// goes live again meanwhile stays, and must settle again once freed.
+/// freeing work is known done (settled) at once, the others after an event recorded on each
+/// stream that freed blocks since the last batch is reached (queried at most every 32 calls and
+/// every 50 µs, about a microsecond a query); a page that goes live again meanwhile stays, and
+/// must settle again once freed.
 ///
 /// The host memory of the page table follows live blocks and mapped pages: it is kept in chunks
 /// of 256 pages (about 5 KiB each), made when a block first lies in one and freed once none of
