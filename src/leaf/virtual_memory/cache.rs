@@ -296,10 +296,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     /// Every [`TICKS_PER_QUERY`] calls, and [`EVENT_INTERVAL`] at least after the last time:
-    /// queries the pending batch, or, where the next page
-    /// mapped would go beyond the peak bound, marks the streams that freed blocks since the last
-    /// batch, so that free pages keep settling and new pages take their place rather than add
-    /// to them.
+    /// queries the pending batch, or, where the next page mapped would go beyond the peak bound,
+    /// marks the streams that freed blocks since the last batch, so that free pages keep
+    /// settling and new pages take their place rather than add to them.
     #[inline]
     pub(super) fn tick(&self, st: &mut State<P::Page, P::Mark>) {
         st.ticks += 1;
@@ -311,10 +310,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if !pending && (self.config.peak_slack == usize::MAX || self.excess(st, 1) == 0) {
             return;
         }
-        if !self.events_due(st) {
+        let Some(start) = self.events_due(st) else {
             return;
-        }
-        let start = Instant::now();
+        };
         let unmapped = match pending {
             true => self.reap(st, 0),
             false => self.settle_more(st, 0, 0),
@@ -324,18 +322,18 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
     }
 
-    /// Whether [`EVENT_INTERVAL`] has passed since the tick's last round of work on events; if
-    /// so, a new round starts now.
-    fn events_due(&self, st: &mut State<P::Page, P::Mark>) -> bool {
+    /// When [`EVENT_INTERVAL`] has passed since the tick's last round of work on events: the
+    /// instant a new round starts, now.
+    fn events_due(&self, st: &mut State<P::Page, P::Mark>) -> Option<Instant> {
         let now = Instant::now();
         if st
             .events_at
             .is_some_and(|at| now.duration_since(at) < EVENT_INTERVAL)
         {
-            return false;
+            return None;
         }
         st.events_at = Some(now);
-        true
+        Some(now)
     }
 
     /// Unmaps up to `n` settled pages, the highest first (blocks are carved from the low end of

@@ -106,7 +106,7 @@ pub struct PagedHeapsConfig {
     /// if less) first unmaps free pages whose work is done, so that the physical memory follows
     /// the peak of live memory. Default: 1 GiB, so a 64th of the peak: PyTorch's GPT training
     /// (26 GiB live) mapped 1.017x its peak live bytes with it, 1.046x with no bound
-    /// (`usize::MAX`). Where unmapping for it takes over a fortieth of the time, the heap
+    /// (`usize::MAX`). Where swapping pages for it takes over a fortieth of the time, the heap
     /// doubles its slack.
     pub peak_slack: usize,
 }

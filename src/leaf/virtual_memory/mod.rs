@@ -65,11 +65,10 @@ pub struct VirtualMemoryConfig {
     /// event recorded on the streams that freed them reached), the highest first, so that what
     /// is mapped does not rise above the bound while such pages remain; where too few are, it
     /// waits up to 200 ms for events recorded by an earlier call, and pages whose work still
-    /// runs go once their events are reached. Where unmapping for the bound takes over a
-    /// fortieth of the wall time over a second, or a quarter over a tenth of one (each such
-    /// unmap brings a map later, about twice its cost), the slack doubles, up to 64 times: a
-    /// program that does little but allocate soon maps nothing more. `usize::MAX` (the
-    /// default): no such bound.
+    /// runs go once their events are reached. Where swapping pages for the bound takes over a
+    /// fortieth of the wall time over a second, or a quarter over a tenth of one, the slack
+    /// doubles, up to 64 times: a program that does little but allocate soon maps nothing more.
+    /// `usize::MAX` (the default): no such bound.
     pub peak_slack: usize,
 }
 

@@ -86,16 +86,17 @@ pub(super) struct State<H, M> {
     pub(super) donors: Vec<(usize, H)>,
     /// Time spent waiting on the host for device work ([`VmUsage::waited`](super::VmUsage::waited)).
     pub(super) waited: std::time::Duration,
-    /// The share of time unmapping for the bounds takes, which widens the slack where swaps
-    /// would slow the program.
+    /// The share of time swapping pages for the bounds takes, which widens the slack where
+    /// swaps would slow the program.
     pub(super) pace: Pace,
 }
 
-/// Pages unmapped for the bounds may take a fortieth of the wall time over a second, or a
-/// quarter over a tenth of one: a heap whose unmaps take more doubles its peak slack (up to
-/// [`Pace::MAX_DOUBLINGS`] times). Each such unmap brings a map later (a block lands where the
-/// page was), which costs about twice as much, so the pages swapped take about a thirteenth of
-/// the time at most. A program that allocates between long kernels (PyTorch training: about 80
+/// Pages swapped for the bounds (a free page's memory moved to a new page's, `cuMemUnmap` +
+/// `cuMemMap`, or a free page unmapped) may take a fortieth of the wall time over a second, or a
+/// quarter over a tenth of one: a heap whose swaps take more doubles its peak slack (up to
+/// [`Pace::MAX_DOUBLINGS`] times). Each swap also grants access to its new page
+/// (`cuMemSetAccess`, about as long again, not counted), so swaps take about a twentieth of the
+/// time at most. A program that allocates between long kernels (PyTorch training: about 80
 /// swaps in a step of 256 ms, and bursts of a few hundred as its first steps reach their peak)
 /// keeps its pages at its peak, while one that does little but allocate (a replay, a benchmark)
 /// soon stops swapping and maps nothing more, as with no bound. Growth maps no page in place of
@@ -104,7 +105,7 @@ pub(super) struct State<H, M> {
 pub(super) struct Pace {
     /// The start of the window.
     since: std::time::Instant,
-    /// Time spent unmapping for the bounds within the window.
+    /// Time spent swapping pages for the bounds within the window.
     spent: std::time::Duration,
     /// How many times the slack has been doubled.
     pub(super) doublings: u32,
@@ -125,7 +126,7 @@ impl Pace {
         }
     }
 
-    /// Counts `time` spent unmapping for the bounds; doubles the slack where that took more
+    /// Counts `time` spent swapping pages for the bounds; doubles the slack where that took more
     /// than its share of the window so far.
     pub(super) fn spent(&mut self, time: std::time::Duration) {
         self.spent += time;
