@@ -162,9 +162,11 @@
 //! few are settled and a batch marked earlier is pending, it waits for that batch (the device
 //! keeps working meanwhile: only the work queued before the marks is waited for). Without that
 //! wait the GPT held 1.045: PyTorch queues a step ahead of the device, so the pages freed during
-//! the step had not settled when the next peak came. Where swapping pages for the bound takes
-//! over a fortieth of the time in a second, or a quarter of a tenth of one, the slack doubles (up
-//! to 64 times): the GPT never doubled it, while the replays below did within a few passes.
+//! the step had not settled when the next peak came. Where swapping pages for the bound (the
+//! remap and the new page's `cuMemSetAccess`) takes over a fortieth of the time in a second, a
+//! quarter of a tenth of one, or half of 20 ms, the slack doubles (up to 64 times; the heaps of
+//! one `PagedHeaps` count their swaps together, since the driver serializes them): the GPT never
+//! doubled it, while the replays below did within their first pass.
 //!
 //! The log of a `paged` run of the GPT is `data/traces/gpt_train_pytorch.csv.gz`. Replayed in its
 //! order over `Simulated` pages (`mrstack replay data/traces/gpt_train_pytorch.csv.gz --stack

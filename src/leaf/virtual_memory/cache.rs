@@ -143,7 +143,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             // to its peak as a large one's; a page at least, so that a block freed and made
             // again within a page maps nothing.
             let slack = self.config.peak_slack.min(peak >> 6).max(self.page);
-            let slack = slack.saturating_mul(1 << st.pace.doublings);
+            let slack = slack.saturating_mul(1 << self.pace.doublings());
             over = over.max(after.saturating_sub(peak + slack).div_ceil(self.page));
         }
         over.min(st.cached)
@@ -182,7 +182,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             }
         }
         if done > 0 {
-            st.pace.spent(spent);
+            self.pace.spent(spent);
         }
         done
     }
@@ -318,7 +318,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             false => self.settle_more(st, 0, 0),
         };
         if unmapped > 0 {
-            st.pace.spent(start.elapsed());
+            self.pace.spent(start.elapsed());
         }
     }
 

@@ -1,6 +1,7 @@
 //! `PagedHeaps`: a [`VirtualMemory`] heap per thread over one page source, so that threads share
 //! no lock and physical pages follow the live blocks of every thread.
 
+use super::region::Pace;
 use super::{VirtualMemory, VirtualMemoryConfig, VmUsage};
 use crate::leaf::PhysicalPages;
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
@@ -10,7 +11,7 @@ use cudarc::driver::CudaStream;
 use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use typenum::U256;
 
 const NAME: &str = "PagedHeaps";
@@ -75,7 +76,7 @@ impl StreamSlots {
             s.as_ref()
                 .is_some_and(|(_, w)| w.as_ref().is_none_or(|w| w.strong_count() > 0))
         };
-        let weak = stream.cuda_stream().map(std::sync::Arc::downgrade);
+        let weak = stream.cuda_stream().map(Arc::downgrade);
         if let Some(i) = self
             .0
             .iter()
@@ -106,8 +107,9 @@ pub struct PagedHeapsConfig {
     /// if less) first unmaps free pages whose work is done, so that the physical memory follows
     /// the peak of live memory. Default: 1 GiB, so a 64th of the peak: PyTorch's GPT training
     /// (26 GiB live) mapped 1.017x its peak live bytes with it, 1.046x with no bound
-    /// (`usize::MAX`). Where swapping pages for it takes over a fortieth of the time, the heap
-    /// doubles its slack.
+    /// (`usize::MAX`). Where swapping pages for it takes too much of the time (as
+    /// [`VirtualMemoryConfig::peak_slack`] says), every heap doubles its slack: their swaps
+    /// count together, since the driver serializes them.
     pub peak_slack: usize,
 }
 
@@ -197,6 +199,8 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     streams: Mutex<StreamSlots>,
     /// This instance's number ([`INSTANCES`]).
     instance: usize,
+    /// The heaps' one pace: their swaps count together, since the driver serializes them.
+    pace: Arc<Pace>,
 }
 
 impl<P: PhysicalPages + Clone> std::fmt::Debug for PagedHeaps<P> {
@@ -221,6 +225,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             routes: RwLock::new(Vec::new()),
             streams: Mutex::new(StreamSlots::default()),
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
+            pace: Arc::new(Pace::new()),
         }
     }
 
@@ -293,7 +298,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             peak_slack: self.config.peak_slack,
             ..VirtualMemoryConfig::default()
         };
-        let made = VirtualMemory::new(self.pages.clone(), config)?;
+        let made = VirtualMemory::with_pace(self.pages.clone(), config, Arc::clone(&self.pace))?;
         // Threads may race to make a shared or a stream heap: the loser's heap, unused, gives its
         // range back as it drops.
         let _ = self.heaps[slot].set(made);

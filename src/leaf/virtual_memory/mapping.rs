@@ -4,7 +4,7 @@ use crate::leaf::PhysicalPages;
 use crate::resource::{AllocError, Result};
 use crate::stream::StreamRef;
 use crate::suballoc::tlsf_index::GRANULE;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::region::{ends, page_span, Overlap, Region, State};
 use super::{VirtualMemory, NAME};
@@ -141,7 +141,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             unsafe { self.pages.unmap(addr, self.page, page) };
         }
         if any {
-            st.pace.spent(start.elapsed());
+            self.pace.spent(start.elapsed());
         }
     }
 
@@ -166,20 +166,21 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
         let base = st.regions[r].base;
         let mut run: Option<usize> = None;
-        let mut swapping = Duration::ZERO;
+        // A swap costs its remap and the access grant to its new page: the pace counts the
+        // swapped pages' share of the whole mapping.
+        let start = Instant::now();
+        let mut moved = 0usize;
         for p in first..=last {
             let unmapped = p < last && !st.regions[r].pages.is_mapped(p);
             if unmapped {
                 let addr = base + p * self.page;
                 let mapped = match st.donors.pop() {
                     Some((from, page)) => {
-                        let start = Instant::now();
+                        moved += 1;
                         // SAFETY: `from` as in `give_back_donors`; `addr` is one page of a
                         // reservation of this source, not mapped (its bit is clear, and nothing
                         // but this resource maps in its reservations).
-                        let moved = unsafe { self.pages.remap(from, addr, self.page, page) };
-                        swapping += start.elapsed();
-                        moved
+                        unsafe { self.pages.remap(from, addr, self.page, page) }
                     }
                     // SAFETY: `addr` as above.
                     None => unsafe { self.pages.map(addr, self.page) },
@@ -225,8 +226,12 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 }
             }
         }
-        if swapping > Duration::ZERO {
-            st.pace.spent(swapping);
+        if moved > 0 {
+            self.pace.spent(
+                start
+                    .elapsed()
+                    .mul_f64(moved as f64 / missing.max(moved) as f64),
+            );
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
 use crate::suballoc::tlsf_index::TlsfIndex;
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use typenum::U256;
 
 /// What a resource over a field `pages` of type `P: PhysicalPages` takes from it: the properties
@@ -65,9 +65,10 @@ pub struct VirtualMemoryConfig {
     /// event recorded on the streams that freed them reached), the highest first, so that what
     /// is mapped does not rise above the bound while such pages remain; where too few are, it
     /// waits up to 200 ms for events recorded by an earlier call, and pages whose work still
-    /// runs go once their events are reached. Where swapping pages for the bound takes over a
-    /// fortieth of the wall time over a second, or a quarter over a tenth of one, the slack
-    /// doubles, up to 64 times: a program that does little but allocate soon maps nothing more.
+    /// runs go once their events are reached. Where swapping pages for the bound (the remap and
+    /// the new page's access grant) takes over a fortieth of the wall time over a second, a
+    /// quarter over a tenth of one, or half over 20 ms, the slack doubles, up to 64 times: a
+    /// program that does little but allocate soon maps nothing more.
     /// `usize::MAX` (the default): no such bound.
     pub peak_slack: usize,
 }
@@ -189,6 +190,9 @@ pub struct VirtualMemory<P: PhysicalPages> {
     shift: u32,
     config: VirtualMemoryConfig,
     state: Mutex<State<P::Page, P::Mark>>,
+    /// The share of time swapping pages for the bounds takes, which widens the slack where
+    /// swaps would slow the program: its own, or shared by the heaps of a `PagedHeaps`.
+    pace: Arc<region::Pace>,
 }
 
 impl<P: PhysicalPages> std::fmt::Debug for VirtualMemory<P> {
@@ -207,6 +211,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// two on every GPU: [`DevicePages::with_page_size`](crate::leaf::DevicePages::with_page_size)
     /// rounds up to one).
     pub fn new(pages: P, config: VirtualMemoryConfig) -> Result<Self> {
+        Self::with_pace(pages, config, Arc::new(region::Pace::new()))
+    }
+
+    /// [`new`](Self::new), counting its swaps in `pace`, which other heaps may share.
+    fn with_pace(pages: P, config: VirtualMemoryConfig, pace: Arc<region::Pace>) -> Result<Self> {
         let page = pages.page_size();
         if !page.is_power_of_two() {
             return Err(AllocError::new(
@@ -238,8 +247,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 waited: std::time::Duration::ZERO,
                 donate: false,
                 donors: Vec::new(),
-                pace: region::Pace::new(),
             }),
+            pace,
         };
         let mut st = vm.lock();
         vm.reserve(&mut st, 0, StreamRef::DEFAULT)?;

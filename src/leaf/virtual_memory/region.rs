@@ -2,6 +2,8 @@
 //! `Overlap`, `ends`), and the `State` behind the lock.
 
 use crate::suballoc::tlsf_index::TlsfIndex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use super::table::PageTable;
 
@@ -74,7 +76,7 @@ pub(super) struct State<H, M> {
     pub(super) ticks: u32,
     /// When the tick's last round of work on events began
     /// ([`EVENT_INTERVAL`](super::cache::EVENT_INTERVAL)).
-    pub(super) events_at: Option<std::time::Instant>,
+    pub(super) events_at: Option<Instant>,
     /// Pages mapped and unmapped so far.
     pub(super) maps: u64,
     pub(super) unmaps: u64,
@@ -85,60 +87,98 @@ pub(super) struct State<H, M> {
     /// mapped takes; empty outside `map_range`.
     pub(super) donors: Vec<(usize, H)>,
     /// Time spent waiting on the host for device work ([`VmUsage::waited`](super::VmUsage::waited)).
-    pub(super) waited: std::time::Duration,
-    /// The share of time swapping pages for the bounds takes, which widens the slack where
-    /// swaps would slow the program.
-    pub(super) pace: Pace,
+    pub(super) waited: Duration,
 }
 
 /// Pages swapped for the bounds (a free page's memory moved to a new page's, `cuMemUnmap` +
-/// `cuMemMap`, or a free page unmapped) may take a fortieth of the wall time over a second, or a
-/// quarter over a tenth of one: a heap whose swaps take more doubles its peak slack (up to
-/// [`Pace::MAX_DOUBLINGS`] times). Each swap also grants access to its new page
-/// (`cuMemSetAccess`, about as long again, not counted), so swaps take about a twentieth of the
-/// time at most. A program that allocates between long kernels (PyTorch training: about 80
+/// `cuMemMap` and the new page's `cuMemSetAccess`, or a free page unmapped) may take a fortieth
+/// of the wall time over a second, a quarter over a tenth of one, or half over 20 ms: where
+/// swaps take more, the peak slack doubles (up to [`Pace::MAX_DOUBLINGS`] times), so that a
+/// program that does nothing but swap stops within a few tens of milliseconds. The heaps of one
+/// [`PagedHeaps`](super::PagedHeaps) share one pace, and their swaps count together, since the
+/// driver serializes them: sixteen heaps that each swap a sixteenth of the time keep the driver
+/// busy all of it. A program that allocates between long kernels (PyTorch training: about 80
 /// swaps in a step of 256 ms, and bursts of a few hundred as its first steps reach their peak)
 /// keeps its pages at its peak, while one that does little but allocate (a replay, a benchmark)
 /// soon stops swapping and maps nothing more, as with no bound. Growth maps no page in place of
 /// another, and counts nothing.
+///
+/// Atomics, not a lock: heaps count their swaps while holding their own locks. The figures are
+/// a hint: a swap counted as a window closes may count in the next.
 #[derive(Debug)]
 pub(super) struct Pace {
-    /// The start of the window.
-    since: std::time::Instant,
-    /// Time spent swapping pages for the bounds within the window.
-    spent: std::time::Duration,
+    /// The origin of the instants below.
+    epoch: Instant,
+    /// The start of the window, in nanoseconds from `epoch`.
+    since: AtomicU64,
+    /// Nanoseconds spent swapping pages for the bounds within the window.
+    spent: AtomicU64,
     /// How many times the slack has been doubled.
-    pub(super) doublings: u32,
+    doublings: AtomicU32,
 }
 
 impl Pace {
-    const WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
-    const SHARE: u32 = 40;
-    const BURST_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
-    const BURST_SHARE: u32 = 4;
+    /// Each window length (the last closes the window whatever was spent), and the share of
+    /// it swaps may take: at most one in this many nanoseconds.
+    const RULES: [(Duration, u64); 3] = [
+        (Duration::from_millis(20), 2),
+        (Duration::from_millis(100), 4),
+        (Duration::from_secs(1), 40),
+    ];
     const MAX_DOUBLINGS: u32 = 6;
 
     pub(super) fn new() -> Self {
         Pace {
-            since: std::time::Instant::now(),
-            spent: std::time::Duration::ZERO,
-            doublings: 0,
+            epoch: Instant::now(),
+            since: AtomicU64::new(0),
+            spent: AtomicU64::new(0),
+            doublings: AtomicU32::new(0),
         }
     }
 
-    /// Counts `time` spent swapping pages for the bounds; doubles the slack where that took more
-    /// than its share of the window so far.
-    pub(super) fn spent(&mut self, time: std::time::Duration) {
-        self.spent += time;
-        let window = self.since.elapsed();
-        let over = (window >= Self::BURST_WINDOW && self.spent * Self::BURST_SHARE > window)
-            || (window >= Self::WINDOW && self.spent * Self::SHARE > window);
-        if over {
-            self.doublings = (self.doublings + 1).min(Self::MAX_DOUBLINGS);
-        }
-        if over || window >= Self::WINDOW {
-            self.since = std::time::Instant::now();
-            self.spent = std::time::Duration::ZERO;
+    /// How many times the slack has been doubled.
+    #[inline]
+    pub(super) fn doublings(&self) -> u32 {
+        self.doublings.load(Ordering::Relaxed)
+    }
+
+    /// Counts `time` spent swapping pages for the bounds; doubles the slack where swaps took
+    /// more than their share of the window so far.
+    pub(super) fn spent(&self, time: Duration) {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let add = nanos(time);
+        let spent = self
+            .spent
+            .fetch_add(add, Ordering::Relaxed)
+            .saturating_add(add);
+        let since = self.since.load(Ordering::Relaxed);
+        let now = nanos(self.epoch.elapsed());
+        let window = now.saturating_sub(since);
+        let over = Self::RULES
+            .iter()
+            .any(|&(at, share)| window >= nanos(at) && spent.saturating_mul(share) > window);
+        let longest = Self::RULES[Self::RULES.len() - 1].0;
+        // One caller closes a window: the one that moves its start.
+        let close = over || window >= nanos(longest);
+        if close
+            && self
+                .since
+                .compare_exchange(since, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // What others add from now on counts in the new window.
+            let _ = self
+                .spent
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                    Some(s.saturating_sub(spent))
+                });
+            if over {
+                let _ = self
+                    .doublings
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                        Some((d + 1).min(Self::MAX_DOUBLINGS))
+                    });
+            }
         }
     }
 }

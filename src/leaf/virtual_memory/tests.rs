@@ -27,6 +27,8 @@ struct Recording {
     capturing: std::sync::atomic::AtomicBool,
     /// Microseconds each unmap takes.
     unmap_us: std::sync::atomic::AtomicU64,
+    /// Microseconds each access grant takes.
+    enable_us: std::sync::atomic::AtomicU64,
     /// Pages whose memory moved to another page.
     remaps: std::sync::atomic::AtomicUsize,
     /// Marks made.
@@ -41,6 +43,7 @@ impl Recording {
             busy: std::sync::atomic::AtomicBool::new(false),
             capturing: std::sync::atomic::AtomicBool::new(false),
             unmap_us: std::sync::atomic::AtomicU64::new(0),
+            enable_us: std::sync::atomic::AtomicU64::new(0),
             remaps: std::sync::atomic::AtomicUsize::new(0),
             marks: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -96,6 +99,8 @@ unsafe impl PhysicalPages for Recording {
     }
     unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
         self.push(Ev::Enable(addr, size));
+        let us = self.enable_us.load(std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_micros(us));
         Ok(())
     }
     unsafe fn unmap(&self, addr: usize, size: usize, page: ()) {
@@ -569,25 +574,93 @@ fn swaps_that_take_much_of_the_time_widen_the_slack() {
     // nearly all of the round's time.
     rec.unmap_us
         .store(2000, std::sync::atomic::Ordering::Relaxed);
-    let start = std::time::Instant::now();
-    let mut rounds = 0;
-    while start.elapsed() < std::time::Duration::from_millis(400) {
-        let a = vm.allocate(4 * P, 256, s).unwrap();
-        let b = vm.allocate(4 * P, 256, s).unwrap();
-        // SAFETY: live with these sizes.
-        unsafe { vm.deallocate(a, 4 * P, 256, s) };
-        let c = vm.allocate(6 * P, 256, s).unwrap();
-        // SAFETY: live with these sizes.
-        unsafe {
-            vm.deallocate(b, 4 * P, 256, s);
-            vm.deallocate(c, 6 * P, 256, s);
-        }
-        rounds += 1;
-    }
-    let doublings = vm.lock().pace.doublings;
+    let rounds = swap_until_doubled(&vm, &vm.pace, s);
+    let doublings = vm.pace.doublings();
     assert!(doublings > 0, "{rounds} rounds, {:?}", vm.usage());
     // The wider slack keeps more pages: the rounds swap less, or not at all.
     assert!(vm.usage().mapped > 11 * P, "{:?}", vm.usage());
+}
+
+/// A round over `res` on `s` that swaps pages for the bound when the slack is a page: A and B of
+/// four pages each, A freed, C of six pages (a peak of ten live pages), all freed.
+fn swap_round(res: &impl MemoryResource, s: StreamRef) {
+    let a = res.allocate(4 * P, 256, s).unwrap();
+    let b = res.allocate(4 * P, 256, s).unwrap();
+    // SAFETY: live with these sizes.
+    unsafe { res.deallocate(a, 4 * P, 256, s) };
+    let c = res.allocate(6 * P, 256, s).unwrap();
+    // SAFETY: live with these sizes.
+    unsafe {
+        res.deallocate(b, 4 * P, 256, s);
+        res.deallocate(c, 6 * P, 256, s);
+    }
+}
+
+/// Swap rounds over `res` until `pace` doubles the slack, 400 ms at most; returns how many.
+fn swap_until_doubled(res: &impl MemoryResource, pace: &region::Pace, s: StreamRef) -> usize {
+    let start = std::time::Instant::now();
+    let mut rounds = 0;
+    while pace.doublings() == 0 && start.elapsed() < std::time::Duration::from_millis(400) {
+        swap_round(res, s);
+        rounds += 1;
+    }
+    rounds
+}
+
+#[test]
+fn a_swap_counts_the_access_grant_to_its_new_page() {
+    // Moving a page's memory costs nothing here; granting access to the new page, 2 ms.
+    let rec = Recording::new(1 << 30);
+    rec.enable_us
+        .store(2000, std::sync::atomic::Ordering::Relaxed);
+    let vm = following(&rec);
+    let rounds = swap_until_doubled(&vm, &vm.pace, StreamRef::simulated(1));
+    assert!(vm.pace.doublings() > 0, "{rounds} rounds, {:?}", vm.usage());
+    assert!(rec.remaps.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_pace_doubles_once_swaps_take_half_of_20_ms() {
+    let start = std::time::Instant::now();
+    let pace = region::Pace::new();
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    // Under a twentieth of the time: no rule is broken, however long the sleep overran.
+    pace.spent(std::time::Duration::from_micros(500));
+    assert_eq!(pace.doublings(), 0);
+    // Three quarters of the window at least: over half.
+    pace.spent(start.elapsed() * 3 / 4);
+    assert_eq!(pace.doublings(), 1);
+}
+
+#[test]
+fn the_heaps_of_one_paged_heaps_widen_their_slack_together() {
+    let rec = Recording::new(1 << 30);
+    let config = PagedHeapsConfig {
+        peak_slack: 0,
+        ..PagedHeapsConfig::default()
+    };
+    let heaps = PagedHeaps::new(&rec, config);
+    let alone = PagedHeaps::new(&rec, config);
+    let (busy, quiet) = (StreamRef::simulated(1), StreamRef::simulated(2));
+    // One round on a heap of its own maps 11 pages: a peak of ten live, a page of slack.
+    swap_round(&alone, quiet);
+    assert_eq!(alone.usage().mapped, 11 * P);
+    // One stream's heap swaps slowly until the slack doubles...
+    rec.unmap_us
+        .store(2000, std::sync::atomic::Ordering::Relaxed);
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(150) {
+        swap_round(&heaps, busy);
+    }
+    rec.unmap_us.store(0, std::sync::atomic::Ordering::Relaxed);
+    // ...and another stream's heap, made now, keeps the wider slack at once.
+    let before = heaps.usage().mapped;
+    swap_round(&heaps, quiet);
+    assert!(
+        heaps.usage().mapped - before > 11 * P,
+        "{:?}",
+        heaps.usage()
+    );
 }
 
 #[test]
