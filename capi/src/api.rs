@@ -32,6 +32,15 @@ pub(crate) fn register(stack: Arc<MrstackStack>) -> *mut MrstackStack {
     std::ptr::without_provenance_mut(handle)
 }
 
+/// Every stack not destroyed, in the order they were made.
+pub(crate) fn live_stacks() -> Vec<Arc<MrstackStack>> {
+    let handles = HANDLES.read().unwrap_or_else(|p| p.into_inner());
+    let mut live: Vec<(usize, Arc<MrstackStack>)> =
+        handles.iter().map(|(&h, s)| (h, s.clone())).collect();
+    live.sort_unstable_by_key(|&(h, _)| h);
+    live.into_iter().map(|(_, s)| s).collect()
+}
+
 /// The stack `handle` names.
 pub(crate) fn lookup(handle: *const MrstackStack) -> Result<Arc<MrstackStack>, String> {
     if handle.is_null() {
@@ -124,9 +133,12 @@ pub unsafe extern "C" fn mrstack_create_ex(
             Some(unsafe { text(log_path, "log path") }?)
         };
         let device = usize::try_from(device).map_err(|_| format!("device {device} < 0"))?;
-        Ok(register(Arc::new(MrstackStack::build(
-            config, device, log,
-        )?)))
+        let stack = MrstackStack::build(config, device, log)?;
+        if log.is_some() {
+            // A stack never destroyed is never dropped: its log's last lines are written at exit.
+            crate::env::flush_logs_at_exit();
+        }
+        Ok(register(Arc::new(stack)))
     })
 }
 

@@ -67,8 +67,8 @@ fn env_entry(device: c_int) -> Result<&'static EnvStack, String> {
             let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
             // At exit the logs are flushed (the stacks are never dropped, and a log's last
             // lines wait in its buffer) and the report written.
-            if built.is_empty() && (log.is_some() || std::env::var_os("MRSTACK_REPORT").is_some()) {
-                register_exit_report();
+            if log.is_some() || std::env::var_os("MRSTACK_REPORT").is_some() {
+                flush_logs_at_exit();
             }
             built.push(d);
             Ok(EnvStack { stack, handle })
@@ -195,7 +195,8 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         use std::io::Write;
         // Each log's failure goes to standard error once: its writer's, or the flush's here.
-        for stack in built_stacks() {
+        // Every stack not destroyed: the per-device ones and those `mrstack_create` made.
+        for stack in crate::api::live_stacks() {
             stack.flush_log_or_report();
         }
         let report = match env_text("MRSTACK_REPORT") {
@@ -228,9 +229,15 @@ fn flush_logs() -> Result<(), String> {
         .fold(Ok(()), Result::and)
 }
 
-fn register_exit_report() {
+/// Has the process, at its exit, write out the logs of every stack not destroyed (their last
+/// lines wait in their buffers, and a stack never destroyed is never dropped) and the report
+/// `MRSTACK_REPORT` names. Once per process, however often it is called.
+pub(crate) fn flush_logs_at_exit() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
     // SAFETY: `at_exit` is a plain function that never unwinds; C's atexit takes such.
-    unsafe { atexit(at_exit) };
+    REGISTERED.call_once(|| unsafe {
+        atexit(at_exit);
+    });
 }
 
 #[cfg(test)]

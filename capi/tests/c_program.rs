@@ -182,6 +182,25 @@ fn a_log_without_a_report_is_flushed_at_exit() {
     );
 }
 
+/// A stack `mrstack_create_ex` made with a log and never destroyed is never dropped either: its
+/// log is whole once the program exits all the same.
+#[test]
+fn the_log_of_a_stack_never_destroyed_is_whole_at_exit() {
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kept_log.csv");
+    let _ = std::fs::remove_file(&log);
+    run_host_test(
+        "host_test_kept_log",
+        &["--kept-log".as_ref(), log.as_os_str()],
+    );
+    let trace = mrstack::replay::rmm_log::read(&log).expect("the log parses");
+    assert_eq!(
+        (trace.workload.ops().len(), trace.workload.allocations()),
+        (14, 7),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
 /// The clients' frees return nothing, so a failure is reported on standard error and in the
 /// last error (host_test checks that one): each line names the entry point and the cause, never a
 /// placeholder.

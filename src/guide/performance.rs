@@ -173,9 +173,11 @@
 //! paged --upstream simulated --sequential --no-capacity`), it maps 26.57 GiB for 26.12 GiB of
 //! peak live bytes (1.017; 27.31 GiB, 1.0455, with no bound), each pass unmapping and mapping
 //! about 1,465 pages again. `mrstack replay --upstream cuda --sequential --no-capacity --passes 5`
-//! mapped 512 MiB for transformer_infer's 489.9 MiB (1.045; `vmm`: 532 MiB) and 876 MiB for
-//! transformer_train's 830.0 MiB (1.055; `vmm`: 970 MiB): those replays do little but allocate, so
-//! their slack doubled. They cannot keep a bound near 1.03 at a pace worth having: over
+//! mapped 528 MiB for transformer_infer's 489.9 MiB (1.078; `vmm`: 532 MiB) and 956 MiB for
+//! transformer_train's 830.0 MiB (1.152; `vmm`: 970 MiB): those replays do little but allocate, so
+//! their slack doubled, twice and three times (before the heaps counted a swap's access grant
+//! and swaps over 20 ms, once each: 512 and 876 MiB, 1.045 and 1.055, at up to five times the
+//! time a pass). They cannot keep a bound near 1.03 at a pace worth having: over
 //! `Simulated`, with no doubling, each pass of transformer_infer swaps about 450 pages for a peak
 //! of 245 live ones (the same pages go back and forth), while with no bound it maps 266 and
 //! swaps none.
@@ -191,9 +193,31 @@
 //! The same stack in the RMM side-by-side harness (`RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
 //! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train bash
 //! scripts/gpu-bench-rmm`), ns/op (wall time over all threads' ops) and its ratio to RMM's best of
-//! `cuda_async`, `pool`, `binning` and `arena` in the same run. The final build, with the tick's
-//! events 50 µs apart at least (`RMM_BENCH_DEADLINE_S=150`: the 16-thread cells but one were not
-//! run in time):
+//! `cuda_async`, `pool`, `binning` and `arena` in the same run. The final build, whose heaps
+//! count their swaps together and double their slack once swaps take half of 20 ms
+//! (`RMM_BENCH_DEADLINE_S=250`, every cell run):
+//!
+//! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
+//! |---|---:|---:|---:|
+//! | random | 1 | 239 / 481 (0.50) | 140 / 355 (0.39) |
+//! | random | 8 | 60.1 / 687 (0.087) | 88.8 / 1,355 (0.066) |
+//! | random | 16 | 53.6 / 397 (0.135) | 57.4 / 1,397 (0.041) |
+//! | transformer_infer | 1 | 218 / 246 (0.89) | 229 / 470 (0.49) |
+//! | transformer_infer | 8 | 37.4 / 889 (0.042) | 31.8 / 1,361 (0.023) |
+//! | transformer_infer | 16 | 18.8 / 1,084 (0.017) | 33.2 / 1,640 (0.020) |
+//! | transformer_train | 1 | 210 / 324 (0.65) | 128 / 387 (0.33) |
+//! | transformer_train | 8 | 34.4 / 856 (0.040) | 38.2 / 1,748 (0.022) |
+//! | transformer_train | 16 | 31.4 / 812 (0.039) | 45.6 / 1,385 (0.033) |
+//!
+//! Random's figures are this call's weakest: in a call before it, the same build against the one
+//! before (`paged` alone, alternating) gave random 31.1 / 33.6 ns/op on 8 threads and 16.8 / 19.1
+//! on 16 (own streams), and transformer_train on 16 threads 25.5 / 193.6 (own) and 47.5 / 159.0
+//! (one stream): its pages had been swapped back and forth by sixteen heaps at once, each within
+//! its own share of the time while the driver served them one at a time.
+//!
+//! The build before (each heap with a pace of its own, counting only the remap of a swap, not
+//! the new page's access grant, which costs more), with the tick's events 50 µs apart at least
+//! (`RMM_BENCH_DEADLINE_S=150`: the 16-thread cells but one were not run in time):
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
 //! |---|---:|---:|---:|
@@ -205,7 +229,7 @@
 //! | transformer_train | 1 | 318 / 323 (0.98) | 277 / 332 (0.83) |
 //! | transformer_train | 8 | 45.8 / 700 (0.065) | 50.3 / 1,587 (0.032) |
 //!
-//! The build before it (an event made and queried every 32 calls near the bound), in the call
+//! The build before that (an event made and queried every 32 calls near the bound), in the call
 //! after the PyTorch tables', on the same machine:
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
@@ -224,9 +248,12 @@
 //! and from 118 to 50.3 (one stream), and transformer_infer's last one-thread passes from about
 //! 157 to 130. One thread is where `paged` is weakest, and where the machine moves most: a TLSF
 //! index with records kept apart costs 80–95 ns/op over `Simulated`, and RMM's own best moved
-//! between 215 and 257 ns/op on random from one call to the next (the same binary). On the
-//! transformer traces the timed passes still swap pages while the slack doubles
-//! (transformer_train on one thread: 620, 402, 318, 285 and 136 ns/op). Each of the first 16
+//! between 215 and 481 ns/op on random from one call to the next (the same binary). Swapping a
+//! page costs a remap (18–21 µs) and its access grant (25–30 µs per page, `cuMemSetAccess` on
+//! each run of new pages); on transformer_infer's log, replayed on one thread over the GPU with
+//! the bound at its first slack, 420 swaps a pass took 21 ms of 27. With the slack doubling once
+//! swaps take half of 20 ms, the passes go 37, 11 and then 2.2–2.3 ms (16 swaps a pass), and
+//! transformer_train's 52, 18, 13, 6.2, then 5.5 ms. Each of the first 16
 //! streams a `PagedHeaps` sees gets a heap of its own, so threads on streams of their own share
 //! no lock; threads on one stream find its heap busy and settle in heaps of their own.
 //!

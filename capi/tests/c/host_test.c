@@ -367,12 +367,26 @@ static int log_only(const char *log) {
     return failed != 0;
 }
 
+/* A stack of its own with a log, never destroyed: the exit writes its last lines. */
+static int kept_log(const char *log) {
+    MrstackStack *stack = mrstack_create_ex("system > pool", 0, log);
+    CHECK(stack != NULL, "create with a log: %s", mrstack_last_error());
+    for (int i = 0; i < 7 && stack != NULL; i++) {
+        void *p = mrstack_allocate(stack, 512 * (i + 1), 256, NULL);
+        CHECK(p != NULL, "allocate %d", i);
+        CHECK(mrstack_deallocate(stack, p, 512 * (i + 1), 256, NULL) == 0, "free %d", i);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--log-only") == 0) return log_only(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--kept-log") == 0) return kept_log(argv[2]);
     if (argc == 2 && strcmp(argv[1], "--void-frees") == 0) return void_frees();
     if (argc == 4 && strcmp(argv[1], "--full-log") == 0) return full_log(argv[2], argv[3]);
     if (argc < 3) {
-        fprintf(stderr, "usage: host_test REPORT.json LOG.csv | host_test --log-only LOG.csv | "
+        fprintf(stderr, "usage: host_test REPORT.json LOG.csv | host_test --log-only LOG.csv | host_test --kept-log LOG.csv | "
                         "host_test --void-frees | host_test --full-log STDERR.txt LOG.csv\n");
         return 2;
     }
