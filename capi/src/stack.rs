@@ -323,7 +323,8 @@ impl MrstackStack {
     /// CUDA leaf) and their peak (`peak_driver_bytes`), and each suballocator layer's usage,
     /// leaf side first (`layers`: `layer`, `held`, `peak_held`, `allocated`, `free_blocks`,
     /// `chunks`; a page leaf's: `layer`, `mapped`, `peak_mapped`, `cached`, `allocated`,
-    /// `reserved`, `free_blocks`, `maps`, `unmaps`, `waited_ns`, `page_table_bytes`).
+    /// `reserved`, `free_blocks`, `maps`, `unmaps`, `waited_ns`, `page_table_bytes`,
+    /// `slack_doublings`).
     pub(crate) fn statistics_json(&self) -> String {
         let c = &self.counts;
         let live_blocks: usize = self
@@ -435,7 +436,8 @@ fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> Str
                 concat!(
                     "{{\"layer\":\"{}\",\"mapped\":{},\"peak_mapped\":{},\"cached\":{},",
                     "\"allocated\":{},\"reserved\":{},\"free_blocks\":{},\"maps\":{},",
-                    "\"unmaps\":{},\"waited_ns\":{},\"page_table_bytes\":{}}}"
+                    "\"unmaps\":{},\"waited_ns\":{},\"page_table_bytes\":{},",
+                    "\"slack_doublings\":{}}}"
                 ),
                 name,
                 u.mapped,
@@ -447,7 +449,8 @@ fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> Str
                 u.maps,
                 u.unmaps,
                 u.waited.as_nanos(),
-                u.page_table_bytes
+                u.page_table_bytes,
+                u.slack_doublings
             ))
         })
         .collect();

@@ -181,8 +181,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 spent += unmapping.elapsed();
             }
         }
-        if done > 0 {
-            self.pace.spent(spent);
+        // Pages kept for the block being mapped count as they move (`map_pages`) or go back
+        // (`give_back_donors`).
+        if done > 0 && !st.donate {
+            self.pace.spent(spent, done);
         }
         done
     }
@@ -318,7 +320,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             false => self.settle_more(st, 0, 0),
         };
         if unmapped > 0 {
-            self.pace.spent(start.elapsed());
+            self.pace.spent(start.elapsed(), unmapped);
         }
     }
 

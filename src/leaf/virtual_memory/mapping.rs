@@ -133,15 +133,15 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// Gives back the physical memory of pages unmapped for the bounds that no new page took.
     pub(super) fn give_back_donors(&self, st: &mut State<P::Page, P::Mark>) {
         let start = Instant::now();
-        let any = !st.donors.is_empty();
+        let given = st.donors.len();
         // One at a time: should the source panic, the rest stay listed, to be given back later.
         while let Some((addr, page)) = st.donors.pop() {
             // SAFETY: a mapping of this source for a settled page, with no live block on it and
             // its freeing work complete, taken out of the page table.
             unsafe { self.pages.unmap(addr, self.page, page) };
         }
-        if any {
-            self.pace.spent(start.elapsed());
+        if given > 0 {
+            self.pace.spent(start.elapsed(), given);
         }
     }
 
@@ -227,11 +227,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             }
         }
         if moved > 0 {
-            self.pace.spent(
-                start
-                    .elapsed()
-                    .mul_f64(moved as f64 / missing.max(moved) as f64),
-            );
+            let share = moved as f64 / missing.max(moved) as f64;
+            self.pace.spent(start.elapsed().mul_f64(share), moved);
         }
         Ok(())
     }

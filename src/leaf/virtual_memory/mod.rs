@@ -67,8 +67,8 @@ pub struct VirtualMemoryConfig {
     /// waits up to 200 ms for events recorded by an earlier call, and pages whose work still
     /// runs go once their events are reached. Where swapping pages for the bound (the remap and
     /// the new page's access grant) takes over a fortieth of the wall time over a second, a
-    /// quarter over a tenth of one, or half over 20 ms, the slack doubles, up to 64 times: a
-    /// program that does little but allocate soon maps nothing more.
+    /// quarter over a tenth of one, or half over 20 ms (16 swaps at least), the slack doubles, up
+    /// to 64 times: a program that does little but allocate soon maps nothing more.
     /// `usize::MAX` (the default): no such bound.
     pub peak_slack: usize,
 }
@@ -113,6 +113,10 @@ pub struct VmUsage {
     /// when a block first lies in them and freed once none of their pages is mapped or partly
     /// under a live block. So it follows live blocks and mapped pages, not the reservation.
     pub page_table_bytes: usize,
+    /// How many times the peak slack has doubled because swapping pages for the bound took
+    /// too much of the time ([`VirtualMemoryConfig::peak_slack`]): the bound on mapped pages is
+    /// the peak of live pages plus the slack times two to this power.
+    pub slack_doublings: u32,
 }
 
 /// A resource that carves blocks out of reserved virtual address space and backs them with
@@ -280,6 +284,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             unmaps: st.unmaps,
             waited: st.waited,
             page_table_bytes: st.regions.iter().map(|r| r.pages.bytes()).sum(),
+            slack_doublings: self.pace.doublings(),
         }
     }
 

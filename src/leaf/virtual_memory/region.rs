@@ -103,6 +103,9 @@ pub(super) struct State<H, M> {
 /// soon stops swapping and maps nothing more, as with no bound. Growth maps no page in place of
 /// another, and counts nothing.
 ///
+/// A window of fewer than [`Pace::MIN_SWAPS`] swaps doubles nothing: a few swaps that took
+/// long because their thread was preempted are not a program that swaps.
+///
 /// Atomics, not a lock: heaps count their swaps while holding their own locks. The figures are
 /// a hint: a swap counted as a window closes may count in the next.
 #[derive(Debug)]
@@ -113,6 +116,8 @@ pub(super) struct Pace {
     since: AtomicU64,
     /// Nanoseconds spent swapping pages for the bounds within the window.
     spent: AtomicU64,
+    /// Pages swapped within the window.
+    swaps: AtomicU64,
     /// How many times the slack has been doubled.
     doublings: AtomicU32,
 }
@@ -126,12 +131,14 @@ impl Pace {
         (Duration::from_secs(1), 40),
     ];
     const MAX_DOUBLINGS: u32 = 6;
+    const MIN_SWAPS: u64 = 16;
 
     pub(super) fn new() -> Self {
         Pace {
             epoch: Instant::now(),
             since: AtomicU64::new(0),
             spent: AtomicU64::new(0),
+            swaps: AtomicU64::new(0),
             doublings: AtomicU32::new(0),
         }
     }
@@ -142,21 +149,27 @@ impl Pace {
         self.doublings.load(Ordering::Relaxed)
     }
 
-    /// Counts `time` spent swapping pages for the bounds; doubles the slack where swaps took
-    /// more than their share of the window so far.
-    pub(super) fn spent(&self, time: Duration) {
+    /// Counts `time` spent swapping `pages` pages for the bounds; doubles the slack where swaps
+    /// took more than their share of the window so far.
+    pub(super) fn spent(&self, time: Duration, pages: usize) {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let add = nanos(time);
         let spent = self
             .spent
             .fetch_add(add, Ordering::Relaxed)
             .saturating_add(add);
+        let pages = u64::try_from(pages).unwrap_or(u64::MAX);
+        let swaps = self
+            .swaps
+            .fetch_add(pages, Ordering::Relaxed)
+            .saturating_add(pages);
         let since = self.since.load(Ordering::Relaxed);
         let now = nanos(self.epoch.elapsed());
         let window = now.saturating_sub(since);
-        let over = Self::RULES
-            .iter()
-            .any(|&(at, share)| window >= nanos(at) && spent.saturating_mul(share) > window);
+        let over = swaps >= Self::MIN_SWAPS
+            && Self::RULES
+                .iter()
+                .any(|&(at, share)| window >= nanos(at) && spent.saturating_mul(share) > window);
         let longest = Self::RULES[Self::RULES.len() - 1].0;
         // One caller closes a window: the one that moves its start.
         let close = over || window >= nanos(longest);
@@ -167,11 +180,11 @@ impl Pace {
                 .is_ok()
         {
             // What others add from now on counts in the new window.
-            let _ = self
-                .spent
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                    Some(s.saturating_sub(spent))
+            for (total, seen) in [(&self.spent, spent), (&self.swaps, swaps)] {
+                let _ = total.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                    Some(s.saturating_sub(seen))
                 });
+            }
             if over {
                 let _ = self
                     .doublings

@@ -625,10 +625,23 @@ fn a_pace_doubles_once_swaps_take_half_of_20_ms() {
     let pace = region::Pace::new();
     std::thread::sleep(std::time::Duration::from_millis(25));
     // Under a twentieth of the time: no rule is broken, however long the sleep overran.
-    pace.spent(std::time::Duration::from_micros(500));
+    pace.spent(std::time::Duration::from_micros(500), 20);
     assert_eq!(pace.doublings(), 0);
     // Three quarters of the window at least: over half.
-    pace.spent(start.elapsed() * 3 / 4);
+    pace.spent(start.elapsed() * 3 / 4, 20);
+    assert_eq!(pace.doublings(), 1);
+}
+
+#[test]
+fn a_few_slow_swaps_are_not_a_program_that_swaps() {
+    let start = std::time::Instant::now();
+    let pace = region::Pace::new();
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    // Nearly all of the window, but in 15 swaps (a thread preempted while it swapped).
+    pace.spent(start.elapsed(), 15);
+    assert_eq!(pace.doublings(), 0);
+    // One more makes it a program that swaps.
+    pace.spent(std::time::Duration::from_millis(1), 1);
     assert_eq!(pace.doublings(), 1);
 }
 
