@@ -127,7 +127,9 @@
 //! `--model resnet50 --min-batch 64 --max-batch 160` (each allocator in a process of its own, run
 //! twice taking turns, both models in one call on an NVIDIA H200, torch 2.11, 2026-11-28; the
 //! build before the tick's events were spaced, whose GPT, run once in a later call, gave the same:
-//! native 1.169, expandable segments 1.039 at 0.999, `paged` 1.017 at 0.997).
+//! native 1.169, expandable segments 1.039 at 0.999, `paged` 1.017 at 0.997; and once more on
+//! the final build, whose heaps share one pace: 1.017 at 0.998, 267 pages unmapped for the bound
+//! over 23 steps and the slack never doubled).
 //! GPT-style training: 12 pre-norm layers, d_model 1024, 16 heads, vocabulary 32,000, sequence
 //! length 128–1024 and batch 8–24 drawn at every step. ResNet-50: torchvision's, SGD, 224-pixel
 //! random images, batch 64–160 drawn at every step. 3 warm-up and 20 timed steps a run. Peak in
@@ -195,23 +197,26 @@
 //! scripts/gpu-bench-rmm`), ns/op (wall time over all threads' ops) and its ratio to RMM's best of
 //! `cuda_async`, `pool`, `binning` and `arena` in the same run. The final build, whose heaps
 //! count their swaps together and double their slack once swaps take half of 20 ms
-//! (`RMM_BENCH_DEADLINE_S=250`, every cell run):
+//! (`RMM_BENCH_DEADLINE_S=230`, every cell run):
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
 //! |---|---:|---:|---:|
-//! | random | 1 | 239 / 481 (0.50) | 140 / 355 (0.39) |
-//! | random | 8 | 60.1 / 687 (0.087) | 88.8 / 1,355 (0.066) |
-//! | random | 16 | 53.6 / 397 (0.135) | 57.4 / 1,397 (0.041) |
-//! | transformer_infer | 1 | 218 / 246 (0.89) | 229 / 470 (0.49) |
-//! | transformer_infer | 8 | 37.4 / 889 (0.042) | 31.8 / 1,361 (0.023) |
-//! | transformer_infer | 16 | 18.8 / 1,084 (0.017) | 33.2 / 1,640 (0.020) |
-//! | transformer_train | 1 | 210 / 324 (0.65) | 128 / 387 (0.33) |
-//! | transformer_train | 8 | 34.4 / 856 (0.040) | 38.2 / 1,748 (0.022) |
-//! | transformer_train | 16 | 31.4 / 812 (0.039) | 45.6 / 1,385 (0.033) |
+//! | random | 1 | 129 / 220 (0.59) | 126 / 310 (0.41) |
+//! | random | 8 | 43.2 / 607 (0.071) | 70.6 / 1,209 (0.058) |
+//! | random | 16 | 20.7 / 371 (0.056) | 90.2 / 1,446 (0.062) |
+//! | transformer_infer | 1 | 249 / 239 (1.04) | 148 / 322 (0.46) |
+//! | transformer_infer | 8 | 30.8 / 824 (0.037) | 30.8 / 1,381 (0.022) |
+//! | transformer_infer | 16 | 16.6 / 1,003 (0.017) | 52.1 / 1,529 (0.034) |
+//! | transformer_train | 1 | 183 / 254 (0.72) | 177 / 360 (0.49) |
+//! | transformer_train | 8 | 27.8 / 756 (0.037) | 29.6 / 1,531 (0.019) |
+//! | transformer_train | 16 | 15.5 / 852 (0.018) | 36.3 / 1,706 (0.021) |
 //!
-//! Random's figures are this call's weakest: in a call before it, the same build against the one
-//! before (`paged` alone, alternating) gave random 31.1 / 33.6 ns/op on 8 threads and 16.8 / 19.1
-//! on 16 (own streams), and transformer_train on 16 threads 25.5 / 193.6 (own) and 47.5 / 159.0
+//! Against its own one thread (own streams), `paged` runs 3.0x (random), 8.1x and 6.6x as many
+//! ops on 8 threads and 6.2x, 15x and 11.8x on 16. The one-thread cells move most from call to
+//! call: in the call before, the same heaps (the build without the 16-swap floor) gave 0.50 /
+//! 0.39 on random, 0.89 / 0.49 on transformer_infer and 0.65 / 0.33 on transformer_train. In a
+//! call before that, the build against the one before it (`paged` alone, alternating) gave
+//! transformer_train on 16 threads 25.5 against 193.6 ns/op (own streams) and 47.5 against 159.0
 //! (one stream): its pages had been swapped back and forth by sixteen heaps at once, each within
 //! its own share of the time while the driver served them one at a time.
 //!
