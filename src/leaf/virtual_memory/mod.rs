@@ -113,9 +113,10 @@ pub struct VmUsage {
     /// when a block first lies in them and freed once none of their pages is mapped or partly
     /// under a live block. So it follows live blocks and mapped pages, not the reservation.
     pub page_table_bytes: usize,
-    /// How many times the peak slack has doubled because swapping pages for the bound took
-    /// too much of the time ([`VirtualMemoryConfig::peak_slack`]): the bound on mapped pages is
-    /// the peak of live pages plus the slack times two to this power.
+    /// How many times the peak slack has doubled because unmapping and swapping pages for the
+    /// bounds took too much of the time ([`VirtualMemoryConfig::peak_slack`]): under a
+    /// `peak_slack`, the bound on mapped pages is the peak of live pages plus the slack times
+    /// two to this power (with none, it widens nothing).
     pub slack_doublings: u32,
 }
 
