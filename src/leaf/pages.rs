@@ -412,6 +412,31 @@ impl DevicePages {
     fn err(&self, size: usize) -> impl Fn(cudarc::driver::DriverError) -> AllocError {
         move |e| AllocError::cuda(e, size, 0, Self::NAME)
     }
+
+    /// Maps the allocation `handle` at `[addr, addr + size)` (this context current); where the
+    /// driver refuses, gives the allocation back, so that on failure nothing is left of it.
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + size)` is whole pages of a reservation of this source, not mapped, and
+    /// `handle` an allocation of `size` bytes of this source, mapped nowhere.
+    unsafe fn map_or_release(
+        &self,
+        addr: usize,
+        size: usize,
+        handle: sys::CUmemGenericAllocationHandle,
+    ) -> Result<sys::CUmemGenericAllocationHandle> {
+        // SAFETY: the caller's promises; the driver refuses anything else with an error.
+        let mapped =
+            unsafe { sys::cuMemMap(addr as sys::CUdeviceptr, size, 0, handle, 0) }.result();
+        if let Err(e) = mapped {
+            // SAFETY: the allocation is mapped nowhere.
+            self.ctx
+                .record_err(unsafe { sys::cuMemRelease(handle) }.result());
+            return Err(self.err(size)(e));
+        }
+        Ok(handle)
+    }
 }
 
 impl sealed::Sealed for DevicePages {}
@@ -477,17 +502,8 @@ unsafe impl PhysicalPages for DevicePages {
             .result()
             .map_err(&err)?;
         // SAFETY: `[addr, addr + size)` is whole pages of the caller's reservation, not mapped
-        // (this function's contract); the handle is `size` bytes; the driver refuses anything
-        // else with an error.
-        let mapped =
-            unsafe { sys::cuMemMap(addr as sys::CUdeviceptr, size, 0, handle, 0) }.result();
-        if let Err(e) = mapped {
-            // SAFETY: the handle was just created and is mapped nowhere.
-            self.ctx
-                .record_err(unsafe { sys::cuMemRelease(handle) }.result());
-            return Err(err(e));
-        }
-        Ok(handle)
+        // (this function's contract); the handle was just created, `size` bytes.
+        unsafe { self.map_or_release(addr, size, handle) }
     }
 
     unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
@@ -516,7 +532,6 @@ unsafe impl PhysicalPages for DevicePages {
         size: usize,
         page: Self::Page,
     ) -> Result<Self::Page> {
-        let err = self.err(size);
         let current = crate::leaf::make_current(&self.ctx);
         // SAFETY: one mapping of this source that nothing uses any more (the caller's contract).
         let unmapped = current
@@ -535,14 +550,7 @@ unsafe impl PhysicalPages for DevicePages {
         }
         // SAFETY: `[to, to + size)` is whole pages of the caller's reservation, not mapped (the
         // contract); the allocation is `size` bytes and mapped nowhere now.
-        let mapped = unsafe { sys::cuMemMap(to as sys::CUdeviceptr, size, 0, page, 0) }.result();
-        if let Err(e) = mapped {
-            // SAFETY: the allocation is mapped nowhere.
-            self.ctx
-                .record_err(unsafe { sys::cuMemRelease(page) }.result());
-            return Err(err(e));
-        }
-        Ok(page)
+        unsafe { self.map_or_release(to, size, page) }
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<()> {

@@ -259,7 +259,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     }
 
     /// What all heaps hold together, each read at its own instant (`peak_mapped` is the sum of
-    /// the heaps' peaks: at least the peak of the sum; `slack_doublings` their shared pace's).
+    /// the heaps' peaks: at least the peak of the sum; `slack_doublings` their one pace's).
     pub fn usage(&self) -> VmUsage {
         let mut total = VmUsage::default();
         for heap in self.heaps.iter().filter_map(OnceLock::get) {
@@ -274,9 +274,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             total.unmaps += u.unmaps;
             total.waited += u.waited;
             total.page_table_bytes += u.page_table_bytes;
-            // One pace for all: each heap reads the same.
-            total.slack_doublings = total.slack_doublings.max(u.slack_doublings);
         }
+        total.slack_doublings = self.pace.doublings();
         total
     }
 

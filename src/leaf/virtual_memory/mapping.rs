@@ -227,7 +227,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             }
         }
         if moved > 0 {
-            let share = moved as f64 / missing.max(moved) as f64;
+            let share = moved as f64 / missing as f64;
             self.pace.spent(start.elapsed().mul_f64(share), moved);
         }
         Ok(())

@@ -573,8 +573,6 @@ impl<P: PhysicalPages> Drop for VirtualMemory<P> {
         let page = self.page;
         let mut guard = self.lock();
         let st = &mut *guard;
-        // Pages a mapping left unfinished (a source that panicked) go back first.
-        self.give_back_donors(st);
         // Wait for the streams that freed blocks since the last trim: then no work uses a page
         // without a live block. If that fails, work may still use them: leak them all.
         if self.synchronize_freed(st).is_err() {

@@ -33,6 +33,9 @@ struct Recording {
     remaps: std::sync::atomic::AtomicUsize,
     /// Marks made.
     marks: std::sync::atomic::AtomicUsize,
+    /// While set, a remap panics once it has unmapped its page (a source that breaks down
+    /// halfway).
+    panic_in_remap: std::sync::atomic::AtomicBool,
 }
 
 impl Recording {
@@ -46,6 +49,7 @@ impl Recording {
             enable_us: std::sync::atomic::AtomicU64::new(0),
             remaps: std::sync::atomic::AtomicUsize::new(0),
             marks: std::sync::atomic::AtomicUsize::new(0),
+            panic_in_remap: std::sync::atomic::AtomicBool::new(false),
         }
     }
     fn set_capturing(&self, capturing: bool) {
@@ -115,10 +119,15 @@ unsafe impl PhysicalPages for Recording {
         self.remaps
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: forwarded from the caller.
-        unsafe {
-            self.unmap(from, size, page);
-            self.map(to, size)
-        }
+        unsafe { self.unmap(from, size, page) };
+        assert!(
+            !self
+                .panic_in_remap
+                .load(std::sync::atomic::Ordering::Relaxed),
+            "the source breaks down halfway through a remap"
+        );
+        // SAFETY: forwarded from the caller.
+        unsafe { self.map(to, size) }
     }
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
         self.push(Ev::Sync(stream.id()));
@@ -886,4 +895,28 @@ fn a_program_that_does_little_but_allocate_marks_its_streams_once_an_interval_at
     );
     // SAFETY: live with this size.
     unsafe { vm.deallocate(c, 6 * P, 256, s) };
+}
+
+#[test]
+fn pages_kept_for_a_mapping_a_panic_cut_short_go_back_with_the_next_call() {
+    let rec = Recording::new(1 << 30);
+    let vm = following(&rec);
+    let s = StreamRef::simulated(1);
+    let a = vm.allocate(4 * P, 256, s).unwrap();
+    let b = vm.allocate(4 * P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 4 * P, 256, s) };
+    // C takes three of A's pages' memory; the first move breaks down, two pages still kept.
+    rec.panic_in_remap
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let cut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vm.allocate(6 * P, 256, s)));
+    assert!(cut.is_err());
+    rec.panic_in_remap
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    // The next call finds the lock poisoned: the kept pages go back to the source.
+    assert_eq!(vm.usage().mapped, rec.sim.mapped());
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(b, 4 * P, 256, s) };
+    drop(vm);
+    assert_eq!(rec.sim.mapped(), 0);
 }
