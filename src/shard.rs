@@ -26,6 +26,19 @@ use std::sync::atomic::{
 };
 use std::sync::{Arc, Weak};
 
+/// A value on cache lines of its own: side by side, two threads' heaps would share a line (the
+/// mutex word, the counters each call updates) and every call would move it between cores.
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct Line<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Live threads that get a shard of their own; threads beyond share one, with atomic updates.
 pub(crate) const SLOTS: usize = 64;
 

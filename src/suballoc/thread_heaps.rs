@@ -99,25 +99,12 @@ layer_by_new!(ThreadHeapsConfig => ThreadHeaps);
 pub struct ThreadHeaps<U: MemoryResource> {
     /// One per thread slot ([`shard::SLOTS`]) and the shared one, made at first use. Declared
     /// first: dropped (their chunks given back) before `shared`'s last reference can go.
-    heaps: Box<[Line<OnceLock<Heap<U>>>]>,
+    heaps: Box<[shard::Line<OnceLock<Heap<U>>>]>,
     shared: Arc<Shared<U>>,
 }
 
 /// One thread's heap.
 type Heap<U> = Tlsf<HeapUpstream<U>>;
-
-/// A heap on cache lines of its own: side by side, two threads' heaps would share a line (the
-/// mutex word, the counters each call updates) and every call would move it between cores.
-#[derive(Debug)]
-#[repr(align(128))]
-struct Line<T>(T);
-
-impl<T> std::ops::Deref for Line<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
 
 /// What the heaps share: the pool they take chunks from and which heap owns each chunk.
 #[derive(Debug)]
@@ -185,7 +172,9 @@ impl<U: MemoryResource> ThreadHeaps<U> {
     /// to 256 bytes). No heap exists until a thread asks for memory.
     pub fn new(upstream: U, config: ThreadHeapsConfig) -> Self {
         ThreadHeaps {
-            heaps: (0..=shard::SLOTS).map(|_| Line(OnceLock::new())).collect(),
+            heaps: (0..=shard::SLOTS)
+                .map(|_| shard::Line(OnceLock::new()))
+                .collect(),
             shared: Arc::new(Shared {
                 global: Tlsf::new(
                     upstream,

@@ -190,8 +190,8 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     pages: P,
     config: PagedHeapsConfig,
     /// One per thread slot ([`shard::SLOTS`]), the shared one, then [`STREAM_HEAPS`] by stream;
-    /// made at first use.
-    heaps: Box<[OnceLock<VirtualMemory<P>>]>,
+    /// made at first use, each on cache lines of its own.
+    heaps: Box<[shard::Line<OnceLock<VirtualMemory<P>>>]>,
     /// Every heap's reserved ranges, `(base, size, slot)` sorted by base, for frees from other
     /// threads; a range missing (reserved since the last look) is found by asking each heap.
     routes: RwLock<Vec<(usize, usize, usize)>>,
@@ -220,7 +220,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             pages,
             config,
             heaps: (0..by_stream(STREAM_HEAPS))
-                .map(|_| OnceLock::new())
+                .map(|_| shard::Line(OnceLock::new()))
                 .collect(),
             routes: RwLock::new(Vec::new()),
             streams: Mutex::new(StreamSlots::default()),
@@ -262,7 +262,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     /// the heaps' peaks: at least the peak of the sum; `slack_doublings` their one pace's).
     pub fn usage(&self) -> VmUsage {
         let mut total = VmUsage::default();
-        for heap in self.heaps.iter().filter_map(OnceLock::get) {
+        for heap in self.heaps.iter().filter_map(|h| h.get()) {
             let u = heap.usage();
             total.mapped += u.mapped;
             total.peak_mapped += u.peak_mapped;
@@ -284,7 +284,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     pub fn release(&self) -> usize {
         self.heaps
             .iter()
-            .filter_map(OnceLock::get)
+            .filter_map(|h| h.get())
             .map(VirtualMemory::release)
             .sum()
     }
@@ -438,7 +438,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         // the heap whose ranges hold it; an address of no heap is ignored, as each heap ignores
         // one it never handed out.
         let owns = |slot: usize| {
-            let heap = self.heaps.get(slot).and_then(OnceLock::get);
+            let heap = self.heaps.get(slot).and_then(|h| h.get());
             heap.is_some_and(|heap| heap.free_if_owned(addr, stream))
         };
         let last = HINT.with(|h| h.served.get());
