@@ -86,8 +86,17 @@ def build(rows):
         k = (r["workload"], r["layout"])
         if r["workload"] not in workloads:
             workloads.append(r["workload"])
-        # A later line for the same cell (a rerun) replaces an earlier one.
-        grid.setdefault(k, {}).setdefault(r["lib"], {})[r["stack"]] = r
+        # Of several lines for one cell (rounds), the fastest figure stands: the hosts' noise
+        # (another tenant on the core, a slow period lasting seconds) only ever slows a run. A
+        # figure stands over a failure, and a later failure over an earlier one.
+        stacks = grid.setdefault(k, {}).setdefault(r["lib"], {})
+        before = stacks.get(r["stack"])
+        if (
+            before is None
+            or not before.get("ok")
+            or (r.get("ok") and r["ns_per_op"] < before["ns_per_op"])
+        ):
+            stacks[r["stack"]] = r
     return grid, workloads
 
 
@@ -190,7 +199,8 @@ def main(argv):
         with open(md, "w", encoding="utf-8") as f:
             f.write(f"# {title}\n\n")
             f.write(
-                "ns per op (allocate or free), median of the timed passes after a warm-up pass; "
+                "ns per op (allocate or free), median of the timed passes after a warm-up pass, "
+                "the fastest of the rounds where there were several; "
                 "`(Np)`: only N timed passes fit the budget; `(w)`: the warm-up pass alone, which took over 2.5 "
                 "budgets (a stack that slow needs no median). N threads: the workload's allocations "
                 "dealt round-robin to N threads, each freeing its own, the same ops at every thread "
