@@ -134,6 +134,7 @@ def main():
     p.add_argument("--allocator", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     sys.path.insert(0, HERE)
+    import mrstack_capi
     import tiny_gpt
 
     tiny_gpt.add_model_args(p, vocab=32000, d_model=1024, heads=16, layers=12, min_len=128, max_len=1024)
@@ -141,9 +142,7 @@ def main():
     if args.allocator:
         return child(args)
 
-    runs = [("native", "native", {}), ("expandable segments", "native",
-            {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
-    runs += [(s, "mrstack", {"MRSTACK_STACK": s}) for s in args.stack]
+    runs = mrstack_capi.torch_allocator_runs(args.stack)
     # Each allocator runs once per round, in turn, so that a slow spell of the machine falls on
     # every allocator alike rather than on one.
     results = {name: [] for name, _, _ in runs}

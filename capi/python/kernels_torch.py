@@ -17,6 +17,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import mrstack_capi  # noqa: E402 (beside this file)
 KERNELS = ["copy", "gather", "conv", "batch norm"]
 
 
@@ -24,9 +26,6 @@ def child(args):
     import torch
 
     if args.allocator == "mrstack":
-        sys.path.insert(0, HERE)
-        import mrstack_capi
-
         mrstack_capi.use_with_torch(args.lib)
     n = 1 << 29  # 2 GiB of float32
     a = torch.ones(n, device="cuda")
@@ -68,9 +67,7 @@ def main():
     if args.allocator:
         return child(args)
 
-    runs = [("native", "native", {}), ("expandable segments", "native",
-            {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
-    runs += [(s, "mrstack", {"MRSTACK_STACK": s}) for s in args.stack]
+    runs = mrstack_capi.torch_allocator_runs(args.stack)
     best = {name: None for name, _, _ in runs}
     for _ in range(args.rounds):
         for name, allocator, env in runs:

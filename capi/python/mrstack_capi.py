@@ -122,6 +122,15 @@ def use_with_torch(path):
     return load(path)
 
 
+def torch_allocator_runs(stacks):
+    """The allocators a side-by-side PyTorch client compares, each run in a child process:
+    (name, the child's --allocator, its environment) for PyTorch's native allocator, its
+    expandable segments, then each MRSTACK_STACK in `stacks` through the C library."""
+    runs = [("native", "native", {}),
+            ("expandable segments", "native", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
+    return runs + [(s, "mrstack", {"MRSTACK_STACK": s}) for s in stacks]
+
+
 def use_with_torch_if_chosen(args):
     """`use_with_torch(args.lib)` for a client run with `--allocator mrstack` (which needs
     `--lib`), else None: PyTorch's own allocator. Call it right after importing torch."""
