@@ -7,7 +7,7 @@ Measures, with the driver API through ctypes (PyTorch only to own the context an
 - per 2 MiB page: cuMemCreate, cuMemMap, cuMemSetAccess (per page and once per run of pages),
   cuMemUnmap (per page and once per run), cuMemRelease; runs of 1, 16 and 128 pages;
 - a swap of one page (unmapped at one address, mapped at another): given back and made anew, or
-  the same allocation moved;
+  the same allocation moved; and moved, for pages of 1 to 32 granules;
 - whether cuMemUnmap / cuMemMap of pages no work uses wait for a kernel running on another stream;
 - cuEventRecord and cuEventQuery;
 - what a thread that maps and unmaps pages in a loop costs a thread that launches small kernels.
@@ -159,6 +159,36 @@ anew, moved = (statistics.median(times[k]) for k in ("anew", "moved"))
 print(f"a swap of one page, µs (median of 200): given back and made anew "
       f"(unmap+release+create+map+access) {anew:.1f}, the same allocation moved "
       f"(unmap+map+access) {moved:.1f} ({moved / anew:.2f}x)")
+
+def moved_swap(size):
+    """The median time of moving one allocation of `size` bytes between two addresses
+    (unmap, map, access), µs, over 60 moves."""
+    va = CUdeviceptr()
+    check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(2 * size), C.c_size_t(0), CUdeviceptr(0), C.c_ulonglong(0)), "reserve")
+    va = va.value
+    h = Handle()
+    check(cu.cuMemCreate(C.byref(h), C.c_size_t(size), C.byref(prop), C.c_ulonglong(0)), "create")
+    check(cu.cuMemMap(CUdeviceptr(va), C.c_size_t(size), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
+    check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(size), C.byref(access), C.c_size_t(1)), "access")
+    at, times = 0, []
+    for _ in range(60):
+        src, dst = va + at * size, va + (1 - at) * size
+        a = now()
+        check(cu.cuMemUnmap(CUdeviceptr(src), C.c_size_t(size)), "unmap")
+        check(cu.cuMemMap(CUdeviceptr(dst), C.c_size_t(size), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
+        check(cu.cuMemSetAccess(CUdeviceptr(dst), C.c_size_t(size), C.byref(access), C.c_size_t(1)), "access")
+        times.append(now() - a)
+        at = 1 - at
+    check(cu.cuMemUnmap(CUdeviceptr(va + at * size), C.c_size_t(size)), "unmap")
+    check(cu.cuMemRelease(h), "release")
+    check(cu.cuMemAddressFree(CUdeviceptr(va), C.c_size_t(2 * size)), "free")
+    return statistics.median(times)
+
+
+# The cost of a swap is per mapping, not per byte: pages of several granules cost the same.
+print("a swap by page size, one allocation moved (unmap+map+access), µs: " + ", ".join(
+    f"{(PAGE << k) >> 20} MiB {moved_swap(PAGE << k):.1f}" for k in range(6)))
+
 
 # Does unmapping (or mapping) pages that no work uses wait for a kernel on another stream?
 va = reserve(16)

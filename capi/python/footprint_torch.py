@@ -12,8 +12,12 @@ max_memory_allocated (what PyTorch's tensors needed at most, rounded as PyTorch 
     python3 capi/python/footprint_torch.py --lib gpu-bin/lib/libmrstack_c.so \\
         --stack 'vmm(device=0)' --stack 'paged(device=0)'
 
-Prints one table; --json writes the rows. --rounds N runs every allocator N times, taking turns,
-and pools their steps: the machine's slow spells then fall on all of them alike.
+Prints one table; --json writes the rows. --rounds N runs every allocator N times, after one
+native run that is not counted (a call's first minute ran ResNet-50 up to 1.25x faster than the
+rest), in turns that start one allocator later each round; a row's step time is the median of
+its runs' median step times, and its ratio to native's the median over the rounds of its run's
+over native's run of the same round: the machine's speed drifts over minutes, and a ratio taken
+within a round, where each allocator holds each place in turn, does not see it.
 """
 
 import argparse
@@ -128,8 +132,8 @@ def main():
     p.add_argument("--min-batch", type=int, default=8)
     p.add_argument("--max-batch", type=int, default=24)
     p.add_argument("--rounds", type=int, default=1,
-                   help="run every allocator this many times, taking turns; a row's step time is the "
-                        "median over the steps of all its runs, its peak the highest")
+                   help="run every allocator this many times, taking turns; a row's step ratio is the "
+                        "median of its per-round ratios to native, its peak the highest")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--allocator", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -143,25 +147,33 @@ def main():
         return child(args)
 
     runs = mrstack_capi.torch_allocator_runs(args.stack)
-    # Each allocator runs once per round, in turn, so that a slow spell of the machine falls on
-    # every allocator alike rather than on one.
-    results = {name: [] for name, _, _ in runs}
-    for _ in range(args.rounds):
-        for i, (name, allocator, env) in enumerate(runs):
-            out = f"/tmp/footprint-{i}.json"
-            # The child gets this run's options, one by one, and its own allocator and output.
-            own = {"lib", "stack", "json", "allocator", "out", "rounds"}
-            clean = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--allocator", allocator,
-                     "--out", out]
-            for key, value in vars(args).items():
-                if key not in own:
-                    clean += ["--" + key.replace("_", "-"), str(value)]
-            r = subprocess.run(clean, env={**os.environ, **env}, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"{name}: failed\n{r.stderr[-3000:]}")
-                results[name].append(None)
-                continue
-            results[name].append(json.load(open(out)))
+
+    def run(i):
+        """Allocator `i` run once in a child process: its result, or None."""
+        name, allocator, env = runs[i]
+        out = f"/tmp/footprint-{i}.json"
+        # The child gets this run's options, one by one, and its own allocator and output.
+        own = {"lib", "stack", "json", "allocator", "out", "rounds"}
+        clean = [sys.executable, os.path.abspath(__file__), "--lib", args.lib, "--allocator", allocator,
+                 "--out", out]
+        for key, value in vars(args).items():
+            if key not in own:
+                clean += ["--" + key.replace("_", "-"), str(value)]
+        r = subprocess.run(clean, env={**os.environ, **env}, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{name}: failed\n{r.stderr[-3000:]}")
+            return None
+        return json.load(open(out))
+
+    if args.rounds > 1:
+        run(0)
+    # Each allocator runs once per round, in turn, the first one later each round, so that a
+    # slow spell of the machine falls on every allocator alike rather than on one.
+    results = {name: [None] * args.rounds for name, _, _ in runs}
+    for k in range(args.rounds):
+        for j in range(len(runs)):
+            i = (j + k) % len(runs)
+            results[runs[i][0]][k] = run(i)
     rows = []
     for name, _, _ in runs:
         done = results[name]
@@ -171,8 +183,8 @@ def main():
         row = dict(done[0])
         row["name"] = name
         row["peak_in_use"] = max(r["peak_in_use"] for r in done)
-        row["step_s"] = [t for r in done for t in r["step_s"]]
-        row["median_step_s"] = statistics.median(row["step_s"])
+        row["run_median_step_s"] = [statistics.median(r["step_s"]) for r in done]
+        row["median_step_s"] = statistics.median(row["run_median_step_s"])
         row["rounds"] = len(done)
         rows.append(row)
     native = rows[0]
@@ -189,10 +201,15 @@ def main():
         same = row["losses"] == native["losses"]
         close = max(abs(a - b) for a, b in zip(row["losses"], native["losses"]))
         row["ratio"] = ratio
-        row["step_ratio"] = row["median_step_s"] / native["median_step_s"]
+        row["step_ratio"] = statistics.median(
+            a / b for a, b in zip(row["run_median_step_s"], native["run_median_step_s"]))
         print(f"{row['name']:<34} {row['peak_in_use'] / 2**30:>10.2f} G {ratio:>7.3f} "
               f"{row['median_step_s'] * 1e3:>8.1f} {row['step_ratio']:>8.3f} "
               f"{'equal' if same else f'max diff {close:.2g}':>16}")
+    if args.rounds > 1:
+        print("each run's median step, ms: " + "; ".join(
+            f"{row['name']} " + ", ".join(f"{t * 1e3:.1f}" for t in row["run_median_step_s"])
+            for row in rows if not row.get("failed")))
     for row in rows:
         if "pages" in row:
             p = row["pages"]

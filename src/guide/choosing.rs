@@ -8,9 +8,10 @@
 //!   gives its own back when memory runs short. PyTorch's GPT training on it held 1.017 ×
 //!   `max_memory_allocated` at native speed ([performance](super::performance)). Its pages are
 //!   the device's 2 MiB granule: a kernel that streams memory at full bandwidth (a 2 GiB copy)
-//!   runs up to 9% slower on them than on `cudaMalloc`'s memory, and as fast on 16 MiB pages
+//!   runs 2–9% slower on them than on `cudaMalloc`'s memory, and as fast on 16 MiB pages
 //!   (`paged(page=16MiB)`, [`DevicePages::with_page_size`](crate::leaf::DevicePages::with_page_size)),
-//!   which held 1.027 × for the GPT where 2 MiB pages held 1.017 ×.
+//!   which held 1.027 × for the GPT where 2 MiB pages held 1.017 ×. Larger pages also move
+//!   memory for the bound for less: a page costs the same to move whatever its size.
 //! * **`cuda > pool > binning`** (`resource_stack![Cuda::new(&ctx)?, Pool, Binning]`) where memory
 //!   is plentiful: `Binning` serves small requests from per-thread caches and fixed-size bins;
 //!   larger ones and the bins' refills come from the `Pool`.

@@ -123,31 +123,36 @@
 //!
 //! # The default stack in PyTorch training
 //!
-//! `capi/python/footprint_torch.py --stack paged --steps 20 --rounds 2`, then the same with
+//! `capi/python/footprint_torch.py --stack paged --steps 20 --rounds 3`, then the same with
 //! `--model resnet50 --min-batch 64 --max-batch 160` (each allocator in a process of its own, run
-//! twice taking turns, both models in one call on an NVIDIA H200, torch 2.11, 2026-11-28).
+//! three times taking turns after one native run that is not counted, each round starting one
+//! allocator later; both models in one call on an NVIDIA H200, torch 2.11, 2026-11-28).
 //! GPT-style training: 12 pre-norm layers, d_model 1024, 16 heads, vocabulary 32,000, sequence
 //! length 128–1024 and batch 8–24 drawn at every step. ResNet-50: torchvision's, SGD, 224-pixel
 //! random images, batch 64–160 drawn at every step. 3 warm-up and 20 timed steps a run. Peak in
 //! use: `cuMemGetInfo`'s total − free, sampled every millisecond during the timed steps, the
-//! higher of the two runs; ratio: that peak less what native mode holds outside its allocator
+//! highest of the three runs; ratio: that peak less what native mode holds outside its allocator
 //! (native's peak in use − its `max_memory_reserved`) over native's `max_memory_allocated`
-//! (23.87 GiB for the GPT, 13.19 GiB for ResNet-50); step time: the median over both runs' steps.
+//! (23.87 GiB for the GPT, 13.19 GiB for ResNet-50); step time: the median of the runs' median
+//! steps; × native: the median over the rounds of the run's median step over native's run's in
+//! the same round (the host's speed drifts over minutes; within a round it drifts less).
 //!
 //! | model | allocator | peak in use | ratio | median step ms | × native |
 //! |---|---|---:|---:|---:|---:|
-//! | GPT | PyTorch native | 28.65 GiB | 1.169 | 256.8 | 1.000 |
-//! | GPT | PyTorch expandable segments | 25.54 GiB | 1.039 | 256.4 | 0.999 |
-//! | GPT | mrstack `paged` | 25.00 GiB | **1.017** | 256.3 | **0.998** |
-//! | ResNet-50 | PyTorch native | 24.06 GiB | 1.767 | 134.6 | 1.000 |
-//! | ResNet-50 | PyTorch expandable segments | 14.15 GiB | 1.015 | 127.4 | 0.946 |
-//! | ResNet-50 | mrstack `paged` | 14.16 GiB | **1.016** | 141.7 | 1.053 |
+//! | GPT | PyTorch native | 28.65 GiB | 1.169 | 256.4 | 1.000 |
+//! | GPT | PyTorch expandable segments | 25.54 GiB | 1.039 | 256.3 | 1.000 |
+//! | GPT | mrstack `paged` | 25.00 GiB | **1.017** | 255.9 | **0.998** |
+//! | ResNet-50 | PyTorch native | 24.06 GiB | 1.767 | 135.2 | 1.000 |
+//! | ResNet-50 | PyTorch expandable segments | 14.15 GiB | 1.015 | 132.3 | 1.045 |
+//! | ResNet-50 | mrstack `paged` | 14.16 GiB | **1.016** | 140.8 | 1.037 |
 //!
-//! Losses: equal to native's for ResNet-50, within 6.1e-05 for the GPT (no deterministic mode
-//! here). ResNet-50's step times move by about a tenth from one call to the next, whatever the
-//! allocator, and their order with them: two more calls the same day, one run each, gave
-//! `paged` 0.956 and 0.928 of native's, expandable segments 0.892 and 1.023, and `cuda_async`
-//! (the driver's pool through the C library) 0.918 and 1.088. Over its first run, `paged`
+//! Losses: equal to native's for ResNet-50, within 3.1e-05 for the GPT (no deterministic mode
+//! here). ResNet-50's step times cannot tell two allocators 2% apart on this host: its runs'
+//! medians went from 118.9 to 152.2 ms in that call, whatever the allocator (native 126.6,
+//! 144.2, 135.2; expandable segments 132.3, 152.2, 127.9; `paged` 140.8, 149.6, 118.9, in round
+//! order), and PyTorch's own expandable segments came out at 1.045. Other calls the same day put
+//! `paged` at 0.928–1.053 of native's and expandable segments at 0.892–1.023. The GPT's runs
+//! agree within 0.1%. Over its first run, `paged`
 //! mapped 12,692 pages and unmapped 267 for the GPT, 6,899 and 36 for ResNet-50, and waited
 //! 0 ms for the device in both, its slack never doubled (the C library's statistics: `maps`,
 //! `unmaps`, `waited_ns`, `slack_doublings`).
@@ -155,9 +160,11 @@
 //! Page size. `capi/python/kernels_torch.py` times kernels on memory from each allocator. On 2
 //! MiB pages (the device's granule, `paged`'s default) a 2 GiB copy took 1.084–1.104 ms, against
 //! 1.008–1.021 on native's, expandable segments' and `cuda_async`'s memory; on `paged`'s own
-//! pages of 4, 8, 16 and 32 MiB (`paged(page=…)`) 1.057, 1.024, 1.007 and 1.011–1.016. A
-//! gather over 2 GiB, a 3x3 convolution and a batch norm took the same time on every
-//! allocator's memory. The GPT on 16 MiB pages held 1.027 (2 MiB: 1.017, same call) at the same
+//! pages of 4, 8, 16 and 32 MiB (`paged(page=…)`) 1.057, 1.024, 1.007 and 1.011–1.016 (each
+//! allocator run once). The script itself (`--stack paged --stack 'paged(page=16MiB)'`, two
+//! rounds, the lowest round's mean) gave 1.002 ms on native's memory, 1.003 on expandable
+//! segments', 1.025 on `paged`'s and 1.006 on 16 MiB pages. A gather over 2 GiB, a 3x3
+//! convolution and a batch norm took the same time on every allocator's memory (within 0.4%). The GPT on 16 MiB pages held 1.027 (2 MiB: 1.017, same call) at the same
 //! step time: larger pages are for programs bound by memory bandwidth, at some footprint.
 //!
 //! How `paged` holds the GPT's peak: each heap keeps its mapped pages within the peak of its
@@ -189,35 +196,41 @@
 //! of 245 live ones (the same pages go back and forth), while with no bound it maps 266 and
 //! swaps none.
 //!
-//! `python3 scripts/vmm-costs.py` on an H200: a 2 MiB page costs `cuMemCreate` 8–10 µs,
-//! `cuMemMap` 2–3 µs, `cuMemSetAccess` 19–21 µs, `cuMemUnmap` 13–15 µs and `cuMemRelease`
-//! 9–10 µs (runs of 16 pages and of one); a swap of one page (unmapped at one address, mapped at
-//! another) costs 54.5 µs given back and made anew, 36.3 µs with the same allocation moved
-//! (0.67x); mapping or unmapping pages no work uses does not wait for a kernel running on
-//! another stream; `cuEventRecord` costs 0.9 µs and `cuEventQuery` 0.6 µs, which is why marks
-//! are recorded and queried at most every 32 calls, and 50 µs apart at least.
+//! `python3 scripts/vmm-costs.py` on an H200 (2026-11-28): a 2 MiB page costs `cuMemCreate`
+//! 9–12 µs, `cuMemMap` 2–3 µs, `cuMemSetAccess` 21–26 µs, `cuMemUnmap` 14–17 µs and
+//! `cuMemRelease` 10–12 µs (each per page, in runs of 1, 16 and 128 pages, whether
+//! `cuMemSetAccess` and `cuMemUnmap` are called per page or once per run); a swap of one page
+//! (unmapped at one address, mapped at another) costs 60.0 µs given back and made anew, 39.3 µs
+//! with the same allocation moved (0.65x). A swap costs the same whatever the page's size:
+//! 39.1 µs for 2 MiB, 39.3 for 16 MiB, 39.7 for 64 MiB. The calls cost per mapping, not per
+//! byte, so pages of 16 MiB move memory for the bound at an eighth of the cost per byte of 2 MiB
+//! pages, beside their bandwidth; their price is the footprint's coarser grain. Mapping or
+//! unmapping pages no work uses does not wait for a kernel running on another stream;
+//! `cuEventRecord` costs 0.9–1.7 µs and `cuEventQuery` 0.6–1.0 µs, which is why marks are
+//! recorded and queried at most every 32 calls, and 50 µs apart at least.
 //!
-//! The same stack in the RMM side-by-side harness (`RMM_BENCH_ROUNDS=2
-//! RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena RMM_BENCH_THREADS=1,8,16
-//! RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train RMM_BENCH_DEADLINE_S=400 bash
-//! scripts/gpu-bench-rmm`, H200, 2026-11-28), ns/op (wall time over all threads' ops), each the
-//! faster of two rounds (five 16-thread cells ran once), and its ratio to RMM's best of
-//! `cuda_async`, `pool`, `binning` and `arena` in the same run:
+//! The same stack in the RMM side-by-side harness (`RMM_BENCH_ROUNDS=3
+//! RMM_BENCH_MRSTACK_STACKS=paged RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
+//! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train
+//! RMM_BENCH_DEADLINE_S=420 bash scripts/gpu-bench-rmm`, H200, 2026-11-28,
+//! `benches/rmm/results-2026-11-28-h200-paged-rounds3.md`), ns/op (wall time over all threads'
+//! ops), each the fastest of three rounds, and its ratio to RMM's best of `cuda_async`, `pool`,
+//! `binning` and `arena` in the same run:
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
 //! |---|---:|---:|---:|
-//! | random | 1 | 145 / 466 (0.31) | 252 / 324 (0.78) |
-//! | random | 8 | 31.0 / 715 (0.043) | 84.1 / 1,519 (0.055) |
-//! | random | 16 | 21.5 / 404 (0.053) | 93.3 / 1,577 (0.059) |
-//! | transformer_infer | 1 | 199 / 400 (0.50) | 235 / 331 (0.71) |
-//! | transformer_infer | 8 | 25.8 / 759 (0.034) | 28.2 / 1,547 (0.018) |
-//! | transformer_infer | 16 | 19.1 / 1,250 (0.015) | 38.9 / 1,638 (0.024) |
-//! | transformer_train | 1 | 197 / 328 (0.60) | 216 / 369 (0.59) |
-//! | transformer_train | 8 | 27.5 / 825 (0.033) | 30.5 / 1,713 (0.018) |
-//! | transformer_train | 16 | 41.2 / 1,047 (0.039) | 77.4 / 1,625 (0.048) |
+//! | random | 1 | 131 / 238 (0.55) | 150 / 312 (0.48) |
+//! | random | 8 | 32.8 / 603 (0.054) | 74.2 / 1,311 (0.057) |
+//! | random | 16 | 17.2 / 334 (0.051) | 39.9 / 1,305 (0.031) |
+//! | transformer_infer | 1 | 145 / 239 (0.61) | 131 / 275 (0.48) |
+//! | transformer_infer | 8 | 21.8 / 783 (0.028) | 23.1 / 1,430 (0.016) |
+//! | transformer_infer | 16 | 14.3 / 892 (0.016) | 25.3 / 1,442 (0.018) |
+//! | transformer_train | 1 | 130 / 308 (0.42) | 116 / 360 (0.32) |
+//! | transformer_train | 8 | 22.9 / 780 (0.029) | 28.7 / 1,621 (0.018) |
+//! | transformer_train | 16 | 14.6 / 933 (0.016) | 25.8 / 1,686 (0.015) |
 //!
-//! Against its own one thread (own streams), `paged` runs 4.7x (random), 7.7x and 7.2x as many
-//! ops on 8 threads, and 6.7x, 10.4x and 4.8x on 16. Every heap sits on cache lines of its own:
+//! Against its own one thread (own streams), `paged` runs 4.0x (random), 6.7x and 5.7x as many
+//! ops on 8 threads, and 7.6x, 10.1x and 8.9x on 16. Every heap sits on cache lines of its own:
 //! with the heaps side by side instead (neighbours' lock words on one line), random on 8 threads
 //! over `Simulated` on the same host took 35.7–36.4 ns/op against 24.4–25.6 apart (16 threads:
 //! 19.4–19.7 against 14.4–18.0; transformer_train on 16 threads 19.9–20.9 against 15.0).
@@ -226,14 +239,21 @@
 //! vCPUs run 1.6x slower for seconds at a time, whichever core a process is pinned to:
 //! random on one thread over `Simulated` took 97–106 ns/op in some runs and 141–169 in others,
 //! each run's passes alike. Hence the rounds, and the fastest of them. The cells still move from
-//! call to call: a call the same day gave `paged` 0.59 / 0.41 on random, 1.04 / 0.46 on
-//! transformer_infer and 0.72 / 0.49 on transformer_train (129 / 126 ns/op on random where this
-//! one took 145 / 252), and RMM's best on random moved between 220 and 466 ns/op. A TLSF index
-//! with records kept apart costs 70–100 ns/op over `Simulated` on one thread; a heap's lock
-//! about a tenth of that.
+//! call to call: a call of two rounds the same day gave `paged` 145 / 252 ns/op on random's one
+//! thread, where this one's fastest rounds took 131 / 150, and RMM's best 466 / 324 where this
+//! one's took 238 / 312. Replaying random and transformer_infer on one thread alternately over
+//! the GPU and over `Simulated` in one call, `tlsf` took 53–152 ns/op and `paged` 113–284,
+//! whichever the page source and the stream: the one-stream cells are no slower than the
+//! own-stream ones beyond that spread. A TLSF index with records kept apart costs 70–100 ns/op
+//! over `Simulated` on one thread, and `paged` about 25 more than `tlsf` (87 against 62 on
+//! random's one stream, on a build host): 7 for the heaps' routing (`vmm`: 81), the rest for the
+//! pages under each block.
 //!
 //! Swapping a page costs a remap (18–21 µs) and its access grant (25–30 µs per page,
-//! `cuMemSetAccess` on each run of new pages). On transformer_infer's log, replayed on one
+//! `cuMemSetAccess` on each run of new pages). The harness's transformer_infer ops (its log seven
+//! times over) swap about 2,900 pages a pass over `Simulated` with the bound at its first
+//! slack, nearly all for blocks of 8 MiB and more: 113 ms of swaps on a GPU against 8 ms of
+//! bookkeeping, which is why the slack doubles there. On transformer_infer's log, replayed on one
 //! thread over the GPU with the bound at its first slack, 420 swaps a pass took 21 ms of 27.
 //! With the slack doubling once swaps take half of 20 ms, the passes go 37, 11 and then
 //! 2.2–2.3 ms (16 swaps a pass), and transformer_train's 52, 18, 13, 6.2, then 5.5 ms. Each of

@@ -283,9 +283,11 @@ impl DevicePages {
     /// shifts; [`Simulated`](crate::leaf::Simulated)'s pages are rounded the same way.
     ///
     /// Larger pages cost footprint (a block's pages are whole pages) and save the GPU's address
-    /// translation: on an H200, a 2 GiB copy took 1.08–1.10 ms on 2 MiB pages, 1.06 on 4 MiB,
+    /// translation: on an H200, a 2 GiB copy took 1.03–1.10 ms on 2 MiB pages, 1.06 on 4 MiB,
     /// 1.02 on 8 MiB and 1.01 on 16 MiB, as on `cudaMalloc`'s memory
-    /// ([performance](crate::guide::performance)).
+    /// ([performance](crate::guide::performance)). They also cost less to move: unmapping a page
+    /// and mapping it elsewhere (`VirtualMemory`'s swaps for its bound) took 39 µs whatever the
+    /// page's size, from 2 to 64 MiB.
     pub fn with_page_size(ctx: &Arc<CudaContext>, page: usize) -> Result<Self> {
         let err = |e| AllocError::cuda(e, 0, 0, Self::NAME);
         let _current = crate::leaf::make_current(ctx).map_err(err)?;
