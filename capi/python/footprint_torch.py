@@ -120,6 +120,33 @@ def child(args):
         json.dump(row, f)
 
 
+def summarize(names, results):
+    """One row per allocator from its runs, `results[name][round]` (a child's result, or None
+    where the run failed); `names[0]` is native. A row with a failed run is marked failed. Its
+    peak is its runs' highest; its step time the median of its runs' median steps; its step
+    ratio the median over the rounds of its run's median step over native's run's in the same
+    round (the host's speed drifts between rounds, less within one)."""
+    rows = []
+    for name in names:
+        done = results[name]
+        if any(r is None for r in done):
+            rows.append({"name": name, "failed": True})
+            continue
+        row = dict(done[0])
+        row["name"] = name
+        row["peak_in_use"] = max(r["peak_in_use"] for r in done)
+        row["run_median_step_s"] = [statistics.median(r["step_s"]) for r in done]
+        row["median_step_s"] = statistics.median(row["run_median_step_s"])
+        row["rounds"] = len(done)
+        rows.append(row)
+    native = rows[0]
+    for row in rows:
+        if not row.get("failed") and not native.get("failed"):
+            row["step_ratio"] = statistics.median(
+                a / b for a, b in zip(row["run_median_step_s"], native["run_median_step_s"]))
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib", required=True, help="libmrstack_c.so")
@@ -174,20 +201,10 @@ def main():
         for j in range(len(runs)):
             i = (j + k) % len(runs)
             results[runs[i][0]][k] = run(i)
-    rows = []
-    for name, _, _ in runs:
-        done = results[name]
-        if any(r is None for r in done):
-            rows.append({"name": name, "failed": True})
-            continue
-        row = dict(done[0])
-        row["name"] = name
-        row["peak_in_use"] = max(r["peak_in_use"] for r in done)
-        row["run_median_step_s"] = [statistics.median(r["step_s"]) for r in done]
-        row["median_step_s"] = statistics.median(row["run_median_step_s"])
-        row["rounds"] = len(done)
-        rows.append(row)
+    rows = summarize([name for name, _, _ in runs], results)
     native = rows[0]
+    if native.get("failed"):
+        sys.exit("native failed: nothing to compare with")
     overhead = native["peak_in_use"] - native["max_reserved"]
     print(f"native: max_memory_allocated {native['max_allocated'] / 2**30:.2f} GiB, "
           f"max_memory_reserved {native['max_reserved'] / 2**30:.2f} GiB, "
@@ -201,8 +218,6 @@ def main():
         same = row["losses"] == native["losses"]
         close = max(abs(a - b) for a, b in zip(row["losses"], native["losses"]))
         row["ratio"] = ratio
-        row["step_ratio"] = statistics.median(
-            a / b for a, b in zip(row["run_median_step_s"], native["run_median_step_s"]))
         print(f"{row['name']:<34} {row['peak_in_use'] / 2**30:>10.2f} G {ratio:>7.3f} "
               f"{row['median_step_s'] * 1e3:>8.1f} {row['step_ratio']:>8.3f} "
               f"{'equal' if same else f'max diff {close:.2g}':>16}")
