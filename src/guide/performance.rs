@@ -164,8 +164,9 @@
 //! allocator run once). The script itself (`--stack paged --stack 'paged(page=16MiB)'`, two
 //! rounds, the lowest round's mean) gave 1.002 ms on native's memory, 1.003 on expandable
 //! segments', 1.025 on `paged`'s and 1.006 on 16 MiB pages. A gather over 2 GiB, a 3x3
-//! convolution and a batch norm took the same time on every allocator's memory (within 0.4%). The GPT on 16 MiB pages held 1.027 (2 MiB: 1.017, same call) at the same
-//! step time: larger pages are for programs bound by memory bandwidth, at some footprint.
+//! convolution and a batch norm took the same time on every allocator's memory (within 0.4%).
+//! The GPT on 16 MiB pages held 1.027 (2 MiB: 1.017, same call) at the same step time: larger
+//! pages are for programs bound by memory bandwidth, at some footprint.
 //!
 //! How `paged` holds the GPT's peak: each heap keeps its mapped pages within the peak of its
 //! live pages and a 64th of it ([`PagedHeapsConfig::peak_slack`](crate::leaf::PagedHeapsConfig::peak_slack)).
