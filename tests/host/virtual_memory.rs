@@ -634,3 +634,95 @@ fn paged_heaps_take_back_blocks_freed_on_other_streams_past_the_stream_heaps() {
     heaps.release();
     assert_eq!(sim.mapped(), 0);
 }
+
+#[test]
+fn a_request_of_the_whole_capacity_fits_once_nothing_is_live() {
+    const PAGE: usize = 64 << 10;
+    let sim = Simulated::with_page_size(4 * PAGE, PAGE);
+    let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
+    let (s1, s2) = (StreamRef::simulated(1), StreamRef::simulated(2));
+    let a = vm.allocate(256, 256, s1).unwrap();
+    // SAFETY: live, from `vm`, this size; freed on another stream, so the free ranges of `s1`
+    // start 256 bytes into a page.
+    unsafe { vm.deallocate(a, 256, 256, s2) };
+    vm.release();
+    assert_eq!((vm.usage().allocated, sim.mapped()), (0, 0));
+    let p = vm.allocate(4 * PAGE, 256, s1).unwrap();
+    assert_eq!(p.as_ptr() as usize % PAGE, 0, "placed at a page boundary");
+    // SAFETY: live, from `vm`, this size.
+    unsafe { vm.deallocate(p, 4 * PAGE, 256, s1) };
+    all_back(&sim, vm, VirtualMemory::release);
+}
+
+#[test]
+fn the_error_of_a_request_that_runs_short_names_the_request() {
+    const PAGE: usize = 64 << 10;
+    let sim = Simulated::with_page_size(4 * PAGE, PAGE);
+    let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
+    let live = vm.allocate(3 * PAGE, 256, StreamRef::DEFAULT).unwrap();
+    let e = vm.allocate(2 * PAGE, 512, StreamRef::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("requested {} bytes", 2 * PAGE)),
+        "{e}"
+    );
+    // SAFETY: live, from `vm`, this size.
+    unsafe { vm.deallocate(live, 3 * PAGE, 256, StreamRef::DEFAULT) };
+}
+
+#[test]
+fn ranges_reserved_for_single_requests_go_back_on_release() {
+    let cap = 1usize << 40;
+    let sim = Simulated::new(cap);
+    let heaps = mrstack::leaf::PagedHeaps::new(&sim, mrstack::leaf::PagedHeapsConfig::default());
+    let s = StreamRef::simulated(1);
+    // Each block's alignment asks for a range of its own, until the address space runs out.
+    let mut live = Vec::new();
+    while let Ok(p) = heaps.allocate(256, 2 * cap, s) {
+        live.push(p);
+        assert!(live.len() < 10_000, "address space without end");
+    }
+    assert!(live.len() > 1);
+    for p in live.drain(..) {
+        // SAFETY: live, from `heaps`, this size and alignment.
+        unsafe { heaps.deallocate(p, 256, 2 * cap, s) };
+    }
+    heaps.release();
+    assert_eq!((heaps.usage().allocated, sim.mapped()), (0, 0));
+    // Each heap keeps one range; `Simulated` hands out addresses once only, so the address
+    // space given back is not handed out again here, as the driver's is.
+    assert_eq!(sim.reservations(), heaps.heaps(), "one range a heap");
+    let p = heaps.allocate(256, 256, s).unwrap();
+    // SAFETY: live, from `heaps`, this size.
+    unsafe { heaps.deallocate(p, 256, 256, s) };
+}
+
+#[test]
+fn a_stream_heap_that_cannot_be_made_leaves_the_request_to_the_threads_heap() {
+    let (cap, page) = (1usize << 40, 1usize << 30);
+    let sim = Simulated::with_page_size(cap, page);
+    let heaps = mrstack::leaf::PagedHeaps::new(&sim, mrstack::leaf::PagedHeapsConfig::default());
+    let s = StreamRef::simulated(1);
+    // The whole device in stream 1's heap: the next request goes to this thread's heap.
+    let x = heaps.allocate(cap, 256, s).unwrap();
+    let y = heaps.allocate(256, 2 * cap, s);
+    // Then the address space runs out, held by blocks of stream 1's and this thread's heaps.
+    let mut live = Vec::new();
+    while let Ok(p) = heaps.allocate(256, 2 * cap, s) {
+        live.push(p);
+        assert!(live.len() < 10_000, "address space without end");
+    }
+    // SAFETY: live, from `heaps`, this size.
+    unsafe { heaps.deallocate(x, cap, 256, s) };
+    // A new stream's heap cannot reserve its range; this thread's heap serves the request.
+    let p = heaps.allocate(256, 256, StreamRef::simulated(2)).unwrap();
+    // SAFETY: live, from `heaps`, this size.
+    unsafe { heaps.deallocate(p, 256, 256, StreamRef::simulated(2)) };
+    for p in live.drain(..).chain(y.ok()) {
+        // SAFETY: live, from `heaps`, this size and alignment.
+        unsafe { heaps.deallocate(p, 256, 2 * cap, s) };
+    }
+    heaps.release();
+    assert_eq!((heaps.usage().allocated, sim.mapped()), (0, 0));
+}

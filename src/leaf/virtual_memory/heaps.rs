@@ -279,8 +279,9 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         total
     }
 
-    /// Unmaps every free page of every heap (after waiting for the work that freed them);
-    /// returns the physical bytes given back.
+    /// Unmaps every free page of every heap (after waiting for the work that freed them), and
+    /// gives back each heap's empty ranges but one ([`VirtualMemory::release`]); returns the
+    /// physical bytes given back.
     pub fn release(&self) -> usize {
         self.heaps
             .iter()
@@ -308,31 +309,35 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             .ok_or_else(|| AllocError::out_of_memory(0, 0, NAME))
     }
 
-    /// The heap whose ranges hold `addr`.
-    fn owner(&self, addr: usize) -> Option<&VirtualMemory<P>> {
+    /// Frees `addr` in the heap whose ranges hold it, by the table of ranges, made again where
+    /// it names none or a heap that no longer holds the range (ranges come and go: a heap's
+    /// `release` gives back its free extra ranges); an address of no heap is ignored.
+    fn free_by_routes(&self, addr: usize, stream: StreamRef) {
         let find = |routes: &[(usize, usize, usize)]| {
             let i = routes.partition_point(|r| r.0 <= addr).checked_sub(1)?;
             let (base, size, slot) = routes[i];
             (addr - base < size).then_some(slot)
         };
-        let known = find(&self.routes.read().unwrap_or_else(PoisonError::into_inner));
-        let slot = match known {
-            Some(slot) => slot,
-            None => {
-                // A range reserved since the table was made: make it again.
-                let mut routes: Vec<(usize, usize, usize)> = Vec::new();
-                for (slot, heap) in self.heaps.iter().enumerate() {
-                    if let Some(heap) = heap.get() {
-                        routes.extend(heap.ranges().into_iter().map(|(b, s)| (b, s, slot)));
-                    }
-                }
-                routes.sort_unstable();
-                let slot = find(&routes);
-                *self.routes.write().unwrap_or_else(PoisonError::into_inner) = routes;
-                slot?
-            }
+        let frees = |slot: usize| {
+            let heap = self.heaps[slot].get();
+            heap.is_some_and(|heap| heap.free_if_owned(addr, stream))
         };
-        self.heaps[slot].get()
+        let known = find(&self.routes.read().unwrap_or_else(PoisonError::into_inner));
+        if known.is_some_and(frees) {
+            return;
+        }
+        let mut routes: Vec<(usize, usize, usize)> = Vec::new();
+        for (slot, heap) in self.heaps.iter().enumerate() {
+            if let Some(heap) = heap.get() {
+                routes.extend(heap.ranges().into_iter().map(|(b, s)| (b, s, slot)));
+            }
+        }
+        routes.sort_unstable();
+        let slot = find(&routes);
+        *self.routes.write().unwrap_or_else(PoisonError::into_inner) = routes;
+        if let Some(slot) = slot {
+            frees(slot);
+        }
     }
 }
 
@@ -385,21 +390,28 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         });
         if skip == 0 {
             let by_stream = self.stream_heap(stream);
-            let heap = self.heap(by_stream)?;
-            match heap.allocate_with(size, align, stream, true) {
-                None => HINT.with(|h| {
-                    let streak = h.busy_streak.get();
-                    h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
-                    h.skip_stream.set(SKIP_AFTER_BUSY << streak);
-                }),
-                Some(Err(e)) if e.is_out_of_memory() => {}
-                Some(done) => {
-                    HINT.with(|h| {
-                        h.served.set(by_stream);
-                        h.busy_streak.set(0);
-                    });
-                    return done;
-                }
+            // A stream heap that cannot be made (no address space for its range) leaves the
+            // request to this thread's heap.
+            match self
+                .heap(by_stream)
+                .map(|h| h.allocate_with(size, align, stream, true))
+            {
+                Err(_) => {}
+                Ok(attempt) => match attempt {
+                    None => HINT.with(|h| {
+                        let streak = h.busy_streak.get();
+                        h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
+                        h.skip_stream.set(SKIP_AFTER_BUSY << streak);
+                    }),
+                    Some(Err(e)) if e.is_out_of_memory() => {}
+                    Some(done) => {
+                        HINT.with(|h| {
+                            h.served.set(by_stream);
+                            h.busy_streak.set(0);
+                        });
+                        return done;
+                    }
+                },
             }
         }
         let slot = shard::slot();
@@ -453,9 +465,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         if own != last && own != by_stream && owns(own) {
             return;
         }
-        if let Some(heap) = self.owner(addr) {
-            heap.free_if_owned(addr, stream);
-        }
+        self.free_by_routes(addr, stream);
     }
 
     /// `paged(device=0, …)` (or `paged(simulated=…, …)`), leaving out what the defaults give.

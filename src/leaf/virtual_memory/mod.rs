@@ -289,13 +289,39 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
     }
 
-    /// Unmaps every cached page (after synchronizing the streams with free blocks); returns the
-    /// physical bytes given back.
+    /// Unmaps every cached page (after synchronizing the streams with free blocks), and gives
+    /// back every reserved range but one that holds no block and no page; returns the physical
+    /// bytes given back.
     pub fn release(&self) -> usize {
         let mut st = self.lock();
         let before = st.mapped;
         self.trim(&mut st, 0);
+        self.unreserve_free(&mut st);
         before - st.mapped
+    }
+
+    /// Gives back every reserved range, but one, with no live block and no page mapped: a range
+    /// reserved for one request (a large alignment, a block no free range held) would otherwise
+    /// hold address space until the resource drops.
+    fn unreserve_free(&self, st: &mut State<P::Page, P::Mark>) {
+        let mut r = st.regions.len();
+        while r > 0 && st.regions.len() > 1 {
+            r -= 1;
+            let base = st.regions[r].base;
+            if st.regions[r].pages.mapped_pages().next().is_some()
+                || st.index.free_chunk_streams(base).is_none()
+            {
+                continue;
+            }
+            let Some(chunk) = st.index.remove_chunk(base) else {
+                continue;
+            };
+            st.index.streams.release(chunk.stream);
+            let region = st.regions.remove(r);
+            // SAFETY: a reservation of this source with nothing mapped in it and no block in it
+            // any more.
+            unsafe { self.pages.unreserve(region.base, region.size) };
+        }
     }
 
     /// Whether a request could never be served: more than could ever be mapped, or a placement
@@ -339,25 +365,59 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         };
         let st = &mut *st;
         self.tick(st);
-        Some((|| {
-            let stolen = st.index.take_or_steal(stream, block, align, |after| {
-                self.pages.order_after(stream, after)
-            })?;
-            let addr = match stolen {
-                Some(addr) => addr,
-                None => {
-                    self.reserve(st, need, stream)?;
-                    st.index.take(stream, block, align).ok_or_else(oom)?
+        let placed = match self.place(st, stream, block, align, need) {
+            // A block placed partway into a page touches a page more than its size needs: where
+            // that page was what ran short, the block at a page boundary may fit.
+            Err(e) if e.is_out_of_memory() && align < self.page => {
+                match self.place(st, stream, block, self.page, 0) {
+                    Err(again) if again.is_out_of_memory() => Err(e),
+                    other => other,
                 }
-            };
-            let r = st.region_of(addr).ok_or_else(oom)?;
-            if let Err(e) = self.commit(st, r, addr, block) {
-                // Back to the free ranges, on this stream (ordered after any other already).
-                let _ = st.index.free(addr, stream);
-                return Err(e);
             }
-            NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom)
-        })())
+            other => other,
+        };
+        // Running short is the caller's request that could not be served, whichever page or
+        // range the page source was asked for.
+        Some(
+            placed
+                .and_then(|addr| {
+                    NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom)
+                })
+                .map_err(|e| if e.is_out_of_memory() { oom() } else { e }),
+        )
+    }
+
+    /// Places a block of `block` bytes at `align` for `stream` and maps its pages: from the
+    /// stream's free ranges, another stream's after `order_after`, or, where `need` (the block
+    /// with its alignment slack) is not 0, a new range of at least `need` bytes. On failure the
+    /// index is as before (but for a new range, kept free).
+    fn place(
+        &self,
+        st: &mut State<P::Page, P::Mark>,
+        stream: StreamRef,
+        block: usize,
+        align: usize,
+        need: usize,
+    ) -> Result<usize> {
+        let oom = || AllocError::out_of_memory(block, align, NAME);
+        let stolen = st.index.take_or_steal(stream, block, align, |after| {
+            self.pages.order_after(stream, after)
+        })?;
+        let addr = match stolen {
+            Some(addr) => addr,
+            None if need == 0 => return Err(oom()),
+            None => {
+                self.reserve(st, need, stream)?;
+                st.index.take(stream, block, align).ok_or_else(oom)?
+            }
+        };
+        let r = st.region_of(addr).ok_or_else(oom)?;
+        if let Err(e) = self.commit(st, r, addr, block) {
+            // Back to the free ranges, on this stream (ordered after any other already).
+            let _ = st.index.free(addr, stream);
+            return Err(e);
+        }
+        Ok(addr)
     }
 
     /// Frees the block at `addr` on `stream` if `addr` lies in one of its reserved ranges, and
