@@ -397,21 +397,19 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                 .map(|h| h.allocate_with(size, align, stream, true))
             {
                 Err(_) => {}
-                Ok(attempt) => match attempt {
-                    None => HINT.with(|h| {
-                        let streak = h.busy_streak.get();
-                        h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
-                        h.skip_stream.set(SKIP_AFTER_BUSY << streak);
-                    }),
-                    Some(Err(e)) if e.is_out_of_memory() => {}
-                    Some(done) => {
-                        HINT.with(|h| {
-                            h.served.set(by_stream);
-                            h.busy_streak.set(0);
-                        });
-                        return done;
-                    }
-                },
+                Ok(None) => HINT.with(|h| {
+                    let streak = h.busy_streak.get();
+                    h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
+                    h.skip_stream.set(SKIP_AFTER_BUSY << streak);
+                }),
+                Ok(Some(Err(e))) if e.is_out_of_memory() => {}
+                Ok(Some(done)) => {
+                    HINT.with(|h| {
+                        h.served.set(by_stream);
+                        h.busy_streak.set(0);
+                    });
+                    return done;
+                }
             }
         }
         let slot = shard::slot();
