@@ -365,11 +365,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         };
         let st = &mut *st;
         self.tick(st);
-        let placed = match self.place(st, stream, block, align, need) {
+        let placed = match self.place(st, stream, block, align, Some(need)) {
             // A block placed partway into a page touches a page more than its size needs: where
             // that page was what ran short, the block at a page boundary may fit.
             Err(e) if e.is_out_of_memory() && align < self.page => {
-                match self.place(st, stream, block, self.page, 0) {
+                match self.place(st, stream, block, self.page, None) {
                     Err(again) if again.is_out_of_memory() => Err(e),
                     other => other,
                 }
@@ -388,8 +388,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     /// Places a block of `block` bytes at `align` for `stream` and maps its pages: from the
-    /// stream's free ranges, another stream's after `order_after`, or, where `need` (the block
-    /// with its alignment slack) is not 0, a new range of at least `need` bytes. On failure the
+    /// stream's free ranges, another stream's after `order_after`, or, given `reserve` (the block
+    /// with its alignment slack), a new range of at least that many bytes. On failure the
     /// index is as before (but for a new range, kept free).
     fn place(
         &self,
@@ -397,7 +397,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         stream: StreamRef,
         block: usize,
         align: usize,
-        need: usize,
+        reserve: Option<usize>,
     ) -> Result<usize> {
         let oom = || AllocError::out_of_memory(block, align, NAME);
         let stolen = st.index.take_or_steal(stream, block, align, |after| {
@@ -405,8 +405,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         })?;
         let addr = match stolen {
             Some(addr) => addr,
-            None if need == 0 => return Err(oom()),
             None => {
+                let need = reserve.ok_or_else(oom)?;
                 self.reserve(st, need, stream)?;
                 st.index.take(stream, block, align).ok_or_else(oom)?
             }
