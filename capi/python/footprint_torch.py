@@ -1,7 +1,9 @@
 """PyTorch's live bytes against the device memory an allocator holds for them, and the step
 time it costs: GPT-style training (a pre-norm decoder, tiny_gpt.py) with the sequence length and
 the batch drawn at every step, or torchvision's ResNet-50 with the batch drawn at every step
-(--model resnet50), run once per allocator in a child process each, side by side.
+(--model resnet50; its warm-up also runs a step at each batch size the timed steps draw, since
+cuDNN plans each new shape on the host), run once per allocator in a child process each, side
+by side.
 
 For each allocator: the device memory in use (cuMemGetInfo's total - free), sampled every
 millisecond by a thread while the steps run, its peak; the median step time; the losses. The
@@ -51,8 +53,10 @@ def child(args):
         model = torchvision.models.resnet50(weights=None).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-        def batch():
-            b = draw.randint(args.min_batch, args.max_batch)
+        def shape():
+            return draw.randint(args.min_batch, args.max_batch)
+
+        def batch(b):
             x = torch.randn(b, 3, args.image, args.image, generator=gen).to(device)
             return x, torch.randint(0, 1000, (b,), generator=gen).to(device)
 
@@ -62,9 +66,11 @@ def child(args):
         model = tiny_gpt.model(args).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def batch():
-            n = draw.randint(args.min_len, args.max_len)
-            b = draw.randint(args.min_batch, args.max_batch)
+        def shape():
+            return draw.randint(args.min_len, args.max_len), draw.randint(args.min_batch, args.max_batch)
+
+        def batch(shape):
+            n, b = shape
             start = torch.randint(0, args.vocab, (b, 1), generator=gen)
             seq = ((start + torch.arange(n + 1)) % args.vocab).to(device)
             return seq[:, :-1], seq[:, 1:]
@@ -80,27 +86,36 @@ def child(args):
             peak[0] = max(peak[0], total - free)
             time.sleep(0.001)
 
+    # The shapes of the warm-up, then of the timed steps. ResNet-50's warm-up also meets each
+    # batch size its timed steps draw: cuDNN builds a plan for each new convolution shape, tens
+    # of milliseconds of host time that would otherwise land in whichever timed step meets the
+    # shape first, and time cuDNN rather than the allocator.
+    warmup = [shape() for _ in range(args.warmup)]
+    timed = [shape() for _ in range(args.steps)]
+    if args.model == "resnet50":
+        warmup += list(dict.fromkeys(timed))
     losses, times = [], []
     sampler = None
-    for step in range(args.warmup + args.steps):
-        if step == args.warmup:
+    for step, s in enumerate(warmup + timed):
+        if step == len(warmup):
             torch.cuda.synchronize()
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-        x, target = batch()
+        x, target = batch(s)
         t0 = time.perf_counter()
         loss = loss_of(x, target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         losses.append(loss.item())  # synchronizes: the step is done
-        if step >= args.warmup:
+        if step >= len(warmup):
             times.append(time.perf_counter() - t0)
     stop.set()
     sampler.join()
     free, total = torch.cuda.mem_get_info()
     peak[0] = max(peak[0], total - free)
     row = {
+        "warmup_steps": len(warmup),
         "peak_in_use": peak[0],
         "median_step_s": statistics.median(times),
         "step_s": times,
@@ -228,7 +243,7 @@ def main():
     for row in rows:
         if "pages" in row:
             p = row["pages"]
-            steps = args.warmup + args.steps
+            steps = row["warmup_steps"] + args.steps
             print(f"{row['name']}: {p['maps']} pages mapped, {p['unmaps']} unmapped, "
                   f"{p['waited_ns'] / 1e6:.1f} ms waited for the device, slack doubled {p['slack_doublings']} "
                   f"times, over its first run's {steps} steps")

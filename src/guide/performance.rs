@@ -129,31 +129,34 @@
 //! allocator later; both models in one call on an NVIDIA H200, torch 2.11, 2026-11-28).
 //! GPT-style training: 12 pre-norm layers, d_model 1024, 16 heads, vocabulary 32,000, sequence
 //! length 128–1024 and batch 8–24 drawn at every step. ResNet-50: torchvision's, SGD, 224-pixel
-//! random images, batch 64–160 drawn at every step. 3 warm-up and 20 timed steps a run. Peak in
-//! use: `cuMemGetInfo`'s total − free, sampled every millisecond during the timed steps, the
-//! highest of the three runs; ratio: that peak less what native mode holds outside its allocator
-//! (native's peak in use − its `max_memory_reserved`) over native's `max_memory_allocated`
-//! (23.87 GiB for the GPT, 13.19 GiB for ResNet-50); step time: the median of the runs' median
-//! steps; × native: the median over the rounds of the run's median step over native's run's in
-//! the same round (the host's speed drifts over minutes; within a round it drifts less).
+//! random images, batch 64–160 drawn at every step. 3 warm-up and 20 timed steps a run; ResNet-50's
+//! warm-up also runs one step at each batch size the timed steps draw (19 more), since cuDNN plans
+//! each new convolution shape on the host, tens of milliseconds that would otherwise time cuDNN
+//! rather than the allocator (without it, its runs' median steps spread over 104–176 ms whatever
+//! the allocator; with it, 56.8–57.1 ms). Peak in use: `cuMemGetInfo`'s total − free, sampled
+//! every millisecond during the timed steps, the highest of the three runs; ratio: that peak less
+//! what native mode holds outside its allocator (native's peak in use − its
+//! `max_memory_reserved`) over native's `max_memory_allocated` (23.87 GiB for the GPT, 13.19 GiB
+//! for ResNet-50); step time: the median of the runs' median steps; × native: the median over the
+//! rounds of the run's median step over native's run's in the same round (the host's speed
+//! drifts over minutes; within a round it drifts less).
 //!
 //! | model | allocator | peak in use | ratio | median step ms | × native |
 //! |---|---|---:|---:|---:|---:|
-//! | GPT | PyTorch native | 28.65 GiB | 1.169 | 256.4 | 1.000 |
-//! | GPT | PyTorch expandable segments | 25.54 GiB | 1.039 | 256.3 | 1.000 |
-//! | GPT | mrstack `paged` | 25.00 GiB | **1.017** | 255.9 | **0.998** |
-//! | ResNet-50 | PyTorch native | 24.06 GiB | 1.767 | 135.2 | 1.000 |
-//! | ResNet-50 | PyTorch expandable segments | 14.15 GiB | 1.015 | 132.3 | 1.045 |
-//! | ResNet-50 | mrstack `paged` | 14.16 GiB | **1.016** | 140.8 | 1.037 |
+//! | GPT | PyTorch native | 28.65 GiB | 1.169 | 256.5 | 1.000 |
+//! | GPT | PyTorch expandable segments | 25.54 GiB | 1.039 | 256.3 | 0.999 |
+//! | GPT | mrstack `paged` | 25.00 GiB | **1.017** | 256.4 | **0.999** |
+//! | ResNet-50 | PyTorch native | 24.06 GiB | 1.767 | 57.0 | 1.000 |
+//! | ResNet-50 | PyTorch expandable segments | 14.19 GiB | 1.018 | 57.0 | 1.002 |
+//! | ResNet-50 | mrstack `paged` | 14.14 GiB | **1.015** | 57.1 | **1.000** |
 //!
-//! Losses: equal to native's for ResNet-50, within 3.1e-05 for the GPT (no deterministic mode
-//! here). ResNet-50's step times cannot tell two allocators 2% apart on this host: its runs'
-//! medians went from 118.9 to 152.2 ms in that call, whatever the allocator (native 126.6,
-//! 144.2, 135.2; expandable segments 132.3, 152.2, 127.9; `paged` 140.8, 149.6, 118.9, in round
-//! order), and PyTorch's own expandable segments came out at 1.045. Other calls the same day put
-//! `paged` at 0.928–1.053 of native's and expandable segments at 0.892–1.023. The GPT's runs
-//! agree within 0.1%. Over its first run, `paged`
-//! mapped 12,692 pages and unmapped 267 for the GPT, 6,899 and 36 for ResNet-50, and waited
+//! Each run's median step, in round order: GPT native 256.4, 256.6, 256.5 ms, expandable
+//! segments 256.8, 256.3, 256.3, `paged` 256.4, 256.4, 256.1; ResNet-50 native 56.8, 57.0, 57.0,
+//! expandable segments 57.0, 57.1, 57.0, `paged` 57.1, 57.0, 57.1. Losses: equal to native's for
+//! ResNet-50; for the GPT, 3 of its 23 steps' losses differ from native's in the last bits (at
+//! most 3.1e-05 of about 100), for PyTorch's own expandable segments as for `paged` (no
+//! deterministic mode here). Over its first run, `paged`
+//! mapped 12,692 pages and unmapped 267 for the GPT, 6,891 and 36 for ResNet-50, and waited
 //! 0 ms for the device in both, its slack never doubled (the C library's statistics: `maps`,
 //! `unmaps`, `waited_ns`, `slack_doublings`).
 //!
