@@ -127,7 +127,7 @@ def child(args):
         stats = mrstack_capi.statistics(mrstack_capi.load(args.lib))
         pages = [layer for layer in stats.get("layers", []) if "maps" in layer]
         if pages:
-            row["pages"] = {k: pages[0][k] for k in ("maps", "unmaps", "waited_ns", "slack_doublings")}
+            row["pages"] = {k: pages[0][k] for k in ("maps", "unmaps", "waited_ns", "slack_doublings", "busy")}
     if args.allocator == "native":
         row["max_allocated"] = torch.cuda.max_memory_allocated()
         row["max_reserved"] = torch.cuda.max_memory_reserved()
@@ -246,7 +246,8 @@ def main():
             steps = row["warmup_steps"] + args.steps
             print(f"{row['name']}: {p['maps']} pages mapped, {p['unmaps']} unmapped, "
                   f"{p['waited_ns'] / 1e6:.1f} ms waited for the device, slack doubled {p['slack_doublings']} "
-                  f"times, over its first run's {steps} steps")
+                  f"times, {p['busy']} allocations found their stream's heap held by another thread, "
+                  f"over its first run's {steps} steps")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

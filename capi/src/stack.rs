@@ -324,7 +324,7 @@ impl MrstackStack {
     /// leaf side first (`layers`: `layer`, `held`, `peak_held`, `allocated`, `free_blocks`,
     /// `chunks`; a page leaf's: `layer`, `mapped`, `peak_mapped`, `cached`, `allocated`,
     /// `reserved`, `free_blocks`, `maps`, `unmaps`, `waited_ns`, `page_table_bytes`,
-    /// `slack_doublings`).
+    /// `slack_doublings`, `busy`).
     pub(crate) fn statistics_json(&self) -> String {
         let c = &self.counts;
         let live_blocks: usize = self
@@ -437,7 +437,7 @@ fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> Str
                     "{{\"layer\":\"{}\",\"mapped\":{},\"peak_mapped\":{},\"cached\":{},",
                     "\"allocated\":{},\"reserved\":{},\"free_blocks\":{},\"maps\":{},",
                     "\"unmaps\":{},\"waited_ns\":{},\"page_table_bytes\":{},",
-                    "\"slack_doublings\":{}}}"
+                    "\"slack_doublings\":{},\"busy\":{}}}"
                 ),
                 name,
                 u.mapped,
@@ -450,7 +450,8 @@ fn layers_json<P: mrstack::property::PropertySet>(stack: &AnyResource<P>) -> Str
                 u.unmaps,
                 u.waited.as_nanos(),
                 u.page_table_bytes,
-                u.slack_doublings
+                u.slack_doublings,
+                u.busy
             ))
         })
         .collect();

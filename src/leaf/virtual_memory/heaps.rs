@@ -10,7 +10,7 @@ use crate::stream::{StreamId, StreamRef};
 use cudarc::driver::CudaStream;
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use typenum::U256;
 
@@ -146,7 +146,8 @@ impl Default for PagedHeapsConfig {
 /// threads replaying a random workload on one stream over an H200 mapped 9.11 GB at most over
 /// two passes and 9.80 GB over six, mapping 80 pages a pass after the first, where on a stream
 /// each they mapped 9.06 GB in the first pass and nothing after. Give such threads a stream each,
-/// or call [`release`](Self::release) between phases.
+/// or call [`release`](Self::release) between phases; [`VmUsage::busy`] counts the
+/// allocations that found their stream's heap held.
 ///
 /// There are 16 stream heaps, one for each of the first 16 streams allocated on (a cudarc
 /// stream's heap goes to a new stream once it is dropped; later streams share them by a hash of
@@ -210,6 +211,9 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     instance: usize,
     /// The heaps' one pace: their swaps count together, since the driver serializes them.
     pace: Arc<Pace>,
+    /// Allocations that found their stream's heap held ([`VmUsage::busy`]), on a line of its
+    /// own: counted only then, so threads that share no stream never write it.
+    busy: shard::Line<AtomicU64>,
 }
 
 impl<P: PhysicalPages + Clone> std::fmt::Debug for PagedHeaps<P> {
@@ -235,12 +239,13 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             streams: Mutex::new(StreamSlots::default()),
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
             pace: Arc::new(Pace::new()),
+            busy: shard::Line(AtomicU64::new(0)),
         }
     }
 
     /// The index of `stream`'s heap: remembered per thread, so that only a thread's first
     /// allocation on a stream takes the slots' lock.
-    fn stream_heap(&self, stream: StreamRef) -> usize {
+    pub(super) fn stream_heap(&self, stream: StreamRef) -> usize {
         let id = stream.id();
         let (instance, known, heap) = HINT.with(|h| h.stream.get());
         if instance == self.instance && known == id {
@@ -268,7 +273,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     }
 
     /// What all heaps hold together, each read at its own instant (`peak_mapped` is the sum of
-    /// the heaps' peaks: at least the peak of the sum; `slack_doublings` their one pace's).
+    /// the heaps' peaks: at least the peak of the sum; `slack_doublings` their one pace's;
+    /// `busy` the allocations that found their stream's heap held).
     pub fn usage(&self) -> VmUsage {
         let mut total = VmUsage::default();
         for heap in self.heaps.iter().filter_map(|h| h.get()) {
@@ -285,6 +291,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             total.page_table_bytes += u.page_table_bytes;
         }
         total.slack_doublings = self.pace.doublings();
+        total.busy = self.busy.load(Ordering::Relaxed);
         total
     }
 
@@ -300,7 +307,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     }
 
     /// Heap `slot` (a thread's, or a stream's), made on first use.
-    fn heap(&self, slot: usize) -> Result<&VirtualMemory<P>> {
+    pub(super) fn heap(&self, slot: usize) -> Result<&VirtualMemory<P>> {
         if let Some(heap) = self.heaps[slot].get() {
             return Ok(heap);
         }
@@ -407,6 +414,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
             {
                 Err(_) => {}
                 Ok(None) => HINT.with(|h| {
+                    self.busy.fetch_add(1, Ordering::Relaxed);
                     let streak = h.busy_streak.get();
                     h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
                     h.skip_stream.set(SKIP_AFTER_BUSY << streak);

@@ -118,6 +118,10 @@ pub struct VmUsage {
     /// `peak_slack`, the bound on mapped pages is the peak of live pages plus the slack times
     /// two to this power (with none, it widens nothing).
     pub slack_doublings: u32,
+    /// Allocations of a [`PagedHeaps`] that found their stream's heap held by another thread
+    /// and went to the calling thread's own heap: threads allocating on one stream at once,
+    /// which [`PagedHeaps`] says the cost of. Always 0 for a `VirtualMemory` alone.
+    pub busy: u64,
 }
 
 /// A resource that carves blocks out of reserved virtual address space and backs them with
@@ -286,6 +290,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             waited: st.waited,
             page_table_bytes: st.regions.iter().map(|r| r.pages.bytes()).sum(),
             slack_doublings: self.pace.doublings(),
+            busy: 0,
         }
     }
 

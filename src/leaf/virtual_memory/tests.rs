@@ -473,6 +473,36 @@ fn an_impossible_request_leaves_the_other_heaps_alone() {
     assert_eq!(heaps.usage().cached, before);
 }
 
+#[test]
+fn an_allocation_that_finds_its_streams_heap_held_goes_to_its_threads_heap_and_is_counted() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let s = StreamRef::simulated(3);
+    let on_stream = heaps.stream_heap(s);
+    let stream_heap = heaps.heap(on_stream).unwrap();
+    // Held as another thread would hold it: `try_lock` fails for every thread, this one too.
+    let held = stream_heap
+        .state
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let a = heaps.allocate(P, 256, s).unwrap();
+    drop(held);
+    assert!(stream_heap
+        .ranges()
+        .iter()
+        .all(|&(base, size)| { !(base..base + size).contains(&(a.as_ptr() as usize)) }));
+    assert_eq!(stream_heap.usage().allocated, 0);
+    assert_eq!((heaps.usage().busy, heaps.usage().allocated), (1, P));
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(a, P, 256, s) };
+    assert_eq!((heaps.usage().busy, heaps.usage().allocated), (1, 0));
+    // The thread keeps to its own heap for a while, not trying the stream's: nothing counts.
+    let b = heaps.allocate(P, 256, s).unwrap();
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(b, P, 256, s) };
+    assert_eq!(heaps.usage().busy, 1);
+}
+
 /// A resource whose mapped pages follow the peak of live pages and one page (`peak_slack` 0)
 /// over `rec`, with a range of 64 pages.
 fn following(rec: &Recording) -> VirtualMemory<&Recording> {
