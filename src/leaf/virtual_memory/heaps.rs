@@ -25,11 +25,12 @@ const STREAM_HEAPS: usize = 16;
 static INSTANCES: AtomicUsize = AtomicUsize::new(0);
 
 /// Allocations a thread sends to its own heap after finding its stream's heap held by another,
-/// doubled for each time in a row it finds it held again, up to [`MAX_BUSY_DOUBLINGS`]: threads
-/// that share a stream at once settle in their own heaps, while threads that take turns on it
-/// (a forward and a backward thread) keep sharing its heap and its pages.
+/// doubled each time it finds it held again, up to [`MAX_BUSY_DOUBLINGS`] times; a try in
+/// between that finds it free sends it away for as long again, and [`PROBES_TO_RETURN`] such
+/// tries in a row undo one doubling ([`PagedHeaps`] says why).
 const SKIP_AFTER_BUSY: u32 = 64;
 const MAX_BUSY_DOUBLINGS: u32 = 6;
+const PROBES_TO_RETURN: u32 = 8;
 
 /// What a thread remembers across calls of every `PagedHeaps` (hints only: a wrong one costs a
 /// lock, never a wrong answer).
@@ -38,8 +39,10 @@ struct Hint {
     served: Cell<usize>,
     /// Allocations left to send to its own heap, after its stream's was busy.
     skip_stream: Cell<u32>,
-    /// The times in a row it found its stream's heap busy.
+    /// The doublings of its time away from its stream's heap ([`SKIP_AFTER_BUSY`]).
     busy_streak: Cell<u32>,
+    /// Probes in a row that found its stream's heap free.
+    probes: Cell<u32>,
     /// The stream heap of the last stream it allocated on: (instance, stream, heap).
     stream: Cell<(usize, StreamId, usize)>,
 }
@@ -50,6 +53,7 @@ thread_local! {
             served: Cell::new(usize::MAX),
             skip_stream: Cell::new(0),
             busy_streak: Cell::new(0),
+            probes: Cell::new(0),
             stream: Cell::new((usize::MAX, StreamId::DEFAULT, 0)),
         }
     };
@@ -125,8 +129,9 @@ impl Default for PagedHeapsConfig {
 /// The stack to start with: device memory that follows what is live, fast on one thread and on
 /// many. [`VirtualMemory`] heaps over one page source `P` ([`DevicePages`](crate::leaf::DevicePages)
 /// on a GPU, [`Simulated`](crate::leaf::Simulated) anywhere), one for each stream and one for
-/// each thread: a request goes to its stream's heap, or, while another thread holds that heap,
-/// to the calling thread's own; a free goes to the heap the block came from. So the threads of
+/// each thread: a request goes to its stream's heap, or, once it has found another thread
+/// holding that heap, to the calling thread's own for a while, longer each time (see below); a
+/// free goes to the heap the block came from. So the threads of
 /// one program that take turns on a stream (PyTorch's forward on the main thread, its backward
 /// on the autograd thread) share one heap and its pages, and threads that allocate at once never
 /// wait for each other. Each heap reserves its own virtual ranges and maps physical pages only
@@ -139,15 +144,19 @@ impl Default for PagedHeapsConfig {
 /// peak of live memory, not that peak plus the holes freed blocks leave. Memory running short or
 /// [`release`](Self::release) gives back every free page.
 ///
-/// Each heap keeps its own peak. Threads that allocate on one stream at once move between that
-/// stream's heap and their own as they find it held, so what each heap holds shifts, each
-/// heap's peak rises in turn, and the pages all heaps keep grow towards the sum of the heaps'
-/// peaks rather than the peak of their sum, mapping pages pass after pass while they do: eight
-/// threads replaying a random workload on one stream over an H200 mapped 9.11 GB at most over
-/// two passes and 9.80 GB over six, mapping 80 pages a pass after the first, where on a stream
-/// each they mapped 9.06 GB in the first pass and nothing after. Give such threads a stream each,
-/// or call [`release`](Self::release) between phases; [`VmUsage::busy`] counts the
-/// allocations that found their stream's heap held.
+/// Each heap keeps its own peak, so what matters is that blocks do not keep moving between
+/// heaps. A thread that finds its stream's heap held by another goes to its own heap for 64
+/// allocations, doubling each time it finds it held again up to 4,096, trying the stream's heap
+/// once in between; each doubling is undone only by eight tries in a row that find it free. Threads that allocate on one stream at once therefore settle in heaps of
+/// their own, at the cost of pages mapped once while they move (what they held in the stream's
+/// heap stays mapped there, within its peak, until memory runs short or
+/// [`release`](Self::release)); were they to come back at the first free try, what each heap
+/// holds would keep shifting and each heap's pages would keep rising to new peaks, towards the
+/// sum of the heaps' peaks rather than the peak of their sum. A thread that takes turns on a
+/// stream with another (PyTorch's forward and backward threads, which never met on their
+/// stream's heap in the GPT training of the guide) shares its heap again a few hundred
+/// allocations after a chance meeting. [`VmUsage::busy`] counts the allocations that found
+/// their stream's heap held. Threads that allocate at once are better on streams of their own.
 ///
 /// There are 16 stream heaps, one for each of the first 16 streams allocated on (a cudarc
 /// stream's heap goes to a new stream once it is dropped; later streams share them by a hash of
@@ -418,12 +427,28 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                     let streak = h.busy_streak.get();
                     h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
                     h.skip_stream.set(SKIP_AFTER_BUSY << streak);
+                    h.probes.set(0);
                 }),
                 Ok(Some(Err(e))) if e.is_out_of_memory() => {}
                 Ok(Some(done)) => {
                     HINT.with(|h| {
                         h.served.set(by_stream);
-                        h.busy_streak.set(0);
+                        let streak = h.busy_streak.get();
+                        if streak > 0 {
+                            // A probe that found it free.
+                            let probes = h.probes.get() + 1;
+                            let streak = if probes == PROBES_TO_RETURN {
+                                h.probes.set(0);
+                                streak - 1
+                            } else {
+                                h.probes.set(probes);
+                                streak
+                            };
+                            h.busy_streak.set(streak);
+                            if streak > 0 {
+                                h.skip_stream.set(SKIP_AFTER_BUSY << (streak - 1));
+                            }
+                        }
                     });
                     return done;
                 }

@@ -503,6 +503,32 @@ fn an_allocation_that_finds_its_streams_heap_held_goes_to_its_threads_heap_and_i
     assert_eq!(heaps.usage().busy, 1);
 }
 
+#[test]
+fn a_thread_that_met_another_on_its_streams_heap_comes_back_after_eight_free_tries_in_a_row() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let s = StreamRef::simulated(3);
+    let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
+    let held = stream_heap
+        .state
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let met = heaps.allocate(256, 256, s).unwrap();
+    drop(held);
+    // Eight times 64 allocations in its own heap, then one in the stream's, which it finds
+    // free; then every one in the stream's.
+    let blocks: Vec<_> = (0..8 * 65 + 10)
+        .map(|_| heaps.allocate(256, 256, s).unwrap())
+        .collect();
+    assert_eq!(stream_heap.usage().allocated, (8 + 10) * 256);
+    assert_eq!(heaps.usage().busy, 1);
+    for p in blocks.into_iter().chain([met]) {
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(p, 256, 256, s) };
+    }
+    assert_eq!(heaps.usage().allocated, 0);
+}
+
 /// A resource whose mapped pages follow the peak of live pages and one page (`peak_slack` 0)
 /// over `rec`, with a range of 64 pages.
 fn following(rec: &Recording) -> VirtualMemory<&Recording> {
