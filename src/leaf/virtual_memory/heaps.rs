@@ -131,10 +131,9 @@ impl Default for PagedHeapsConfig {
 /// on a GPU, [`Simulated`](crate::leaf::Simulated) anywhere), one for each stream and one for
 /// each thread: a request goes to its stream's heap, or, once it has found another thread
 /// holding that heap, to the calling thread's own for a while, longer each time (see below); a
-/// free goes to the heap the block came from. So the threads of
-/// one program that take turns on a stream (PyTorch's forward on the main thread, its backward
-/// on the autograd thread) share one heap and its pages, and threads that allocate at once never
-/// wait for each other. Each heap reserves its own virtual ranges and maps physical pages only
+/// free goes to the heap the block came from. So the threads of one program that take turns on
+/// a stream (PyTorch's forward on the main thread, its backward on the autograd thread) share
+/// one heap and its pages, and threads that allocate at once never wait for each other. Each heap reserves its own virtual ranges and maps physical pages only
 /// under live blocks; the pages freed blocks leave stay mapped for the next blocks, within the
 /// peak of the heap's live pages and a slack (a 64th of that peak,
 /// [`PagedHeapsConfig::peak_slack`]): a block that needs new pages beyond it takes the place of
@@ -147,14 +146,15 @@ impl Default for PagedHeapsConfig {
 /// Each heap keeps its own peak, so what matters is that blocks do not keep moving between
 /// heaps. A thread that finds its stream's heap held by another goes to its own heap for 64
 /// allocations, doubling each time it finds it held again up to 4,096, trying the stream's heap
-/// once in between; each doubling is undone only by eight tries in a row that find it free. Threads that allocate on one stream at once therefore settle in heaps of
-/// their own, at the cost of pages mapped once while they move (what they held in the stream's
-/// heap stays mapped there, within its peak, until memory runs short or
-/// [`release`](Self::release)); were they to come back at the first free try, what each heap
-/// holds would keep shifting and each heap's pages would keep rising to new peaks, towards the
-/// sum of the heaps' peaks rather than the peak of their sum. A thread that takes turns on a
-/// stream with another (PyTorch's forward and backward threads, which never met on their
-/// stream's heap in the GPT training of the guide) shares its heap again a few hundred
+/// once in between; each doubling is undone only by eight tries in a row that find it free.
+/// Threads that allocate on one stream at once therefore settle in heaps of their own, at the
+/// cost of pages mapped once while they move (what they held in the stream's heap stays mapped
+/// there, within its peak, until memory runs short or [`release`](Self::release)); were they
+/// to come back at the first free try, what each heap holds would keep shifting and each heap's
+/// pages would keep rising to new peaks, towards the sum of the heaps' peaks rather than the
+/// peak of their sum. A thread that takes turns on a stream with another (PyTorch's forward and
+/// backward threads, which never met on their stream's heap in the GPT training of
+/// [`guide::performance`](crate::guide::performance)) shares its heap again a few hundred
 /// allocations after a chance meeting. [`VmUsage::busy`] counts the allocations that found
 /// their stream's heap held. Threads that allocate at once are better on streams of their own.
 ///
