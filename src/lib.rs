@@ -51,7 +51,12 @@
 //! # Ok(()) }
 //! ```
 //!
-//! and the compiler refuses what would be a bug at run time:
+//! The stack to start with on a GPU is [`PagedHeaps`] (`PagedHeaps::for_context(&ctx)?`, also
+//! the C library's default): it maps physical pages only under live blocks, within the peak of
+//! what is live and a 64th, and gives each stream and each thread a heap of its own.
+//! [`guide::choosing`] says when another stack fits better.
+//!
+//! The compiler refuses what would be a bug at run time:
 //!
 //! ```compile_fail,E0277
 //! use mrstack::prelude::*;
@@ -133,6 +138,7 @@
 //! [`MemoryResource`]: resource::MemoryResource
 //! [`MemoryResource::allocate`]: resource::MemoryResource::allocate
 //! [`Migratable`]: property::Migratable
+//! [`PagedHeaps`]: leaf::PagedHeaps
 //! [`Pinned`]: leaf::Pinned
 //! [`PinnedVec`]: container::PinnedVec
 //! [`ResourceRef`]: erased::ResourceRef
