@@ -130,39 +130,11 @@ for n in (1, 16, 128):
         print(f"{n:>6} {how:<22} " + " ".join(f"{m[k]:8.1f}" for k in ("create", "map", "access", "unmap", "release")) + f" {sum(m.values()):8.1f}")
     check(cu.cuMemAddressFree(CUdeviceptr(va), C.c_size_t(n * PAGE)), "free")
 
-# A swap: a page unmapped at one address and one mapped at another, one page at a time (as
-# VirtualMemory does for its bound): given back and made anew, or the same allocation moved.
-va = reserve(2)
-h = Handle()
-check(cu.cuMemCreate(C.byref(h), C.c_size_t(PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
-check(cu.cuMemMap(CUdeviceptr(va), C.c_size_t(PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
-check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(PAGE), C.byref(access), C.c_size_t(1)), "access")
-at = [0]
-times = {"anew": [], "moved": []}
-for rnd in range(2 * 200):
-    how = "anew" if rnd % 2 == 0 else "moved"
-    src, dst = va + at[0] * PAGE, va + (1 - at[0]) * PAGE
-    a = now()
-    check(cu.cuMemUnmap(CUdeviceptr(src), C.c_size_t(PAGE)), "unmap")
-    if how == "anew":
-        check(cu.cuMemRelease(h), "release")
-        h = Handle()
-        check(cu.cuMemCreate(C.byref(h), C.c_size_t(PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
-    check(cu.cuMemMap(CUdeviceptr(dst), C.c_size_t(PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
-    check(cu.cuMemSetAccess(CUdeviceptr(dst), C.c_size_t(PAGE), C.byref(access), C.c_size_t(1)), "access")
-    times[how].append(now() - a)
-    at[0] = 1 - at[0]
-check(cu.cuMemUnmap(CUdeviceptr(va + at[0] * PAGE), C.c_size_t(PAGE)), "unmap")
-check(cu.cuMemRelease(h), "release")
-check(cu.cuMemAddressFree(CUdeviceptr(va), C.c_size_t(2 * PAGE)), "free")
-anew, moved = (statistics.median(times[k]) for k in ("anew", "moved"))
-print(f"a swap of one page, µs (median of 200): given back and made anew "
-      f"(unmap+release+create+map+access) {anew:.1f}, the same allocation moved "
-      f"(unmap+map+access) {moved:.1f} ({moved / anew:.2f}x)")
-
-def moved_swap(size):
-    """The median time of moving one allocation of `size` bytes between two addresses
-    (unmap, map, access), µs, over 60 moves."""
+def swaps(size, rounds):
+    """A swap of one allocation of `size` bytes, unmapped at one address and mapped at another
+    (as VirtualMemory does for its bound, one page at a time): the medians, µs, of `rounds`
+    swaps given back and made anew (unmap+release+create+map+access) and `rounds` of the same
+    allocation moved (unmap+map+access), taking turns."""
     va = CUdeviceptr()
     check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(2 * size), C.c_size_t(0), CUdeviceptr(0), C.c_ulonglong(0)), "reserve")
     va = va.value
@@ -170,24 +142,35 @@ def moved_swap(size):
     check(cu.cuMemCreate(C.byref(h), C.c_size_t(size), C.byref(prop), C.c_ulonglong(0)), "create")
     check(cu.cuMemMap(CUdeviceptr(va), C.c_size_t(size), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
     check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(size), C.byref(access), C.c_size_t(1)), "access")
-    at, times = 0, []
-    for _ in range(60):
+    at = 0
+    times = {"anew": [], "moved": []}
+    for rnd in range(2 * rounds):
+        how = "anew" if rnd % 2 == 0 else "moved"
         src, dst = va + at * size, va + (1 - at) * size
         a = now()
         check(cu.cuMemUnmap(CUdeviceptr(src), C.c_size_t(size)), "unmap")
+        if how == "anew":
+            check(cu.cuMemRelease(h), "release")
+            h = Handle()
+            check(cu.cuMemCreate(C.byref(h), C.c_size_t(size), C.byref(prop), C.c_ulonglong(0)), "create")
         check(cu.cuMemMap(CUdeviceptr(dst), C.c_size_t(size), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
         check(cu.cuMemSetAccess(CUdeviceptr(dst), C.c_size_t(size), C.byref(access), C.c_size_t(1)), "access")
-        times.append(now() - a)
+        times[how].append(now() - a)
         at = 1 - at
     check(cu.cuMemUnmap(CUdeviceptr(va + at * size), C.c_size_t(size)), "unmap")
     check(cu.cuMemRelease(h), "release")
     check(cu.cuMemAddressFree(CUdeviceptr(va), C.c_size_t(2 * size)), "free")
-    return statistics.median(times)
+    return statistics.median(times["anew"]), statistics.median(times["moved"])
 
+
+anew, moved = swaps(PAGE, 200)
+print(f"a swap of one page, µs (median of 200): given back and made anew "
+      f"(unmap+release+create+map+access) {anew:.1f}, the same allocation moved "
+      f"(unmap+map+access) {moved:.1f} ({moved / anew:.2f}x)")
 
 # The cost of a swap is per mapping, not per byte: pages of several granules cost the same.
-print("a swap by page size, one allocation moved (unmap+map+access), µs: " + ", ".join(
-    f"{(PAGE << k) >> 20} MiB {moved_swap(PAGE << k):.1f}" for k in range(6)))
+print("a swap by page size, one allocation moved (unmap+map+access), µs (median of 60): " + ", ".join(
+    f"{(PAGE << k) >> 20} MiB {swaps(PAGE << k, 60)[1]:.1f}" for k in range(6)))
 
 
 # Does unmapping (or mapping) pages that no work uses wait for a kernel on another stream?

@@ -39,10 +39,11 @@ struct Hint {
     served: Cell<usize>,
     /// Allocations left to send to its own heap, after its stream's was busy.
     skip_stream: Cell<u32>,
-    /// The doublings of its time away from its stream's heap ([`SKIP_AFTER_BUSY`]).
-    busy_streak: Cell<u32>,
-    /// Probes in a row that found its stream's heap free.
-    probes: Cell<u32>,
+    /// Its time away from its stream's heap, in [`PROBES_TO_RETURN`]ths of a doubling of
+    /// [`SKIP_AFTER_BUSY`]: each time it finds the heap held it rises to the next whole doubling,
+    /// each try that finds it free takes one off, so a doubling is undone by that many tries
+    /// in a row.
+    away: Cell<u32>,
     /// The stream heap of the last stream it allocated on: (instance, stream, heap).
     stream: Cell<(usize, StreamId, usize)>,
 }
@@ -52,8 +53,7 @@ thread_local! {
         Hint {
             served: Cell::new(usize::MAX),
             skip_stream: Cell::new(0),
-            busy_streak: Cell::new(0),
-            probes: Cell::new(0),
+            away: Cell::new(0),
             stream: Cell::new((usize::MAX, StreamId::DEFAULT, 0)),
         }
     };
@@ -334,6 +334,14 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             .ok_or_else(|| AllocError::out_of_memory(0, 0, NAME))
     }
 
+    /// Frees `addr` on `stream` in heap `slot` if that heap exists and its ranges hold it; says
+    /// whether they do.
+    #[inline]
+    fn free_in(&self, slot: usize, addr: usize, stream: StreamRef) -> bool {
+        let heap = self.heaps.get(slot).and_then(|h| h.get());
+        heap.is_some_and(|heap| heap.free_if_owned(addr, stream))
+    }
+
     /// Frees `addr` in the heap whose ranges hold it, by the table of ranges, made again where
     /// it names none or a heap that no longer holds the range (ranges come and go: a heap's
     /// `release` gives back its free extra ranges); an address of no heap is ignored.
@@ -343,12 +351,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             let (base, size, slot) = routes[i];
             (addr - base < size).then_some(slot)
         };
-        let frees = |slot: usize| {
-            let heap = self.heaps[slot].get();
-            heap.is_some_and(|heap| heap.free_if_owned(addr, stream))
-        };
         let known = find(&self.routes.read().unwrap_or_else(PoisonError::into_inner));
-        if known.is_some_and(frees) {
+        if known.is_some_and(|slot| self.free_in(slot, addr, stream)) {
             return;
         }
         let mut routes: Vec<(usize, usize, usize)> = Vec::new();
@@ -361,7 +365,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         let slot = find(&routes);
         *self.routes.write().unwrap_or_else(PoisonError::into_inner) = routes;
         if let Some(slot) = slot {
-            frees(slot);
+            self.free_in(slot, addr, stream);
         }
     }
 }
@@ -424,29 +428,23 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                 Err(_) => {}
                 Ok(None) => HINT.with(|h| {
                     self.busy.fetch_add(1, Ordering::Relaxed);
-                    let streak = h.busy_streak.get();
-                    h.busy_streak.set((streak + 1).min(MAX_BUSY_DOUBLINGS));
-                    h.skip_stream.set(SKIP_AFTER_BUSY << streak);
-                    h.probes.set(0);
+                    let doublings = h.away.get().div_ceil(PROBES_TO_RETURN);
+                    h.away
+                        .set((doublings + 1).min(MAX_BUSY_DOUBLINGS) * PROBES_TO_RETURN);
+                    h.skip_stream.set(SKIP_AFTER_BUSY << doublings);
                 }),
                 Ok(Some(Err(e))) if e.is_out_of_memory() => {}
                 Ok(Some(done)) => {
                     HINT.with(|h| {
                         h.served.set(by_stream);
-                        let streak = h.busy_streak.get();
-                        if streak > 0 {
-                            // A probe that found it free.
-                            let probes = h.probes.get() + 1;
-                            let streak = if probes == PROBES_TO_RETURN {
-                                h.probes.set(0);
-                                streak - 1
-                            } else {
-                                h.probes.set(probes);
-                                streak
-                            };
-                            h.busy_streak.set(streak);
-                            if streak > 0 {
-                                h.skip_stream.set(SKIP_AFTER_BUSY << (streak - 1));
+                        let away = h.away.get();
+                        if away > 0 {
+                            // A try that found it free: one step back, and away again for as
+                            // long as the doublings left say.
+                            h.away.set(away - 1);
+                            let doublings = (away - 1).div_ceil(PROBES_TO_RETURN);
+                            if doublings > 0 {
+                                h.skip_stream.set(SKIP_AFTER_BUSY << (doublings - 1));
                             }
                         }
                     });
@@ -489,10 +487,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         // them holds nearly every block, and each try is one lock. Then
         // the heap whose ranges hold it; an address of no heap is ignored, as each heap ignores
         // one it never handed out.
-        let owns = |slot: usize| {
-            let heap = self.heaps.get(slot).and_then(|h| h.get());
-            heap.is_some_and(|heap| heap.free_if_owned(addr, stream))
-        };
+        let owns = |slot: usize| self.free_in(slot, addr, stream);
         let last = HINT.with(|h| h.served.get());
         if owns(last) {
             return;

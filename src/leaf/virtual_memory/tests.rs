@@ -473,20 +473,24 @@ fn an_impossible_request_leaves_the_other_heaps_alone() {
     assert_eq!(heaps.usage().cached, before);
 }
 
+/// Allocates `size` bytes on `s` while `s`'s heap is held, as another thread would hold it
+/// (`try_lock` fails for every thread, this one too).
+fn allocate_while_held(heaps: &PagedHeaps<&Simulated>, size: usize, s: StreamRef) -> NonNull<u8> {
+    let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
+    let _held = stream_heap
+        .state
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    heaps.allocate(size, 256, s).unwrap()
+}
+
 #[test]
 fn an_allocation_that_finds_its_streams_heap_held_goes_to_its_threads_heap_and_is_counted() {
     let sim = Simulated::with_page_size(64 * P, P);
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
-    let on_stream = heaps.stream_heap(s);
-    let stream_heap = heaps.heap(on_stream).unwrap();
-    // Held as another thread would hold it: `try_lock` fails for every thread, this one too.
-    let held = stream_heap
-        .state
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    let a = heaps.allocate(P, 256, s).unwrap();
-    drop(held);
+    let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
+    let a = allocate_while_held(&heaps, P, s);
     assert!(stream_heap
         .ranges()
         .iter()
@@ -509,12 +513,7 @@ fn a_thread_that_met_another_on_its_streams_heap_comes_back_after_eight_free_tri
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
     let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
-    let held = stream_heap
-        .state
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    let met = heaps.allocate(256, 256, s).unwrap();
-    drop(held);
+    let met = allocate_while_held(&heaps, 256, s);
     // Eight times 64 allocations in its own heap, then one in the stream's, which it finds
     // free; then every one in the stream's.
     let blocks: Vec<_> = (0..8 * 65 + 10)
