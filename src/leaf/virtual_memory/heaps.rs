@@ -10,8 +10,9 @@ use crate::stream::{StreamId, StreamRef};
 use cudarc::driver::CudaStream;
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::time::{Duration, Instant};
 use typenum::U256;
 
 const NAME: &str = "PagedHeaps";
@@ -24,26 +25,16 @@ const STREAM_HEAPS: usize = 16;
 /// one it asks.
 static INSTANCES: AtomicUsize = AtomicUsize::new(0);
 
-/// Allocations a thread sends to its own heap after finding its stream's heap held by another,
-/// doubled each time it finds it held again, up to [`MAX_BUSY_DOUBLINGS`] times; a try in
-/// between that finds it free sends it away for as long again, and [`PROBES_TO_RETURN`] such
-/// tries in a row undo one doubling ([`PagedHeaps`] says why).
-const SKIP_AFTER_BUSY: u32 = 64;
-const MAX_BUSY_DOUBLINGS: u32 = 6;
-const PROBES_TO_RETURN: u32 = 8;
+/// A stream heap found held by another thread this many times within [`MEETING_WINDOW`] is
+/// left to the threads' own heaps ([`PagedHeaps`] says why).
+const MEETINGS_TO_LEAVE: u32 = 16;
+const MEETING_WINDOW: Duration = Duration::from_millis(100);
 
 /// What a thread remembers across calls of every `PagedHeaps` (hints only: a wrong one costs a
 /// lock, never a wrong answer).
 struct Hint {
     /// The heap that served its last allocation, tried first by its next free.
     served: Cell<usize>,
-    /// Allocations left to send to its own heap, after its stream's was busy.
-    skip_stream: Cell<u32>,
-    /// Its time away from its stream's heap, in [`PROBES_TO_RETURN`]ths of a doubling of
-    /// [`SKIP_AFTER_BUSY`]: each time it finds the heap held it rises to the next whole doubling,
-    /// each try that finds it free takes one off, so a doubling is undone by that many tries
-    /// in a row.
-    away: Cell<u32>,
     /// The stream heap of the last stream it allocated on: (instance, stream, heap).
     stream: Cell<(usize, StreamId, usize)>,
 }
@@ -52,11 +43,22 @@ thread_local! {
     static HINT: Hint = const {
         Hint {
             served: Cell::new(usize::MAX),
-            skip_stream: Cell::new(0),
-            away: Cell::new(0),
             stream: Cell::new((usize::MAX, StreamId::DEFAULT, 0)),
         }
     };
+}
+
+/// How often a stream heap was found held by another thread, and whether it is left to the
+/// threads' heaps since.
+#[derive(Debug, Default)]
+struct Meetings {
+    /// The start of the current window, in nanoseconds from the instance's `epoch`.
+    since: AtomicU64,
+    /// Meetings in the current window.
+    count: AtomicU32,
+    /// Found held [`MEETINGS_TO_LEAVE`] times in one window: allocations on its stream go to
+    /// their threads' heaps, until a new stream takes the slot.
+    left: AtomicBool,
 }
 
 /// The index in `PagedHeaps::heaps` of stream heap `i` (after the thread heaps).
@@ -73,8 +75,9 @@ const fn by_stream(i: usize) -> usize {
 struct StreamSlots([Option<(StreamId, Option<Weak<CudaStream>>)>; STREAM_HEAPS]);
 
 impl StreamSlots {
-    /// The stream heap (`0..STREAM_HEAPS`) of `stream`.
-    fn of(&mut self, stream: StreamRef) -> usize {
+    /// The stream heap (`0..STREAM_HEAPS`) of `stream`, and whether the slot was just given
+    /// to it (a new stream, or one made at a dropped one's handle).
+    fn of(&mut self, stream: StreamRef) -> (usize, bool) {
         let id = stream.id();
         let alive = |s: &Option<(StreamId, Option<Weak<CudaStream>>)>| {
             s.as_ref()
@@ -89,14 +92,15 @@ impl StreamSlots {
             // A stream made at a dropped one's handle takes its slot over.
             if !alive(&self.0[i]) {
                 self.0[i] = Some((id, weak));
+                return (i, true);
             }
-            return i;
+            return (i, false);
         }
         if let Some(i) = self.0.iter().position(|s| !alive(s)) {
             self.0[i] = Some((id, weak));
-            return i;
+            return (i, true);
         }
-        (id.mix() as usize) % STREAM_HEAPS
+        ((id.mix() as usize) % STREAM_HEAPS, false)
     }
 }
 
@@ -144,19 +148,19 @@ impl Default for PagedHeapsConfig {
 /// [`release`](Self::release) gives back every free page.
 ///
 /// Each heap keeps its own peak, so what matters is that blocks do not keep moving between
-/// heaps. A thread that finds its stream's heap held by another goes to its own heap for 64
-/// allocations, doubling each time it finds it held again up to 4,096, trying the stream's heap
-/// once in between; each doubling is undone only by eight tries in a row that find it free.
-/// Threads that allocate on one stream at once therefore settle in heaps of their own, at the
-/// cost of pages mapped once while they move (what they held in the stream's heap stays mapped
-/// there, within its peak, until memory runs short or [`release`](Self::release)); were they
-/// to come back at the first free try, what each heap holds would keep shifting and each heap's
-/// pages would keep rising to new peaks, towards the sum of the heaps' peaks rather than the
-/// peak of their sum. A thread that takes turns on a stream with another (PyTorch's forward and
+/// heaps. An allocation that finds its stream's heap held by another thread goes to the calling
+/// thread's heap; a stream heap found held 16 times within 100 ms is left to the threads'
+/// heaps from then on (until a new stream takes its slot). So threads that allocate on one
+/// stream at once settle in heaps of their own within their first few hundred allocations,
+/// and stay there: were they to come back to the stream's heap now and then, what each heap
+/// holds would keep shifting, and each heap's pages would keep rising to new peaks, towards the
+/// sum of the heaps' peaks rather than the peak of their sum. What they held in the stream's
+/// heap before stays mapped there, within its peak, until memory runs short or
+/// [`release`](Self::release). Threads that take turns on a stream (PyTorch's forward and
 /// backward threads, which never met on their stream's heap in the GPT training of
-/// [`guide::performance`](crate::guide::performance)) shares its heap again a few hundred
-/// allocations after a chance meeting. [`VmUsage::busy`] counts the allocations that found
-/// their stream's heap held. Threads that allocate at once are better on streams of their own.
+/// [`guide::performance`](crate::guide::performance)) keep sharing its heap and its pages
+/// through a chance meeting. [`VmUsage::busy`] counts the allocations that found their
+/// stream's heap held. Threads that allocate at once are better on streams of their own.
 ///
 /// There are 16 stream heaps, one for each of the first 16 streams allocated on (a cudarc
 /// stream's heap goes to a new stream once it is dropped; later streams share them by a hash of
@@ -216,6 +220,10 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     routes: RwLock<Vec<(usize, usize, usize)>>,
     /// Which stream heap each stream allocates from first.
     streams: Mutex<StreamSlots>,
+    /// Each stream heap's meetings, on lines of their own (written only when one is held).
+    meetings: Box<[shard::Line<Meetings>]>,
+    /// The origin of [`Meetings::since`].
+    epoch: Instant,
     /// This instance's number ([`INSTANCES`]).
     instance: usize,
     /// The heaps' one pace: their swaps count together, since the driver serializes them.
@@ -246,6 +254,10 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
                 .collect(),
             routes: RwLock::new(Vec::new()),
             streams: Mutex::new(StreamSlots::default()),
+            meetings: (0..STREAM_HEAPS)
+                .map(|_| shard::Line(Meetings::default()))
+                .collect(),
+            epoch: Instant::now(),
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
             pace: Arc::new(Pace::new()),
             busy: shard::Line(AtomicU64::new(0)),
@@ -261,9 +273,46 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             return heap;
         }
         let slots = &mut *self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        let heap = by_stream(slots.of(stream));
+        let (i, new) = slots.of(stream);
+        if new {
+            // A new stream starts with its heap open to it, whatever the last one met.
+            let m = &self.meetings[i];
+            m.left.store(false, Ordering::Relaxed);
+            m.count.store(0, Ordering::Relaxed);
+        }
+        let heap = by_stream(i);
         HINT.with(|h| h.stream.set((self.instance, id, heap)));
         heap
+    }
+
+    /// Counts a meeting on stream heap `heap` (found held by another thread); leaves the heap
+    /// to the threads' own once it met [`MEETINGS_TO_LEAVE`] in one window.
+    #[cold]
+    fn met(&self, heap: usize) {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        let m = &self.meetings[heap - by_stream(0)];
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let since = m.since.load(Ordering::Relaxed);
+        let window = u64::try_from(MEETING_WINDOW.as_nanos()).unwrap_or(u64::MAX);
+        let count = if now.saturating_sub(since) > window {
+            // Racing threads may each start the window: a meeting or two lost, no harm.
+            m.since.store(now, Ordering::Relaxed);
+            m.count.store(1, Ordering::Relaxed);
+            1
+        } else {
+            m.count.fetch_add(1, Ordering::Relaxed) + 1
+        };
+        if count >= MEETINGS_TO_LEAVE {
+            m.left.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether stream heap `heap` is left to the threads' own heaps.
+    #[inline]
+    pub(super) fn left(&self, heap: usize) -> bool {
+        self.meetings[heap - by_stream(0)]
+            .left
+            .load(Ordering::Relaxed)
     }
 
     /// The page source.
@@ -410,15 +459,9 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         if let Some(p) = check_request::<Self>(size, align, NAME)? {
             return Ok(p);
         }
-        // The stream's heap, unless another thread held it lately: then this thread's own for
-        // a while, so that threads sharing a stream do not take turns on one lock's line.
-        let skip = HINT.with(|h| {
-            let skip = h.skip_stream.get();
-            h.skip_stream.set(skip.saturating_sub(1));
-            skip
-        });
-        if skip == 0 {
-            let by_stream = self.stream_heap(stream);
+        // The stream's heap, unless threads meet there: then this thread's own.
+        let by_stream = self.stream_heap(stream);
+        if !self.left(by_stream) {
             // A stream heap that cannot be made (no address space for its range) leaves the
             // request to this thread's heap.
             match self
@@ -426,28 +469,10 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                 .map(|h| h.allocate_with(size, align, stream, true))
             {
                 Err(_) => {}
-                Ok(None) => HINT.with(|h| {
-                    self.busy.fetch_add(1, Ordering::Relaxed);
-                    let doublings = h.away.get().div_ceil(PROBES_TO_RETURN);
-                    h.away
-                        .set((doublings + 1).min(MAX_BUSY_DOUBLINGS) * PROBES_TO_RETURN);
-                    h.skip_stream.set(SKIP_AFTER_BUSY << doublings);
-                }),
+                Ok(None) => self.met(by_stream),
                 Ok(Some(Err(e))) if e.is_out_of_memory() => {}
                 Ok(Some(done)) => {
-                    HINT.with(|h| {
-                        h.served.set(by_stream);
-                        let away = h.away.get();
-                        if away > 0 {
-                            // A try that found it free: one step back, and away again for as
-                            // long as the doublings left say.
-                            h.away.set(away - 1);
-                            let doublings = (away - 1).div_ceil(PROBES_TO_RETURN);
-                            if doublings > 0 {
-                                h.skip_stream.set(SKIP_AFTER_BUSY << (doublings - 1));
-                            }
-                        }
-                    });
+                    HINT.with(|h| h.served.set(by_stream));
                     return done;
                 }
             }

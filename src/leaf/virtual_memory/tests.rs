@@ -500,32 +500,80 @@ fn an_allocation_that_finds_its_streams_heap_held_goes_to_its_threads_heap_and_i
     // SAFETY: live with this size.
     unsafe { heaps.deallocate(a, P, 256, s) };
     assert_eq!((heaps.usage().busy, heaps.usage().allocated), (1, 0));
-    // The thread keeps to its own heap for a while, not trying the stream's: nothing counts.
+    // One meeting leaves the stream's heap shared: the next allocation, finding it free, is
+    // served there.
     let b = heaps.allocate(P, 256, s).unwrap();
+    assert_eq!(stream_heap.usage().allocated, P);
     // SAFETY: live with this size.
     unsafe { heaps.deallocate(b, P, 256, s) };
     assert_eq!(heaps.usage().busy, 1);
 }
 
 #[test]
-fn a_thread_that_met_another_on_its_streams_heap_comes_back_after_eight_free_tries_in_a_row() {
+fn a_streams_heap_found_held_sixteen_times_at_once_is_left_to_the_threads_heaps() {
     let sim = Simulated::with_page_size(64 * P, P);
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
     let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
-    let met = allocate_while_held(&heaps, 256, s);
-    // Eight times 64 allocations in its own heap, then one in the stream's, which it finds
-    // free; then every one in the stream's.
-    let blocks: Vec<_> = (0..8 * 65 + 10)
-        .map(|_| heaps.allocate(256, 256, s).unwrap())
+    let mut blocks: Vec<_> = (0..15)
+        .map(|_| allocate_while_held(&heaps, 256, s))
         .collect();
-    assert_eq!(stream_heap.usage().allocated, (8 + 10) * 256);
-    assert_eq!(heaps.usage().busy, 1);
-    for p in blocks.into_iter().chain([met]) {
+    // Fifteen meetings: still shared.
+    blocks.push(heaps.allocate(256, 256, s).unwrap());
+    assert_eq!(stream_heap.usage().allocated, 256);
+    blocks.push(allocate_while_held(&heaps, 256, s));
+    assert!(heaps.left(heaps.stream_heap(s)));
+    // From the sixteenth on, every allocation on the stream goes to this thread's heap, without
+    // trying the stream's: no more meetings count.
+    blocks.extend((0..100).map(|_| heaps.allocate(256, 256, s).unwrap()));
+    assert_eq!(stream_heap.usage().allocated, 256);
+    assert_eq!(heaps.usage().busy, 16);
+    // The stream's blocks still go back to the stream's heap.
+    for p in blocks {
         // SAFETY: live with this size.
         unsafe { heaps.deallocate(p, 256, 256, s) };
     }
     assert_eq!(heaps.usage().allocated, 0);
+    // Another stream keeps its own heap.
+    let other = StreamRef::simulated(4);
+    let p = heaps.allocate(256, 256, other).unwrap();
+    assert_eq!(
+        heaps
+            .heap(heaps.stream_heap(other))
+            .unwrap()
+            .usage()
+            .allocated,
+        256
+    );
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(p, 256, 256, other) };
+}
+
+#[test]
+fn meetings_spread_over_more_than_the_window_leave_a_streams_heap_shared() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let s = StreamRef::simulated(3);
+    let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
+    for round in 0..2 {
+        let blocks: Vec<_> = (0..10)
+            .map(|_| allocate_while_held(&heaps, 256, s))
+            .collect();
+        for p in blocks {
+            // SAFETY: live with this size.
+            unsafe { heaps.deallocate(p, 256, 256, s) };
+        }
+        if round == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+    }
+    // Twenty meetings, but ten in each window: still shared.
+    assert!(!heaps.left(heaps.stream_heap(s)));
+    let p = heaps.allocate(256, 256, s).unwrap();
+    assert_eq!(stream_heap.usage().allocated, 256);
+    // SAFETY: live with this size.
+    unsafe { heaps.deallocate(p, 256, 256, s) };
+    assert_eq!(heaps.usage().busy, 20);
 }
 
 /// A resource whose mapped pages follow the peak of live pages and one page (`peak_slack` 0)
