@@ -218,25 +218,35 @@
 //! The same stack in the RMM side-by-side harness (`RMM_BENCH_ROUNDS=3
 //! RMM_BENCH_MRSTACK_STACKS=paged RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
 //! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train
-//! RMM_BENCH_DEADLINE_S=420 bash scripts/gpu-bench-rmm`, H200, 2026-11-28,
+//! RMM_BENCH_DEADLINE_S=360 bash scripts/gpu-bench-rmm`, H200, 2026-11-28,
 //! `benches/rmm/results-2026-11-28-h200-paged-rounds3.md`), ns/op (wall time over all threads'
-//! ops), each the fastest of three rounds, and its ratio to RMM's best of `cuda_async`, `pool`,
-//! `binning` and `arena` in the same run:
+//! ops), each the fastest of its rounds (three on one thread, two on more: the deadline), and
+//! its ratio to RMM's best of `cuda_async`, `pool`, `binning` and `arena` in the same run:
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
 //! |---|---:|---:|---:|
-//! | random | 1 | 131 / 238 (0.55) | 150 / 312 (0.48) |
-//! | random | 8 | 32.8 / 603 (0.054) | 74.2 / 1,311 (0.057) |
-//! | random | 16 | 17.2 / 334 (0.051) | 39.9 / 1,305 (0.031) |
-//! | transformer_infer | 1 | 145 / 239 (0.61) | 131 / 275 (0.48) |
-//! | transformer_infer | 8 | 21.8 / 783 (0.028) | 23.1 / 1,430 (0.016) |
-//! | transformer_infer | 16 | 14.3 / 892 (0.016) | 25.3 / 1,442 (0.018) |
-//! | transformer_train | 1 | 130 / 308 (0.42) | 116 / 360 (0.32) |
-//! | transformer_train | 8 | 22.9 / 780 (0.029) | 28.7 / 1,621 (0.018) |
-//! | transformer_train | 16 | 14.6 / 933 (0.016) | 25.8 / 1,686 (0.015) |
+//! | random | 1 | 144 / 214 (0.67) | 193 / 313 (0.62) |
+//! | random | 8 | 27.0 / 668 (0.040) | 31.5 / 1,255 (0.025) |
+//! | random | 16 | 16.7 / 341 (0.049) | 30.6 / 1,414 (0.022) |
+//! | transformer_infer | 1 | 145 / 213 (0.68) | 125 / 281 (0.44) |
+//! | transformer_infer | 8 | 22.5 / 830 (0.027) | 21.6 / 1,285 (0.017) |
+//! | transformer_infer | 16 | 17.5 / 1,032 (0.017) | 12.7 / 1,669 (0.008) |
+//! | transformer_train | 1 | 110 / 255 (0.43) | 146 / 349 (0.42) |
+//! | transformer_train | 8 | 22.2 / 807 (0.028) | 30.5 / 1,671 (0.018) |
+//! | transformer_train | 16 | 17.8 / 878 (0.020) | 24.1 / 1,729 (0.014) |
 //!
-//! Against its own one thread (own streams), `paged` runs 4.0x (random), 6.7x and 5.7x as many
-//! ops on 8 threads, and 7.6x, 10.1x and 8.9x on 16. Every heap sits on cache lines of its own:
+//! With threads on one stream, the stream's heap is left to the threads' own heaps within the
+//! warm-up (they meet there at once), so every timed pass runs on heaps that hold the same
+//! blocks as the pass before: random's 8 threads on one stream took 28.5–48.7 ns/op a pass.
+//! Where threads instead went back to the stream's heap now and then, what each heap held kept
+//! shifting, and each pass mapped tens of new pages as some heap passed its own peak: the same
+//! cells took 67.5 ns/op (8 threads) and 27.7 (16) in a call of that rule the same day, its
+//! passes 28.8–218.8.
+//!
+//! Against its own one thread (own streams), `paged` runs 5.3x (random), 6.4x and 5.0x as many
+//! ops on 8 threads, and 8.6x, 8.3x and 6.2x on 16 (one stream: 6.1x, 5.8x, 4.8x on 8 and 6.3x,
+//! 9.8x, 6.1x on 16). Its one-thread figures move most from round to round in this call
+//! (random: 144–236 ns/op). Every heap sits on cache lines of its own:
 //! with the heaps side by side instead (neighbours' lock words on one line), random on 8 threads
 //! over `Simulated` on the same host took 35.7–36.4 ns/op against 24.4–25.6 apart (16 threads:
 //! 19.4–19.7 against 14.4–18.0; transformer_train on 16 threads 19.9–20.9 against 15.0).
