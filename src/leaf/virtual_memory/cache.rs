@@ -146,7 +146,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             let slack = slack.saturating_mul(1 << self.pace.doublings());
             over = over.max(after.saturating_sub(peak + slack).div_ceil(self.page));
         }
-        over.min(st.cached)
+        over.max(st.owed).min(st.cached)
     }
 
     /// Brings the cache within its bounds ([`excess`](Self::excess), with `extra` pages about to
@@ -349,6 +349,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                     break;
                 };
                 st.cached -= 1;
+                st.owed = st.owed.saturating_sub(1);
                 self.unmap_page(st, r, p);
                 done += 1;
                 below = p;

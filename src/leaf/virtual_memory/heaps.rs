@@ -144,23 +144,31 @@ impl Default for PagedHeapsConfig {
 /// free pages whose freeing work is done, unmapping them first, which is checked by events
 /// queried at most every 32 calls and every 50 µs (where too few pages have settled, the request
 /// waits for events an earlier call recorded, 200 ms at most). So the physical memory follows the
-/// peak of live memory, not that peak plus the holes freed blocks leave. Memory running short or
-/// [`release`](Self::release) gives back every free page.
+/// peak of live memory, not that peak plus the holes freed blocks leave. Across heaps: when a
+/// heap maps pages while all heaps together hold more than the peak of their live pages (as
+/// seen each time a heap maps pages) and its slack, the other heaps give up as many free pages
+/// as they hold beyond what each needed lately (the peak of its live pages over the last 100 to
+/// 200 ms, and its slack), those whose freeing work is done at once and the rest as it
+/// completes. So a heap whose threads moved on (to heaps of their own, other streams, or gone)
+/// does not keep its pages, while heaps whose peaks come at different moments keep theirs:
+/// moving pages between them at every peak would cost a swap each time, tens of microseconds a
+/// page. Memory running short or [`release`](Self::release) gives back every free page.
 ///
-/// Each heap keeps its own peak, so what matters is that blocks do not keep moving between
-/// heaps. An allocation that finds its stream's heap held by another thread goes to the calling
-/// thread's heap; a stream heap found held 16 times within 100 ms is left to the threads'
-/// heaps from then on (until a new stream takes its slot). So threads that allocate on one
-/// stream at once settle in heaps of their own within their first few hundred allocations,
-/// and stay there: were they to come back to the stream's heap now and then, what each heap
-/// holds would keep shifting, and each heap's pages would keep rising to new peaks, towards the
-/// sum of the heaps' peaks rather than the peak of their sum. What they held in the stream's
-/// heap before stays mapped there, within its peak, until memory runs short or
-/// [`release`](Self::release). Threads that take turns on a stream (PyTorch's forward and
-/// backward threads, which never met on their stream's heap in the GPT training of
-/// [`guide::performance`](crate::guide::performance)) keep sharing its heap and its pages
-/// through a chance meeting. [`VmUsage::busy`] counts the allocations that found their
-/// stream's heap held. Threads that allocate at once are better on streams of their own.
+/// Each heap keeps its own peak, and pages go from one heap to another only by the bound across
+/// heaps, so what matters is that blocks do not keep moving between heaps. An
+/// allocation that finds its stream's heap held by another thread goes to the calling thread's
+/// heap; a stream heap found held 16 times within 100 ms is left to the threads' heaps from then on
+/// (until a new stream takes its slot). So threads that allocate on one stream at once settle in
+/// heaps of their own within their first few hundred allocations, and stay there: were they to come
+/// back to the stream's heap now and then, what each heap holds would keep shifting, and each
+/// heap's pages would keep rising to new peaks, towards the sum of the heaps' peaks rather than the
+/// peak of their sum, or, under the bound across heaps, swap pages between heaps at every shift.
+/// What they held in the stream's heap before goes to the heaps that need pages, by that bound.
+/// Threads that take turns on a stream (PyTorch's forward and backward threads, which never met on
+/// their stream's heap in the GPT training of [`guide::performance`](crate::guide::performance))
+/// keep sharing its heap and its pages through a chance meeting. [`VmUsage::busy`] counts the
+/// allocations that found their stream's heap held. Threads that allocate at once are better on
+/// streams of their own.
 ///
 /// There are 16 stream heaps, one for each of the first 16 streams allocated on (a cudarc
 /// stream's heap goes to a new stream once it is dropped; later streams share them by a hash of
@@ -231,6 +239,9 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     /// Allocations that found their stream's heap held ([`VmUsage::busy`]), on a line of its
     /// own: counted only then, so threads that share no stream never write it.
     busy: shard::Line<AtomicU64>,
+    /// The most bytes of pages under live blocks of all heaps together, as seen each time a
+    /// heap mapped pages (when what is live outgrows what is mapped), on a line of its own.
+    live_peak: shard::Line<AtomicUsize>,
 }
 
 impl<P: PhysicalPages + Clone> std::fmt::Debug for PagedHeaps<P> {
@@ -261,6 +272,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
             pace: Arc::new(Pace::new()),
             busy: shard::Line(AtomicU64::new(0)),
+            live_peak: shard::Line(AtomicUsize::new(0)),
         }
     }
 
@@ -383,6 +395,66 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             .ok_or_else(|| AllocError::out_of_memory(0, 0, NAME))
     }
 
+    /// After heap `grown` mapped pages: where all heaps together map more than the peak of
+    /// their live pages and its slack, the other heaps give up cached pages they did not need
+    /// lately ([`VirtualMemory::give_up`]), as many as that excess, so that the pages follow
+    /// the peak of what all threads hold rather than the sum of each heap's peak. Pages whose
+    /// freeing work is not done yet go as it completes, in later calls; a heap held by another
+    /// thread is passed over.
+    #[cold]
+    fn bound_all(&self, grown: usize) {
+        if self.config.peak_slack == usize::MAX {
+            return;
+        }
+        let heaps = || {
+            self.heaps
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| Some((i, h.get()?)))
+        };
+        let (mapped, live) = heaps().fold((0usize, 0usize), |(m, l), (_, h)| {
+            let (mapped, live, _) = h.shown();
+            (m.saturating_add(mapped), l.saturating_add(live))
+        });
+        let peak = self.live_peak.fetch_max(live, Ordering::Relaxed).max(live);
+        let page = self.pages.page_size();
+        // As each heap's bound (`VirtualMemory`'s peak slack), over all of them.
+        let slack = (self.config.peak_slack.min(peak >> 6).max(page))
+            .saturating_mul(1 << self.pace.doublings());
+        let mut over = mapped
+            .saturating_sub(peak.saturating_add(slack))
+            .div_ceil(page);
+        for (i, heap) in heaps() {
+            if over == 0 {
+                break;
+            }
+            let cached = heap.shown().2;
+            if i == grown || cached == 0 {
+                continue;
+            }
+            let share = over.min(cached);
+            heap.give_up(share);
+            over -= share;
+        }
+    }
+
+    /// Heap `slot`'s allocation, made by `allocate`, then the bound across heaps where it mapped
+    /// pages.
+    #[inline]
+    fn allocate_in<T>(
+        &self,
+        slot: usize,
+        heap: &VirtualMemory<P>,
+        allocate: impl FnOnce(&VirtualMemory<P>) -> T,
+    ) -> T {
+        let before = heap.shown().0;
+        let done = allocate(heap);
+        if heap.shown().0 > before {
+            self.bound_all(slot);
+        }
+        done
+    }
+
     /// Frees `addr` on `stream` in heap `slot` if that heap exists and its ranges hold it; says
     /// whether they do.
     #[inline]
@@ -464,10 +536,9 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         if !self.left(by_stream) {
             // A stream heap that cannot be made (no address space for its range) leaves the
             // request to this thread's heap.
-            match self
-                .heap(by_stream)
-                .map(|h| h.allocate_with(size, align, stream, true))
-            {
+            match self.heap(by_stream).map(|h| {
+                self.allocate_in(by_stream, h, |h| h.allocate_with(size, align, stream, true))
+            }) {
                 Err(_) => {}
                 Ok(None) => self.met(by_stream),
                 Ok(Some(Err(e))) if e.is_out_of_memory() => {}
@@ -480,7 +551,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         let slot = shard::slot();
         HINT.with(|h| h.served.set(slot));
         let heap = self.heap(slot)?;
-        match heap.allocate(size, align, stream) {
+        match self.allocate_in(slot, heap, |h| h.allocate(size, align, stream)) {
             // A request the device could never hold fails whatever the heaps give back.
             Err(e) if e.is_out_of_memory() && !heap.never_fits(size, align) => {
                 // Other heaps' free pages, given back, may make room (the heap gave back its
@@ -496,7 +567,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                 if freed == 0 {
                     return Err(e);
                 }
-                heap.allocate(size, align, stream)
+                self.allocate_in(slot, heap, |h| h.allocate(size, align, stream))
             }
             other => other,
         }

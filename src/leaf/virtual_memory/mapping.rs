@@ -103,6 +103,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     fn note_live(&self, st: &mut State<P::Page, P::Mark>) {
         let live = st.mapped - st.cached * self.page;
         st.live_peak = st.live_peak.max(live);
+        st.recent_peak = st.recent_peak.max(live);
     }
 
     /// Maps the unmapped pages of `first..last` of region `r` (all live): first unmapping
@@ -119,6 +120,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if missing == 0 {
             return Ok(());
         }
+        // A heap that maps pages owes none to others: its growth bounds them all anew.
+        st.owed = 0;
         // New pages take the place of settled free ones beyond the bounds, so that what is
         // mapped never rises above them while such pages remain: their physical memory moves
         // here (`remap`) rather than going back and being made anew.

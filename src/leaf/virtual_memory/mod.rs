@@ -6,6 +6,7 @@ use crate::stack::ItemWriter;
 use crate::stream::StreamRef;
 use crate::suballoc::tlsf_index::TlsfIndex;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use typenum::U256;
 
@@ -124,6 +125,10 @@ pub struct VmUsage {
     pub busy: u64,
 }
 
+/// How long a heap keeps what it needed lately when others need pages
+/// ([`VirtualMemory::give_up`]): one or two of these.
+pub(super) const RECENT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A resource that carves blocks out of reserved virtual address space and backs them with
 /// physical pages only where live blocks are (PyTorch's expandable segments; GMLake's stitching
 /// of physical pages into one virtual range).
@@ -202,6 +207,9 @@ pub struct VirtualMemory<P: PhysicalPages> {
     /// The share of time swapping pages for the bounds takes, which widens the slack where
     /// swaps would slow the program: its own, or shared by the heaps of a `PagedHeaps`.
     pace: Arc<region::Pace>,
+    /// The state's `mapped` bytes and `cached` pages as each call left them, for a
+    /// `PagedHeaps` to add up across heaps without taking their locks.
+    shown: [AtomicUsize; 2],
 }
 
 impl<P: PhysicalPages> std::fmt::Debug for VirtualMemory<P> {
@@ -247,7 +255,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 mapped: 0,
                 peak_mapped: 0,
                 cached: 0,
+                owed: 0,
                 live_peak: 0,
+                recent_peak: 0,
+                prior_peak: 0,
+                window_at: None,
                 batch: None,
                 ticks: 0,
                 events_at: None,
@@ -258,6 +270,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 donors: Vec::new(),
             }),
             pace,
+            shown: [AtomicUsize::new(0), AtomicUsize::new(0)],
         };
         let mut st = vm.lock();
         vm.reserve(&mut st, 0, StreamRef::DEFAULT)?;
@@ -302,6 +315,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let before = st.mapped;
         self.trim(&mut st, 0);
         self.unreserve_free(&mut st);
+        self.show(&st);
         before - st.mapped
     }
 
@@ -381,6 +395,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             }
             other => other,
         };
+        self.show(st);
         // Running short is the caller's request that could not be served, whichever page or
         // range the page source was asked for.
         Some(
@@ -438,7 +453,57 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if let Some(block) = st.index.free(addr, stream) {
             self.uncommit(&mut st, r, addr, block, true);
         }
+        self.show(&st);
         true
+    }
+
+    /// Publishes what `st` holds ([`shown`](Self::shown)).
+    #[inline]
+    fn show(&self, st: &State<P::Page, P::Mark>) {
+        self.shown[0].store(st.mapped, Ordering::Relaxed);
+        self.shown[1].store(st.cached, Ordering::Relaxed);
+    }
+
+    /// Bytes mapped, bytes of pages under live blocks, and cached pages, as the last call left
+    /// them (a hint: read without the lock).
+    pub(crate) fn shown(&self) -> (usize, usize, usize) {
+        let mapped = self.shown[0].load(Ordering::Relaxed);
+        let cached = self.shown[1].load(Ordering::Relaxed);
+        (mapped, mapped.saturating_sub(cached * self.page), cached)
+    }
+
+    /// Unmaps up to `n` cached pages for a bound across heaps, but only pages beyond what it
+    /// needed lately (the peak of its live pages over the last one or two [`RECENT`]s, and its
+    /// slack): those whose freeing work is done now and, as the rest settle, in later calls (it
+    /// marks the streams that freed them, never waiting); what it owes replaces what an earlier
+    /// call asked. A heap that reaches its peak again and again keeps its pages, so that heaps
+    /// whose peaks fall at different moments do not swap pages back and forth; a heap whose
+    /// thread moved on gives them up. Does nothing where another thread holds the lock.
+    /// Returns how many pages went now.
+    pub(crate) fn give_up(&self, n: usize) -> usize {
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(p)) => self.recover(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => return 0,
+        };
+        let now = std::time::Instant::now();
+        match st.window_at {
+            None => st.window_at = Some(now),
+            Some(at) if now.duration_since(at) >= RECENT => {
+                st.prior_peak = st.recent_peak;
+                st.recent_peak = st.mapped - st.cached * self.page;
+                st.window_at = Some(now);
+            }
+            Some(_) => {}
+        }
+        let needed = st.recent_peak.max(st.prior_peak);
+        let slack = self.config.peak_slack.min(needed >> 6).max(self.page);
+        let keep = needed.saturating_add(slack.saturating_mul(1 << self.pace.doublings()));
+        let spare = st.mapped.saturating_sub(keep) / self.page;
+        st.owed = n.min(spare);
+        let done = self.trim_later(&mut st, 0);
+        self.show(&st);
+        done
     }
 
     /// Its reserved ranges, `(base, size)`.
@@ -562,13 +627,14 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
         if !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
             return Ok(false);
         }
-        if let Err(e) = self.extend(&mut st, r, addr, old, new) {
+        let extended = self.extend(&mut st, r, addr, old, new);
+        if extended.is_err() {
             // Back to the old size: the index gives the tail back to the free range after it
             // (it has room for the record: checked above), on `stream`.
             st.index.shrink(addr, old, stream);
-            return Err(e);
         }
-        Ok(true)
+        self.show(&st);
+        extended.map(|()| true)
     }
 }
 

@@ -68,8 +68,20 @@ pub(super) struct State<H, M> {
     pub(super) peak_mapped: usize,
     /// Pages in the cache.
     pub(super) cached: usize,
+    /// Cached pages to unmap for a bound across heaps
+    /// ([`PagedHeaps`](super::PagedHeaps)), beside this heap's own: set by
+    /// [`give_up`](super::VirtualMemory::give_up), counted down as pages go, cleared when this
+    /// heap maps pages itself.
+    pub(super) owed: usize,
     /// The most bytes of pages under live blocks so far (`mapped` less the cache).
     pub(super) live_peak: usize,
+    /// The most bytes of pages under live blocks since `window_at`, and in the window before:
+    /// what the heap needed lately, which it keeps when others need pages
+    /// ([`give_up`](super::VirtualMemory::give_up)).
+    pub(super) recent_peak: usize,
+    pub(super) prior_peak: usize,
+    /// The start of the current window, set by the first `give_up`.
+    pub(super) window_at: Option<Instant>,
     /// The pending batch: its `pending` pages are settled once its marks are all reached.
     pub(super) batch: Option<Batch<M>>,
     /// Calls since the pending batch's marks were last queried.
