@@ -131,44 +131,44 @@ impl Default for PagedHeapsConfig {
 }
 
 /// The stack to start with: device memory that follows what is live, fast on one thread and on
-/// many. [`VirtualMemory`] heaps over one page source `P` ([`DevicePages`](crate::leaf::DevicePages)
-/// on a GPU, [`Simulated`](crate::leaf::Simulated) anywhere), one for each stream and one for
-/// each thread: a request goes to its stream's heap, or, once it has found another thread
-/// holding that heap, to the calling thread's own for a while, longer each time (see below); a
-/// free goes to the heap the block came from. So the threads of one program that take turns on
-/// a stream (PyTorch's forward on the main thread, its backward on the autograd thread) share
-/// one heap and its pages, and threads that allocate at once never wait for each other. Each heap reserves its own virtual ranges and maps physical pages only
-/// under live blocks; the pages freed blocks leave stay mapped for the next blocks, within the
+/// many. [`VirtualMemory`] heaps over one page source `P`
+/// ([`DevicePages`](crate::leaf::DevicePages) on a GPU, [`Simulated`](crate::leaf::Simulated)
+/// anywhere), one for each stream and one for each thread: a request goes to its stream's heap, or,
+/// where another thread holds that heap, to the calling thread's own (every request on that stream,
+/// once threads meet there often: see below); a free goes to the heap the block came from. So the
+/// threads of one program that take turns on a stream (PyTorch's forward on the main thread, its
+/// backward on the autograd thread) share one heap and its pages, and threads that allocate at once
+/// never wait for each other. Each heap reserves its own virtual ranges and maps physical pages
+/// only under live blocks; the pages freed blocks leave stay mapped for the next blocks, within the
 /// peak of the heap's live pages and a slack (a 64th of that peak,
 /// [`PagedHeapsConfig::peak_slack`]): a block that needs new pages beyond it takes the place of
-/// free pages whose freeing work is done, unmapping them first, which is checked by events
-/// queried at most every 32 calls and every 50 µs (where too few pages have settled, the request
-/// waits for events an earlier call recorded, 200 ms at most). So the physical memory follows the
-/// peak of live memory, not that peak plus the holes freed blocks leave. Across heaps: when a
-/// heap maps pages while all heaps together hold more than the peak of their live pages (as
-/// seen each time a heap maps pages) and its slack, the other heaps give up as many free pages
-/// as they hold beyond what each needed lately (the peak of its live pages over the last 100 to
-/// 200 ms, and its slack), those whose freeing work is done at once and the rest as it
-/// completes. So a heap whose threads moved on (to heaps of their own, other streams, or gone)
-/// does not keep its pages, while heaps whose peaks come at different moments keep theirs:
-/// moving pages between them at every peak would cost a swap each time, tens of microseconds a
-/// page. Memory running short or [`release`](Self::release) gives back every free page.
+/// free pages whose freeing work is done, unmapping them first, which is checked by events queried
+/// at most every 32 calls and every 50 µs (where too few pages have settled, the request waits for
+/// events an earlier call recorded, 200 ms at most). So the physical memory follows the peak of
+/// live memory, not that peak plus the holes freed blocks leave. Across heaps: when a heap maps
+/// pages while all heaps together hold more than the peak of their live pages (as seen each time a
+/// heap maps pages) and its slack, the other heaps give up as many free pages as they hold beyond
+/// what each needed lately (the peak of its live pages over the last 100 to 200 ms, and its slack),
+/// those whose freeing work is done at once and the rest as it completes. So a heap whose threads
+/// moved on (to heaps of their own, other streams, or gone) does not keep its pages, while heaps
+/// whose peaks come at different moments keep theirs: moving pages between them at every peak would
+/// cost a swap each time, tens of microseconds a page. Memory running short or
+/// [`release`](Self::release) gives back every free page.
 ///
 /// Each heap keeps its own peak, and pages go from one heap to another only by the bound across
-/// heaps, so what matters is that blocks do not keep moving between heaps. An
-/// allocation that finds its stream's heap held by another thread goes to the calling thread's
-/// heap; a stream heap found held 16 times within 100 ms is left to the threads' heaps from then on
-/// (until a new stream takes its slot). So threads that allocate on one stream at once settle in
-/// heaps of their own within their first few hundred allocations, and stay there: were they to come
-/// back to the stream's heap now and then, what each heap holds would keep shifting, and each
-/// heap's pages would keep rising to new peaks, towards the sum of the heaps' peaks rather than the
-/// peak of their sum, or, under the bound across heaps, swap pages between heaps at every shift.
-/// What they held in the stream's heap before goes to the heaps that need pages, by that bound.
-/// Threads that take turns on a stream (PyTorch's forward and backward threads, which never met on
-/// their stream's heap in the GPT training of [`guide::performance`](crate::guide::performance))
-/// keep sharing its heap and its pages through a chance meeting. [`VmUsage::busy`] counts the
-/// allocations that found their stream's heap held. Threads that allocate at once are better on
-/// streams of their own.
+/// heaps, so what matters is that blocks do not keep moving between heaps. An allocation that finds
+/// its stream's heap held by another thread goes to the calling thread's heap; a stream heap found
+/// held 16 times within 100 ms is left to the threads' heaps from then on (until a new stream takes
+/// its slot). So threads that allocate on one stream at once settle in heaps of their own within
+/// their first few hundred allocations, and stay there: were they to come back to the stream's heap
+/// now and then, what each heap holds would keep shifting, and each heap's pages would keep rising
+/// to new peaks, towards the sum of the heaps' peaks rather than the peak of their sum, or, under
+/// the bound across heaps, swap pages between heaps at every shift. What they held in the stream's
+/// heap before goes to the heaps that need pages, by that bound. Threads that take turns on a
+/// stream (PyTorch's forward and backward threads, which never met on their stream's heap in the
+/// GPT training of [`guide::performance`](crate::guide::performance)) keep sharing its heap and its
+/// pages through a chance meeting. [`VmUsage::busy`] counts the allocations that found their
+/// stream's heap held. Threads that allocate at once are better on streams of their own.
 ///
 /// There are 16 stream heaps, one for each of the first 16 streams allocated on (a cudarc
 /// stream's heap goes to a new stream once it is dropped; later streams share them by a hash of
@@ -181,7 +181,9 @@ impl Default for PagedHeapsConfig {
 ///
 /// An allocation is a [`VirtualMemory`] allocation in its stream's heap (a try-lock) or the
 /// calling thread's: tens of nanoseconds when its pages are mapped; mapping a 2 MiB page costs
-/// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of microseconds. A free costs the lock of
+/// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of microseconds, and then the bound across
+/// heaps: two counters read for each heap, and a try-lock of each heap asked for pages, whose
+/// unmapping costs `cuMemUnmap` + `cuMemRelease` a page. A free costs the lock of
 /// the calling thread's heap and, where that heap does not hold the block, its stream's heap's;
 /// a block of neither, a read lock of the table of ranges and its heap's lock.
 ///
