@@ -139,11 +139,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         if self.config.peak_slack != usize::MAX {
             let after = st.mapped + extra * self.page;
             let peak = st.live_peak.max(after - st.cached * self.page);
-            // A 64th of the peak at most, so that a small workload's footprint stays as close
-            // to its peak as a large one's; a page at least, so that a block freed and made
-            // again within a page maps nothing.
-            let slack = self.config.peak_slack.min(peak >> 6).max(self.page);
-            let slack = slack.saturating_mul(1 << self.pace.doublings());
+            let slack = self.pace.slack(self.config.peak_slack, peak, self.page);
             over = over.max(after.saturating_sub(peak + slack).div_ceil(self.page));
         }
         over.max(st.owed).min(st.cached)

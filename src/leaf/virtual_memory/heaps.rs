@@ -420,9 +420,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         });
         let peak = self.live_peak.fetch_max(live, Ordering::Relaxed).max(live);
         let page = self.pages.page_size();
-        // As each heap's bound (`VirtualMemory`'s peak slack), over all of them.
-        let slack = (self.config.peak_slack.min(peak >> 6).max(page))
-            .saturating_mul(1 << self.pace.doublings());
+        // As each heap's bound, over all of them.
+        let slack = self.pace.slack(self.config.peak_slack, peak, page);
         let mut over = mapped
             .saturating_sub(peak.saturating_add(slack))
             .div_ceil(page);

@@ -497,8 +497,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             Some(_) => {}
         }
         let needed = st.recent_peak.max(st.prior_peak);
-        let slack = self.config.peak_slack.min(needed >> 6).max(self.page);
-        let keep = needed.saturating_add(slack.saturating_mul(1 << self.pace.doublings()));
+        let keep =
+            needed.saturating_add(self.pace.slack(self.config.peak_slack, needed, self.page));
         let spare = st.mapped.saturating_sub(keep) / self.page;
         st.owed = n.min(spare);
         let done = self.trim_later(&mut st, 0);

@@ -161,6 +161,15 @@ impl Pace {
         self.doublings.load(Ordering::Relaxed)
     }
 
+    /// The slack above a peak of `peak` live bytes, of pages of `page` bytes, under a
+    /// `peak_slack`: a 64th of the peak at most, so that a small workload's footprint stays as
+    /// close to its peak as a large one's; a page at least, so that a block freed and made again
+    /// within a page maps nothing; doubled as often as swaps took too much of the time.
+    #[inline]
+    pub(super) fn slack(&self, peak_slack: usize, peak: usize, page: usize) -> usize {
+        (peak_slack.min(peak >> 6).max(page)).saturating_mul(1 << self.doublings())
+    }
+
     /// Counts `time` spent swapping `pages` pages for the bounds; doubles the slack where swaps
     /// took more than their share of the window so far.
     pub(super) fn spent(&self, time: Duration, pages: usize) {
