@@ -2,7 +2,7 @@
 //! no lock and physical pages follow the live blocks of every thread.
 
 use super::region::Pace;
-use super::{VirtualMemory, VirtualMemoryConfig, VmUsage};
+use super::{Attempt, Lock, Room, VirtualMemory, VirtualMemoryConfig, VmUsage};
 use crate::leaf::PhysicalPages;
 use crate::resource::{check_request, AllocError, MemoryResource, Result};
 use crate::shard;
@@ -163,8 +163,11 @@ impl Default for PagedHeapsConfig {
 /// their first few hundred allocations, and stay there: were they to come back to the stream's heap
 /// now and then, what each heap holds would keep shifting, and each heap's pages would keep rising
 /// to new peaks, towards the sum of the heaps' peaks rather than the peak of their sum, or, under
-/// the bound across heaps, swap pages between heaps at every shift. What they held in the stream's
-/// heap before goes to the heaps that need pages, by that bound. Threads that take turns on a
+/// the bound across heaps, swap pages between heaps at every shift. The pages they used in the
+/// stream's heap before stay in use: where a thread's heap would map pages while all heaps
+/// together map the peak of their live pages and its slack, the block goes in the free mapped
+/// pages of a stream heap left so, on its stream, instead ([`VmUsage::borrowed`] counts them);
+/// what no heap uses goes by the bound across heaps. Threads that take turns on a
 /// stream (PyTorch's forward and backward threads, which never met on their stream's heap in the
 /// GPT training of [`guide::performance`](crate::guide::performance)) keep sharing its heap and its
 /// pages through a chance meeting. [`VmUsage::busy`] counts the allocations that found their
@@ -183,7 +186,9 @@ impl Default for PagedHeapsConfig {
 /// calling thread's: tens of nanoseconds when its pages are mapped; mapping a 2 MiB page costs
 /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of microseconds, and then the bound across
 /// heaps: two counters read for each heap, and a try-lock of each heap asked for pages, whose
-/// unmapping costs `cuMemUnmap` + `cuMemRelease` a page. A free costs the lock of
+/// unmapping costs `cuMemUnmap` + `cuMemRelease` a page. Once a stream heap is left, a block that
+/// needs pages is first looked for without mapping, and, over the bound, in the left heaps
+/// (each a lock): a search or two more, on the way to mapping. A free costs the lock of
 /// the calling thread's heap and, where that heap does not hold the block, its stream's heap's;
 /// a block of neither, a read lock of the table of ranges and its heap's lock.
 ///
@@ -232,6 +237,9 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     streams: Mutex<StreamSlots>,
     /// Each stream heap's meetings, on lines of their own (written only when one is held).
     meetings: Box<[shard::Line<Meetings>]>,
+    /// How many stream heaps are left to the threads' heaps: those whose pages others may
+    /// [`borrow`](Self::borrow).
+    left_heaps: AtomicUsize,
     /// The origin of [`Meetings::since`].
     epoch: Instant,
     /// This instance's number ([`INSTANCES`]).
@@ -241,6 +249,9 @@ pub struct PagedHeaps<P: PhysicalPages + Clone> {
     /// Allocations that found their stream's heap held ([`VmUsage::busy`]), on a line of its
     /// own: counted only then, so threads that share no stream never write it.
     busy: shard::Line<AtomicU64>,
+    /// Allocations placed in another heap's mapped pages ([`VmUsage::borrowed`]), on a line of
+    /// its own: counted only then.
+    borrowed: shard::Line<AtomicU64>,
     /// The most bytes of pages under live blocks of all heaps together, as seen each time a
     /// heap mapped pages (when what is live outgrows what is mapped), on a line of its own.
     live_peak: shard::Line<AtomicUsize>,
@@ -270,10 +281,12 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             meetings: (0..STREAM_HEAPS)
                 .map(|_| shard::Line(Meetings::default()))
                 .collect(),
+            left_heaps: AtomicUsize::new(0),
             epoch: Instant::now(),
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
             pace: Arc::new(Pace::new()),
             busy: shard::Line(AtomicU64::new(0)),
+            borrowed: shard::Line(AtomicU64::new(0)),
             live_peak: shard::Line(AtomicUsize::new(0)),
         }
     }
@@ -291,7 +304,9 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         if new {
             // A new stream starts with its heap open to it, whatever the last one met.
             let m = &self.meetings[i];
-            m.left.store(false, Ordering::Relaxed);
+            if m.left.swap(false, Ordering::Relaxed) {
+                self.left_heaps.fetch_sub(1, Ordering::Relaxed);
+            }
             m.count.store(0, Ordering::Relaxed);
         }
         let heap = by_stream(i);
@@ -316,8 +331,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         } else {
             m.count.fetch_add(1, Ordering::Relaxed) + 1
         };
-        if count >= MEETINGS_TO_LEAVE {
-            m.left.store(true, Ordering::Relaxed);
+        if count >= MEETINGS_TO_LEAVE && !m.left.swap(true, Ordering::Relaxed) {
+            self.left_heaps.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -364,6 +379,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         }
         total.slack_doublings = self.pace.doublings();
         total.busy = self.busy.load(Ordering::Relaxed);
+        total.borrowed = self.borrowed.load(Ordering::Relaxed);
         total
     }
 
@@ -408,24 +424,23 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         if self.config.peak_slack == usize::MAX {
             return;
         }
-        let heaps = || {
-            self.heaps
-                .iter()
-                .enumerate()
-                .filter_map(|(i, h)| Some((i, h.get()?)))
-        };
-        let (mapped, live) = heaps().fold((0usize, 0usize), |(m, l), (_, h)| {
-            let (mapped, live, _) = h.shown();
-            (m.saturating_add(mapped), l.saturating_add(live))
-        });
-        let peak = self.live_peak.fetch_max(live, Ordering::Relaxed).max(live);
-        let page = self.pages.page_size();
-        // As each heap's bound, over all of them.
-        let slack = self.pace.slack(self.config.peak_slack, peak, page);
+        let live: usize = self
+            .heaps
+            .iter()
+            .filter_map(|h| h.get())
+            .map(|h| h.shown().1)
+            .fold(0, usize::saturating_add);
+        self.live_peak.fetch_max(live, Ordering::Relaxed);
+        let (mapped, bound) = self.totals();
         let mut over = mapped
-            .saturating_sub(peak.saturating_add(slack))
-            .div_ceil(page);
-        for (i, heap) in heaps() {
+            .saturating_sub(bound)
+            .div_ceil(self.pages.page_size());
+        let heaps = self
+            .heaps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| Some((i, h.get()?)));
+        for (i, heap) in heaps {
             if over == 0 {
                 break;
             }
@@ -439,21 +454,112 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         }
     }
 
-    /// Heap `slot`'s allocation, made by `allocate`, then the bound across heaps where it mapped
-    /// pages.
+    /// What all heaps map together, and the most bytes of pages under live blocks they may
+    /// map with their slack: the peak of their live pages, as seen each time a heap mapped
+    /// pages, and now.
+    fn totals(&self) -> (usize, usize) {
+        let (mapped, live) =
+            self.heaps
+                .iter()
+                .filter_map(|h| h.get())
+                .fold((0usize, 0usize), |(m, l), h| {
+                    let (mapped, live, _) = h.shown();
+                    (m.saturating_add(mapped), l.saturating_add(live))
+                });
+        let peak = self.live_peak.load(Ordering::Relaxed).max(live);
+        let page = self.pages.page_size();
+        // As each heap's bound, over all of them.
+        let slack = self.pace.slack(self.config.peak_slack, peak, page);
+        (mapped, peak.saturating_add(slack))
+    }
+
+    /// An allocation in heap `slot`, the lock taken as `lock` says: in its mapped pages where
+    /// they hold the block; else, where mapping pages for it would take all heaps together
+    /// beyond the peak of their live pages and its slack, in the mapped pages of another heap
+    /// ([`borrow`](Self::borrow)); else in heap `slot`, mapping pages, and then the bound across
+    /// heaps. Notes the heap that served it for the next free.
     #[inline]
-    fn allocate_in<T>(
+    fn place_in(
         &self,
         slot: usize,
         heap: &VirtualMemory<P>,
-        allocate: impl FnOnce(&VirtualMemory<P>) -> T,
-    ) -> T {
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+        lock: Lock,
+    ) -> Attempt {
+        let served = |done: Attempt, slot: usize| {
+            if matches!(done, Attempt::Done(Ok(_))) {
+                HINT.with(|h| h.served.set(slot));
+            }
+            done
+        };
+        // Only while some heap's pages may be borrowed is room for a block without mapping
+        // looked for first: otherwise the one search maps what the block needs.
+        if self.config.peak_slack != usize::MAX && self.left_heaps.load(Ordering::Relaxed) > 0 {
+            match heap.allocate_with(size, align, stream, lock, Room::Mapped) {
+                Attempt::NoRoom => {}
+                done => return served(done, slot),
+            }
+            if let Some(p) = self.borrow(slot, size, align, stream) {
+                return Attempt::Done(Ok(p));
+            }
+        }
         let before = heap.shown().0;
-        let done = allocate(heap);
+        let done = heap.allocate_with(size, align, stream, lock, Room::Any);
         if heap.shown().0 > before {
             self.bound_all(slot);
         }
-        done
+        served(done, slot)
+    }
+
+    /// A block placed in the mapped pages of a stream heap left to the threads' heaps (other
+    /// than `slot`), from the free ranges of `stream` there (never ordering `stream` after
+    /// another), where mapping pages for it would take all heaps together beyond the peak of
+    /// their live pages and its slack. The pages such a heap mapped while its threads took
+    /// turns on it are then used by the heaps they moved to, not kept beside new ones, and no
+    /// page moves. The block is that heap's, and its free goes there. Only left heaps lend:
+    /// blocks lent by heaps in use would scatter each thread's blocks over the heaps, each
+    /// page shared by more of them, and cost a lock of another heap at every lent allocation
+    /// and its free.
+    #[cold]
+    fn borrow(
+        &self,
+        slot: usize,
+        size: usize,
+        align: usize,
+        stream: StreamRef,
+    ) -> Option<NonNull<u8>> {
+        let (mapped, bound) = self.totals();
+        if mapped.saturating_add(size) <= bound {
+            return None;
+        }
+        // Heaps held by other threads are asked again, waiting for their locks: a wait for
+        // another thread's call is far shorter than mapping a page.
+        let mut held = 0u32;
+        for lock in [Lock::Try, Lock::Wait] {
+            for i in by_stream(0)..by_stream(STREAM_HEAPS) {
+                let Some(heap) = self.heaps[i]
+                    .get()
+                    .filter(|h| i != slot && self.left(i) && h.shown().0 > 0)
+                else {
+                    continue;
+                };
+                if lock == Lock::Wait && held & (1 << (i - by_stream(0))) == 0 {
+                    continue;
+                }
+                match heap.allocate_with(size, align, stream, lock, Room::Borrowed) {
+                    Attempt::Done(Ok(p)) => {
+                        HINT.with(|h| h.served.set(i));
+                        self.borrowed.fetch_add(1, Ordering::Relaxed);
+                        return Some(p);
+                    }
+                    Attempt::Held => held |= 1 << (i - by_stream(0)),
+                    _ => {}
+                }
+            }
+        }
+        None
     }
 
     /// Frees `addr` on `stream` in heap `slot` if that heap exists and its ranges hold it; says
@@ -537,24 +643,21 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
         if !self.left(by_stream) {
             // A stream heap that cannot be made (no address space for its range) leaves the
             // request to this thread's heap.
-            match self.heap(by_stream).map(|h| {
-                self.allocate_in(by_stream, h, |h| h.allocate_with(size, align, stream, true))
-            }) {
-                Err(_) => {}
-                Ok(None) => self.met(by_stream),
-                Ok(Some(Err(e))) if e.is_out_of_memory() => {}
-                Ok(Some(done)) => {
-                    HINT.with(|h| h.served.set(by_stream));
-                    return done;
+            if let Ok(heap) = self.heap(by_stream) {
+                match self.place_in(by_stream, heap, size, align, stream, Lock::Try) {
+                    Attempt::Held => self.met(by_stream),
+                    Attempt::Done(Err(e)) if e.is_out_of_memory() => {}
+                    Attempt::NoRoom => {}
+                    Attempt::Done(done) => return done,
                 }
             }
         }
         let slot = shard::slot();
-        HINT.with(|h| h.served.set(slot));
         let heap = self.heap(slot)?;
-        match self.allocate_in(slot, heap, |h| h.allocate(size, align, stream)) {
+        let oom = || AllocError::out_of_memory(size, align, NAME);
+        match self.place_in(slot, heap, size, align, stream, Lock::Wait) {
             // A request the device could never hold fails whatever the heaps give back.
-            Err(e) if e.is_out_of_memory() && !heap.never_fits(size, align) => {
+            Attempt::Done(Err(e)) if e.is_out_of_memory() && !heap.never_fits(size, align) => {
                 // Other heaps' free pages, given back, may make room (the heap gave back its
                 // own already).
                 let freed: usize = self
@@ -568,9 +671,14 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                 if freed == 0 {
                     return Err(e);
                 }
-                self.allocate_in(slot, heap, |h| h.allocate(size, align, stream))
+                match self.place_in(slot, heap, size, align, stream, Lock::Wait) {
+                    Attempt::Done(done) => done,
+                    Attempt::Held | Attempt::NoRoom => Err(oom()),
+                }
             }
-            other => other,
+            Attempt::Done(done) => done,
+            // Neither comes of waiting for the lock with room to map.
+            Attempt::Held | Attempt::NoRoom => Err(oom()),
         }
     }
 

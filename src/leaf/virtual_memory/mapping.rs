@@ -49,15 +49,17 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     /// Makes the pages of the block `[addr, addr + len)` of region `r` live: out of the cache,
-    /// and mapped where they are not. On failure nothing has changed (but the cache may have been
-    /// emptied).
+    /// and mapped where they are not, given `map`; without it, `Ok(false)` where a page is not
+    /// mapped, and nothing has changed. On failure nothing has changed (but the cache may have
+    /// been emptied).
     pub(super) fn commit(
         &self,
         st: &mut State<P::Page, P::Mark>,
         r: usize,
         addr: usize,
         len: usize,
-    ) -> Result<()> {
+        map: bool,
+    ) -> Result<bool> {
         let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
         let pages = &mut st.regions[r].pages;
         pages.make(first, last);
@@ -74,14 +76,19 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         st.cached -= uncached;
         if all_mapped {
             self.note_live(st);
-            return Ok(());
+            return Ok(true);
+        }
+        if !map {
+            // Undone as after a failed mapping: the cached pages go back to the cache.
+            self.uncommit(st, r, addr, len, false);
+            return Ok(false);
         }
         let result = self.map_range(st, r, first, last);
         if result.is_err() {
             self.uncommit(st, r, addr, len, false);
         }
         self.after_mapping(st, result.is_ok());
-        result
+        result.map(|()| true)
     }
 
     /// Keeps the cache within its bounds after pages were mapped for a block (later, never

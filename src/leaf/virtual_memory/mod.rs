@@ -123,6 +123,44 @@ pub struct VmUsage {
     /// and went to the calling thread's own heap: threads allocating on one stream at once,
     /// which [`PagedHeaps`] says the cost of. Always 0 for a `VirtualMemory` alone.
     pub busy: u64,
+    /// Allocations of a [`PagedHeaps`] placed in another heap's mapped pages, where mapping
+    /// pages in their own would take all heaps beyond the peak of their live pages and its
+    /// slack. Always 0 for a `VirtualMemory` alone.
+    pub borrowed: u64,
+}
+
+/// How [`VirtualMemory::allocate_with`] takes the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lock {
+    /// Waits for it.
+    Wait,
+    /// Gives up at once where another thread holds it ([`Attempt::Held`]).
+    Try,
+}
+
+/// Where [`VirtualMemory::allocate_with`] may place a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// Anywhere: pages are mapped and ranges reserved as the block needs.
+    Any,
+    /// Only where every page under the block is mapped already, in the stream's free ranges
+    /// or another stream's (after `order_after`); [`Attempt::NoRoom`] otherwise.
+    Mapped,
+    /// As [`Mapped`](Self::Mapped), in the stream's own free ranges only: a block for another
+    /// heap's thread, placed only where it costs no wait on another stream.
+    Borrowed,
+}
+
+/// What [`VirtualMemory::allocate_with`] did.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// Another thread held the lock ([`Lock::Try`]); nothing was done.
+    Held,
+    /// No free range with its pages mapped fits ([`Room::Mapped`], [`Room::Borrowed`]); nothing
+    /// was done.
+    NoRoom,
+    /// The allocation, or why it failed.
+    Done(Result<NonNull<u8>>),
 }
 
 /// How long a heap keeps what it needed lately when others need pages
@@ -304,6 +342,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             page_table_bytes: st.regions.iter().map(|r| r.pages.bytes()).sum(),
             slack_doublings: self.pace.doublings(),
             busy: 0,
+            borrowed: 0,
         }
     }
 
@@ -353,42 +392,41 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         block > most || need > most.saturating_mul(2)
     }
 
-    /// An allocation, or `None` where `try_only` and another thread holds the lock (then
-    /// nothing was done).
+    /// An allocation in the room `room` allows, the lock taken as `lock` says.
     pub(crate) fn allocate_with(
         &self,
         size: usize,
         align: usize,
         stream: StreamRef,
-        try_only: bool,
-    ) -> Option<Result<NonNull<u8>>> {
+        lock: Lock,
+        room: Room,
+    ) -> Attempt {
         let checked = check_request::<Self>(size, align, NAME);
         match checked {
-            Ok(Some(p)) => return Some(Ok(p)),
-            Err(e) => return Some(Err(e)),
+            Ok(Some(p)) => return Attempt::Done(Ok(p)),
+            Err(e) => return Attempt::Done(Err(e)),
             Ok(None) => {}
         }
         let oom = || AllocError::out_of_memory(size, align, NAME);
         if self.never_fits(size, align) {
-            return Some(Err(oom()));
+            return Attempt::Done(Err(oom()));
         }
         let (align, block, need) = crate::suballoc::growth::block_of(size, align);
-        let mut st = if try_only {
-            match self.state.try_lock() {
+        let mut st = match lock {
+            Lock::Try => match self.state.try_lock() {
                 Ok(st) => st,
                 Err(std::sync::TryLockError::Poisoned(p)) => self.recover(p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => return None,
-            }
-        } else {
-            self.lock()
+                Err(std::sync::TryLockError::WouldBlock) => return Attempt::Held,
+            },
+            Lock::Wait => self.lock(),
         };
         let st = &mut *st;
         self.tick(st);
-        let placed = match self.place(st, stream, block, align, Some(need)) {
+        let placed = match self.place(st, stream, block, align, room, Some(need)) {
             // A block placed partway into a page touches a page more than its size needs: where
             // that page was what ran short, the block at a page boundary may fit.
             Err(e) if e.is_out_of_memory() && align < self.page => {
-                match self.place(st, stream, block, self.page, None) {
+                match self.place(st, stream, block, self.page, room, None) {
                     Err(again) if again.is_out_of_memory() => Err(e),
                     other => other,
                 }
@@ -398,46 +436,56 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         self.show(st);
         // Running short is the caller's request that could not be served, whichever page or
         // range the page source was asked for.
-        Some(
-            placed
-                .and_then(|addr| {
-                    NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom)
-                })
-                .map_err(|e| if e.is_out_of_memory() { oom() } else { e }),
-        )
+        match placed {
+            Ok(None) => Attempt::NoRoom,
+            Ok(Some(addr)) => Attempt::Done(
+                NonNull::new(std::ptr::with_exposed_provenance_mut(addr)).ok_or_else(oom),
+            ),
+            Err(e) if e.is_out_of_memory() => Attempt::Done(Err(oom())),
+            Err(e) => Attempt::Done(Err(e)),
+        }
     }
 
     /// Places a block of `block` bytes at `align` for `stream` and maps its pages: from the
-    /// stream's free ranges, another stream's after `order_after`, or, given `reserve` (the block
-    /// with its alignment slack), a new range of at least that many bytes. On failure the
-    /// index is as before (but for a new range, kept free).
+    /// stream's free ranges, another stream's after `order_after` (but for [`Room::Borrowed`]),
+    /// or, given `reserve` (the block with its alignment slack) and [`Room::Any`], a new range of
+    /// at least that many bytes. `Ok(None)` where `room` asks for mapped pages and the block
+    /// found lies on a page that is not mapped. On failure the index is as before (but for a new
+    /// range, kept free).
     fn place(
         &self,
         st: &mut State<P::Page, P::Mark>,
         stream: StreamRef,
         block: usize,
         align: usize,
+        room: Room,
         reserve: Option<usize>,
-    ) -> Result<usize> {
+    ) -> Result<Option<usize>> {
         let oom = || AllocError::out_of_memory(block, align, NAME);
-        let stolen = st.index.take_or_steal(stream, block, align, |after| {
-            self.pages.order_after(stream, after)
-        })?;
-        let addr = match stolen {
-            Some(addr) => addr,
-            None => {
+        let found = match room {
+            Room::Borrowed => st.index.take(stream, block, align),
+            Room::Mapped | Room::Any => st.index.take_or_steal(stream, block, align, |after| {
+                self.pages.order_after(stream, after)
+            })?,
+        };
+        let addr = match (found, room) {
+            (Some(addr), _) => addr,
+            (None, Room::Any) => {
                 let need = reserve.ok_or_else(oom)?;
                 self.reserve(st, need, stream)?;
                 st.index.take(stream, block, align).ok_or_else(oom)?
             }
+            (None, _) => return Ok(None),
         };
         let r = st.region_of(addr).ok_or_else(oom)?;
-        if let Err(e) = self.commit(st, r, addr, block) {
-            // Back to the free ranges, on this stream (ordered after any other already).
-            let _ = st.index.free(addr, stream);
-            return Err(e);
+        match self.commit(st, r, addr, block, room == Room::Any) {
+            Ok(true) => Ok(Some(addr)),
+            failed => {
+                // Back to the free ranges, on this stream (ordered after any other already).
+                let _ = st.index.free(addr, stream);
+                failed.map(|_| None)
+            }
         }
-        Ok(addr)
     }
 
     /// Frees the block at `addr` on `stream` if `addr` lies in one of its reserved ranges, and
@@ -546,8 +594,11 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
     page_leaf!();
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        self.allocate_with(size, align, stream, false)
-            .unwrap_or_else(|| Err(AllocError::out_of_memory(size, align, NAME)))
+        match self.allocate_with(size, align, stream, Lock::Wait, Room::Any) {
+            Attempt::Done(done) => done,
+            // Neither comes of waiting for the lock with room to map.
+            Attempt::Held | Attempt::NoRoom => Err(AllocError::out_of_memory(size, align, NAME)),
+        }
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {

@@ -550,6 +550,136 @@ fn a_streams_heap_found_held_sixteen_times_at_once_is_left_to_the_threads_heaps(
 }
 
 #[test]
+fn a_left_streams_heap_lends_its_free_mapped_pages_before_a_threads_heap_maps_more() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let s = StreamRef::simulated(3);
+    let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
+    // Sixteen pages live in the stream's heap.
+    let big: Vec<_> = (0..8)
+        .map(|_| heaps.allocate(2 * P, 256, s).unwrap())
+        .collect();
+    // Threads meet there: it is left, and this thread's heap maps a page for their blocks.
+    let small: Vec<_> = (0..16)
+        .map(|_| allocate_while_held(&heaps, 256, s))
+        .collect();
+    assert!(heaps.left(heaps.stream_heap(s)));
+    for p in big {
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(p, 2 * P, 256, s) };
+    }
+    // All heaps map 17 pages, the peak of their live pages, so this thread's heap, with no
+    // room, would map beyond it and the slack (a page): the stream's heap takes the blocks.
+    assert_eq!(sim.mapped(), 17 * P);
+    let lent: Vec<_> = (0..8)
+        .map(|_| heaps.allocate(2 * P, 256, s).unwrap())
+        .collect();
+    assert_eq!(sim.mapped(), 17 * P);
+    assert_eq!(heaps.usage().borrowed, 8);
+    assert_eq!(stream_heap.usage().allocated, 16 * P);
+    // Beyond what it holds, this thread's heap maps.
+    let more = heaps.allocate(2 * P, 256, s).unwrap();
+    assert_eq!((sim.mapped(), heaps.usage().borrowed), (19 * P, 8));
+    // Each block goes back to the heap that holds it, and every page back to the source.
+    for p in lent.into_iter().chain([more]) {
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(p, 2 * P, 256, s) };
+    }
+    for p in small {
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(p, 256, 256, s) };
+    }
+    assert_eq!(
+        (stream_heap.usage().allocated, heaps.usage().allocated),
+        (0, 0)
+    );
+    heaps.release();
+    assert_eq!(sim.mapped(), 0);
+}
+
+#[test]
+fn threads_on_a_left_streams_heap_borrow_its_pages_and_free_each_others_blocks() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    let sim = Simulated::with_page_size(1 << 30, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let s = StreamRef::simulated(3);
+    // Pages in the stream's heap, freed, and the heap left to the threads' heaps.
+    let big: Vec<_> = (0..8)
+        .map(|_| heaps.allocate(8 * P, 256, s).unwrap())
+        .collect();
+    let meetings: Vec<_> = (0..16)
+        .map(|_| allocate_while_held(&heaps, 256, s))
+        .collect();
+    for p in big {
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(p, 8 * P, 256, s) };
+    }
+    for p in meetings {
+        // SAFETY: live with this size.
+        unsafe { heaps.deallocate(p, 256, 256, s) };
+    }
+    // Every live block: start -> end, to find overlaps.
+    let live: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+    // Blocks one thread leaves for another to free.
+    let handed: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let place = |p: usize, size: usize| {
+        let mut l = live.lock().unwrap();
+        let before = l.range(..=p).next_back().is_some_and(|(_, &end)| end > p);
+        let after = l.range(p..).next().is_some_and(|(&b, _)| p + size > b);
+        assert!(!before && !after, "{p:#x}+{size} overlaps a live block");
+        l.insert(p, p + size);
+    };
+    let free = |p: usize, size: usize| {
+        live.lock().unwrap().remove(&p);
+        let p = NonNull::new(std::ptr::with_exposed_provenance_mut(p)).unwrap();
+        // SAFETY: live, from `heaps`, with this size.
+        unsafe { heaps.deallocate(p, size, 256, s) };
+    };
+    std::thread::scope(|scope| {
+        for t in 0..6u64 {
+            let (heaps, handed, place, free) = (&heaps, &handed, &place, &free);
+            scope.spawn(move || {
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                let mut own: Vec<(usize, usize)> = Vec::new();
+                for _ in 0..2000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let size = 256 + (x as usize % (3 * P));
+                    let p = heaps.allocate(size, 256, s).unwrap().as_ptr() as usize;
+                    place(p, size);
+                    if x % 3 == 0 {
+                        let other = handed.lock().unwrap().pop();
+                        handed.lock().unwrap().push((p, size));
+                        if let Some((q, n)) = other {
+                            free(q, n);
+                        }
+                    } else {
+                        own.push((p, size));
+                    }
+                    if own.len() > 24 {
+                        let (q, n) = own.swap_remove(x as usize % own.len());
+                        free(q, n);
+                    }
+                }
+                for (q, n) in own {
+                    free(q, n);
+                }
+            });
+        }
+    });
+    for (q, n) in handed.into_inner().unwrap() {
+        free(q, n);
+    }
+    assert!(heaps.usage().borrowed > 0);
+    assert_eq!(heaps.usage().allocated, 0);
+    assert_eq!(heaps.usage().mapped, sim.mapped());
+    heaps.release();
+    assert_eq!(sim.mapped(), 0);
+}
+
+#[test]
 fn meetings_spread_over_more_than_the_window_leave_a_streams_heap_shared() {
     let sim = Simulated::with_page_size(64 * P, P);
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
