@@ -160,7 +160,10 @@
 //! 0 ms for the device in both, its slack never doubled (the C library's statistics: `maps`,
 //! `unmaps`, `waited_ns`, `slack_doublings`). In one more GPT run that day (1.017, 0.998x
 //! native's step), no allocation found its stream's heap held by the other thread (`busy`: 0):
-//! PyTorch's forward and backward threads take turns on their stream.
+//! PyTorch's forward and backward threads take turns on their stream. The same two commands on
+//! 2026-11-29, with the threads' heaps borrowing a left stream heap's pages (never called on
+//! here: no heap was left), gave the same peaks (25.00 and 14.14 GiB: 1.017 and 1.015), steps
+//! 0.998x and 1.001x native's, and the same pages mapped and unmapped.
 //!
 //! Page size. `capi/python/kernels_torch.py` times kernels on memory from each allocator. On 2
 //! MiB pages (the device's granule, `paged`'s default) a 2 GiB copy took 1.084–1.104 ms, against
@@ -218,58 +221,75 @@
 //! The same stack in the RMM side-by-side harness (`RMM_BENCH_ROUNDS=3
 //! RMM_BENCH_MRSTACK_STACKS=paged RMM_BENCH_STACKS=paged,cuda_async,pool,binning,arena
 //! RMM_BENCH_THREADS=1,8,16 RMM_BENCH_WORKLOADS=random,transformer_infer,transformer_train
-//! RMM_BENCH_DEADLINE_S=360 bash scripts/gpu-bench-rmm`, H200, 2026-11-28,
-//! `benches/rmm/results-2026-11-28-h200-paged-rounds3.md`), ns/op (wall time over all threads'
-//! ops), each the fastest of its rounds (three on one thread, two on more: the deadline), and
-//! its ratio to RMM's best of `cuda_async`, `pool`, `binning` and `arena` in the same run:
+//! RMM_BENCH_DEADLINE_S=330 bash scripts/gpu-bench-rmm`, H200, 2026-11-29,
+//! `benches/rmm/results-2026-11-29-h200-paged.md`), ns/op (wall time over all threads' ops), each
+//! the fastest of its rounds (two: the deadline cut the third), and its ratio to RMM's best of
+//! `cuda_async`, `pool`, `binning` and `arena` in the same run; the one-thread rows are from a
+//! later call of six rounds on one thread (`RMM_BENCH_THREADS=1 RMM_BENCH_ROUNDS=6
+//! RMM_BENCH_DEADLINE_S=300`, the same file), for the reason below:
 //!
 //! | workload | threads | own streams: `paged` / RMM's best | one stream: `paged` / RMM's best |
 //! |---|---:|---:|---:|
-//! | random | 1 | 144 / 214 (0.67) | 193 / 313 (0.62) |
-//! | random | 8 | 27.0 / 668 (0.040) | 31.5 / 1,255 (0.025) |
-//! | random | 16 | 16.7 / 341 (0.049) | 30.6 / 1,414 (0.022) |
-//! | transformer_infer | 1 | 145 / 213 (0.68) | 125 / 281 (0.44) |
-//! | transformer_infer | 8 | 22.5 / 830 (0.027) | 21.6 / 1,285 (0.017) |
-//! | transformer_infer | 16 | 17.5 / 1,032 (0.017) | 12.7 / 1,669 (0.008) |
-//! | transformer_train | 1 | 110 / 255 (0.43) | 146 / 349 (0.42) |
-//! | transformer_train | 8 | 22.2 / 807 (0.028) | 30.5 / 1,671 (0.018) |
-//! | transformer_train | 16 | 17.8 / 878 (0.020) | 24.1 / 1,729 (0.014) |
+//! | random | 1 | 134 / 212 (0.63) | 128 / 285 (0.45) |
+//! | random | 8 | 30.2 / 632 (0.048) | 29.7 / 1,213 (0.024) |
+//! | random | 16 | 14.7 / 350 (0.042) | 30.6 / 1,422 (0.022) |
+//! | transformer_infer | 1 | 128 / 222 (0.58) | 124 / 292 (0.43) |
+//! | transformer_infer | 8 | 25.1 / 770 (0.033) | 23.3 / 1,432 (0.016) |
+//! | transformer_infer | 16 | 13.7 / 901 (0.015) | 21.2 / 1,536 (0.014) |
+//! | transformer_train | 1 | 116 / 274 (0.42) | 108 / 313 (0.34) |
+//! | transformer_train | 8 | 25.0 / 757 (0.033) | 29.6 / 1,597 (0.019) |
+//! | transformer_train | 16 | 14.8 / 891 (0.017) | 23.5 / 1,652 (0.014) |
+//!
+//! One-thread figures on this host take one of two speeds for a whole process, on both sides,
+//! whatever core it is pinned to: the passes of one process agree within 2%, while in the six
+//! rounds of random's one thread on streams of their own `paged` took 134–239 ns/op and RMM's
+//! `binning` 212–484. The call of every thread count drew the slow speed for `paged` in both
+//! rounds of transformer_infer (237 / 238 ns/op, 1.02 and 0.72 of RMM's best) and random's own
+//! streams (137, 0.34 against `binning`'s slow 403). Old and new builds of `paged`, alternated in
+//! one call, showed the same two speeds.
 //!
 //! With threads on one stream, the stream's heap is left to the threads' own heaps within the
 //! warm-up (they meet there at once), so every timed pass runs on heaps that hold the same
 //! blocks as the pass before: random's 8 threads on one stream took 28.5–48.7 ns/op a pass.
 //! Where threads instead went back to the stream's heap now and then, what each heap held kept
 //! shifting, and each pass mapped tens of new pages as some heap passed its own peak: the same
-//! cells took 67.5 ns/op (8 threads) and 27.7 (16) in a call of that rule the same day, its
-//! passes 28.8–218.8.
+//! cells took 67.5 ns/op (8 threads) and 27.7 (16) in a call of that rule, its passes
+//! 28.8–218.8.
 //!
-//! Pages follow what all heaps hold, not each heap's own peak, where a heap's threads moved on:
-//! replaying the two-thread transformer_train log over `Simulated` (`mrstack replay --stack
-//! upstream,paged --upstream simulated --passes 3 --no-capacity
-//! data/traces/transformer_train.csv.gz`, whose threads run at once where the log ran them in
-//! turns, and so leave the stream's heap), `paged` took 1.27 GiB from its upstream at most,
-//! where the threads held 1.23 GiB at once (the `upstream` row); with each heap keeping its
-//! pages, 3.60 GiB. Heaps that all reach their peaks within 100 ms keep their pages: moving a
-//! page between heaps costs a swap, and with every heap's pages taken down to the peak of what
-//! all of them hold, transformer_infer on 16 threads of their own streams over the GPU took
-//! 643–940 ns/op in each of six passes, against 17.5 in the table above.
+//! Pages follow what all heaps hold, not each heap's own peak, where a heap's threads moved on.
+//! Replayed over `Simulated` (`mrstack replay --stack upstream,paged --upstream simulated
+//! --passes 3 --no-capacity data/traces/X.csv.gz`), the two-thread logs run their threads at once
+//! where the log ran them in turns, so they leave the stream's heap; the `upstream` row shows what
+//! the threads held at once. In three runs each, `paged` took at most 1.30–1.38 GiB for
+//! transformer_train (the threads held 1.23–1.25), 5.59–5.77 GiB for resnet50_train_pytorch
+//! (5.47–5.50) and 46.80 GiB for gpt_train_pytorch (44.27): the threads' heaps place blocks in
+//! the free mapped pages of the stream's heap they left before mapping beyond the peak of all
+//! heaps' live pages. With the left heap keeping its pages to itself they took 1.27–3.85,
+//! 17.0–21.6 and 74–87 GiB. Over the GPU (`--upstream cuda`) the `upstream` row is
+//! `cuMemAlloc` at 31–58 µs an op, whose threads hardly overlap (0.86, 5.5 and 26.6 GiB, the logs'
+//! peak live), while `paged`'s run at 0.3–1.5 µs an op overlaps them more: it took 1.34–2.83,
+//! 10.8–11.1 and 35.4–64.2 GiB in two runs each, with no count of what its threads held at once.
+//! Heaps that all reach their peaks within 100 ms keep their pages: moving a page between heaps
+//! costs a swap, and with every heap's pages taken down to the peak of what all of them hold,
+//! transformer_infer on 16 threads of their own streams over the GPU took 643–940 ns/op in each of
+//! six passes, against 13.7 in the table above. Only the left heaps lend their pages: with every
+//! heap lending, transformer_train on 8 threads over `Simulated` took 116–155 ns/op against 45–54
+//! and mapped more, not less (1.31–1.59 GiB against 0.93–1.34): each thread's blocks scattered
+//! over the heaps, each page shared by more of them.
 //!
-//! Against its own one thread (own streams), `paged` runs 5.3x (random), 6.4x and 5.0x as many
-//! ops on 8 threads, and 8.6x, 8.3x and 6.2x on 16 (one stream: 6.1x, 5.8x, 4.8x on 8 and 6.3x,
-//! 9.8x, 6.1x on 16). Its one-thread figures move most from round to round in this call
-//! (random: 144–236 ns/op). Every heap sits on cache lines of its own:
+//! Against its own one thread in the call of every thread count (own streams), `paged` runs 4.5x
+//! (random), 9.4x and 8.7x as many ops on 8 threads, and 9.3x, 17.3x and 14.7x on 16, from
+//! one-thread figures at the slow speed; against the six-round call's one thread, 4.4x, 5.1x and
+//! 4.6x on 8 and 9.1x, 9.3x and 7.8x on 16. Every heap sits on cache lines of its own:
 //! with the heaps side by side instead (neighbours' lock words on one line), random on 8 threads
 //! over `Simulated` on the same host took 35.7–36.4 ns/op against 24.4–25.6 apart (16 threads:
 //! 19.4–19.7 against 14.4–18.0; transformer_train on 16 threads 19.9–20.9 against 15.0).
 //!
-//! One thread is where `paged` is weakest, and where the host moves most. The GPU host's
-//! vCPUs run 1.6x slower for seconds at a time, whichever core a process is pinned to:
-//! random on one thread over `Simulated` took 97–106 ns/op in some runs and 141–169 in others,
-//! each run's passes alike. Hence the rounds, and the fastest of them. The cells still move from
-//! call to call: a call of two rounds the same day gave `paged` 145 / 252 ns/op on random's one
-//! thread, where this one's fastest rounds took 131 / 150, and RMM's best 466 / 324 where this
-//! one's took 238 / 312. Replaying random and transformer_infer on one thread alternately over
-//! the GPU and over `Simulated` in one call, `tlsf` took 53–152 ns/op and `paged` 113–284,
+//! One thread is where `paged` is weakest, and where the host moves most (above): random on
+//! one thread over `Simulated` on the GPU host took 97–106 ns/op in some runs and 141–169 in
+//! others, each run's passes alike. Hence the rounds, and the fastest of them. Replaying random
+//! and transformer_infer on one thread alternately over the GPU and over `Simulated` in one
+//! call, `tlsf` took 53–152 ns/op and `paged` 113–284,
 //! whichever the page source and the stream: the one-stream cells are no slower than the
 //! own-stream ones beyond that spread. A TLSF index with records kept apart costs 70–100 ns/op
 //! over `Simulated` on one thread, and `paged` about 25 more than `tlsf` (87 against 62 on
