@@ -18,6 +18,10 @@
 //!   squeeze and every run of the same log gives the same answer. The presets with a capacity
 //!   reserve it up front, so theirs is that capacity; with threads, it is what that run's
 //!   interleaving made the stack take, which can be below the log-order peak live;
+//! * **held at once** (with threads): the most bytes the threads held (allocated, not yet freed)
+//!   in the same passes, counted by the replay ([`Replay::count_held`](mrstack::replay::Replay::count_held)),
+//!   which the upstream peak is set against: what the stack took beyond what it was asked to
+//!   hold in that run;
 //! * **peak live**: the most bytes the workload holds at once, in log order;
 //! * **min capacity**: the smallest capacity with which the workload completes, found by
 //!   [`min_capacity`] over `Simulated` (host-side, on any machine, in log order on one thread:

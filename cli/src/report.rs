@@ -21,6 +21,10 @@ pub struct StackReport {
     pub capacity: usize,
     /// The most bytes the stack took from its upstream while timed.
     pub upstream_peak: Option<usize>,
+    /// With threads, the most bytes they held at once in the same passes (allocated and not
+    /// yet freed), which their interleaving decides; None in log order, where it is
+    /// `peak_live`.
+    pub held_at_once: Option<usize>,
     /// The workload's peak live bytes (the same for every stack).
     pub peak_live: usize,
     /// The smallest capacity with which the workload completes (over `Simulated`).

@@ -186,6 +186,7 @@ pub fn run_stack<U: Clone>(
         ns_per_op: None,
         pass_ns_per_op: Vec::new(),
         upstream_peak: None,
+        held_at_once: None,
         peak_live: workload.peak_live(),
         capacity: 0,
         min_capacity: None,
@@ -224,11 +225,14 @@ pub fn run_stack<U: Clone>(
                 .timing
                 .replayer(upstream, capacity, workload, streams)
         };
-        built.and_then(|inner| {
+        built.and_then(|mut inner| {
+            // With threads, what they held at once in this run, for the upstream peak to be set
+            // against: the interleaving decides it.
+            inner.count_held();
             let mut replay = Ticking { inner, progress };
             let timing = measure(&mut replay, settings.passes)?;
             // Read while the stack is alive: a driver pool's reservation goes with it.
-            Ok((timing, upstream_peak()))
+            Ok((timing, upstream_peak(), replay.inner.held_peak()))
         })
     };
     let mut timed = time_at(report.capacity);
@@ -250,10 +254,11 @@ pub fn run_stack<U: Clone>(
         timed = time_at(report.capacity);
     }
     match timed {
-        Ok((timing, peak)) => {
+        Ok((timing, peak, held)) => {
             report.ns_per_op = Some(timing.ns_per_op);
             report.pass_ns_per_op = timing.passes;
             report.upstream_peak = peak;
+            report.held_at_once = held;
         }
         Err(e) => report.timing_error = Some(e.to_string()),
     }

@@ -103,8 +103,15 @@ impl Report {
         } else {
             "upstream peak"
         };
+        // With threads, what they held at once in each stack's own run, beside its upstream
+        // peak from the same passes.
+        let held_header = if with_threads {
+            format!(" {:>14}", "held at once†")
+        } else {
+            String::new()
+        };
         let header = format!(
-            "{:<16} {:>10} {:>14} {:>12} {:>13} {:>10}",
+            "{:<16} {:>10} {:>14}{held_header} {:>12} {:>13} {:>10}",
             "stack", ns_header, peak_header, "peak live", "min capacity", "min/live"
         );
         let _ = writeln!(out, "{header}");
@@ -115,9 +122,15 @@ impl Report {
             };
             let timing_failed = s.timing_error.is_some();
             let capacity_failed = s.capacity_error.is_some();
+            let held = if with_threads {
+                let held = s.held_at_once.map(|n| Bytes::from(n).to_string());
+                format!(" {:>14}", or_dash(held, timing_failed))
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "{:<16} {:>10} {:>14} {:>12} {:>13} {:>10}",
+                "{:<16} {:>10} {:>14}{held} {:>12} {:>13} {:>10}",
                 s.name,
                 or_dash(s.ns_per_op.map(|n| format!("{n:.1}")), timing_failed),
                 or_dash(
@@ -160,20 +173,8 @@ impl Report {
     /// and why it may be below peak live.
     fn threaded_peak_note(&self) -> String {
         let w = &self.workload;
-        let raw = self
-            .stacks
-            .iter()
-            .find(|s| s.name == "upstream")
-            .and_then(|s| s.upstream_peak)
-            .map(|p| {
-                format!(
-                    "; the `upstream` row, with no stack in between, shows what this run's threads held at once: {}",
-                    Bytes::from(p)
-                )
-            })
-            .unwrap_or_default();
         format!(
-            "† with threads, upstream peak is what this run's interleaving made the stack take, which changes from run to run: below peak live (log order) where threads that overlap in the log ran apart, above it where threads ran together that the log runs apart (up to {}){raw}. Peak live and min capacity come from the log's order and are the same every run",
+            "† with threads, upstream peak is what this run's interleaving made the stack take, which changes from run to run: below peak live (log order) where threads that overlap in the log ran apart, above it where threads ran together that the log runs apart (up to {}); held at once is what the threads held (allocated, not yet freed) in the same passes, counted by one atomic add per allocation and per free that the ns/op include, so upstream peak over held at once is what the stack took beyond what it was asked to hold. Peak live and min capacity come from the log's order and are the same every run",
             Bytes::from(w.threaded_peak)
         )
     }
@@ -259,26 +260,28 @@ mod tests {
     }
 
     #[test]
-    fn a_threaded_replay_explains_its_upstream_peak() {
+    fn a_threaded_replay_explains_its_upstream_peak_beside_what_its_threads_held() {
         let mut r = report(vec![row("upstream"), row("pool")]);
         r.workload.threads = 2;
         r.workload.threaded_peak = 500;
-        let mut raw = row("upstream");
-        raw.upstream_peak = Some(200);
-        r.stacks[0] = raw;
+        r.stacks[0].held_at_once = Some(200);
+        r.stacks[1].held_at_once = Some(321);
         let t = r.table();
         let header = t.lines().find(|l| l.starts_with("stack ")).unwrap();
         assert!(header.contains("upstream peak†"), "{header}");
+        assert!(header.contains("held at once†"), "{header}");
+        let pool = t.lines().find(|l| l.starts_with("pool ")).unwrap();
+        assert!(pool.contains(" 321 B "), "{pool}");
         let note = t.lines().find(|l| l.starts_with('†')).unwrap();
         assert!(note.contains("below peak live (log order)"), "{note}");
         assert!(note.contains("(up to 500 B)"), "{note}");
         assert!(
-            note.contains("what this run's threads held at once: 200 B"),
+            note.contains("held at once is what the threads held"),
             "{note}"
         );
-        // In log order on one thread, the figure is the same every run: no mark.
+        // In log order on one thread, the figure is the same every run: no mark, no column.
         r.replayed_with_threads = false;
         let t = r.table();
-        assert!(!t.contains('†'), "{t}");
+        assert!(!t.contains('†') && !t.contains("held at once"), "{t}");
     }
 }

@@ -106,6 +106,34 @@ fn run_stack_times_meters_and_searches() {
 }
 
 #[test]
+fn a_threaded_replay_reports_what_its_threads_held_at_once() {
+    use mrstack::replay::Op;
+    // Thread 0 makes three 1 MiB blocks, thread 1 frees them as they come.
+    let alloc = |id| Op::Alloc {
+        id,
+        size: 1 << 20,
+        stream: 0,
+    };
+    let ops = vec![alloc(0), alloc(1), alloc(2)];
+    let frees = (0..3).map(|id| Op::Free { id });
+    let w = Workload::new("handed", ops.into_iter().chain(frees).collect())
+        .unwrap()
+        .with_threads(vec![0, 0, 0, 1, 1, 1])
+        .unwrap();
+    let stacks = replay::stacks::<Arc<Simulated>>();
+    let raw = Candidate::simulated("upstream", stacks[0].as_ref());
+    let settings = Settings {
+        passes: 2,
+        search_capacity: false,
+        threads: true,
+        ..Settings::default()
+    };
+    let r = run_unwatched(&raw, usize::MAX, &w, &settings);
+    let held = r.held_at_once.unwrap();
+    assert!((1 << 20..=3 << 20).contains(&held), "{r:?}");
+}
+
+#[test]
 fn a_threaded_replay_out_of_memory_is_timed_again_with_more_room() {
     use mrstack::replay::Op;
     // Three 1 MiB blocks live at once: above the 1 MiB floor of timing capacities.
@@ -132,6 +160,8 @@ fn a_threaded_replay_out_of_memory_is_timed_again_with_more_room() {
     let first = timed_capacity(&w, None, true);
     let r = run_unwatched(&candidate, usize::MAX, &w, &settings);
     assert!(r.timing_error.is_none(), "{r:?}");
+    // One thread: replayed in log order, where peak live is what it holds.
+    assert_eq!(r.held_at_once, None);
     assert!(
         r.capacity > first && r.capacity <= first << MAX_CAPACITY_RETRIES,
         "{r:?}"
@@ -220,6 +250,7 @@ pub(crate) fn row(name: &str) -> StackReport {
         ns_per_op: Some(12.25),
         pass_ns_per_op: vec![12.25],
         upstream_peak: Some(3 << 20),
+        held_at_once: None,
         peak_live: 300,
         capacity: 1 << 20,
         min_capacity: Some(450),
@@ -242,6 +273,7 @@ fn json_has_every_field() {
     assert_eq!(s["min_capacity"], 450);
     assert_eq!(s["min_capacity_ratio"], 1.5);
     assert_eq!(s["upstream_peak"], 3 << 20);
+    assert!(s["held_at_once"].is_null());
     assert!(s["timing_error"].is_null());
 }
 

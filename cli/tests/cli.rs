@@ -246,6 +246,9 @@ fn a_many_threaded_log_replays_with_its_threads() {
     assert_eq!(s["pass_ns_per_op"].as_array().unwrap().len(), 3);
     // The search replays in log order, so its answer does not depend on the interleaving.
     assert_eq!(s["min_capacity"], 700);
+    // What the threads held at once in the timed passes: no more than they can.
+    let held = s["held_at_once"].as_u64().unwrap();
+    assert!(held > 0 && held <= 800, "{s}");
 
     let out = expect(&replay(&[f.text()]), 0);
     assert!(out.contains("3 threads"), "{out}");
@@ -253,6 +256,7 @@ fn a_many_threaded_log_replays_with_its_threads() {
     // With threads, upstream peak depends on how they interleaved: marked and explained.
     let header = out.lines().find(|l| l.starts_with("stack ")).unwrap();
     assert!(header.contains("upstream peak†"), "{header}");
+    assert!(header.contains("held at once†"), "{header}");
     assert!(
         out.contains("\n† with threads, upstream peak is what this run's interleaving"),
         "{out}"

@@ -61,8 +61,13 @@
 //!   `upstream peak†`: it is what that run's interleaving made the stack take, which changes from
 //!   run to run. It can be *below* peak live, which is counted in log order (two threads that
 //!   each hold 1 MiB at the same point of the log may run one after the other), and above it, up
-//!   to what the threads can hold at once. The `upstream` row, with nothing in between, shows what
-//!   that run's threads held at once.
+//!   to what the threads can hold at once.
+//! * **held at once†** (with threads only): the most bytes that stack's threads held (allocated
+//!   and not yet freed) in the same passes, counted by one atomic add per allocation and per free
+//!   on a line all threads share (which its ns/op include). The interleaving that decides a
+//!   stack's upstream peak decides this too, so upstream peak over held at once is what the stack
+//!   took beyond what it was asked to hold in that run: a fast stack's threads overlap more than
+//!   `cuMemAlloc`'s, and hold more.
 //! * **peak live**: the most bytes the workload holds at once, in log order.
 //! * **min capacity**: the smallest pool or arena size with which the workload still completes,
 //!   found by binary search over `Simulated` (so it works without a GPU), replaying in log order

@@ -46,6 +46,15 @@ pub struct ThreadedReplayer<'w, R> {
     slot_of: Vec<usize>,
     /// Per allocation: true when another lane frees it, so its pointer is handed over.
     handed: Vec<bool>,
+    /// The bytes the threads hold, once [`count_held`](Self::count_held) asked for them.
+    held: Option<Box<crate::shard::Line<Held>>>,
+}
+
+/// The bytes a replay's threads hold at once: allocated and not yet freed.
+#[derive(Debug, Default)]
+struct Held {
+    now: AtomicUsize,
+    peak: AtomicUsize,
 }
 
 /// Where a pointer passes from the thread that allocates a block to the one that frees it.
@@ -143,7 +152,24 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                 .collect(),
             slot_of,
             handed,
+            held: None,
         })
+    }
+
+    /// Counts, from the next pass on, the bytes the threads hold at once (allocated and not yet
+    /// freed): what the resource was asked to hold in this run's interleaving, which a stack's
+    /// upstream peak can be set against. The count is one atomic add after each allocation and
+    /// one before each free on a line all threads share, so the passes timed with it take that
+    /// much longer.
+    pub fn count_held(&mut self) {
+        self.held
+            .get_or_insert_with(|| Box::new(crate::shard::Line(Held::default())));
+    }
+
+    /// The most bytes the threads held at once over the passes since
+    /// [`count_held`](Self::count_held); None before it.
+    pub fn held_peak(&self) -> Option<usize> {
+        self.held.as_ref().map(|h| h.peak.load(Ordering::Relaxed))
     }
 
     /// The resource replayed through.
@@ -156,6 +182,10 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
     /// live are freed afterwards, untimed, and on a failure every block is freed before the error
     /// returns; the failure reported is the one earliest in the log.
     pub fn pass(&mut self) -> Result<Duration, ReplayError> {
+        // The pass before freed every block it left.
+        if let Some(held) = &self.held {
+            held.now.store(0, Ordering::Relaxed);
+        }
         let state = PassState {
             abort: AtomicBool::new(false),
             threads: (0..self.lanes.len())
@@ -240,10 +270,14 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         for &(op, o) in lane {
             match o {
                 Op::Alloc { id, size, stream } => {
-                    match self
+                    let made = self
                         .resource
-                        .allocate(size, ALIGN, self.streams[stream].as_ref())
-                    {
+                        .allocate(size, ALIGN, self.streams[stream].as_ref());
+                    if let (Some(held), Ok(_)) = (&self.held, &made) {
+                        let now = held.now.fetch_add(size, Ordering::Relaxed) + size;
+                        held.peak.fetch_max(now, Ordering::Relaxed);
+                    }
+                    match made {
                         Ok(ptr) if !self.handed[id] => {
                             // Only this thread frees it: no one waits on the slot (what `release`
                             // reads after the threads are joined, the join orders).
@@ -272,6 +306,11 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                         return Ok(Instant::now());
                     };
                     let (size, stream) = self.blocks[id];
+                    // Out before the bytes go back, so that bytes another thread is handed
+                    // again are never counted twice.
+                    if let Some(held) = &self.held {
+                        held.now.fetch_sub(size, Ordering::Relaxed);
+                    }
                     // SAFETY: ptr came from allocate on this resource with this size and ALIGN
                     // (blocks[id] is allocation id's); the slot was emptied by this thread, the one
                     // thread that frees id, so it is freed once.
@@ -347,6 +386,13 @@ impl<R: MemoryResource + Sync> Replay for ThreadedReplayer<'_, R> {
     }
     fn ops(&self) -> usize {
         self.workload.ops().len()
+    }
+    fn count_held(&mut self) -> bool {
+        ThreadedReplayer::count_held(self);
+        true
+    }
+    fn held_peak(&self) -> Option<usize> {
+        ThreadedReplayer::held_peak(self)
     }
 }
 
