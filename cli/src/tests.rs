@@ -105,10 +105,9 @@ fn run_stack_times_meters_and_searches() {
     assert_eq!((r.min_capacity, r.upstream_peak), (None, None));
 }
 
-#[test]
-fn a_threaded_replay_reports_what_its_threads_held_at_once() {
+/// Three 1 MiB blocks made, then freed in turn.
+fn three_blocks(name: &str) -> Workload {
     use mrstack::replay::Op;
-    // Thread 0 makes three 1 MiB blocks, thread 1 frees them as they come.
     let alloc = |id| Op::Alloc {
         id,
         size: 1 << 20,
@@ -116,8 +115,13 @@ fn a_threaded_replay_reports_what_its_threads_held_at_once() {
     };
     let ops = vec![alloc(0), alloc(1), alloc(2)];
     let frees = (0..3).map(|id| Op::Free { id });
-    let w = Workload::new("handed", ops.into_iter().chain(frees).collect())
-        .unwrap()
+    Workload::new(name, ops.into_iter().chain(frees).collect()).unwrap()
+}
+
+#[test]
+fn a_threaded_replay_reports_what_its_threads_held_at_once() {
+    // Thread 0 makes the blocks, thread 1 frees them as they come.
+    let w = three_blocks("handed")
         .with_threads(vec![0, 0, 0, 1, 1, 1])
         .unwrap();
     let stacks = replay::stacks::<Arc<Simulated>>();
@@ -135,16 +139,8 @@ fn a_threaded_replay_reports_what_its_threads_held_at_once() {
 
 #[test]
 fn a_threaded_replay_out_of_memory_is_timed_again_with_more_room() {
-    use mrstack::replay::Op;
     // Three 1 MiB blocks live at once: above the 1 MiB floor of timing capacities.
-    let alloc = |id| Op::Alloc {
-        id,
-        size: 1 << 20,
-        stream: 0,
-    };
-    let ops = vec![alloc(0), alloc(1), alloc(2)];
-    let frees = (0..3).map(|id| Op::Free { id });
-    let w = Workload::new("three", ops.into_iter().chain(frees).collect()).unwrap();
+    let w = three_blocks("three");
     // A stack that needs twice what the first timing capacity gives: a quarter of the
     // capacity it is built with is all it has.
     let greedy = replay::stack("greedy", |_: Arc<Simulated>, capacity: usize| {
