@@ -276,8 +276,10 @@
 //! threads every pass, which take the thread slots, and so the heaps, in a different order, so
 //! each heap's pages rise to the peaks of both threads' parts; a heap keeps the pages it needed
 //! within the last 100–200 ms, longer than a pass. Over the GPU two of the three GPT runs of
-//! `paged` also took 3.0 and 3.9 µs an op (`vmm`: 0.5), which is not explained yet (the swaps
-//! for the bounds and the bounded waits for events are where to look).
+//! `paged` also took 3.0 and 3.9 µs an op (`vmm`: 0.5), likely of the same cause: over
+//! `Simulated`, such a run maps some 58,000 pages in its four passes (106 GiB at the end) and
+//! unmaps 7,700, each tens of microseconds on a GPU, where a run whose heaps keep their roles
+//! maps its peak once.
 //!
 //! Heaps that all reach their peaks within 100 ms keep their pages: moving a page between heaps
 //! costs a swap, and with every heap's pages taken down to the peak of what all of them hold,
