@@ -473,6 +473,23 @@ fn an_impossible_request_leaves_the_other_heaps_alone() {
     assert_eq!(heaps.usage().cached, before);
 }
 
+/// Frees each of `blocks` of `size` bytes on `s`.
+///
+/// # Safety
+///
+/// Each block is live in `heaps`, allocated with `size` bytes and an alignment of 256 at most.
+unsafe fn free_all<R: MemoryResource>(
+    heaps: &R,
+    blocks: impl IntoIterator<Item = NonNull<u8>>,
+    size: usize,
+    s: StreamRef,
+) {
+    for p in blocks {
+        // SAFETY: as the caller promises.
+        unsafe { heaps.deallocate(p, size, 256, s) };
+    }
+}
+
 /// Allocates `size` bytes on `s` while `s`'s heap is held, as another thread would hold it
 /// (`try_lock` fails for every thread, this one too).
 fn allocate_while_held(heaps: &PagedHeaps<&Simulated>, size: usize, s: StreamRef) -> NonNull<u8> {
@@ -529,10 +546,8 @@ fn a_streams_heap_found_held_sixteen_times_at_once_is_left_to_the_threads_heaps(
     assert_eq!(stream_heap.usage().allocated, 256);
     assert_eq!(heaps.usage().busy, 16);
     // The stream's blocks still go back to the stream's heap.
-    for p in blocks {
-        // SAFETY: live with this size.
-        unsafe { heaps.deallocate(p, 256, 256, s) };
-    }
+    // SAFETY: each is live in `heaps` with this size.
+    unsafe { free_all(&heaps, blocks, 256, s) };
     assert_eq!(heaps.usage().allocated, 0);
     // Another stream keeps its own heap.
     let other = StreamRef::simulated(4);
@@ -564,10 +579,8 @@ fn a_left_streams_heap_lends_its_free_mapped_pages_before_a_threads_heap_maps_mo
         .map(|_| allocate_while_held(&heaps, 256, s))
         .collect();
     assert!(heaps.left(heaps.stream_heap(s)));
-    for p in big {
-        // SAFETY: live with this size.
-        unsafe { heaps.deallocate(p, 2 * P, 256, s) };
-    }
+    // SAFETY: each is live in `heaps` with this size.
+    unsafe { free_all(&heaps, big, 2 * P, s) };
     // All heaps map 17 pages, the peak of their live pages, so this thread's heap, with no
     // room, would map beyond it and the slack (a page): the stream's heap takes the blocks.
     assert_eq!(sim.mapped(), 17 * P);
@@ -581,14 +594,10 @@ fn a_left_streams_heap_lends_its_free_mapped_pages_before_a_threads_heap_maps_mo
     let more = heaps.allocate(2 * P, 256, s).unwrap();
     assert_eq!((sim.mapped(), heaps.usage().borrowed), (19 * P, 8));
     // Each block goes back to the heap that holds it, and every page back to the source.
-    for p in lent.into_iter().chain([more]) {
-        // SAFETY: live with this size.
-        unsafe { heaps.deallocate(p, 2 * P, 256, s) };
-    }
-    for p in small {
-        // SAFETY: live with this size.
-        unsafe { heaps.deallocate(p, 256, 256, s) };
-    }
+    // SAFETY: each is live in `heaps` with this size.
+    unsafe { free_all(&heaps, lent.into_iter().chain([more]), 2 * P, s) };
+    // SAFETY: each is live in `heaps` with this size.
+    unsafe { free_all(&heaps, small, 256, s) };
     assert_eq!(
         (stream_heap.usage().allocated, heaps.usage().allocated),
         (0, 0)
@@ -611,14 +620,10 @@ fn threads_on_a_left_streams_heap_borrow_its_pages_and_free_each_others_blocks()
     let meetings: Vec<_> = (0..16)
         .map(|_| allocate_while_held(&heaps, 256, s))
         .collect();
-    for p in big {
-        // SAFETY: live with this size.
-        unsafe { heaps.deallocate(p, 8 * P, 256, s) };
-    }
-    for p in meetings {
-        // SAFETY: live with this size.
-        unsafe { heaps.deallocate(p, 256, 256, s) };
-    }
+    // SAFETY: each is live in `heaps` with this size.
+    unsafe { free_all(&heaps, big, 8 * P, s) };
+    // SAFETY: each is live in `heaps` with this size.
+    unsafe { free_all(&heaps, meetings, 256, s) };
     // Every live block: start -> end, to find overlaps.
     let live: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
     // Blocks one thread leaves for another to free.
@@ -689,10 +694,8 @@ fn meetings_spread_over_more_than_the_window_leave_a_streams_heap_shared() {
         let blocks: Vec<_> = (0..10)
             .map(|_| allocate_while_held(&heaps, 256, s))
             .collect();
-        for p in blocks {
-            // SAFETY: live with this size.
-            unsafe { heaps.deallocate(p, 256, 256, s) };
-        }
+        // SAFETY: each is live in `heaps` with this size.
+        unsafe { free_all(&heaps, blocks, 256, s) };
         if round == 0 {
             std::thread::sleep(std::time::Duration::from_millis(150));
         }
@@ -715,10 +718,8 @@ fn a_heap_gives_the_pages_it_no_longer_needs_to_another_that_maps() {
         let blocks: Vec<_> = (0..pages)
             .map(|_| heaps.allocate(P, 256, s).unwrap())
             .collect();
-        for p in blocks {
-            // SAFETY: live with this size.
-            unsafe { heaps.deallocate(p, P, 256, s) };
-        }
+        // SAFETY: each is live in `heaps` with this size.
+        unsafe { free_all(&heaps, blocks, P, s) };
     };
     let first = heaps.heap(heaps.stream_heap(s1)).unwrap();
     // Eight pages on stream 1's heap, freed: they stay mapped there, within its peak.
