@@ -30,8 +30,44 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Metered<U> {
     upstream: U,
+    count: Count,
+}
+
+/// Bytes in use and their peak, counted by relaxed atomics: what [`Metered`] keeps of its
+/// upstream, and a [`ThreadedReplayer`](super::ThreadedReplayer) of what its threads hold.
+#[derive(Debug, Default)]
+pub(super) struct Count {
     in_use: AtomicUsize,
     peak: AtomicUsize,
+}
+
+impl Count {
+    /// Bytes counted in and not out yet.
+    pub(super) fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes in use at once.
+    pub(super) fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Counts `size` bytes in, after they were handed out.
+    pub(super) fn add(&self, size: usize) {
+        // The counter's updates form one sequence, so the largest value any allocation leaves in
+        // it is the exact peak: bytes leave it before they go back (`sub`), so bytes handed out
+        // again are never counted twice.
+        let now = self
+            .in_use
+            .fetch_add(size, Ordering::Relaxed)
+            .saturating_add(size);
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Counts `size` bytes out, before they go back.
+    pub(super) fn sub(&self, size: usize) {
+        self.in_use.fetch_sub(size, Ordering::Relaxed);
+    }
 }
 
 impl<U> Metered<U> {
@@ -41,34 +77,18 @@ impl<U> Metered<U> {
     pub fn new(upstream: U) -> Self {
         Metered {
             upstream,
-            in_use: AtomicUsize::new(0),
-            peak: AtomicUsize::new(0),
+            count: Count::default(),
         }
     }
 
     /// Bytes allocated through this resource and not freed yet.
     pub fn in_use(&self) -> usize {
-        self.in_use.load(Ordering::Relaxed)
+        self.count.in_use()
     }
 
     /// The most bytes allocated through this resource at once.
     pub fn peak(&self) -> usize {
-        self.peak.load(Ordering::Relaxed)
-    }
-
-    fn count_in(&self, size: usize) {
-        // The counter's updates form one sequence, so the largest value any allocation leaves in
-        // it is the exact peak: bytes leave it before they go back (`count_out`), so bytes the
-        // upstream hands out again are never counted twice.
-        let now = self
-            .in_use
-            .fetch_add(size, Ordering::Relaxed)
-            .saturating_add(size);
-        self.peak.fetch_max(now, Ordering::Relaxed);
-    }
-
-    fn count_out(&self, size: usize) {
-        self.in_use.fetch_sub(size, Ordering::Relaxed);
+        self.count.peak()
     }
 
     /// The wrapped resource.
@@ -86,7 +106,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Metered<U> {
             return Ok(empty);
         }
         let ptr = self.upstream.allocate(size, align, stream)?;
-        self.count_in(size);
+        self.count.add(size);
         Ok(ptr)
     }
 
@@ -96,7 +116,7 @@ unsafe impl<U: MemoryResource> MemoryResource for Metered<U> {
         }
         // Uncounted first: once the upstream has the bytes, another thread may take and count
         // them, and the peak would count more than the upstream ever handed out.
-        self.count_out(size);
+        self.count.sub(size);
         // SAFETY: forwarded from the caller.
         unsafe { self.upstream.deallocate(ptr, size, align, stream) };
     }
@@ -161,7 +181,7 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
     unsafe fn map(&self, addr: usize, size: usize) -> Result<Self::Page> {
         // SAFETY: forwarded from the caller.
         let page = unsafe { self.pages.map(addr, size) }?;
-        self.meter.count_in(size);
+        self.meter.count.add(size);
         Ok(page)
     }
     unsafe fn enable(&self, addr: usize, size: usize) -> Result<()> {
@@ -170,7 +190,7 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
     }
     unsafe fn unmap(&self, addr: usize, size: usize, page: Self::Page) {
         // Uncounted first, as `Metered::deallocate`.
-        self.meter.count_out(size);
+        self.meter.count.sub(size);
         // SAFETY: forwarded from the caller.
         unsafe { self.pages.unmap(addr, size, page) };
     }
@@ -185,7 +205,7 @@ unsafe impl<U: Send + Sync, P: PhysicalPages> PhysicalPages for MeteredPages<U, 
         let moved = unsafe { self.pages.remap(from, to, size, page) };
         // The same memory, moved: counted out only where it went back.
         if moved.is_err() {
-            self.meter.count_out(size);
+            self.meter.count.sub(size);
         }
         moved
     }

@@ -1,5 +1,6 @@
 //! [`ThreadedReplayer`]: a many-threaded workload replayed with each of its threads on an OS thread of its own (up to [`MAX_REPLAY_THREADS`]).
 
+use super::metered::Count;
 use super::replayer::synchronize_streams;
 use super::{Op, Replay, ReplayError, Workload, ALIGN, MAX_REPLAY_THREADS};
 use crate::resource::MemoryResource;
@@ -46,15 +47,9 @@ pub struct ThreadedReplayer<'w, R> {
     slot_of: Vec<usize>,
     /// Per allocation: true when another lane frees it, so its pointer is handed over.
     handed: Vec<bool>,
-    /// The bytes the threads hold, once [`count_held`](Self::count_held) asked for them.
-    held: Option<Box<crate::shard::Line<Held>>>,
-}
-
-/// The bytes a replay's threads hold at once: allocated and not yet freed.
-#[derive(Debug, Default)]
-struct Held {
-    now: AtomicUsize,
-    peak: AtomicUsize,
+    /// The bytes the threads hold (allocated, not yet freed), once
+    /// [`count_held`](Self::count_held) asked for them.
+    held: Option<Box<crate::shard::Line<Count>>>,
 }
 
 /// Where a pointer passes from the thread that allocates a block to the one that frees it.
@@ -163,13 +158,13 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
     /// much longer.
     pub fn count_held(&mut self) {
         self.held
-            .get_or_insert_with(|| Box::new(crate::shard::Line(Held::default())));
+            .get_or_insert_with(|| Box::new(crate::shard::Line(Count::default())));
     }
 
     /// The most bytes the threads held at once over the passes since
     /// [`count_held`](Self::count_held); None before it.
     pub fn held_peak(&self) -> Option<usize> {
-        self.held.as_ref().map(|h| h.peak.load(Ordering::Relaxed))
+        self.held.as_ref().map(|h| h.peak())
     }
 
     /// The resource replayed through.
@@ -182,10 +177,6 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
     /// live are freed afterwards, untimed, and on a failure every block is freed before the error
     /// returns; the failure reported is the one earliest in the log.
     pub fn pass(&mut self) -> Result<Duration, ReplayError> {
-        // The pass before freed every block it left.
-        if let Some(held) = &self.held {
-            held.now.store(0, Ordering::Relaxed);
-        }
         let state = PassState {
             abort: AtomicBool::new(false),
             threads: (0..self.lanes.len())
@@ -274,8 +265,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                         .resource
                         .allocate(size, ALIGN, self.streams[stream].as_ref());
                     if let (Some(held), Ok(_)) = (&self.held, &made) {
-                        let now = held.now.fetch_add(size, Ordering::Relaxed) + size;
-                        held.peak.fetch_max(now, Ordering::Relaxed);
+                        held.add(size);
                     }
                     match made {
                         Ok(ptr) if !self.handed[id] => {
@@ -306,10 +296,8 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                         return Ok(Instant::now());
                     };
                     let (size, stream) = self.blocks[id];
-                    // Out before the bytes go back, so that bytes another thread is handed
-                    // again are never counted twice.
                     if let Some(held) = &self.held {
-                        held.now.fetch_sub(size, Ordering::Relaxed);
+                        held.sub(size);
                     }
                     // SAFETY: ptr came from allocate on this resource with this size and ALIGN
                     // (blocks[id] is allocation id's); the slot was emptied by this thread, the one
@@ -369,6 +357,9 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             let slot = &mut self.live[at];
             *slot.waiter.get_mut() = 0;
             if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
+                if let Some(held) = &self.held {
+                    held.sub(size);
+                }
                 // SAFETY: a live block of this resource with its size and ALIGN; the slot is
                 // emptied, so it is freed once, and every replay thread has finished.
                 unsafe {

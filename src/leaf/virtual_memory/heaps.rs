@@ -424,16 +424,10 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         if self.config.peak_slack == usize::MAX {
             return;
         }
-        let live: usize = self
-            .heaps
-            .iter()
-            .filter_map(|h| h.get())
-            .map(|h| h.shown().1)
-            .fold(0, usize::saturating_add);
-        self.live_peak.fetch_max(live, Ordering::Relaxed);
-        let (mapped, bound) = self.totals();
+        let (mapped, live) = self.totals();
+        let peak = self.live_peak.fetch_max(live, Ordering::Relaxed).max(live);
         let mut over = mapped
-            .saturating_sub(bound)
+            .saturating_sub(self.bound(peak))
             .div_ceil(self.pages.page_size());
         let heaps = self
             .heaps
@@ -454,23 +448,25 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         }
     }
 
-    /// What all heaps map together, and the most bytes of pages under live blocks they may
-    /// map with their slack: the peak of their live pages, as seen each time a heap mapped
-    /// pages, and now.
+    /// What all heaps map together, and the bytes of pages under their live blocks, each heap
+    /// as its last call left it.
     fn totals(&self) -> (usize, usize) {
-        let (mapped, live) =
-            self.heaps
-                .iter()
-                .filter_map(|h| h.get())
-                .fold((0usize, 0usize), |(m, l), h| {
-                    let (mapped, live, _) = h.shown();
-                    (m.saturating_add(mapped), l.saturating_add(live))
-                });
-        let peak = self.live_peak.load(Ordering::Relaxed).max(live);
-        let page = self.pages.page_size();
-        // As each heap's bound, over all of them.
-        let slack = self.pace.slack(self.config.peak_slack, peak, page);
-        (mapped, peak.saturating_add(slack))
+        self.heaps
+            .iter()
+            .filter_map(|h| h.get())
+            .fold((0usize, 0usize), |(m, l), h| {
+                let (mapped, live, _) = h.shown();
+                (m.saturating_add(mapped), l.saturating_add(live))
+            })
+    }
+
+    /// The most bytes all heaps may map together, given a peak of `peak` bytes of pages under
+    /// their live blocks: that peak and its slack, as each heap's bound.
+    fn bound(&self, peak: usize) -> usize {
+        let slack = self
+            .pace
+            .slack(self.config.peak_slack, peak, self.pages.page_size());
+        peak.saturating_add(slack)
     }
 
     /// An allocation in heap `slot`, the lock taken as `lock` says: in its mapped pages where
@@ -488,7 +484,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         stream: StreamRef,
         lock: Lock,
     ) -> Attempt {
-        let served = |done: Attempt, slot: usize| {
+        let served = |done: Attempt| {
             if matches!(done, Attempt::Done(Ok(_))) {
                 HINT.with(|h| h.served.set(slot));
             }
@@ -499,9 +495,9 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         if self.config.peak_slack != usize::MAX && self.left_heaps.load(Ordering::Relaxed) > 0 {
             match heap.allocate_with(size, align, stream, lock, Room::Mapped) {
                 Attempt::NoRoom => {}
-                done => return served(done, slot),
+                done => return served(done),
             }
-            if let Some(p) = self.borrow(slot, size, align, stream) {
+            if let Some(p) = self.borrow(size, align, stream) {
                 return Attempt::Done(Ok(p));
             }
         }
@@ -510,28 +506,23 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         if heap.shown().0 > before {
             self.bound_all(slot);
         }
-        served(done, slot)
+        served(done)
     }
 
-    /// A block placed in the mapped pages of a stream heap left to the threads' heaps (other
-    /// than `slot`), from the free ranges of `stream` there (never ordering `stream` after
-    /// another), where mapping pages for it would take all heaps together beyond the peak of
-    /// their live pages and its slack. The pages such a heap mapped while its threads took
-    /// turns on it are then used by the heaps they moved to, not kept beside new ones, and no
-    /// page moves. The block is that heap's, and its free goes there. Only left heaps lend:
-    /// blocks lent by heaps in use would scatter each thread's blocks over the heaps, each
-    /// page shared by more of them, and cost a lock of another heap at every lent allocation
-    /// and its free.
+    /// A block placed in the mapped pages of a stream heap left to the threads' heaps (never
+    /// the heap asked first, which is not left), from the free ranges of `stream` there (never
+    /// ordering `stream` after another), where mapping pages for it would take all heaps
+    /// together beyond the peak of their live pages and its slack. The pages such a heap mapped
+    /// while its threads took turns on it are then used by the heaps they moved to, not kept
+    /// beside new ones, and no page moves. The block is that heap's, and its free goes there.
+    /// Only left heaps lend: blocks lent by heaps in use would scatter each thread's blocks over
+    /// the heaps, each page shared by more of them, and cost a lock of another heap at every
+    /// lent allocation and its free.
     #[cold]
-    fn borrow(
-        &self,
-        slot: usize,
-        size: usize,
-        align: usize,
-        stream: StreamRef,
-    ) -> Option<NonNull<u8>> {
-        let (mapped, bound) = self.totals();
-        if mapped.saturating_add(size) <= bound {
+    fn borrow(&self, size: usize, align: usize, stream: StreamRef) -> Option<NonNull<u8>> {
+        let (mapped, live) = self.totals();
+        let peak = self.live_peak.load(Ordering::Relaxed).max(live);
+        if mapped.saturating_add(size) <= self.bound(peak) {
             return None;
         }
         // Heaps held by other threads are asked again, waiting for their locks: a wait for
@@ -541,7 +532,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             for i in by_stream(0)..by_stream(STREAM_HEAPS) {
                 let Some(heap) = self.heaps[i]
                     .get()
-                    .filter(|h| i != slot && self.left(i) && h.shown().0 > 0)
+                    .filter(|h| self.left(i) && h.shown().0 > 0)
                 else {
                     continue;
                 };

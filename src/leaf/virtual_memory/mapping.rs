@@ -108,7 +108,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// Raises the peak of live pages to what is live now.
     #[inline]
     fn note_live(&self, st: &mut State<P::Page, P::Mark>) {
-        let live = st.mapped - st.cached * self.page;
+        let live = st.live(self.page);
         st.live_peak = st.live_peak.max(live);
         st.recent_peak = st.recent_peak.max(live);
     }

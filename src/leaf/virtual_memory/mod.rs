@@ -539,7 +539,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             None => st.window_at = Some(now),
             Some(at) if now.duration_since(at) >= RECENT => {
                 st.prior_peak = st.recent_peak;
-                st.recent_peak = st.mapped - st.cached * self.page;
+                st.recent_peak = st.live(self.page);
                 st.window_at = Some(now);
             }
             Some(_) => {}

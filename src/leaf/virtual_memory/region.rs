@@ -235,6 +235,12 @@ pub(super) fn page_span(
 }
 
 impl<H, M> State<H, M> {
+    /// Bytes of pages under live blocks, of pages of `page` bytes: `mapped` less the cache.
+    #[inline]
+    pub(super) fn live(&self, page: usize) -> usize {
+        self.mapped - self.cached * page
+    }
+
     /// The region holding `addr`, if one does.
     #[inline]
     pub(super) fn region_of(&self, addr: usize) -> Option<usize> {

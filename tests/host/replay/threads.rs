@@ -110,6 +110,26 @@ fn threaded_replay_counts_what_its_threads_held_at_once_when_asked() {
         held > 0 && held <= sim.peak() && held <= w.threaded_peak(),
         "{held}"
     );
+    // Asked again, it keeps counting: the peak stays.
+    r.count_held();
+    assert_eq!(r.held_peak(), Some(held));
+
+    // Passes that fail midway, their blocks freed untimed: what they left is counted out, so the
+    // count never drifts above what the upstream can hold.
+    let log = format!(
+        "{HEADER}0,1,allocate,0x100,600,0\n1,2,free,0x100,600,0\n0,3,allocate,0x200,900,0\n\
+         1,4,allocate,0x300,100,0\n1,5,free,0x200,900,0\n"
+    );
+    let t = rmm_log::parse(log.as_bytes(), "fails").unwrap();
+    let tight = Simulated::new(950);
+    let mut r =
+        replay::ThreadedReplayer::new(&tight, &t.workload, t.workload.default_streams()).unwrap();
+    r.count_held();
+    for _ in 0..20 {
+        assert!(r.pass().is_err());
+        assert!(r.held_peak().unwrap() <= 950, "{:?}", r.held_peak());
+    }
+
     // Through the trait, as the replay tool asks: a replay in log order counts nothing.
     let mut in_order = replay::Replayer::new(&sim, w, w.default_streams()).unwrap();
     assert!(!replay::Replay::count_held(&mut in_order));
