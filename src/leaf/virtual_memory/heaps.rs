@@ -442,9 +442,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             if i == grown || cached == 0 {
                 continue;
             }
-            let share = over.min(cached);
-            heap.give_up(share);
-            over -= share;
+            // What a heap keeps (it needed it lately, or holds its lock) falls to the next.
+            over -= heap.give_up(over.min(cached));
         }
     }
 

@@ -527,7 +527,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// call asked. A heap that reaches its peak again and again keeps its pages, so that heaps
     /// whose peaks fall at different moments do not swap pages back and forth; a heap whose
     /// thread moved on gives them up. Does nothing where another thread holds the lock.
-    /// Returns how many pages went now.
+    /// Returns how many pages it owes now: those it gives up now or as they settle.
     pub(crate) fn give_up(&self, n: usize) -> usize {
         let mut st = match self.state.try_lock() {
             Ok(st) => st,
@@ -549,9 +549,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             needed.saturating_add(self.pace.slack(self.config.peak_slack, needed, self.page));
         let spare = st.mapped.saturating_sub(keep) / self.page;
         st.owed = n.min(spare);
-        let done = self.trim_later(&mut st, 0);
+        let owed = st.owed;
+        self.trim_later(&mut st, 0);
         self.show(&st);
-        done
+        owed
     }
 
     /// Its reserved ranges, `(base, size)`.

@@ -742,6 +742,40 @@ fn a_heap_gives_the_pages_it_no_longer_needs_to_another_that_maps() {
     assert_eq!(sim.mapped(), 0);
 }
 
+#[test]
+fn pages_a_heap_keeps_for_the_bound_across_heaps_are_asked_of_the_next() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let [b, a, c] = [1, 2, 3].map(StreamRef::simulated);
+    let round = |s: StreamRef<'static>, pages: usize| {
+        let blocks: Vec<_> = (0..pages)
+            .map(|_| heaps.allocate(P, 256, s).unwrap())
+            .collect();
+        // SAFETY: each is live in `heaps` with this size.
+        unsafe { free_all(&heaps, blocks, P, s) };
+    };
+    let mapped = |s: StreamRef<'static>| {
+        let heap = heaps.heap(heaps.stream_heap(s)).unwrap();
+        heap.usage().mapped / P
+    };
+    // B's heap comes first in the heaps' order, then A's, then C's. A's heap maps 16 pages.
+    round(b, 1);
+    round(a, 16);
+    round(c, 1);
+    std::thread::sleep(RECENT + std::time::Duration::from_millis(10));
+    // B's heap peaks at 8 pages a window later; A's peak is a window old.
+    round(b, 8);
+    std::thread::sleep(RECENT + std::time::Duration::from_millis(10));
+    // C's heap maps 9 more pages, 17 beyond the peak of 16 live pages and a page of slack.
+    // B's heap keeps its 8, needed in the window before; A's heap, asked for the rest, gives
+    // all but a page of slack.
+    round(c, 10);
+    assert_eq!((mapped(b), mapped(a), mapped(c)), (8, 1, 10));
+    assert_eq!(sim.mapped(), 19 * P);
+    heaps.release();
+    assert_eq!(sim.mapped(), 0);
+}
+
 /// A resource whose mapped pages follow the peak of live pages and one page (`peak_slack` 0)
 /// over `rec`, with a range of 64 pages.
 fn following(rec: &Recording) -> VirtualMemory<&Recording> {
