@@ -491,8 +491,10 @@ unsafe fn free_all<R: MemoryResource>(
 }
 
 /// Allocates `size` bytes on `s` while `s`'s heap is held, as another thread would hold it
-/// (`try_lock` fails for every thread, this one too).
+/// (`try_lock` fails for every thread, this one too), and crowded, as if two other threads had
+/// found it held: this thread goes elsewhere rather than wait.
 fn allocate_while_held(heaps: &PagedHeaps<&Simulated>, size: usize, s: StreamRef) -> NonNull<u8> {
+    heaps.crowd(s);
     let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
     let _held = stream_heap
         .state
@@ -524,6 +526,52 @@ fn an_allocation_that_finds_its_streams_heap_held_goes_to_its_threads_heap_and_i
     // SAFETY: live with this size.
     unsafe { heaps.deallocate(b, P, 256, s) };
     assert_eq!(heaps.usage().busy, 1);
+}
+
+#[test]
+fn two_threads_that_meet_on_a_streams_heap_wait_for_it_and_a_third_goes_to_its_own() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
+    let s = StreamRef::simulated(3);
+    let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
+    let busy = || heaps.busy.load(std::sync::atomic::Ordering::Relaxed);
+    let allocate = || heaps.allocate(P, 256, s).unwrap().as_ptr() as usize;
+    let in_stream_heap = |a: usize| {
+        stream_heap
+            .ranges()
+            .iter()
+            .any(|&(base, size)| (base..base + size).contains(&a))
+    };
+    let (waited, third) = std::thread::scope(|scope| {
+        // The heap is held while three threads come, one after another.
+        let held = stream_heap.state.lock().unwrap();
+        let mut waiting = Vec::new();
+        for met in 1..=2 {
+            waiting.push(scope.spawn(allocate));
+            while busy() < met {
+                std::thread::yield_now();
+            }
+        }
+        // The third to find it held goes to its own heap at once (the lock goes after a while
+        // regardless, so that a wrong wait fails the test rather than hangs it).
+        let third = scope.spawn(allocate);
+        let start = std::time::Instant::now();
+        while !third.is_finished() && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
+        drop(held);
+        let third = third.join().unwrap();
+        let waited: Vec<usize> = waiting.into_iter().map(|t| t.join().unwrap()).collect();
+        (waited, third)
+    });
+    assert!(waited.iter().all(|&a| in_stream_heap(a)));
+    assert!(!in_stream_heap(third));
+    assert_eq!((busy(), heaps.left(heaps.stream_heap(s))), (3, false));
+    let blocks = waited.into_iter().chain([third]);
+    let blocks = blocks.map(|a| NonNull::new(std::ptr::with_exposed_provenance_mut(a)).unwrap());
+    // SAFETY: each is live in `heaps` with this size.
+    unsafe { free_all(&heaps, blocks, P, s) };
+    assert_eq!(heaps.usage().allocated, 0);
 }
 
 #[test]
