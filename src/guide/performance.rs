@@ -248,7 +248,7 @@
 //! streams (137, 0.34 against `binning`'s slow 403). Old and new builds of `paged`, alternated in
 //! one call, showed the same two speeds.
 //!
-//! With threads on one stream, the stream's heap is left to the threads' own heaps within the
+//! With 8 or 16 threads on one stream, the stream's heap is left to the threads' own heaps within the
 //! warm-up (they meet there at once), so every timed pass runs on heaps that hold the same
 //! blocks as the pass before: random's 8 threads on one stream took 28.5–48.7 ns/op a pass.
 //! Where threads instead went back to the stream's heap now and then, what each heap held kept
@@ -256,30 +256,28 @@
 //! cells took 67.5 ns/op (8 threads) and 27.7 (16) in a call of that rule, its passes
 //! 28.8–218.8.
 //!
-//! Pages follow what all heaps hold, not each heap's own peak, where a heap's threads moved on,
-//! but not yet within 1.03 of it on every interleaving. `mrstack replay --stack paged,vmm
+//! Two threads on one stream share its heap: the one that finds it held waits for the other's
+//! call, unless a third thread found it held within 100 ms. `mrstack replay --stack paged,vmm
 //! --passes 3 --no-capacity data/traces/X.csv.gz` replays the two-thread logs with their threads
-//! at once where the log ran them in turns, so they leave the stream's heap, and shows beside each
-//! stack's upstream peak what its threads held at once in the same passes. Upstream peak over held
-//! at once, three runs of each log:
+//! at once where the log ran them in turns, and shows beside each stack's upstream peak what its
+//! threads held at once in the same passes. Upstream peak over held at once, each run:
 //!
-//! | log | `paged`, `Simulated` | `vmm`, `Simulated` | `paged`, H200 | `vmm`, H200 |
-//! |---|---:|---:|---:|---:|
-//! | transformer_train | 1.08, 1.59, 1.08 | 1.03, 1.06, 1.04 | 2.76, 1.37, 2.57 | 1.29, 1.16, 1.15 |
-//! | resnet50_train_pytorch | 1.04, 1.01, 1.02 | 1.01, 1.01, 1.02 | 1.04, 1.05, 1.07 | 1.02, 1.02, 1.01 |
-//! | gpt_train_pytorch | 1.05, 1.81, 1.12 | 1.00, 1.12, 1.01 | 1.43, 1.55, 1.29 | 1.10, 1.06, 1.03 |
+//! | log | `paged`, `Simulated` | `paged`, H200 | `vmm`, H200 |
+//! |---|---:|---:|---:|
+//! | transformer_train | 1.04, 1.05, 1.02, 1.06, 1.03 | 1.16, 1.05, 1.07 | 1.19, 1.03 |
+//! | resnet50_train_pytorch | 1.01, 1.01, 1.01, 1.02, 1.01 | 1.01, 1.01, 1.01 | 1.00, 1.02 |
+//! | gpt_train_pytorch | 1.00, 1.01, 1.00, 1.01, 1.00 | 1.02, 1.02, 1.03 | 1.04, 1.08 |
 //!
-//! The threads' heaps place blocks in the free mapped pages of the stream's heap they left
-//! before mapping beyond the peak of all heaps' live pages; with the left heap keeping its pages
-//! to itself, `paged` took 1.27–3.85, 17.0–21.6 and 74–87 GiB over `Simulated`, where the threads
-//! held 1.23, 5.47 and 44.27 GiB. What remains comes of the replay's threads: it starts new OS
-//! threads every pass, which take the thread slots, and so the heaps, in a different order, so
-//! each heap's pages rise to the peaks of both threads' parts; a heap keeps the pages it needed
-//! within the last 100–200 ms, longer than a pass. Over the GPU two of the three GPT runs of
-//! `paged` also took 3.0 and 3.9 µs an op (`vmm`: 0.5), likely of the same cause: over
-//! `Simulated`, such a run maps some 58,000 pages in its four passes (106 GiB at the end) and
-//! unmaps 7,700, each tens of microseconds on a GPU, where a run whose heaps keep their roles
-//! maps its peak once.
+//! transformer_train's log holds 1 GiB, and its replay does little but allocate, so its slack
+//! doubles (as above). When each thread instead went to its own heap where it found the other in
+//! the stream's (and both, for good, after 16 such meetings within 100 ms), the H200's GPT runs
+//! mapped 1.29 to 2.06 times what the threads held, at up to 23.7 µs an op against 0.57–0.72
+//! sharing: the replay starts new OS threads every pass, which take the thread slots, and so the
+//! heaps, in a different order, so each heap's pages rose to the peaks of both threads' parts,
+//! and pages moved between heaps at tens of microseconds each. The price of sharing is the two
+//! threads' throughput on one lock: the two-thread cell of the side-by-side harness
+//! (transformer_train as logged) took 666 ns/op against RMM's best 1,310 (0.51; 278 against 796,
+//! 0.35, in the run of the table above, with a heap each).
 //!
 //! Heaps that all reach their peaks within 100 ms keep their pages: moving a page between heaps
 //! costs a swap, and with every heap's pages taken down to the peak of what all of them hold,
