@@ -218,7 +218,8 @@ impl Default for PagedHeapsConfig {
 ///
 /// An allocation is a [`VirtualMemory`] allocation in its stream's heap (a try-lock; where it is
 /// held, a count of the meeting on a line the stream's threads share, and the wait for the
-/// other thread's call) or the calling thread's: tens of nanoseconds when its pages are mapped; mapping a 2 MiB page costs
+/// other thread's call, which may map pages, or wait for events up to 200 ms where it would map
+/// beyond the peak bound) or the calling thread's: tens of nanoseconds when its pages are mapped; mapping a 2 MiB page costs
 /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of microseconds, and then the bound across
 /// heaps: two counters read for each heap, and a try-lock of each heap asked for pages, whose
 /// unmapping costs `cuMemUnmap` + `cuMemRelease` a page. Once a stream heap is left, a block that
