@@ -504,7 +504,7 @@ fn allocate_while_held(heaps: &PagedHeaps<&Simulated>, size: usize, s: StreamRef
 }
 
 #[test]
-fn an_allocation_that_finds_its_streams_heap_held_goes_to_its_threads_heap_and_is_counted() {
+fn an_allocation_that_finds_its_streams_heap_held_by_a_crowd_goes_to_its_threads_heap() {
     let sim = Simulated::with_page_size(64 * P, P);
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
@@ -575,7 +575,7 @@ fn two_threads_that_meet_on_a_streams_heap_wait_for_it_and_a_third_goes_to_its_o
 }
 
 #[test]
-fn a_streams_heap_found_held_sixteen_times_at_once_is_left_to_the_threads_heaps() {
+fn a_crowded_streams_heap_found_held_sixteen_times_at_once_is_left_to_the_threads_heaps() {
     let sim = Simulated::with_page_size(64 * P, P);
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
