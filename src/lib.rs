@@ -54,7 +54,7 @@
 //! The stack to start with on a GPU is [`PagedHeaps`] (`PagedHeaps::for_context(&ctx)?`, also
 //! the C library's default): it maps physical pages only under live blocks, within the peak of
 //! what is live and a 64th, and gives each stream a heap of its own, and each thread one where
-//! three threads or more allocate on one stream at once.
+//! more than four threads allocate on one stream at once.
 //! [`guide::choosing`] says when another stack fits better.
 //!
 //! The compiler refuses what would be a bug at run time:

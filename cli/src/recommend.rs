@@ -60,7 +60,7 @@ pub const TIE_MARGIN_PERCENT: u32 = 5;
 pub const ONE_THREAD_ORDER: [&str; 6] = ["paged", "binning", "tlsf", "vmm", "arena", "pool"];
 
 /// The order of preference for a log of several threads: paged gives each stream a heap of its
-/// own (and each thread one, where three or more meet on a stream), arena each thread an arena,
+/// own (and each thread one, where more than four meet on a stream), arena each thread an arena,
 /// binning a cache per thread, while tlsf, vmm and pool have one lock.
 pub const THREADS_ORDER: [&str; 6] = ["paged", "arena", "binning", "tlsf", "vmm", "pool"];
 
@@ -295,7 +295,7 @@ fn why(
     lines.push(footprint);
 
     let reason = if order == THREADS_ORDER {
-        "paged gives each stream a heap of its own (and each thread one, where three or more meet on a stream), arena each thread an arena, binning a cache; tlsf, vmm and pool have one lock"
+        "paged gives each stream a heap of its own (and each thread one, where more than four meet on a stream), arena each thread an arena, binning a cache; tlsf, vmm and pool have one lock"
     } else {
         "paged needs no capacity and follows live memory; binning was the fastest on an H100, tlsf next, then vmm, README \"Footprint\""
     };

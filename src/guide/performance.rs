@@ -256,8 +256,8 @@
 //! cells took 67.5 ns/op (8 threads) and 27.7 (16) in a call of that rule, its passes
 //! 28.8–218.8.
 //!
-//! Two threads on one stream share its heap: the one that finds it held waits for the other's
-//! call, unless a third thread found it held within 100 ms. `mrstack replay --stack paged,vmm
+//! Up to four threads on one stream share its heap: one that finds it held waits for the other's
+//! call, unless a fifth thread found it held within 100 ms. `mrstack replay --stack paged,vmm
 //! --passes 3 --no-capacity data/traces/X.csv.gz` replays the two-thread logs with their threads
 //! at once where the log ran them in turns, and shows beside each stack's upstream peak what its
 //! threads held at once in the same passes. Upstream peak over held at once, each run:

@@ -28,6 +28,10 @@ static INSTANCES: AtomicUsize = AtomicUsize::new(0);
 /// A stream heap found held by another thread this many times within [`MEETING_WINDOW`] is
 /// left to the threads' own heaps ([`PagedHeaps`] says why).
 const MEETINGS_TO_LEAVE: u32 = 16;
+
+/// Threads that share a stream heap, waiting for each other there; one more that finds it held
+/// within [`MEETING_WINDOW`] makes it crowded ([`PagedHeaps`] says why).
+pub(super) const SHARERS: usize = 4;
 const MEETING_WINDOW: Duration = Duration::from_millis(100);
 
 /// What a thread remembers across calls of every `PagedHeaps` (hints only: a wrong one costs a
@@ -56,10 +60,10 @@ struct Meetings {
     since: AtomicU64,
     /// Meetings in the current window.
     count: AtomicU32,
-    /// The thread slots ([`shard::slot`], plus one) of the first two threads that found the
-    /// heap held in the current window (0: none yet).
-    threads: [AtomicU64; 2],
-    /// A third thread found it held in the current window.
+    /// The thread slots ([`shard::slot`], plus one) of the first [`SHARERS`] threads that found
+    /// the heap held in the current window (0: none yet).
+    threads: [AtomicU64; SHARERS],
+    /// One more thread found it held in the current window.
     crowded: AtomicBool,
     /// Found held [`MEETINGS_TO_LEAVE`] times in one window: allocations on its stream go to
     /// their threads' heaps, until a new stream takes the slot.
@@ -160,14 +164,14 @@ impl Default for PagedHeapsConfig {
 /// many. [`VirtualMemory`] heaps over one page source `P`
 /// ([`DevicePages`](crate::leaf::DevicePages) on a GPU, [`Simulated`](crate::leaf::Simulated)
 /// anywhere), one for each stream and one for each thread: a request goes to its stream's heap,
-/// waiting for it where another thread holds it, unless three threads or more meet there: then to
-/// the calling thread's own (every request on that stream, once they meet there often: see
+/// waiting for it where another thread holds it, unless more than four threads meet there: then
+/// to the calling thread's own (every request on that stream, once they meet there often: see
 /// below); a free goes to the heap the block came from. So the threads of one program that take
 /// turns on a stream (PyTorch's forward on the main thread, its backward on the autograd thread),
-/// or two that allocate on it at once, share one heap and its pages, and a crowd of threads on one
-/// stream soon stops waiting for each other. Each heap reserves its own virtual ranges and maps physical pages
-/// only under live blocks; the pages freed blocks leave stay mapped for the next blocks, within the
-/// peak of the heap's live pages and a slack (a 64th of that peak,
+/// or a few that allocate on it at once, share one heap and its pages, and a crowd of threads on
+/// one stream soon stops waiting for each other. Each heap reserves its own virtual ranges and
+/// maps physical pages only under live blocks; the pages freed blocks leave stay mapped for the
+/// next blocks, within the peak of the heap's live pages and a slack (a 64th of that peak,
 /// [`PagedHeapsConfig::peak_slack`]): a block that needs new pages beyond it takes the place of
 /// free pages whose freeing work is done, unmapping them first, which is checked by events queried
 /// at most every 32 calls and every 50 µs (where too few pages have settled, the request waits for
@@ -184,15 +188,17 @@ impl Default for PagedHeapsConfig {
 ///
 /// Each heap keeps its own peak, and pages go from one heap to another only by the bound across
 /// heaps, so what matters is that blocks do not keep moving between heaps. An allocation that finds
-/// its stream's heap held by another thread waits for it, unless a third thread found it held
+/// its stream's heap held by another thread waits for it, unless a fifth thread found it held
 /// within the last 100 ms (threads counted by their slots, so that a thread that takes the place of
 /// one gone is not one more): then it goes to the calling thread's heap, and a stream heap found
 /// held so 16 times within 100 ms is left to the threads' heaps from then on (until a new stream
-/// takes its slot). Two threads on one stream share its heap however their work interleaves: had
-/// each gone to its own heap whenever it found the other in the stream's, their blocks would
-/// spread over three heaps as their timing shifts, each heap's pages rising to its own peak (a
-/// replay of the two threads of PyTorch's GPT training over [`Simulated`](crate::leaf::Simulated)
-/// mapped 1.06 to 2.15 times what they held at once that way, 1.004 to 1.013 sharing). A crowd
+/// takes its slot). Up to four threads on one stream share its heap however their work
+/// interleaves: had each gone to its own heap whenever it found another in the stream's, their
+/// blocks would spread over the heaps as their timing shifts, each heap's pages rising to its own
+/// peak. Over [`Simulated`](crate::leaf::Simulated), a replay of the two threads of PyTorch's GPT
+/// training mapped 1.06 to 2.15 times what they held at once that way, 1.004 to 1.013 sharing;
+/// four threads replaying transformer_train's two twice over, 1.07 to 1.91 where only two shared,
+/// 1.01 to 1.05 with four (at 175–373 ns/op against 160–460). A crowd
 /// on one stream, which would wait on one lock, settles in heaps of its own within its first few
 /// hundred allocations instead, and stays there: were they to come back to the stream's heap
 /// now and then, what each heap holds would keep shifting, and each heap's pages would keep rising
@@ -351,8 +357,9 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     }
 
     /// Counts a meeting on stream heap `heap` (found held by another thread), and says whether
-    /// the heap is crowded: three threads or more found it held in the current window. A crowded
-    /// heap is left to the threads' own once it met [`MEETINGS_TO_LEAVE`] in one window.
+    /// the heap is crowded: more than [`SHARERS`] threads found it held in the current window.
+    /// A crowded heap is left to the threads' own once it met [`MEETINGS_TO_LEAVE`] in one
+    /// window.
     #[cold]
     fn met(&self, heap: usize) -> bool {
         self.busy.fetch_add(1, Ordering::Relaxed);
@@ -389,8 +396,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         let m = &self.meetings[self.stream_heap(stream) - by_stream(0)];
         m.count_one(self.since_epoch());
         m.count.fetch_sub(1, Ordering::Relaxed);
-        for (t, fake) in m.threads.iter().zip([u64::MAX - 1, u64::MAX - 2]) {
-            t.store(fake, Ordering::Relaxed);
+        for (i, t) in m.threads.iter().enumerate() {
+            t.store(u64::MAX - i as u64, Ordering::Relaxed);
         }
     }
 
@@ -695,7 +702,7 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                 let mut lock = Lock::Try;
                 loop {
                     match self.place_in(by_stream, heap, size, align, stream, lock) {
-                        // Two threads that meet here wait for each other, so that their blocks
+                        // A few threads that meet here wait for each other, so that their blocks
                         // share one heap's pages; a crowd goes to its threads' heaps.
                         Attempt::Held if lock == Lock::Try && !self.met(by_stream) => {
                             lock = Lock::Wait;

@@ -120,9 +120,9 @@ pub struct VmUsage {
     /// two to this power (with none, it widens nothing).
     pub slack_doublings: u32,
     /// Allocations of a [`PagedHeaps`] that found their stream's heap held by another thread
-    /// (and waited for it, or, where three threads met there, went to the calling thread's own
-    /// heap): threads allocating on one stream at once, which [`PagedHeaps`] says the cost of.
-    /// Always 0 for a `VirtualMemory` alone.
+    /// (and waited for it, or, where more than four threads met there, went to the calling
+    /// thread's own heap): threads allocating on one stream at once, which [`PagedHeaps`] says
+    /// the cost of. Always 0 for a `VirtualMemory` alone.
     pub busy: u64,
     /// Allocations of a [`PagedHeaps`] placed in another heap's mapped pages, where mapping
     /// pages in their own would take all heaps beyond the peak of their live pages and its

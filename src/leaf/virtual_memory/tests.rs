@@ -529,7 +529,7 @@ fn an_allocation_that_finds_its_streams_heap_held_by_a_crowd_goes_to_its_threads
 }
 
 #[test]
-fn two_threads_that_meet_on_a_streams_heap_wait_for_it_and_a_third_goes_to_its_own() {
+fn four_threads_that_meet_on_a_streams_heap_wait_for_it_and_a_fifth_goes_to_its_own() {
     let sim = Simulated::with_page_size(64 * P, P);
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
@@ -542,32 +542,32 @@ fn two_threads_that_meet_on_a_streams_heap_wait_for_it_and_a_third_goes_to_its_o
             .iter()
             .any(|&(base, size)| (base..base + size).contains(&a))
     };
-    let (waited, third) = std::thread::scope(|scope| {
-        // The heap is held while three threads come, one after another.
+    let (waited, fifth) = std::thread::scope(|scope| {
+        // The heap is held while five threads come, one after another.
         let held = stream_heap.state.lock().unwrap();
         let mut waiting = Vec::new();
-        for met in 1..=2 {
+        for met in 1..=super::heaps::SHARERS as u64 {
             waiting.push(scope.spawn(allocate));
             while busy() < met {
                 std::thread::yield_now();
             }
         }
-        // The third to find it held goes to its own heap at once (the lock goes after a while
+        // The fifth to find it held goes to its own heap at once (the lock goes after a while
         // regardless, so that a wrong wait fails the test rather than hangs it).
-        let third = scope.spawn(allocate);
+        let fifth = scope.spawn(allocate);
         let start = std::time::Instant::now();
-        while !third.is_finished() && start.elapsed() < std::time::Duration::from_secs(5) {
+        while !fifth.is_finished() && start.elapsed() < std::time::Duration::from_secs(5) {
             std::thread::yield_now();
         }
         drop(held);
-        let third = third.join().unwrap();
+        let fifth = fifth.join().unwrap();
         let waited: Vec<usize> = waiting.into_iter().map(|t| t.join().unwrap()).collect();
-        (waited, third)
+        (waited, fifth)
     });
     assert!(waited.iter().all(|&a| in_stream_heap(a)));
-    assert!(!in_stream_heap(third));
-    assert_eq!((busy(), heaps.left(heaps.stream_heap(s))), (3, false));
-    let blocks = waited.into_iter().chain([third]);
+    assert!(!in_stream_heap(fifth));
+    assert_eq!((busy(), heaps.left(heaps.stream_heap(s))), (5, false));
+    let blocks = waited.into_iter().chain([fifth]);
     let blocks = blocks.map(|a| NonNull::new(std::ptr::with_exposed_provenance_mut(a)).unwrap());
     // SAFETY: each is live in `heaps` with this size.
     unsafe { free_all(&heaps, blocks, P, s) };
