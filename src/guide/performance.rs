@@ -264,12 +264,16 @@
 //!
 //! | log | `paged`, `Simulated` | `paged`, H200 | `vmm`, H200 |
 //! |---|---:|---:|---:|
-//! | transformer_train | 1.04, 1.05, 1.02, 1.06, 1.03 | 1.16, 1.05, 1.07 | 1.19, 1.03 |
-//! | resnet50_train_pytorch | 1.01, 1.01, 1.01, 1.02, 1.01 | 1.01, 1.01, 1.01 | 1.00, 1.02 |
-//! | gpt_train_pytorch | 1.00, 1.01, 1.00, 1.01, 1.00 | 1.02, 1.02, 1.03 | 1.04, 1.08 |
+//! | transformer_train | 1.04, 1.05, 1.02, 1.06, 1.03 | 1.16, 1.05, 1.07, 1.17, 1.16 | 1.19, 1.03, 1.18, 1.27 |
+//! | resnet50_train_pytorch | 1.01, 1.01, 1.01, 1.02, 1.01 | 1.01, 1.01, 1.01, 1.02, 1.02 | 1.00, 1.02, 1.02, 1.02 |
+//! | gpt_train_pytorch | 1.00, 1.01, 1.00, 1.01, 1.00 | 1.02, 1.02, 1.03, 1.01, 1.03 | 1.04, 1.08, 1.09, 1.10 |
+//! | transformer_train, 4 threads | 1.01, 1.04, 1.04, 1.05, 1.04 | 1.06, 1.12 | 1.21, 1.19 |
 //!
-//! transformer_train's log holds 1 GiB, and its replay does little but allocate, so its slack
-//! doubles (as above). When each thread instead went to its own heap where it found the other in
+//! The last row is transformer_train's log with a copy of its two threads (threads 2 and 3, at
+//! addresses 2^44 higher, each op a microsecond after the one it copies); with only two threads
+//! sharing a stream's heap (a third made it crowded), its `paged` runs over `Simulated` took 1.07,
+//! 1.91, 1.67 and 1.52. transformer_train's log holds 1 GiB, and its replay does little but
+//! allocate, so its slack doubles (as above). When each thread instead went to its own heap where it found the other in
 //! the stream's (and both, for good, after 16 such meetings within 100 ms), the H200's GPT runs
 //! mapped 1.29 to 2.06 times what the threads held, at up to 23.7 µs an op against 0.57–0.72
 //! sharing: the replay starts new OS threads every pass, which take the thread slots, and so the
