@@ -28,11 +28,11 @@ static INSTANCES: AtomicUsize = AtomicUsize::new(0);
 /// A stream heap found held by another thread this many times within [`MEETING_WINDOW`] is
 /// left to the threads' own heaps ([`PagedHeaps`] says why).
 const MEETINGS_TO_LEAVE: u32 = 16;
+const MEETING_WINDOW: Duration = Duration::from_millis(100);
 
 /// Threads that share a stream heap, waiting for each other there; one more that finds it held
 /// within [`MEETING_WINDOW`] makes it crowded ([`PagedHeaps`] says why).
 pub(super) const SHARERS: usize = 4;
-const MEETING_WINDOW: Duration = Duration::from_millis(100);
 
 /// What a thread remembers across calls of every `PagedHeaps` (hints only: a wrong one costs a
 /// lock, never a wrong answer).
@@ -198,9 +198,9 @@ impl Default for PagedHeapsConfig {
 /// peak. Over [`Simulated`](crate::leaf::Simulated), a replay of the two threads of PyTorch's GPT
 /// training mapped 1.06 to 2.15 times what they held at once that way, 1.004 to 1.013 sharing;
 /// four threads replaying transformer_train's two twice over, 1.07 to 1.91 where only two shared,
-/// 1.01 to 1.05 with four (at 175–373 ns/op against 160–460). A crowd
-/// on one stream, which would wait on one lock, settles in heaps of its own within its first few
-/// hundred allocations instead, and stays there: were they to come back to the stream's heap
+/// 1.01 to 1.05 with four (at 175–373 ns/op against 160–460). A crowd on one stream, which
+/// would wait on one lock, settles in heaps of its own within its first few hundred allocations
+/// instead, and stays there: were they to come back to the stream's heap
 /// now and then, what each heap holds would keep shifting, and each heap's pages would keep rising
 /// to new peaks, towards the sum of the heaps' peaks rather than the peak of their sum, or, under
 /// the bound across heaps, swap pages between heaps at every shift. The pages they used in the
@@ -225,14 +225,15 @@ impl Default for PagedHeapsConfig {
 /// An allocation is a [`VirtualMemory`] allocation in its stream's heap (a try-lock; where it is
 /// held, a count of the meeting on a line the stream's threads share, and the wait for the
 /// other thread's call, which may map pages, or wait for events up to 200 ms where it would map
-/// beyond the peak bound) or the calling thread's: tens of nanoseconds when its pages are mapped; mapping a 2 MiB page costs
-/// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of microseconds, and then the bound across
-/// heaps: two counters read for each heap, and a try-lock of each heap asked for pages, whose
-/// unmapping costs `cuMemUnmap` + `cuMemRelease` a page. Once a stream heap is left, a block that
-/// needs pages is first looked for without mapping, and, over the bound, in the left heaps
-/// (each a lock): a search or two more, on the way to mapping. A free costs the lock of
-/// the calling thread's heap and, where that heap does not hold the block, its stream's heap's;
-/// a block of neither, a read lock of the table of ranges and its heap's lock.
+/// beyond the peak bound) or the calling thread's: tens of nanoseconds when its pages are
+/// mapped; mapping a 2 MiB page costs `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of
+/// microseconds, and then the bound across heaps: two counters read for each heap, and a try-lock
+/// of each heap asked for pages, whose unmapping costs `cuMemUnmap` + `cuMemRelease` a page. Once
+/// a stream heap is left, a block that needs pages is first looked for without mapping, and,
+/// over the bound, in the left heaps (each a lock): a search or two more, on the way to mapping.
+/// A free costs the lock of the calling thread's heap and, where that heap does not hold the
+/// block, its stream's heap's; a block of neither, a read lock of the table of ranges and its
+/// heap's lock.
 ///
 /// # Memory pressure
 ///
@@ -372,8 +373,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             t.compare_exchange(0, token, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         };
-        // Racing threads may each take a free place for one token: a crowd seen a meeting
-        // later, no harm.
+        // Racing the start of a window, a token may be lost: a crowd seen a meeting later, no
+        // harm.
         if !m.threads.iter().any(known) && !m.threads.iter().any(added) {
             m.crowded.store(true, Ordering::Relaxed);
         }
@@ -389,8 +390,8 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Makes stream `stream`'s heap crowded, as if two threads other than any real one had
-    /// found it held in the current window (started now if over).
+    /// Makes stream `stream`'s heap crowded, as if [`SHARERS`] threads other than any real one
+    /// had found it held in the current window (started now if over).
     #[cfg(test)]
     pub(super) fn crowd(&self, stream: StreamRef) {
         let m = &self.meetings[self.stream_heap(stream) - by_stream(0)];
