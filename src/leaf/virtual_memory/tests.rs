@@ -491,8 +491,8 @@ unsafe fn free_all<R: MemoryResource>(
 }
 
 /// Allocates `size` bytes on `s` while `s`'s heap is held, as another thread would hold it
-/// (`try_lock` fails for every thread, this one too), and crowded, as if two other threads had
-/// found it held: this thread goes elsewhere rather than wait.
+/// (`try_lock` fails for every thread, this one too), and crowded, as if as many other threads
+/// as share a heap had found it held: this thread goes elsewhere rather than wait.
 fn allocate_while_held(heaps: &PagedHeaps<&Simulated>, size: usize, s: StreamRef) -> NonNull<u8> {
     heaps.crowd(s);
     let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
