@@ -301,8 +301,9 @@
 //! The host has 16 cores of one thread each, yet `ThreadHeaps`, whose threads share nothing but
 //! the replayer, scales about as far: in one call of `rmm run` over `Simulated` and over the
 //! GPU, random on streams of their own took it 92–143 ns/op on one thread, 19–28 on 8 and
-//! 14–19 on 16 (`paged`: 121–208, 28–32 and 17–26). Each thread runs up to about twice as slow with
-//! eight at once whichever stack it uses, a cost of the host or of the replay, not of one stack.
+//! 14–19 on 16 (`paged`: 121–208, 28–32 and 17–26). Each thread runs up to about twice as
+//! slow with eight at once whichever stack it uses, a cost of the host or of the replay, not of
+//! one stack.
 //!
 //! One thread is where `paged` is weakest, and where the host moves most (above): random on
 //! one thread over `Simulated` on the GPU host took 97–106 ns/op in some runs and 141–169 in
