@@ -204,12 +204,10 @@ pub trait Replay {
     /// The number of ops in a pass.
     fn ops(&self) -> usize;
     /// Counts, from the next pass on, the bytes the replay's threads hold at once, where their
-    /// interleaving decides it ([`ThreadedReplayer::count_held`](super::ThreadedReplayer::count_held));
-    /// says whether it does. A replay in log order holds the workload's
-    /// [`peak_live`](super::Workload::peak_live) at most, and counts nothing.
-    fn count_held(&mut self) -> bool {
-        false
-    }
+    /// interleaving decides it ([`ThreadedReplayer::count_held`](super::ThreadedReplayer::count_held)).
+    /// A replay in log order holds the workload's [`peak_live`](super::Workload::peak_live) at
+    /// most, and counts nothing.
+    fn count_held(&mut self) {}
     /// The most bytes the replay's threads held at once over the passes counted; None where it
     /// counts nothing.
     fn held_peak(&self) -> Option<usize> {

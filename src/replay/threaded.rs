@@ -378,9 +378,8 @@ impl<R: MemoryResource + Sync> Replay for ThreadedReplayer<'_, R> {
     fn ops(&self) -> usize {
         self.workload.ops().len()
     }
-    fn count_held(&mut self) -> bool {
+    fn count_held(&mut self) {
         ThreadedReplayer::count_held(self);
-        true
     }
     fn held_peak(&self) -> Option<usize> {
         ThreadedReplayer::held_peak(self)

@@ -75,19 +75,27 @@ impl Meetings {
     /// window (its count, its threads, not crowded) where the last is over; returns the count
     /// in the window.
     fn count_one(&self, now: u64) -> u32 {
-        let since = self.since.load(Ordering::Relaxed);
-        let window = u64::try_from(MEETING_WINDOW.as_nanos()).unwrap_or(u64::MAX);
-        if now.saturating_sub(since) <= window {
-            return self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.over(now) {
+            // Racing threads may each start the window: a meeting or two lost, no harm.
+            self.restart(now);
         }
-        // Racing threads may each start the window: a meeting or two lost, no harm.
+        self.count.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Whether the current window is over at `now`.
+    fn over(&self, now: u64) -> bool {
+        let window = u64::try_from(MEETING_WINDOW.as_nanos()).unwrap_or(u64::MAX);
+        now.saturating_sub(self.since.load(Ordering::Relaxed)) > window
+    }
+
+    /// Starts a window at `now`: no meetings, no threads, not crowded.
+    fn restart(&self, now: u64) {
         self.since.store(now, Ordering::Relaxed);
-        self.count.store(1, Ordering::Relaxed);
+        self.count.store(0, Ordering::Relaxed);
         for t in &self.threads {
             t.store(0, Ordering::Relaxed);
         }
         self.crowded.store(false, Ordering::Relaxed);
-        1
     }
 }
 
@@ -350,7 +358,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
             if m.left.swap(false, Ordering::Relaxed) {
                 self.left_heaps.fetch_sub(1, Ordering::Relaxed);
             }
-            m.count.store(0, Ordering::Relaxed);
+            m.restart(self.since_epoch());
         }
         let heap = by_stream(i);
         HINT.with(|h| h.stream.set((self.instance, id, heap)));
@@ -395,8 +403,10 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     #[cfg(test)]
     pub(super) fn crowd(&self, stream: StreamRef) {
         let m = &self.meetings[self.stream_heap(stream) - by_stream(0)];
-        m.count_one(self.since_epoch());
-        m.count.fetch_sub(1, Ordering::Relaxed);
+        let now = self.since_epoch();
+        if m.over(now) {
+            m.restart(now);
+        }
         for (i, t) in m.threads.iter().enumerate() {
             t.store(u64::MAX - i as u64, Ordering::Relaxed);
         }
@@ -700,20 +710,16 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
             // A stream heap that cannot be made (no address space for its range) leaves the
             // request to this thread's heap.
             if let Ok(heap) = self.heap(by_stream) {
-                let mut lock = Lock::Try;
-                loop {
-                    match self.place_in(by_stream, heap, size, align, stream, lock) {
-                        // A few threads that meet here wait for each other, so that their blocks
-                        // share one heap's pages; a crowd goes to its threads' heaps.
-                        Attempt::Held if lock == Lock::Try && !self.met(by_stream) => {
-                            lock = Lock::Wait;
-                            continue;
-                        }
-                        Attempt::Held | Attempt::NoRoom => {}
-                        Attempt::Done(Err(e)) if e.is_out_of_memory() => {}
-                        Attempt::Done(done) => return done,
-                    }
-                    break;
+                let mut tried = self.place_in(by_stream, heap, size, align, stream, Lock::Try);
+                // A few threads that meet here wait for each other, so that their blocks share
+                // one heap's pages; a crowd goes to its threads' heaps.
+                if matches!(tried, Attempt::Held) && !self.met(by_stream) {
+                    tried = self.place_in(by_stream, heap, size, align, stream, Lock::Wait);
+                }
+                match tried {
+                    Attempt::Held | Attempt::NoRoom => {}
+                    Attempt::Done(Err(e)) if e.is_out_of_memory() => {}
+                    Attempt::Done(done) => return done,
                 }
             }
         }
@@ -736,14 +742,10 @@ unsafe impl<P: PhysicalPages + Clone> MemoryResource for PagedHeaps<P> {
                 if freed == 0 {
                     return Err(e);
                 }
-                match self.place_in(slot, heap, size, align, stream, Lock::Wait) {
-                    Attempt::Done(done) => done,
-                    Attempt::Held | Attempt::NoRoom => Err(oom()),
-                }
+                self.place_in(slot, heap, size, align, stream, Lock::Wait)
+                    .done_or(oom)
             }
-            Attempt::Done(done) => done,
-            // Neither comes of waiting for the lock with room to map.
-            Attempt::Held | Attempt::NoRoom => Err(oom()),
+            other => other.done_or(oom),
         }
     }
 

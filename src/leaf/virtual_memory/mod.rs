@@ -164,6 +164,17 @@ pub(crate) enum Attempt {
     Done(Result<NonNull<u8>>),
 }
 
+impl Attempt {
+    /// The allocation of an attempt that waited for the lock with room to map, which ends
+    /// `Done`: the other two read as `oom`.
+    pub(crate) fn done_or(self, oom: impl FnOnce() -> AllocError) -> Result<NonNull<u8>> {
+        match self {
+            Attempt::Done(done) => done,
+            Attempt::Held | Attempt::NoRoom => Err(oom()),
+        }
+    }
+}
+
 /// How long a heap keeps what it needed lately when others need pages
 /// ([`VirtualMemory::give_up`]): one or two of these.
 pub(super) const RECENT: std::time::Duration = std::time::Duration::from_millis(100);
@@ -596,11 +607,8 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
     page_leaf!();
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
-        match self.allocate_with(size, align, stream, Lock::Wait, Room::Any) {
-            Attempt::Done(done) => done,
-            // Neither comes of waiting for the lock with room to map.
-            Attempt::Held | Attempt::NoRoom => Err(AllocError::out_of_memory(size, align, NAME)),
-        }
+        self.allocate_with(size, align, stream, Lock::Wait, Room::Any)
+            .done_or(|| AllocError::out_of_memory(size, align, NAME))
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, size: usize, _align: usize, stream: StreamRef) {

@@ -612,20 +612,30 @@ fn a_crowded_streams_heap_found_held_sixteen_times_at_once_is_left_to_the_thread
     unsafe { heaps.deallocate(p, 256, 256, other) };
 }
 
+/// Eight live blocks of `size` bytes in `s`'s heap, then sixteen of 256 bytes allocated while
+/// it is held by a crowd, which leave it to the threads' heaps: both sets.
+fn fill_and_leave(
+    heaps: &PagedHeaps<&Simulated>,
+    s: StreamRef,
+    size: usize,
+) -> (Vec<NonNull<u8>>, Vec<NonNull<u8>>) {
+    let big = (0..8).map(|_| heaps.allocate(size, 256, s).unwrap());
+    let big = big.collect();
+    let small = (0..16)
+        .map(|_| allocate_while_held(heaps, 256, s))
+        .collect();
+    (big, small)
+}
+
 #[test]
 fn a_left_streams_heap_lends_its_free_mapped_pages_before_a_threads_heap_maps_more() {
     let sim = Simulated::with_page_size(64 * P, P);
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
     let stream_heap = heaps.heap(heaps.stream_heap(s)).unwrap();
-    // Sixteen pages live in the stream's heap.
-    let big: Vec<_> = (0..8)
-        .map(|_| heaps.allocate(2 * P, 256, s).unwrap())
-        .collect();
-    // Threads meet there: it is left, and this thread's heap maps a page for their blocks.
-    let small: Vec<_> = (0..16)
-        .map(|_| allocate_while_held(&heaps, 256, s))
-        .collect();
+    // Sixteen pages live in the stream's heap; threads meet there: it is left, and this
+    // thread's heap maps a page for their blocks.
+    let (big, small) = fill_and_leave(&heaps, s, 2 * P);
     assert!(heaps.left(heaps.stream_heap(s)));
     // SAFETY: each is live in `heaps` with this size.
     unsafe { free_all(&heaps, big, 2 * P, s) };
@@ -662,12 +672,7 @@ fn threads_on_a_left_streams_heap_borrow_its_pages_and_free_each_others_blocks()
     let heaps = PagedHeaps::new(&sim, PagedHeapsConfig::default());
     let s = StreamRef::simulated(3);
     // Pages in the stream's heap, freed, and the heap left to the threads' heaps.
-    let big: Vec<_> = (0..8)
-        .map(|_| heaps.allocate(8 * P, 256, s).unwrap())
-        .collect();
-    let meetings: Vec<_> = (0..16)
-        .map(|_| allocate_while_held(&heaps, 256, s))
-        .collect();
+    let (big, meetings) = fill_and_leave(&heaps, s, 8 * P);
     // SAFETY: each is live in `heaps` with this size.
     unsafe { free_all(&heaps, big, 8 * P, s) };
     // SAFETY: each is live in `heaps` with this size.

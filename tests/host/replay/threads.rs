@@ -132,8 +132,29 @@ fn threaded_replay_counts_what_its_threads_held_at_once_when_asked() {
 
     // Through the trait, as the replay tool asks: a replay in log order counts nothing.
     let mut in_order = replay::Replayer::new(&sim, w, w.default_streams()).unwrap();
-    assert!(!replay::Replay::count_held(&mut in_order));
+    replay::Replay::count_held(&mut in_order);
+    in_order.pass().unwrap();
     assert_eq!(replay::Replay::held_peak(&in_order), None);
+}
+
+#[test]
+fn a_replay_of_ones_own_counts_nothing_held_and_measures_as_any() {
+    // A caller's own replay, with only the methods it must write: the defaults count nothing.
+    struct Own(usize);
+    impl replay::Replay for Own {
+        fn pass(&mut self) -> Result<std::time::Duration, ReplayError> {
+            self.0 += 1;
+            Ok(std::time::Duration::from_micros(1))
+        }
+        fn ops(&self) -> usize {
+            10
+        }
+    }
+    let mut own = Own(0);
+    replay::Replay::count_held(&mut own);
+    let timing = measure(&mut own, 3).unwrap();
+    assert_eq!((own.0, timing.ops), (4, 10));
+    assert_eq!(replay::Replay::held_peak(&own), None);
 }
 
 #[test]
