@@ -433,6 +433,10 @@ pub struct StreamMark {
 // SAFETY: a CUevent may be queried, waited for and destroyed from any thread of the process, with
 // its context current (each use makes `ctx` current first).
 unsafe impl Send for StreamMark {}
+// SAFETY: a shared `StreamMark` only queries and waits for its event (`cuEventQuery`,
+// `cuEventSynchronize`), driver calls that any number of threads may make on one live event at
+// once; only its drop, which has it alone, destroys it.
+unsafe impl Sync for StreamMark {}
 
 impl StreamMark {
     /// An event recorded on `stream` in its context (the resource's `ctx` for a stream that

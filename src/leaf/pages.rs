@@ -39,7 +39,8 @@ pub unsafe trait PhysicalPages: sealed::Sealed + Send + Sync {
     /// The physical memory behind one mapping, given back by `unmap`.
     type Page: Send;
     /// A point in one stream's work (an event recorded on it), from [`mark`](Self::mark).
-    type Mark: Send;
+    /// Shared: a thread may query it without the lock of the resource that keeps it.
+    type Mark: Send + Sync;
 
     /// The bytes of a page: every mapping is a multiple of it, at a multiple of it.
     fn page_size(&self) -> usize;

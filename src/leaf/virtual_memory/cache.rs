@@ -8,8 +8,9 @@ use crate::resource::Result;
 use crate::stream::Held;
 use crate::suballoc::tlsf_index::ALL_STREAMS;
 
-use super::region::State;
+use super::region::{Batch, State};
 use super::VirtualMemory;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Calls between two queries of a pending batch's marks: a query costs a driver call (about a
@@ -149,8 +150,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// be mapped): settled pages go at once, the highest first; for the rest, the streams that
     /// freed blocks since the last batch are marked, and pages that settle go when the marks are
     /// reached (a later call, [`reap`](Self::reap)). While a batch is pending no other is made.
-    /// Never waits, but where pages are about to be mapped beyond the bound while a batch marked
-    /// by an earlier call is pending: then it waits for that batch, [`WAIT_FOR_BATCH`] at most.
+    /// Never waits; where pages are about to be mapped beyond the bound while a batch marked by
+    /// an earlier call is pending, it leaves that batch's marks in `st.deferred`, for the caller
+    /// to wait for ([`WAIT_FOR_BATCH`] at most) without the lock before it maps anything.
     /// Returns how many pages were unmapped.
     pub(super) fn trim_later(&self, st: &mut State<P::Page, P::Mark>, extra: usize) -> usize {
         let over = self.excess(st, extra);
@@ -160,22 +162,19 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let earlier = st.batch.is_some();
         let start = Instant::now();
         let done = self.unmap_settled(st, over);
-        let mut done = match over - done {
+        let done = match over - done {
             0 => done,
             left => done + self.settle_more(st, extra, left),
         };
-        let mut spent = start.elapsed();
-        if done < over && extra > 0 && earlier && st.batch.is_some() {
+        let spent = start.elapsed();
+        if done < over && extra > 0 && earlier && !st.waited_for_batch {
             // Pages are about to be mapped beyond the bound while a batch marked earlier is
             // pending: waiting for its marks (work queued before them, not all that is queued
             // now, so the device keeps working meanwhile) costs less than holding more
-            // physical memory than the peak and its slack.
-            if self.wait_batch_for(st, WAIT_FOR_BATCH) {
-                // The wait is the device's time, not the host's: only the unmaps count.
-                let unmapping = Instant::now();
-                done += self.unmap_settled(st, self.excess(st, extra));
-                spent += unmapping.elapsed();
-            }
+            // physical memory than the peak and its slack. The caller waits without the lock,
+            // so that the heap's other threads (frees from any thread, the sharers of a stream's
+            // heap) are not held up.
+            st.deferred = st.batch.as_ref().map(|b| Arc::clone(&b.marks));
         }
         // Pages kept for the block being mapped count as they move (`map_pages`) or go back
         // (`give_back_donors`).
@@ -185,30 +184,34 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         done
     }
 
-    /// Polls the pending batch's marks until they are reached (then settles its pages) or for
-    /// `limit`; gives the batch up if a mark cannot be queried. Says whether it settled.
-    fn wait_batch_for(&self, st: &mut State<P::Page, P::Mark>, limit: Duration) -> bool {
+    /// Polls `marks` until all are reached, one cannot be queried, or `limit` has passed;
+    /// returns the time it took. Needs no lock: the caller queries the batch again under it.
+    pub(super) fn wait_marks(&self, marks: &[P::Mark], limit: Duration) -> Duration {
         let start = Instant::now();
-        let mut settled = false;
-        while st.batch.is_some() {
-            if self.batch_reached(st) {
-                settled = true;
-                break;
+        loop {
+            let mut reached = true;
+            for m in marks {
+                match self.pages.reached(m) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        reached = false;
+                        break;
+                    }
+                    Err(_) => return start.elapsed(),
+                }
             }
-            if start.elapsed() >= limit {
-                break;
+            if reached || start.elapsed() >= limit {
+                return start.elapsed();
             }
             std::thread::sleep(Duration::from_micros(50));
         }
-        st.waited += start.elapsed();
-        settled
     }
 
     /// Queries the pending batch's marks once, never waiting: settles its pages if all are
     /// reached, gives the batch up if one cannot be queried. Says whether it settled.
     fn batch_reached(&self, st: &mut State<P::Page, P::Mark>) -> bool {
         let Some(batch) = &st.batch else { return false };
-        for m in &batch.marks {
+        for m in batch.marks.iter() {
             match self.pages.reached(m) {
                 Ok(true) => {}
                 Ok(false) => return false,
@@ -274,7 +277,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 self.unmap_settled(st, over)
             }
             Ok(streams) => {
-                st.batch = Some(super::region::Batch { marks, streams });
+                st.batch = Some(Batch {
+                    marks: marks.into(),
+                    streams,
+                });
                 // Work often finishes before the host frees its blocks: then the pages go now.
                 self.reap(st, extra)
             }

@@ -172,27 +172,27 @@ impl Default for PagedHeapsConfig {
 /// many. [`VirtualMemory`] heaps over one page source `P`
 /// ([`DevicePages`](crate::leaf::DevicePages) on a GPU, [`Simulated`](crate::leaf::Simulated)
 /// anywhere), one for each stream and one for each thread: a request goes to its stream's heap,
-/// waiting for it where another thread holds it, unless more than four threads meet there: then
-/// to the calling thread's own (every request on that stream, once they meet there often: see
-/// below); a free goes to the heap the block came from. So the threads of one program that take
-/// turns on a stream (PyTorch's forward on the main thread, its backward on the autograd thread),
-/// or a few that allocate on it at once, share one heap and its pages, and a crowd of threads on
-/// one stream soon stops waiting for each other. Each heap reserves its own virtual ranges and
-/// maps physical pages only under live blocks; the pages freed blocks leave stay mapped for the
-/// next blocks, within the peak of the heap's live pages and a slack (a 64th of that peak,
+/// waiting for it where another thread holds it, unless more than four threads meet there: then to
+/// the calling thread's own (every request on that stream, once they meet there often: see below);
+/// a free goes to the heap the block came from. So the threads of one program that take turns on a
+/// stream (PyTorch's forward on the main thread, its backward on the autograd thread), or a few
+/// that allocate on it at once, share one heap and its pages, and a crowd of threads on one stream
+/// soon stops waiting for each other. Each heap reserves its own virtual ranges and maps physical
+/// pages only under live blocks; the pages freed blocks leave stay mapped for the next blocks,
+/// within the peak of the heap's live pages and a slack (a 64th of that peak,
 /// [`PagedHeapsConfig::peak_slack`]): a block that needs new pages beyond it takes the place of
 /// free pages whose freeing work is done, unmapping them first, which is checked by events queried
 /// at most every 32 calls and every 50 µs (where too few pages have settled, the request waits for
-/// events an earlier call recorded, 200 ms at most). So the physical memory follows the peak of
-/// live memory, not that peak plus the holes freed blocks leave. Across heaps: when a heap maps
-/// pages while all heaps together hold more than the peak of their live pages (as seen each time a
-/// heap maps pages) and its slack, the other heaps give up as many free pages as they hold beyond
-/// what each needed lately (the peak of its live pages over the last 100 to 200 ms, and its slack),
-/// those whose freeing work is done at once and the rest as it completes. So a heap whose threads
-/// moved on (to heaps of their own, other streams, or gone) does not keep its pages, while heaps
-/// whose peaks come at different moments keep theirs: moving pages between them at every peak would
-/// cost a swap each time, tens of microseconds a page. Memory running short or
-/// [`release`](Self::release) gives back every free page.
+/// events an earlier call recorded, 200 ms at most, without the heap's lock). So the physical
+/// memory follows the peak of live memory, not that peak plus the holes freed blocks leave. Across
+/// heaps: when a heap maps pages while all heaps together hold more than the peak of their live
+/// pages (as seen each time a heap maps pages) and its slack, the other heaps give up as many free
+/// pages as they hold beyond what each needed lately (the peak of its live pages over the last 100
+/// to 200 ms, and its slack), those whose freeing work is done at once and the rest as it
+/// completes. So a heap whose threads moved on (to heaps of their own, other streams, or gone) does
+/// not keep its pages, while heaps whose peaks come at different moments keep theirs: moving pages
+/// between them at every peak would cost a swap each time, tens of microseconds a page. Memory
+/// running short or [`release`](Self::release) gives back every free page.
 ///
 /// Each heap keeps its own peak, and pages go from one heap to another only by the bound across
 /// heaps, so what matters is that blocks do not keep moving between heaps. An allocation that finds
@@ -231,16 +231,16 @@ impl Default for PagedHeapsConfig {
 /// # Cost
 ///
 /// An allocation is a [`VirtualMemory`] allocation in its stream's heap (a try-lock; where it is
-/// held, a count of the meeting on a line the stream's threads share, and the wait for the
-/// other thread's call, which may map pages, or wait for events up to 200 ms where it would map
-/// beyond the peak bound) or the calling thread's: tens of nanoseconds when its pages are
-/// mapped; mapping a 2 MiB page costs `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens of
-/// microseconds, and then the bound across heaps: two counters read for each heap, and a try-lock
-/// of each heap asked for pages, whose unmapping costs `cuMemUnmap` + `cuMemRelease` a page. Once
-/// a stream heap is left, a block that needs pages is first looked for without mapping, and,
-/// over the bound, in the left heaps (each a lock): a search or two more, on the way to mapping.
-/// A free costs the lock of the calling thread's heap and, where that heap does not hold the
-/// block, its stream's heap's; a block of neither, a read lock of the table of ranges and its
+/// held, a count of the meeting on a line the stream's threads share, and the wait for the other
+/// thread's call, which may map pages; a call that waits for events where it would map beyond the
+/// peak bound lets the lock go meanwhile) or the calling thread's: tens of nanoseconds when its
+/// pages are mapped; mapping a 2 MiB page costs `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, tens
+/// of microseconds, and then the bound across heaps: two counters read for each heap, and a
+/// try-lock of each heap asked for pages, whose unmapping costs `cuMemUnmap` + `cuMemRelease` a
+/// page. Once a stream heap is left, a block that needs pages is first looked for without mapping,
+/// and, over the bound, in the left heaps (each a lock): a search or two more, on the way to
+/// mapping. A free costs the lock of the calling thread's heap and, where that heap does not hold
+/// the block, its stream's heap's; a block of neither, a read lock of the table of ranges and its
 /// heap's lock.
 ///
 /// # Memory pressure

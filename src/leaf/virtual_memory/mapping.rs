@@ -49,8 +49,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     /// Makes the pages of the block `[addr, addr + len)` of region `r` live: out of the cache,
-    /// and mapped where they are not, given `map`; without it, `Ok(false)` where a page is not
-    /// mapped, and nothing has changed. On failure nothing has changed (but the cache may have
+    /// and mapped where they are not, given `map`; without it, or where the request is to wait
+    /// for a batch unlocked first (`st.deferred` set), `Ok(false)` where a page is not mapped,
+    /// and nothing has changed. On failure nothing has changed (but the cache may have
     /// been emptied).
     pub(super) fn commit(
         &self,
@@ -84,6 +85,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             return Ok(false);
         }
         let result = self.map_range(st, r, first, last);
+        if st.deferred.is_some() {
+            // Undone as where pages may not be mapped: the request waits for a batch first.
+            self.uncommit(st, r, addr, len, false);
+            return Ok(false);
+        }
         if result.is_err() {
             self.uncommit(st, r, addr, len, false);
         }
@@ -115,7 +121,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 
     /// Maps the unmapped pages of `first..last` of region `r` (all live): first unmapping
     /// settled free pages beyond the bounds in their place, and emptying the cache where the cap
-    /// or the source says there is no room.
+    /// or the source says there is no room. Maps nothing where the request is to wait for a
+    /// batch unlocked first (it sets `st.deferred`).
     fn map_range(
         &self,
         st: &mut State<P::Page, P::Mark>,
@@ -135,6 +142,12 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         st.donate = true;
         self.trim_later(st, missing);
         st.donate = false;
+        if st.deferred.is_some() {
+            // The request waits for a batch without the lock and is placed again: nothing is
+            // mapped now, and the pages unmapped for it go back.
+            self.give_back_donors(st);
+            return Ok(());
+        }
         let result = self.map_pages(st, r, first, last, missing);
         self.give_back_donors(st);
         result
@@ -272,7 +285,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     }
 
     /// Grows the live block `[addr, addr + old)` of region `r` to `new` bytes, page by page: the
-    /// pages it now touches leave the cache or are mapped. On failure the pages are as before.
+    /// pages it now touches leave the cache or are mapped. On failure, or where the request is to
+    /// wait for a batch unlocked first (`st.deferred` set), the pages are as before.
     pub(super) fn extend(
         &self,
         st: &mut State<P::Page, P::Mark>,
@@ -300,7 +314,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         }
         st.cached -= uncached;
         let result = self.map_range(st, r, shared, after.1);
-        if result.is_err() {
+        let deferred = st.deferred.is_some();
+        if result.is_err() || deferred {
             // The same steps backwards: what the grown block alone held goes to the cache.
             let pages = &mut st.regions[r].pages;
             let mut freed = pages.cache_mapped(lo, hi);
@@ -315,7 +330,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             pages.forget_unused(shared, after.1);
             st.cached += freed;
         }
-        self.after_mapping(st, result.is_ok());
+        if !deferred {
+            self.after_mapping(st, result.is_ok());
+        }
         result
     }
 

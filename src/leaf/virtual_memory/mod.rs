@@ -203,11 +203,12 @@ pub(super) const RECENT: std::time::Duration = std::time::Duration::from_millis(
 /// (`scripts/vmm-costs.py` measures them), which the cache keeps off the path of a workload whose
 /// working set repeats. Free pages beyond the bounds (the cache, down to half of it; the peak of
 /// live pages and its slack) are unmapped without waiting on the host (but up to 200 ms for events
-/// an earlier call recorded, where pages would be mapped beyond the peak bound): those whose
-/// freeing work is known done (settled) at once, the others after an event recorded on each
-/// stream that freed blocks since the last batch is reached (queried at most every 32 calls and
-/// every 50 µs, about a microsecond a query); a page that goes live again meanwhile stays, and
-/// must settle again once freed.
+/// an earlier call recorded, where pages would be mapped beyond the peak bound; an allocation waits
+/// without the lock, so that other threads' calls go on, and is then placed again): those whose
+/// freeing work is known done (settled) at once, the others after an event recorded on each stream
+/// that freed blocks since the last batch is reached (queried at most every 32 calls and every
+/// 50 µs, about a microsecond a query); a page that goes live again meanwhile stays, and must
+/// settle again once freed.
 ///
 /// The host memory of the page table follows live blocks and mapped pages: it is kept in chunks
 /// of 256 pages (about 5 KiB each), made when a block first lies in one and freed once none of
@@ -311,6 +312,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                 prior_peak: 0,
                 window_at: None,
                 batch: None,
+                deferred: None,
+                waited_for_batch: false,
                 ticks: 0,
                 events_at: None,
                 maps: 0,
@@ -424,7 +427,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             return Attempt::Done(Err(oom()));
         }
         let (align, block, need) = crate::suballoc::growth::block_of(size, align);
-        let mut st = match lock {
+        let mut guard = match lock {
             Lock::Try => match self.state.try_lock() {
                 Ok(st) => st,
                 Err(std::sync::TryLockError::Poisoned(p)) => self.recover(p.into_inner()),
@@ -432,19 +435,31 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             },
             Lock::Wait => self.lock(),
         };
-        let st = &mut *st;
-        self.tick(st);
-        let placed = match self.place(st, stream, block, align, room, Some(need)) {
-            // A block placed partway into a page touches a page more than its size needs: where
-            // that page was what ran short, the block at a page boundary may fit.
-            Err(e) if e.is_out_of_memory() && align < self.page => {
-                match self.place(st, stream, block, self.page, room, None) {
-                    Err(again) if again.is_out_of_memory() => Err(e),
-                    other => other,
+        let mut waited = false;
+        let placed = loop {
+            let st = &mut *guard;
+            self.tick(st);
+            st.waited_for_batch = waited;
+            let placed = match self.place(st, stream, block, align, room, Some(need)) {
+                // A block placed partway into a page touches a page more than its size needs:
+                // where that page was what ran short, the block at a page boundary may fit.
+                Err(e) if e.is_out_of_memory() && align < self.page => {
+                    match self.place(st, stream, block, self.page, room, None) {
+                        Err(again) if again.is_out_of_memory() => Err(e),
+                        other => other,
+                    }
                 }
-            }
-            other => other,
+                other => other,
+            };
+            st.waited_for_batch = false;
+            let Some(marks) = st.deferred.take() else {
+                break placed;
+            };
+            // Undone to wait for a batch: placed again once it has waited, waiting no more.
+            guard = self.wait_unlocked(guard, &marks);
+            waited = true;
         };
+        let st = &mut *guard;
         self.show(st);
         // Running short is the caller's request that could not be served, whichever page or
         // range the page source was asked for.
@@ -576,6 +591,20 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             .collect()
     }
 
+    /// Waits for the marks a request left in `deferred` ([`WAIT_FOR_BATCH`](cache::WAIT_FOR_BATCH)
+    /// at most) with the lock let go, and takes the lock again.
+    fn wait_unlocked<'a>(
+        &'a self,
+        guard: MutexGuard<'a, State<P::Page, P::Mark>>,
+        marks: &[P::Mark],
+    ) -> MutexGuard<'a, State<P::Page, P::Mark>> {
+        drop(guard);
+        let waited = self.wait_marks(marks, cache::WAIT_FOR_BATCH);
+        let mut guard = self.lock();
+        guard.waited += waited;
+        guard
+    }
+
     fn lock(&self) -> MutexGuard<'_, State<P::Page, P::Mark>> {
         match self.state.lock() {
             Ok(st) => st,
@@ -672,30 +701,41 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
         stream: StreamRef,
     ) -> Result<bool> {
         let addr = ptr.as_ptr() as usize;
-        let mut st = self.lock();
-        let (Some(r), Some((old, new))) =
-            (st.region_of(addr), st.index.growth(addr, size, new_size))
-        else {
-            return Ok(false);
-        };
-        if new > self.config.max.min(self.pages.capacity()) {
-            return Ok(false);
+        let (mut guard, mut waited) = (self.lock(), false);
+        loop {
+            let st = &mut *guard;
+            let (Some(r), Some((old, new))) =
+                (st.region_of(addr), st.index.growth(addr, size, new_size))
+            else {
+                return Ok(false);
+            };
+            if new > self.config.max.min(self.pages.capacity()) {
+                return Ok(false);
+            }
+            if new == old {
+                return Ok(true);
+            }
+            // The index must have room for a record for the way back, should mapping fail.
+            if !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
+                return Ok(false);
+            }
+            st.waited_for_batch = waited;
+            let extended = self.extend(st, r, addr, old, new);
+            st.waited_for_batch = false;
+            if extended.is_err() || st.deferred.is_some() {
+                // Back to the old size: the index gives the tail back to the free range after it
+                // (it has room for the record: checked above), on `stream`.
+                st.index.shrink(addr, old, stream);
+            }
+            self.show(st);
+            let Some(marks) = st.deferred.take() else {
+                return extended.map(|()| true);
+            };
+            // Undone to wait for a batch: grown again once it has waited (the range after it may
+            // have gone meanwhile), waiting no more.
+            guard = self.wait_unlocked(guard, &marks);
+            waited = true;
         }
-        if new == old {
-            return Ok(true);
-        }
-        // The index must have room for a record for the way back, should mapping fail.
-        if !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
-            return Ok(false);
-        }
-        let extended = self.extend(&mut st, r, addr, old, new);
-        if extended.is_err() {
-            // Back to the old size: the index gives the tail back to the free range after it
-            // (it has room for the record: checked above), on `stream`.
-            st.index.shrink(addr, old, stream);
-        }
-        self.show(&st);
-        extended.map(|()| true)
     }
 }
 

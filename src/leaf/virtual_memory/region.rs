@@ -3,6 +3,7 @@
 
 use crate::suballoc::tlsf_index::TlsfIndex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::table::PageTable;
@@ -55,7 +56,8 @@ pub(super) fn ends(first: usize, last: usize, lo: usize, hi: usize) -> impl Iter
 /// mark fail.
 #[derive(Debug)]
 pub(super) struct Batch<M> {
-    pub(super) marks: Vec<M>,
+    /// Shared with a request that waits for them without the lock ([`State::deferred`]).
+    pub(super) marks: Arc<[M]>,
     pub(super) streams: u64,
 }
 
@@ -84,6 +86,14 @@ pub(super) struct State<H, M> {
     pub(super) window_at: Option<Instant>,
     /// The pending batch: its `pending` pages are settled once its marks are all reached.
     pub(super) batch: Option<Batch<M>>,
+    /// The marks of the pending batch, left by a request about to map pages beyond the peak
+    /// bound while that batch, marked by an earlier call, was pending: the request mapped
+    /// nothing and was undone, and its caller waits for them without the lock, then places it
+    /// again with `waited_for_batch` set.
+    pub(super) deferred: Option<Arc<[M]>>,
+    /// Set while a request that waited for a batch is placed again: it maps beyond the bound
+    /// rather than wait once more.
+    pub(super) waited_for_batch: bool,
     /// Calls since the pending batch's marks were last queried.
     pub(super) ticks: u32,
     /// When the tick's last round of work on events began

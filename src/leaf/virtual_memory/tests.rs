@@ -33,6 +33,8 @@ struct Recording {
     remaps: std::sync::atomic::AtomicUsize,
     /// Marks made.
     marks: std::sync::atomic::AtomicUsize,
+    /// Marks queried.
+    queries: std::sync::atomic::AtomicUsize,
     /// While set, a remap panics once it has unmapped its page (a source that breaks down
     /// halfway).
     panic_in_remap: std::sync::atomic::AtomicBool,
@@ -49,6 +51,7 @@ impl Recording {
             enable_us: std::sync::atomic::AtomicU64::new(0),
             remaps: std::sync::atomic::AtomicUsize::new(0),
             marks: std::sync::atomic::AtomicUsize::new(0),
+            queries: std::sync::atomic::AtomicUsize::new(0),
             panic_in_remap: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -143,6 +146,8 @@ unsafe impl PhysicalPages for Recording {
         Ok(Some(stream.id()))
     }
     fn reached(&self, mark: &StreamId) -> Result<bool> {
+        self.queries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.refuse()?;
         if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(false);
@@ -1105,6 +1110,65 @@ fn a_batch_whose_marks_are_never_reached_is_waited_for_a_bounded_time() {
         vm.deallocate(b, 4 * P, 256, s);
         vm.deallocate(d, 8 * P, 256, s);
     }
+}
+
+/// Over [`c_beyond_a_hole`] with its batch never reached: `wait` (given C, which it may grow,
+/// and returning a block to free with its size) waits for that batch on another thread, while
+/// this one frees B; returns how long the free took and the wait counted.
+fn free_while_waiting_for_a_batch(
+    wait: impl FnOnce(&VirtualMemory<&Recording>, NonNull<u8>, StreamRef) -> (usize, usize) + Send,
+) -> (std::time::Duration, std::time::Duration) {
+    let rec = Recording::new(1 << 30);
+    rec.set_busy(true);
+    let (vm, s, [_, b, c]) = c_beyond_a_hole(&rec);
+    let queried = || rec.queries.load(std::sync::atomic::Ordering::Relaxed);
+    let before = queried();
+    let c = c.as_ptr() as usize;
+    let ((block, size), took) = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| wait(&vm, NonNull::new(c as *mut u8).unwrap(), s));
+        // Once the call queries the marks a second time it waits unlocked (the first query is
+        // the one under the lock that found the batch pending).
+        let start = std::time::Instant::now();
+        while queried() < before + 3 && start.elapsed() < 10 * WAIT_FOR_BATCH {
+            std::thread::yield_now();
+        }
+        let freeing = std::time::Instant::now();
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(b, 4 * P, 256, s) };
+        let took = freeing.elapsed();
+        (waiting.join().unwrap(), took)
+    });
+    let waited = vm.usage().waited;
+    rec.set_busy(false);
+    // SAFETY: live with this size, as `wait` returned it.
+    unsafe { vm.deallocate(NonNull::new(block as *mut u8).unwrap(), size, 256, s) };
+    assert_eq!(vm.usage().allocated, 0);
+    (took, waited)
+}
+
+#[test]
+fn a_free_on_another_thread_goes_on_while_an_allocation_waits_for_a_batch() {
+    let (took, waited) = free_while_waiting_for_a_batch(|vm, c, s| {
+        // SAFETY: live with this size.
+        unsafe { vm.deallocate(c, 6 * P, 256, s) };
+        (vm.allocate(8 * P, 256, s).unwrap().as_ptr() as usize, 8 * P)
+    });
+    // Holding the lock, the allocation would keep the free waiting out its wait.
+    assert!(took < WAIT_FOR_BATCH / 2, "the free took {took:?}");
+    assert!(waited >= WAIT_FOR_BATCH, "{waited:?}");
+}
+
+#[test]
+fn a_free_on_another_thread_goes_on_while_a_growth_in_place_waits_for_a_batch() {
+    let (took, waited) = free_while_waiting_for_a_batch(|vm, c, s| {
+        // SAFETY: C is live with this size.
+        let grown =
+            unsafe { crate::resource::GrowInPlace::grow_in_place(vm, c, 6 * P, 256, 8 * P, s) };
+        assert!(grown.unwrap(), "C grows into the range after it");
+        (c.as_ptr() as usize, 8 * P)
+    });
+    assert!(took < WAIT_FOR_BATCH / 2, "the free took {took:?}");
+    assert!(waited >= WAIT_FOR_BATCH, "{waited:?}");
 }
 
 #[test]
