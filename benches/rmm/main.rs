@@ -7,6 +7,7 @@
 //! ```text
 //! rmm write-ops --out DIR [--threads 1,8,16,2,4] [--data DIR]... [--no-random] [--allocations N] [--min-ops N] [LOG]...
 //! rmm run FILE [--stacks pool,binning,…] [--passes 5] [--budget-ms 2000] [--deadline UNIX_S] [--simulated]
+//! rmm ceiling [--threads 1,8,16] [--kib 256]
 //! ```
 //!
 //! `write-ops` writes, for the built-in random workload, every RMM log (`*.csv`, `*.csv.gz`) in each
@@ -35,6 +36,11 @@
 //! counterpart, and RMM's side skips them: `tlsf` (`Tlsf` with initial = max = capacity),
 //! `tlsf+cache` (a `ThreadCache` of a quarter of the capacity over that `Tlsf`) and `heaps`
 //! (`ThreadHeaps` of the capacity: a `Tlsf` per thread over a shared one).
+//!
+//! `ceiling` measures how far the host itself lets threads scale: each thread updates a table of
+//! its own (`--kib` KiB, random slots), sharing nothing, and it prints one JSON line per thread
+//! count with ns per update over all threads and the speedup over one thread. Work that shares
+//! nothing scales no further than this on the host, whatever the allocator.
 //!
 //! Run alone (`cargo bench --bench rmm`, which passes `--bench`) it says that it needs a command.
 //! Its format tests run in the host tests (`tests/host`, module `rmm_ops`).
@@ -75,7 +81,8 @@ const DEFAULT_THREADS: [usize; 5] = [1, 8, 16, 2, 4];
 fn usage() -> ! {
     eprintln!(
         "usage:\n  rmm write-ops --out DIR [--threads 1,8,16,2,4] [--data DIR]... [--no-random] [--allocations N] [--min-ops N] [LOG]...\n  \
-         rmm run FILE [--stacks {}] [--passes 5] [--budget-ms 2000] [--deadline UNIX_SECONDS] [--simulated]\n\
+         rmm run FILE [--stacks {}] [--passes 5] [--budget-ms 2000] [--deadline UNIX_SECONDS] [--simulated]\n  \
+         rmm ceiling [--threads 1,8,16] [--kib 256]\n\
          (scripts/gpu-bench-rmm runs both sides on a GPU machine; see benches/rmm/main.rs)",
         DEFAULT_STACKS.join(",")
     );
@@ -87,6 +94,7 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("write-ops") => write_ops(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("ceiling") => ceiling(&args[1..]),
         // `cargo bench` runs every bench with `--bench`: this one needs a command.
         None | Some("--bench") => {
             eprintln!("rmm: the side-by-side benchmark with RMM needs a command (scripts/gpu-bench-rmm runs it)");
@@ -595,4 +603,71 @@ fn emit(f: &OpFile, stack: &str, upstream: &str, what: &str, result: Result<Meas
 /// `s` as a JSON string.
 fn json(s: &str) -> String {
     serde_json::to_string(s).expect("a string always serializes")
+}
+
+// ------------------------------------------------------------------------------------- ceiling
+
+/// Updates per thread in each pass of `ceiling`.
+const CEILING_UPDATES: u64 = 1 << 25;
+
+fn ceiling(args: &[String]) -> Result<(), String> {
+    let (mut threads, mut kib) = (vec![1, 8, 16], 256usize);
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--threads" => {
+                threads = value(args, &mut i, "--threads")?
+                    .split(',')
+                    .map(|t| parse::<usize>(t.trim(), "--threads"))
+                    .collect::<Result<_, _>>()?;
+                if threads.contains(&0) {
+                    return Err("--threads: 0 threads".into());
+                }
+            }
+            "--kib" => kib = parse(value(args, &mut i, "--kib")?, "--kib")?,
+            a => return Err(format!("unknown option {a}")),
+        }
+        i += 1;
+    }
+    let slots = (kib * 1024 / 8).max(1).next_power_of_two();
+    let mut one = None;
+    for &n in &threads {
+        // The fastest of three passes, as `run` reports the best of its rounds.
+        let ns = (0..3)
+            .map(|_| ceiling_pass(n, slots))
+            .fold(f64::INFINITY, f64::min);
+        let base = *one.get_or_insert(ns * n as f64);
+        println!(
+            "{{\"command\":\"ceiling\",\"threads\":{n},\"kib\":{kib},\"ns_per_update\":{ns:.3},\"speedup\":{:.2}}}",
+            base / ns
+        );
+    }
+    Ok(())
+}
+
+/// One pass: `threads` threads, each doing [`CEILING_UPDATES`] read-modify-writes at random slots
+/// of a table of its own of `slots` words, all released at once; ns per update over all threads.
+fn ceiling_pass(threads: usize, slots: usize) -> f64 {
+    let start = std::sync::Barrier::new(threads + 1);
+    let began = std::thread::scope(|scope| {
+        for t in 0..threads {
+            let start = &start;
+            scope.spawn(move || {
+                let mut table = vec![0u64; slots];
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                start.wait();
+                for _ in 0..CEILING_UPDATES {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let slot = &mut table[x as usize & (slots - 1)];
+                    *slot = slot.wrapping_add(x);
+                }
+                std::hint::black_box(&table);
+            });
+        }
+        start.wait();
+        Instant::now()
+    });
+    began.elapsed().as_nanos() as f64 / (CEILING_UPDATES as f64 * threads as f64)
 }

@@ -302,8 +302,18 @@
 //! the replayer, scales about as far: in one call of `rmm run` over `Simulated` and over the
 //! GPU, random on streams of their own took it 92–143 ns/op on one thread, 19–28 on 8 and
 //! 14–19 on 16 (`paged`: 121–208, 28–32 and 17–26). Each thread runs up to about twice as
-//! slow with eight at once whichever stack it uses, a cost of the host or of the replay, not of
-//! one stack.
+//! slow with eight at once whichever stack it uses. `rmm ceiling` measures what the host allows
+//! work that shares nothing (each thread updating a table of its own at random): on the GPU host
+//! (a virtual machine of 16 cores, one NUMA node) tables of 256 KiB, within a core's L2, ran
+//! 7.5–7.7x as fast on 8 threads and 13.3x on 16, but tables of 8 MiB only 3.4x and 6.0x. The
+//! replays sit between the two, as work whose data spills from a core's own caches: with op
+//! files of a million ops (`write-ops --min-ops 1000000`, so that a pass of 16 threads takes
+//! milliseconds, not a scheduler's tick), `paged` ran random 4.5x as fast on 8 threads as on one
+//! and 8.7x on 16, transformer_train 4.4x and 7.4x, `ThreadHeaps` random 5.3x and 8.6x. The
+//! threaded replayer reads each thread's ops in order, each with its size, stream and hand-over
+//! slot at hand; reading them from tables by allocation id, dealt round-robin to the threads,
+//! `paged` took 14.9–16.7 ns/op on random's 16 threads and 18.5–18.8 on transformer_train's,
+//! against 13.7 and 15.2–16.8.
 //!
 //! One thread is where `paged` is weakest, and where the host moves most (above): random on
 //! one thread over `Simulated` on the GPU host took 97–106 ns/op in some runs and 141–169 in

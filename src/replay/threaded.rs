@@ -35,9 +35,14 @@ pub struct ThreadedReplayer<'w, R> {
     resource: R,
     workload: &'w Workload,
     streams: Vec<StreamHandle>,
-    /// Each thread's ops in order, with their index in the workload.
-    lanes: Vec<Vec<(usize, Op)>>,
-    /// Each allocation's size and stream index, for its free.
+    /// Each thread's ops in order, each with what it needs at hand: a pass reads its lane in
+    /// order and touches nothing else but its slots and the resource (tables by allocation id,
+    /// their entries dealt round-robin to threads, would have every thread read lines all over
+    /// them at every op, more of the caches than the replay of one thread takes).
+    lanes: Vec<Vec<Step>>,
+    /// Each lane's ops' indices in the workload, for errors.
+    op_index: Vec<Vec<usize>>,
+    /// Each allocation's size and stream index, for the blocks a pass leaves live.
     blocks: Vec<(usize, usize)>,
     /// The hand-over slots, each lane's side by side: allocation ids dealt round-robin to
     /// threads would otherwise put every thread's slots on each cache line, and a pass would
@@ -45,11 +50,28 @@ pub struct ThreadedReplayer<'w, R> {
     live: Vec<Slot>,
     /// Each allocation's slot in `live`.
     slot_of: Vec<usize>,
-    /// Per allocation: true when another lane frees it, so its pointer is handed over.
-    handed: Vec<bool>,
     /// The bytes the threads hold (allocated, not yet freed), once
     /// [`count_held`](Self::count_held) asked for them.
     held: Option<Box<crate::shard::Line<Count>>>,
+}
+
+/// One op of a lane: an allocation or a free of `size` bytes on stream index `stream`, its
+/// pointer in slot `slot` of the hand-over slots.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    size: usize,
+    slot: usize,
+    stream: usize,
+    kind: StepKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    /// An allocation that the same lane frees.
+    Alloc,
+    /// An allocation that another lane frees: its pointer is handed over.
+    AllocHanded,
+    Free,
 }
 
 /// Where a pointer passes from the thread that allocates a block to the one that frees it.
@@ -105,48 +127,69 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         streams: Vec<StreamHandle>,
     ) -> Result<Self, ReplayError> {
         ReplayError::check_streams(workload, &streams)?;
-        let mut lanes = vec![Vec::new(); workload.thread_count().min(MAX_REPLAY_THREADS)];
+        let mut op_index = vec![Vec::new(); workload.thread_count().min(MAX_REPLAY_THREADS)];
         let mut blocks = Vec::with_capacity(workload.allocations());
         for (op, &o) in workload.ops().iter().enumerate() {
             let thread = workload.op_threads().map_or(0, |t| t[op]);
             // Lanes take ops in log order: a lane of several log threads runs them merged in log
             // order, and the op earliest in the log among those not done can still always run.
-            lanes[thread % MAX_REPLAY_THREADS].push((op, o));
+            op_index[thread % MAX_REPLAY_THREADS].push(op);
             if let Op::Alloc { size, stream, .. } = o {
                 blocks.push((size, stream));
             }
         }
+        let ops = workload.ops();
         let mut slot_of = vec![0; workload.allocations()];
         let mut lane_of = vec![0; workload.allocations()];
         let mut handed = vec![false; workload.allocations()];
         let mut next = 0;
-        for (l, lane) in lanes.iter().enumerate() {
-            for &(_, o) in lane {
-                if let Op::Alloc { id, .. } = o {
+        for (l, lane) in op_index.iter().enumerate() {
+            for &op in lane {
+                if let Op::Alloc { id, .. } = ops[op] {
                     slot_of[id] = next;
                     lane_of[id] = l;
                     next += 1;
                 }
             }
         }
-        for (l, lane) in lanes.iter().enumerate() {
-            for &(_, o) in lane {
-                if let Op::Free { id } = o {
+        for (l, lane) in op_index.iter().enumerate() {
+            for &op in lane {
+                if let Op::Free { id } = ops[op] {
                     handed[id] = lane_of[id] != l;
                 }
             }
         }
+        let step = |op: usize| match ops[op] {
+            Op::Alloc { id, size, stream } => Step {
+                size,
+                slot: slot_of[id],
+                stream,
+                kind: match handed[id] {
+                    true => StepKind::AllocHanded,
+                    false => StepKind::Alloc,
+                },
+            },
+            Op::Free { id } => Step {
+                size: blocks[id].0,
+                slot: slot_of[id],
+                stream: blocks[id].1,
+                kind: StepKind::Free,
+            },
+        };
+        let lanes = (op_index.iter())
+            .map(|lane| lane.iter().map(|&op| step(op)).collect())
+            .collect();
         Ok(ThreadedReplayer {
             resource,
             workload,
             streams,
             lanes,
+            op_index,
             blocks,
             live: (0..workload.allocations())
                 .map(|_| Slot::default())
                 .collect(),
             slot_of,
-            handed,
             held: None,
         })
     }
@@ -200,7 +243,7 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                         let _ = state.threads[thread].set(std::thread::current());
                         ready.fetch_add(1, Ordering::Release);
                         drop(gate.read().unwrap_or_else(|p| p.into_inner()));
-                        this.run_lane(thread, lane, state)
+                        this.run_lane(thread, lane, &this.op_index[thread], state)
                     });
                 match spawned {
                     Ok(h) => handles.push(h),
@@ -247,80 +290,74 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
         outcome
     }
 
-    /// Runs the ops of lane `me`; returns when it finished, or the op that failed and why. Stops
-    /// early, with `Ok`, once another thread has failed.
+    /// Runs the ops of lane `me` (`ops`: their indices in the workload); returns when it
+    /// finished, or the op that failed and why. Stops early, with `Ok`, once another thread has
+    /// failed.
     fn run_lane(
         &self,
         me: usize,
-        lane: &[(usize, Op)],
+        lane: &[Step],
+        ops: &[usize],
         state: &PassState,
     ) -> Result<Instant, (usize, ReplayError)> {
         if state.abort.load(Ordering::Relaxed) {
             return Ok(Instant::now());
         }
-        for &(op, o) in lane {
-            match o {
-                Op::Alloc { id, size, stream } => {
-                    let made = self
-                        .resource
-                        .allocate(size, ALIGN, self.streams[stream].as_ref());
-                    if let (Some(held), Ok(_)) = (&self.held, &made) {
-                        held.add(size);
-                    }
-                    match made {
-                        Ok(ptr) if !self.handed[id] => {
-                            // Only this thread frees it: no one waits on the slot (what `release`
-                            // reads after the threads are joined, the join orders).
-                            self.live[self.slot_of[id]]
-                                .ptr
-                                .store(ptr.as_ptr(), Ordering::Relaxed);
-                        }
-                        Ok(ptr) => {
-                            let slot = &self.live[self.slot_of[id]];
-                            // SeqCst with the waiter's store of `waiter` then load of `ptr`: either
-                            // it sees the pointer, or this sees it waiting and wakes it.
-                            slot.ptr.store(ptr.as_ptr(), Ordering::SeqCst);
-                            let waiter = slot.waiter.load(Ordering::SeqCst);
-                            if waiter != 0 {
-                                state.wake(waiter - 1);
-                            }
-                        }
-                        Err(error) => {
-                            state.fail();
-                            return Err((op, ReplayError::Alloc { op, size, error }));
-                        }
+        for (i, step) in lane.iter().enumerate() {
+            let stream = self.streams[step.stream].as_ref();
+            if step.kind == StepKind::Free {
+                let Some(ptr) = self.wait_for(step.slot, me, state) else {
+                    return Ok(Instant::now());
+                };
+                if let Some(held) = &self.held {
+                    held.sub(step.size);
+                }
+                // SAFETY: ptr came from allocate on this resource with this size and ALIGN (the
+                // step of a free carries its allocation's); the slot was emptied by this thread,
+                // the one thread that frees it, so it is freed once.
+                unsafe { self.resource.deallocate(ptr, step.size, ALIGN, stream) };
+                continue;
+            }
+            let made = self.resource.allocate(step.size, ALIGN, stream);
+            if let (Some(held), Ok(_)) = (&self.held, &made) {
+                held.add(step.size);
+            }
+            let slot = &self.live[step.slot];
+            match made {
+                Ok(ptr) if step.kind == StepKind::Alloc => {
+                    // Only this thread frees it: no one waits on the slot (what `release` reads
+                    // after the threads are joined, the join orders).
+                    slot.ptr.store(ptr.as_ptr(), Ordering::Relaxed);
+                }
+                Ok(ptr) => {
+                    // SeqCst with the waiter's store of `waiter` then load of `ptr`: either it
+                    // sees the pointer, or this sees it waiting and wakes it.
+                    slot.ptr.store(ptr.as_ptr(), Ordering::SeqCst);
+                    let waiter = slot.waiter.load(Ordering::SeqCst);
+                    if waiter != 0 {
+                        state.wake(waiter - 1);
                     }
                 }
-                Op::Free { id } => {
-                    let Some(ptr) = self.wait_for(id, me, state) else {
-                        return Ok(Instant::now());
-                    };
-                    let (size, stream) = self.blocks[id];
-                    if let Some(held) = &self.held {
-                        held.sub(size);
-                    }
-                    // SAFETY: ptr came from allocate on this resource with this size and ALIGN
-                    // (blocks[id] is allocation id's); the slot was emptied by this thread, the one
-                    // thread that frees id, so it is freed once.
-                    unsafe {
-                        self.resource
-                            .deallocate(ptr, size, ALIGN, self.streams[stream].as_ref())
-                    };
+                Err(error) => {
+                    state.fail();
+                    let op = ops[i];
+                    let size = step.size;
+                    return Err((op, ReplayError::Alloc { op, size, error }));
                 }
             }
         }
         Ok(Instant::now())
     }
 
-    /// Takes allocation `id`'s pointer once its thread has made it, waiting as lane `me`; None if
-    /// the replay aborts.
-    fn wait_for(&self, id: usize, me: usize, state: &PassState) -> Option<NonNull<u8>> {
+    /// Takes the pointer of slot `at` once its thread has made the allocation, waiting as lane
+    /// `me`; None if the replay aborts.
+    fn wait_for(&self, at: usize, me: usize, state: &PassState) -> Option<NonNull<u8>> {
         /// Spins that catch a hand-over in flight, then yields that let a thread on this core
         /// make the allocation, before parking.
         const SPINS: u32 = 16;
         const YIELDS: u32 = 4;
-        let slot = &self.live[self.slot_of[id]];
-        // Only this thread frees `id`, so no one else writes the slot once the pointer is in.
+        let slot = &self.live[at];
+        // Only this thread frees the block, so no one else writes the slot once the pointer is in.
         let take = |ptr| {
             slot.ptr.store(null_mut(), Ordering::Relaxed);
             Some(ptr)
