@@ -121,6 +121,17 @@ fn parse<T: std::str::FromStr>(v: &str, name: &str) -> Result<T, String> {
     v.parse().map_err(|_| format!("{name}: bad value `{v}`"))
 }
 
+/// The thread counts of `--threads` (`1,8,16`), none of them 0.
+fn thread_counts(v: &str) -> Result<Vec<usize>, String> {
+    let counts = (v.split(','))
+        .map(|t| parse::<usize>(t.trim(), "--threads"))
+        .collect::<Result<Vec<_>, _>>()?;
+    if counts.contains(&0) {
+        return Err("--threads: 0 threads".into());
+    }
+    Ok(counts)
+}
+
 // ------------------------------------------------------------------------------------ write-ops
 
 /// A workload to lay out, and the log's stream values where it came from a log.
@@ -137,15 +148,7 @@ fn write_ops(args: &[String]) -> Result<(), String> {
     while i < args.len() {
         match args[i].as_str() {
             "--out" => out = Some(PathBuf::from(value(args, &mut i, "--out")?)),
-            "--threads" => {
-                threads = value(args, &mut i, "--threads")?
-                    .split(',')
-                    .map(|t| parse::<usize>(t.trim(), "--threads"))
-                    .collect::<Result<_, _>>()?;
-                if threads.contains(&0) {
-                    return Err("--threads: 0 threads".into());
-                }
-            }
+            "--threads" => threads = thread_counts(value(args, &mut i, "--threads")?)?,
             "--data" => data.push(PathBuf::from(value(args, &mut i, "--data")?)),
             "--no-random" => random = false,
             "--allocations" => {
@@ -615,15 +618,7 @@ fn ceiling(args: &[String]) -> Result<(), String> {
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
-            "--threads" => {
-                threads = value(args, &mut i, "--threads")?
-                    .split(',')
-                    .map(|t| parse::<usize>(t.trim(), "--threads"))
-                    .collect::<Result<_, _>>()?;
-                if threads.contains(&0) {
-                    return Err("--threads: 0 threads".into());
-                }
-            }
+            "--threads" => threads = thread_counts(value(args, &mut i, "--threads")?)?,
             "--kib" => kib = parse(value(args, &mut i, "--kib")?, "--kib")?,
             a => return Err(format!("unknown option {a}")),
         }
