@@ -164,9 +164,10 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
                 size,
                 slot: slot_of[id],
                 stream,
-                kind: match handed[id] {
-                    true => StepKind::AllocHanded,
-                    false => StepKind::Alloc,
+                kind: if handed[id] {
+                    StepKind::AllocHanded
+                } else {
+                    StepKind::Alloc
                 },
             },
             Op::Free { id } => Step {
