@@ -151,15 +151,30 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// freed blocks since the last batch are marked, and pages that settle go when the marks are
     /// reached (a later call, [`reap`](Self::reap)). While a batch is pending no other is made.
     /// Never waits; where pages are about to be mapped beyond the bound while a batch marked by
-    /// an earlier call is pending, it leaves that batch's marks in `st.deferred`, for the caller
-    /// to wait for ([`WAIT_FOR_BATCH`] at most) without the lock before it maps anything.
-    /// Returns how many pages were unmapped.
+    /// an earlier call is pending and too few pages are settled, it unmaps nothing and leaves
+    /// that batch's marks in `st.deferred`, for the caller to wait for ([`WAIT_FOR_BATCH`] at
+    /// most) without the lock before it maps anything. Returns how many pages were unmapped.
     pub(super) fn trim_later(&self, st: &mut State<P::Page, P::Mark>, extra: usize) -> usize {
         let over = self.excess(st, extra);
         if over == 0 {
             return 0;
         }
-        let earlier = st.batch.is_some();
+        if extra > 0 && st.batch.is_some() && !st.waited_for_batch && !self.batch_reached(st) {
+            // Pages are about to be mapped beyond the bound while a batch marked earlier is
+            // pending: where the settled pages fall short, waiting for its marks (work queued
+            // before them, not all that is queued now, so the device keeps working meanwhile)
+            // costs less than holding more physical memory than the peak and its slack. The
+            // caller waits without the lock, so that the heap's other threads (frees from any
+            // thread, the sharers of a stream's heap) are not held up, and nothing is unmapped
+            // before it tries again.
+            // Counted over the page table's chunks: on the way to mapping pages, which costs
+            // far more. A batch given up (a mark that could not be queried) is not waited for.
+            let settled: usize = st.regions.iter().map(|r| r.pages.settled()).sum();
+            if let Some(batch) = st.batch.as_ref().filter(|_| settled < over) {
+                st.deferred = Some(Arc::clone(&batch.marks));
+                return 0;
+            }
+        }
         let start = Instant::now();
         let done = self.unmap_settled(st, over);
         let done = match over - done {
@@ -167,15 +182,6 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             left => done + self.settle_more(st, extra, left),
         };
         let spent = start.elapsed();
-        if done < over && extra > 0 && earlier && !st.waited_for_batch {
-            // Pages are about to be mapped beyond the bound while a batch marked earlier is
-            // pending: waiting for its marks (work queued before them, not all that is queued
-            // now, so the device keeps working meanwhile) costs less than holding more
-            // physical memory than the peak and its slack. The caller waits without the lock,
-            // so that the heap's other threads (frees from any thread, the sharers of a stream's
-            // heap) are not held up.
-            st.deferred = st.batch.as_ref().map(|b| Arc::clone(&b.marks));
-        }
         // Pages kept for the block being mapped count as they move (`map_pages`) or go back
         // (`give_back_donors`).
         if done > 0 && !st.donate {

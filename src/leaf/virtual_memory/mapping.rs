@@ -143,9 +143,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         self.trim_later(st, missing);
         st.donate = false;
         if st.deferred.is_some() {
-            // The request waits for a batch without the lock and is placed again: nothing is
-            // mapped now, and the pages unmapped for it go back.
-            self.give_back_donors(st);
+            // The request waits for a batch without the lock and is placed again: nothing was
+            // unmapped for it, and nothing is mapped now.
             return Ok(());
         }
         let result = self.map_pages(st, r, first, last, missing);

@@ -284,6 +284,19 @@ impl<H> PageTable<H> {
         any
     }
 
+    /// Settled pages.
+    pub(super) fn settled(&self) -> usize {
+        (self.chunks.iter().flatten())
+            .map(|c| {
+                c.settled
+                    .0
+                    .iter()
+                    .map(|w| w.count_ones() as usize)
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     /// The highest settled page below `below`.
     pub(super) fn highest_settled(&self, below: usize) -> Option<usize> {
         let top = below.checked_sub(1)?;

@@ -1081,6 +1081,61 @@ fn a_map_beyond_the_bound_waits_for_a_batch_marked_earlier_rather_than_add_pages
 }
 
 #[test]
+fn a_request_that_waits_for_a_batch_unmaps_nothing_before_and_takes_the_settled_pages_after() {
+    let rec = Recording::new(1 << 30);
+    let vm = following(&rec);
+    let s = StreamRef::simulated(1);
+    let settled = || -> usize { vm.lock().regions.iter().map(|r| r.pages.settled()).sum() };
+    // S, L, Q and M side by side; S freed while its work runs, and X, too large for its hole,
+    // maps beyond the bound.
+    rec.set_busy(true);
+    let blocks: Vec<NonNull<u8>> = [6, 1, 6, 1]
+        .iter()
+        .map(|&n| vm.allocate(n * P, 256, s).unwrap())
+        .collect();
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(blocks[0], 6 * P, 256, s) };
+    let x = vm.allocate(7 * P, 256, s).unwrap();
+    // S's work completes: its pages settle, those beyond the bound go, and some stay.
+    rec.set_busy(false);
+    calls(&vm, s);
+    // Q is freed while its work runs, and the calls' ticks mark it: a batch pending.
+    rec.set_busy(true);
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(blocks[2], 6 * P, 256, s) };
+    calls(&vm, s);
+    let kept = settled();
+    assert!(kept > 0 && vm.lock().batch.is_some(), "{:?}", vm.usage());
+    // D fits in neither hole and needs more pages than are settled: it waits for the batch
+    // (reached 20 ms later), and only then do pages go, their memory moving to it.
+    let remaps = || rec.remaps.load(std::sync::atomic::Ordering::Relaxed);
+    let (before, moved) = (rec.log().len(), remaps());
+    let d = std::thread::scope(|t| {
+        t.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            rec.set_busy(false);
+        });
+        vm.allocate(8 * P, 256, s).unwrap()
+    });
+    let log = &rec.log()[before..];
+    let synced = log.iter().position(|e| *e == Ev::Sync(s.id()));
+    let first_unmap = log.iter().position(|e| matches!(e, Ev::Unmap(_)));
+    assert!(
+        synced.is_some_and(|s| first_unmap.is_some_and(|u| s < u)),
+        "{log:?}"
+    );
+    // The settled pages and Q's moved to D rather than go back.
+    assert!(remaps() - moved > kept, "{log:?}");
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(blocks[1], P, 256, s);
+        vm.deallocate(blocks[3], P, 256, s);
+        vm.deallocate(x, 7 * P, 256, s);
+        vm.deallocate(d, 8 * P, 256, s);
+    }
+}
+
+#[test]
 fn a_batch_whose_marks_are_never_reached_is_waited_for_a_bounded_time() {
     let rec = Recording::new(1 << 30);
     // The marked work never completes (it might wait for this very thread).
