@@ -309,7 +309,7 @@
 //! replays sit between the two, as work whose data spills from a core's own caches: with op
 //! files of a million ops (`write-ops --min-ops 1000000`, so that a pass of 16 threads takes
 //! milliseconds, not a scheduler's tick), `paged` ran random 4.5x as fast on 8 threads as on one
-//! and 8.7x on 16, transformer_train 4.4x and 7.4x, `ThreadHeaps` random 5.3x and 8.6x. The
+//! and 8.7x on 16, transformer_train 4.4x and 7.4x, `ThreadHeaps` random 5.4x and 8.6x. The
 //! threaded replayer reads each thread's ops in order, each with its size, stream and hand-over
 //! slot at hand; reading them from tables by allocation id, dealt round-robin to the threads,
 //! `paged` took 14.9–16.7 ns/op on random's 16 threads and 18.5–18.8 on transformer_train's,
