@@ -135,7 +135,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             return Ok(());
         }
         // A heap that maps pages owes none to others: its growth bounds them all anew.
-        st.owed = 0;
+        let owed = std::mem::take(&mut st.owed);
         // New pages take the place of settled free ones beyond the bounds, so that what is
         // mapped never rises above them while such pages remain: their physical memory moves
         // here (`remap`) rather than going back and being made anew.
@@ -144,7 +144,8 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         st.donate = false;
         if st.deferred.is_some() {
             // The request waits for a batch without the lock and is placed again: nothing was
-            // unmapped for it, and nothing is mapped now.
+            // unmapped for it, nothing is mapped now, and the heap still owes what it owed.
+            st.owed = owed;
             return Ok(());
         }
         let result = self.map_pages(st, r, first, last, missing);

@@ -438,7 +438,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         let mut waited = false;
         let placed = loop {
             let st = &mut *guard;
-            self.tick(st);
+            if !waited {
+                self.tick(st);
+            }
             st.waited_for_batch = waited;
             let placed = match self.place(st, stream, block, align, room, Some(need)) {
                 // A block placed partway into a page touches a page more than its size needs:
@@ -614,14 +616,19 @@ impl<P: PhysicalPages> VirtualMemory<P> {
 
     /// The state behind a poisoned lock, made whole. Every update completes before the next call
     /// to the page source, the only thing that may panic inside the lock (a test source catching
-    /// a broken contract), so the state is consistent but for a mapping cut short: pages
-    /// unmapped for the bounds still waiting for a page to take their memory, which go back.
+    /// a broken contract), so the state is consistent but for a request cut short: pages
+    /// unmapped for the bounds still waiting for a page to take their memory, which go back,
+    /// and marks it left to wait for, which are dropped.
     fn recover<'a>(
         &self,
         mut st: MutexGuard<'a, State<P::Page, P::Mark>>,
     ) -> MutexGuard<'a, State<P::Page, P::Mark>> {
         st.donate = false;
         self.give_back_donors(&mut st);
+        // Set and taken within one holding of the lock: the next request must not read them as
+        // its own.
+        st.deferred = None;
+        st.waited_for_batch = false;
         st
     }
 }
