@@ -1136,6 +1136,93 @@ fn a_request_that_waits_for_a_batch_unmaps_nothing_before_and_takes_the_settled_
 }
 
 #[test]
+fn threads_that_wait_for_batches_unlocked_keep_their_blocks_apart_and_give_every_page_back() {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let rec = Recording::new(1 << 30);
+    let config = VirtualMemoryConfig {
+        reservation: 256 * P,
+        peak_slack: 0,
+        cache: 8 * P,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(&rec, config).unwrap();
+    let (stop, live) = (
+        AtomicBool::new(false),
+        Mutex::new(BTreeMap::<usize, usize>::new()),
+    );
+    std::thread::scope(|t| {
+        // The device: marks reached, then not, by turns of half a millisecond.
+        t.spawn(|| {
+            while !stop.load(Relaxed) {
+                rec.set_busy(!rec.busy.load(Relaxed));
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            rec.set_busy(false);
+        });
+        let workers: Vec<_> = (0..4u32)
+            .map(|w| {
+                let (vm, live) = (&vm, &live);
+                t.spawn(move || {
+                    let s = StreamRef::simulated(w + 1);
+                    let (mut mine, mut x) = (Vec::new(), u64::from(w) * 7919 + 1);
+                    let free = |mine: &mut Vec<(NonNull<u8>, usize)>, i: usize| {
+                        let (p, len) = mine.swap_remove(i);
+                        live.lock().unwrap().remove(&(p.as_ptr() as usize));
+                        // SAFETY: live with this size, freed once.
+                        unsafe { vm.deallocate(p, len, 256, s) };
+                    };
+                    for _ in 0..1500 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        if !mine.is_empty() && (mine.len() >= 6 || x % 3 == 0) {
+                            let i = x as usize % mine.len();
+                            free(&mut mine, i);
+                            continue;
+                        }
+                        let len = (1 + x as usize % 5) * P - 256 * (x as usize / 5 % 3);
+                        let p = vm.allocate(len, 256, s).unwrap();
+                        let a = p.as_ptr() as usize;
+                        let mut l = live.lock().unwrap();
+                        let below = l.range(..a).next_back().map(|(&b, &n)| b + n);
+                        let above = l.range(a..).next().map(|(&b, _)| b);
+                        assert!(below.is_none_or(|end| end <= a), "{a:#x} overlaps below");
+                        assert!(above.is_none_or(|b| a + len <= b), "{a:#x} overlaps above");
+                        l.insert(a, len);
+                        drop(l);
+                        mine.push((p, len));
+                    }
+                    while !mine.is_empty() {
+                        free(&mut mine, 0);
+                    }
+                })
+            })
+            .collect();
+        // Stops the device's thread however the workers end, so that a failing worker fails the
+        // test rather than hang it.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        for w in workers {
+            w.join().unwrap();
+        }
+    });
+    let u = vm.usage();
+    assert_eq!(u.allocated, 0, "{u:?}");
+    assert!(
+        u.waited > std::time::Duration::ZERO,
+        "no request waited: {u:?}"
+    );
+    vm.release();
+    assert_eq!(vm.usage().mapped, 0);
+}
+
+#[test]
 fn a_batch_whose_marks_are_never_reached_is_waited_for_a_bounded_time() {
     let rec = Recording::new(1 << 30);
     // The marked work never completes (it might wait for this very thread).
