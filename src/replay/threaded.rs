@@ -42,14 +42,10 @@ pub struct ThreadedReplayer<'w, R> {
     lanes: Vec<Vec<Step>>,
     /// Each lane's ops' indices in the workload, for errors.
     op_index: Vec<Vec<usize>>,
-    /// Each allocation's size and stream index, for the blocks a pass leaves live.
-    blocks: Vec<(usize, usize)>,
     /// The hand-over slots, each lane's side by side: allocation ids dealt round-robin to
     /// threads would otherwise put every thread's slots on each cache line, and a pass would
     /// measure the line bouncing between cores.
     live: Vec<Slot>,
-    /// Each allocation's slot in `live`.
-    slot_of: Vec<usize>,
     /// The bytes the threads hold (allocated, not yet freed), once
     /// [`count_held`](Self::count_held) asked for them.
     held: Option<Box<crate::shard::Line<Count>>>,
@@ -186,11 +182,9 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
             streams,
             lanes,
             op_index,
-            blocks,
             live: (0..workload.allocations())
                 .map(|_| Slot::default())
                 .collect(),
-            slot_of,
             held: None,
         })
     }
@@ -391,8 +385,12 @@ impl<'w, R: MemoryResource + Sync> ThreadedReplayer<'w, R> {
     }
 
     fn release(&mut self) {
-        for (&at, &(size, stream)) in self.slot_of.iter().zip(&self.blocks) {
-            let slot = &mut self.live[at];
+        let allocations = (self.lanes.iter().flatten()).filter(|s| s.kind != StepKind::Free);
+        for &Step {
+            size, slot, stream, ..
+        } in allocations
+        {
+            let slot = &mut self.live[slot];
             *slot.waiter.get_mut() = 0;
             if let Some(ptr) = NonNull::new(std::mem::replace(slot.ptr.get_mut(), null_mut())) {
                 if let Some(held) = &self.held {

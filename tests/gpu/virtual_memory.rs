@@ -262,6 +262,34 @@ fn a_device_vec_moves_when_a_neighbour_blocks_it_and_keeps_its_values() {
     assert_eq!(mr.usage().allocated, 0);
 }
 
+#[test]
+fn a_mark_shared_by_threads_is_queried_and_waited_for_from_each() {
+    let Some(ctx) = gpu() else { return };
+    let pages = DevicePages::new(&ctx).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let n = 1 << 20;
+    let mut v = DeviceVec::<u32, _>::zeroed(n, uncached(pages.clone()), &s).unwrap();
+    crate::slow_fill!(&ctx, &s, &mut v, n, 5);
+    let mark = pages.mark(StreamRef::from(&s)).unwrap().unwrap();
+    // Four threads query the one mark at once, then wait for it; each finds the work done.
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (pages, mark) = (&pages, &mark);
+            scope.spawn(move || {
+                while !pages.reached(mark).unwrap() {
+                    std::hint::spin_loop();
+                }
+                pages.wait(mark).unwrap();
+                assert!(pages.reached(mark).unwrap());
+            });
+        }
+    });
+    // The mark stood for the kernel: what it wrote is there.
+    assert_eq!(v.to_vec().unwrap(), crate::support::expected_fill(n, 5));
+    drop(mark);
+    ctx.check_err().unwrap();
+}
+
 /// Tests whose kernel must still run while the host checks (a timed spin): the suite runs them
 /// alone (`::alone::`), since a test beside them that synchronizes the whole context can hold
 /// their thread up past the spin, and the kernel ends before the check.

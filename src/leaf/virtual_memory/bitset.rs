@@ -48,6 +48,11 @@ impl Bits {
         n
     }
 
+    /// How many pages are set.
+    pub(super) fn count(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
     /// How many pages of `lo..hi` are clear.
     #[inline]
     pub(super) fn count_clear(&self, lo: usize, hi: usize) -> usize {

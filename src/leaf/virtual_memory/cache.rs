@@ -190,45 +190,42 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         done
     }
 
+    /// Whether every one of `marks` is reached; an error where one cannot be queried. Never
+    /// waits.
+    fn all_reached(&self, marks: &[P::Mark]) -> Result<bool> {
+        for m in marks {
+            if !self.pages.reached(m)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Polls `marks` until all are reached, one cannot be queried, or `limit` has passed;
     /// returns the time it took. Needs no lock: the caller queries the batch again under it.
     pub(super) fn wait_marks(&self, marks: &[P::Mark], limit: Duration) -> Duration {
         let start = Instant::now();
-        loop {
-            let mut reached = true;
-            for m in marks {
-                match self.pages.reached(m) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        reached = false;
-                        break;
-                    }
-                    Err(_) => return start.elapsed(),
-                }
-            }
-            if reached || start.elapsed() >= limit {
-                return start.elapsed();
-            }
+        while matches!(self.all_reached(marks), Ok(false)) && start.elapsed() < limit {
             std::thread::sleep(Duration::from_micros(50));
         }
+        start.elapsed()
     }
 
     /// Queries the pending batch's marks once, never waiting: settles its pages if all are
     /// reached, gives the batch up if one cannot be queried. Says whether it settled.
     fn batch_reached(&self, st: &mut State<P::Page, P::Mark>) -> bool {
         let Some(batch) = &st.batch else { return false };
-        for m in batch.marks.iter() {
-            match self.pages.reached(m) {
-                Ok(true) => {}
-                Ok(false) => return false,
-                Err(_) => {
-                    self.abandon(st);
-                    return false;
-                }
+        match self.all_reached(&batch.marks) {
+            Ok(true) => {
+                self.settle(st);
+                true
+            }
+            Ok(false) => false,
+            Err(_) => {
+                self.abandon(st);
+                false
             }
         }
-        self.settle(st);
-        true
     }
 
     /// Waits for the pending batch's marks and settles its pages; gives the batch up if a mark

@@ -75,17 +75,17 @@ impl Meetings {
     /// window (its count, its threads, not crowded) where the last is over; returns the count
     /// in the window.
     fn count_one(&self, now: u64) -> u32 {
-        if self.over(now) {
-            // Racing threads may each start the window: a meeting or two lost, no harm.
-            self.restart(now);
-        }
+        self.window_at(now);
         self.count.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Whether the current window is over at `now`.
-    fn over(&self, now: u64) -> bool {
+    /// Starts a new window at `now` where the current one is over then.
+    fn window_at(&self, now: u64) {
         let window = u64::try_from(MEETING_WINDOW.as_nanos()).unwrap_or(u64::MAX);
-        now.saturating_sub(self.since.load(Ordering::Relaxed)) > window
+        if now.saturating_sub(self.since.load(Ordering::Relaxed)) > window {
+            // Racing threads may each start the window: a meeting or two lost, no harm.
+            self.restart(now);
+        }
     }
 
     /// Starts a window at `now`: no meetings, no threads, not crowded.
@@ -403,10 +403,7 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     #[cfg(test)]
     pub(super) fn crowd(&self, stream: StreamRef) {
         let m = &self.meetings[self.stream_heap(stream) - by_stream(0)];
-        let now = self.since_epoch();
-        if m.over(now) {
-            m.restart(now);
-        }
+        m.window_at(self.since_epoch());
         for (i, t) in m.threads.iter().enumerate() {
             t.store(u64::MAX - i as u64, Ordering::Relaxed);
         }

@@ -41,6 +41,9 @@ use region::{page_span, State};
 
 const NAME: &str = "VirtualMemory";
 
+/// The state of a `VirtualMemory` over `P`, locked.
+type Guard<'a, P> = MutexGuard<'a, State<<P as PhysicalPages>::Page, <P as PhysicalPages>::Mark>>;
+
 /// The configuration of a [`VirtualMemory`].
 #[derive(Debug, Clone)]
 pub struct VirtualMemoryConfig {
@@ -435,14 +438,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             },
             Lock::Wait => self.lock(),
         };
-        let mut waited = false;
-        let placed = loop {
-            let st = &mut *guard;
-            if !waited {
-                self.tick(st);
-            }
-            st.waited_for_batch = waited;
-            let placed = match self.place(st, stream, block, align, room, Some(need)) {
+        self.tick(&mut guard);
+        let (guard, placed) = self.undone_to_wait(guard, |st| {
+            match self.place(st, stream, block, align, room, Some(need)) {
                 // A block placed partway into a page touches a page more than its size needs:
                 // where that page was what ran short, the block at a page boundary may fit.
                 Err(e) if e.is_out_of_memory() && align < self.page => {
@@ -452,17 +450,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
                     }
                 }
                 other => other,
-            };
-            st.waited_for_batch = false;
-            let Some(marks) = st.deferred.take() else {
-                break placed;
-            };
-            // Undone to wait for a batch: placed again once it has waited, waiting no more.
-            guard = self.wait_unlocked(guard, &marks);
-            waited = true;
-        };
-        let st = &mut *guard;
-        self.show(st);
+            }
+        });
+        self.show(&guard);
         // Running short is the caller's request that could not be served, whichever page or
         // range the page source was asked for.
         match placed {
@@ -593,13 +583,31 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             .collect()
     }
 
-    /// Waits for the marks a request left in `deferred` ([`WAIT_FOR_BATCH`](cache::WAIT_FOR_BATCH)
-    /// at most) with the lock let go, and takes the lock again.
-    fn wait_unlocked<'a>(
+    /// Runs `attempt` under `guard`; where it was undone to wait for a batch (`deferred` set),
+    /// waits for the batch's marks with the lock let go
+    /// ([`WAIT_FOR_BATCH`](cache::WAIT_FOR_BATCH) at most), takes the lock again and runs it
+    /// once more, with `waited_for_batch` set: it waits no more. Returns the lock and the last
+    /// attempt's outcome.
+    #[inline]
+    fn undone_to_wait<'a, T>(
         &'a self,
-        guard: MutexGuard<'a, State<P::Page, P::Mark>>,
-        marks: &[P::Mark],
-    ) -> MutexGuard<'a, State<P::Page, P::Mark>> {
+        mut guard: Guard<'a, P>,
+        mut attempt: impl FnMut(&mut State<P::Page, P::Mark>) -> T,
+    ) -> (Guard<'a, P>, T) {
+        let done = attempt(&mut guard);
+        let Some(marks) = guard.deferred.take() else {
+            return (guard, done);
+        };
+        let mut guard = self.wait_unlocked(guard, &marks);
+        guard.waited_for_batch = true;
+        let done = attempt(&mut guard);
+        guard.waited_for_batch = false;
+        (guard, done)
+    }
+
+    /// Waits for `marks` with the lock let go, and takes it again.
+    #[cold]
+    fn wait_unlocked<'a>(&'a self, guard: Guard<'a, P>, marks: &[P::Mark]) -> Guard<'a, P> {
         drop(guard);
         let waited = self.wait_marks(marks, cache::WAIT_FOR_BATCH);
         let mut guard = self.lock();
@@ -607,7 +615,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         guard
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<P::Page, P::Mark>> {
+    fn lock(&self) -> Guard<'_, P> {
         match self.state.lock() {
             Ok(st) => st,
             Err(poisoned) => self.recover(poisoned.into_inner()),
@@ -619,10 +627,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// a broken contract), so the state is consistent but for a request cut short: pages
     /// unmapped for the bounds still waiting for a page to take their memory, which go back,
     /// and marks it left to wait for, which are dropped.
-    fn recover<'a>(
-        &self,
-        mut st: MutexGuard<'a, State<P::Page, P::Mark>>,
-    ) -> MutexGuard<'a, State<P::Page, P::Mark>> {
+    fn recover<'a>(&self, mut st: Guard<'a, P>) -> Guard<'a, P> {
         st.donate = false;
         self.give_back_donors(&mut st);
         // Set and taken within one holding of the lock: the next request must not read them as
@@ -708,9 +713,7 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
         stream: StreamRef,
     ) -> Result<bool> {
         let addr = ptr.as_ptr() as usize;
-        let (mut guard, mut waited) = (self.lock(), false);
-        loop {
-            let st = &mut *guard;
+        let (_guard, grown) = self.undone_to_wait(self.lock(), |st| {
             let (Some(r), Some((old, new))) =
                 (st.region_of(addr), st.index.growth(addr, size, new_size))
             else {
@@ -726,23 +729,18 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
             if !st.index.has_room() || !st.index.grow_in_place(addr, new, stream) {
                 return Ok(false);
             }
-            st.waited_for_batch = waited;
             let extended = self.extend(st, r, addr, old, new);
-            st.waited_for_batch = false;
+            // Undone to wait for a batch, it is grown again after (the range after it may have
+            // gone meanwhile).
             if extended.is_err() || st.deferred.is_some() {
                 // Back to the old size: the index gives the tail back to the free range after it
                 // (it has room for the record: checked above), on `stream`.
                 st.index.shrink(addr, old, stream);
             }
             self.show(st);
-            let Some(marks) = st.deferred.take() else {
-                return extended.map(|()| true);
-            };
-            // Undone to wait for a batch: grown again once it has waited (the range after it may
-            // have gone meanwhile), waiting no more.
-            guard = self.wait_unlocked(guard, &marks);
-            waited = true;
-        }
+            extended.map(|()| true)
+        });
+        grown
     }
 }
 

@@ -286,14 +286,10 @@ impl<H> PageTable<H> {
 
     /// Settled pages.
     pub(super) fn settled(&self) -> usize {
-        (self.chunks.iter().flatten())
-            .map(|c| {
-                c.settled
-                    .0
-                    .iter()
-                    .map(|w| w.count_ones() as usize)
-                    .sum::<usize>()
-            })
+        self.chunks
+            .iter()
+            .flatten()
+            .map(|c| c.settled.count())
             .sum()
     }
 
