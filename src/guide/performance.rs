@@ -269,6 +269,13 @@
 //! | gpt_train_pytorch | 1.00, 1.01, 1.00, 1.01, 1.00 | 1.02, 1.02, 1.03, 1.01, 1.03 | 1.04, 1.08, 1.09, 1.10 |
 //! | transformer_train, 4 threads | 1.01, 1.04, 1.04, 1.05, 1.04 | 1.06, 1.12 | 1.21, 1.19 |
 //!
+//! Without the bound (`peak_slack: usize::MAX`), transformer_train's log on the H200 mapped 1.19
+//! and 1.18 times what its threads held (two runs, 2026-11-29; with it, in the same call, 1.14
+//! and 1.09, the slack doubled three times and twice), against 1.02–1.03 over `Simulated` on a
+//! 2-core build host. Unbounded, the heap mapped fewer pages on the H200 (568 and 580, against
+//! 652), but its threads held less at once (954 and 979 MiB, against 1.25 GiB): what the bound
+//! cannot take back there comes from the threads' interleaving, not from the slack.
+//!
 //! The last row is transformer_train's log with a copy of its two threads (threads 2 and 3, at
 //! addresses 2^44 higher, each op a microsecond after the one it copies); with only two threads
 //! sharing a stream's heap (a third made it crowded), its `paged` runs over `Simulated` took 1.07,
@@ -326,6 +333,29 @@
 //! random's one stream, on a build host): 7 for the heaps' routing (`vmm`: 81), the rest for the
 //! pages under each block.
 //!
+//! The host, not the allocator, picks a process's speed: on the GPU host (2026-11-29), ten
+//! processes of a pointer chase over 2 MiB took 11–14 ns a step in some and 20–25 in others, and
+//! ten of `rmm run` over `Simulated` took `paged` 110–115 ns/op on random's one thread in some
+//! and 172–217 in others (`tlsf`, 79–83 or 106–155). Transparent huge pages for the heap
+//! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) left both speeds as they were.
+//!
+//! Two ways to fewer instructions were measured and left out (callgrind over `rmm run … --stacks
+//! paged --simulated` on one thread, `allocate` and `deallocate` together):
+//!
+//! * Keeping up to 128 blocks freed whole, out of the free ranges, each for the next request of
+//!   its size on its stream (tcmalloc's and dlmalloc's fast bins; every kept block back in the
+//!   free ranges before a page is mapped): 25% fewer on transformer_train, but 1.4% more on
+//!   transformer_infer, whose large blocks' pages the bound had unmapped by the time their size
+//!   came back, and 26% more on random, whose sizes rarely repeat. Placement drifted too: eight
+//!   threads repeating the same random work mapped 47.3, 47.9, 48.5 … 50.4 MiB over ten passes,
+//!   where without kept blocks every pass maps what the first did.
+//! * Placing a request whose block would need pages mapped in another free range whose pages
+//!   are all mapped (84% of such requests on transformer_train had one among their stream's
+//!   ranges): 8–12% fewer pages mapped there, 6–9% more on transformer_infer, 12–30% more time
+//!   an op, and the min capacity rose from 1.024 to 1.031 of peak live (transformer_infer: 1.017
+//!   to 1.021): the class search's fit packs pages tighter than a place chosen for its mapped
+//!   pages.
+//!
 //! Swapping a page costs a remap (18–21 µs) and its access grant (25–30 µs per page,
 //! `cuMemSetAccess` on each run of new pages). The harness's transformer_infer ops (its log seven
 //! times over) swap about 2,900 pages a pass over `Simulated` with the bound at its first
@@ -340,20 +370,20 @@
 //!
 //! # Clients through the C library
 //!
-//! `bash gpu-bin/run.sh clients` ([C library](super::c_library#the-gpu-proof)) on an NVIDIA H100
-//! 80GB HBM3 (driver 580.159.04; torch 2.11.0+cu130, torchvision 0.26.0, CuPy 14.2.0, cuDNN 9.19),
-//! 2026-11-23: `clients: 98 passed, 0 failed`. ResNet-50 training, batch 64, 5 warm-up and 50 timed
-//! steps (55 losses compared):
+//! `bash gpu-bin/run.sh clients` ([C library](super::c_library#the-gpu-proof)) on an NVIDIA H200
+//! (driver 580.159.04; torch 2.11.0+cu130, torchvision 0.26.0+cu130, CuPy 14.2.0, cuDNN 9.19),
+//! 2026-11-29: `clients: 98 passed, 0 failed`. ResNet-50 training, batch 64, 5 warm-up and 50
+//! timed steps (55 losses compared):
 //!
 //! | config | median step ms | ratio to native | peak device MiB | stack peak live MiB | losses equal |
 //! |---|---:|---:|---:|---:|---|
-//! | native | 41.24 | 1.000 | 7429 | 5583 * | (reference) |
-//! | native (again: the control) | 40.91 | 0.992 | 7429 | 5583 * | yes |
-//! | cudaMallocAsync | 41.89 | 1.016 | 6857 | 5560 * | yes |
-//! | mrstack `cuda > pool` | 41.15 | 0.998 | 8899 | 5560 | yes |
-//! | mrstack `cuda > pool > binning` | 41.06 | 0.996 | 8899 | 5560 | yes |
-//! | mrstack `cuda > pool > binning` + `MRSTACK_LOG` | 41.04 | 0.995 | 8899 | 5560 | yes |
-//! | mrstack `cuda > arena(size=6.1 GiB)` (the replay's recommendation) | 41.13 | 0.997 | 6955 | 5560 | yes |
+//! | native | 35.28 | 1.000 | 7429 | 5583 * | (reference) |
+//! | native (again: the control) | 35.85 | 1.016 | 7429 | 5583 * | yes |
+//! | cudaMallocAsync | 35.60 | 1.009 | 7049 | 5560 * | yes |
+//! | mrstack `cuda > pool` | 35.73 | 1.013 | 8899 | 5560 | yes |
+//! | mrstack `cuda > pool > binning` | 35.23 | 0.999 | 8899 | 5560 | yes |
+//! | mrstack `cuda > pool > binning` + `MRSTACK_LOG` | 36.17 | 1.025 | 8899 | 5560 | yes |
+//! | mrstack `paged` (the replay's recommendation) | 35.04 | 0.993 | 6345 | 5560 | yes |
 //!
 //! Median step: forward + backward + SGD step, `torch.cuda.synchronize()` before and after;
 //! deterministic mode also fills every new tensor, in every row. Peak device: the most of
@@ -361,7 +391,7 @@
 //! step (the CUDA context and libraries included). Stack peak live: the stack's
 //! `peak_live_bytes` (`mrstack_statistics_json`); * native rows: `torch.cuda.max_memory_allocated()`
 //! instead. The pool rows hold more device memory than native: the pool grows by doubling (8 GiB
-//! for 5.4 GiB live); the recommended arena stays below native. The recorded log is
+//! for 5.4 GiB live); the recommended `paged` holds 1,084 MiB less than native. The recorded log is
 //! `data/traces/resnet50_train_pytorch.csv.gz`. The transformer's logits (40 batches of random
 //! lengths) equal native's bit for bit; CuPy's matrix products and FFTs equal NumPy's and leave 0
 //! live blocks at exit; a 200 GiB request raises `RuntimeError` in PyTorch and `MemoryError` in
