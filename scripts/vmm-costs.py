@@ -8,6 +8,7 @@ Measures, with the driver API through ctypes (PyTorch only to own the context an
   cuMemUnmap (per page and once per run), cuMemRelease; runs of 1, 16 and 128 pages;
 - a swap of one page (unmapped at one address, mapped at another): given back and made anew, or
   the same allocation moved; and moved, for pages of 1 to 32 granules;
+- one allocation of 4 or 16 granules mapped as one mapping, or as a mapping per granule;
 - whether cuMemUnmap / cuMemMap of pages no work uses wait for a kernel running on another stream;
 - cuEventRecord and cuEventQuery;
 - what a thread that maps and unmaps pages in a loop costs a thread that launches small kernels.
@@ -172,6 +173,57 @@ print(f"a swap of one page, µs (median of 200): given back and made anew "
 print("a swap by page size, one allocation moved (unmap+map+access), µs (median of 60): " + ", ".join(
     f"{(PAGE << k) >> 20} MiB {swaps(PAGE << k, 60)[1]:.1f}" for k in range(6)))
 
+
+
+def one_allocation(k, rounds, pieces):
+    """One allocation of `k` granules mapped and enabled, then unmapped: as one mapping
+    (`pieces` false) or as `k` mappings of a granule each, at offsets into it (`pieces` true),
+    one cuMemSetAccess and one cuMemUnmap over the whole range either way; the medians, µs, of
+    the map+access and of the unmap."""
+    va = reserve(k)
+    h = Handle()
+    check(cu.cuMemCreate(C.byref(h), C.c_size_t(k * PAGE), C.byref(prop), C.c_ulonglong(0)), "create")
+    try:
+        return map_rounds(va, h, k, rounds, pieces)
+    finally:
+        check(cu.cuMemRelease(h), "release")
+        check(cu.cuMemAddressFree(CUdeviceptr(va), C.c_size_t(k * PAGE)), "free")
+
+
+def map_rounds(va, h, k, rounds, pieces):
+    """`one_allocation`'s rounds over the reservation `va` and the allocation `h`."""
+    mapped, unmapped = [], []
+    for _ in range(rounds):
+        a = now()
+        if pieces:
+            for i in range(k):
+                check(cu.cuMemMap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE), C.c_size_t(i * PAGE), h, C.c_ulonglong(0)), "map")
+        else:
+            check(cu.cuMemMap(CUdeviceptr(va), C.c_size_t(k * PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
+        check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(k * PAGE), C.byref(access), C.c_size_t(1)), "access")
+        b = now()
+        if pieces:
+            for i in range(k):
+                check(cu.cuMemUnmap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE)), "unmap")
+        else:
+            check(cu.cuMemUnmap(CUdeviceptr(va), C.c_size_t(k * PAGE)), "unmap")
+        mapped.append(b - a)
+        unmapped.append(now() - b)
+    return statistics.median(mapped), statistics.median(unmapped)
+
+
+# Whether the calls cost per mapping or per allocation: one allocation of several granules
+# mapped whole, or granule by granule at offsets into it (which would let its pieces move apart,
+# where the driver maps at an offset at all).
+for k in (4, 16):
+    whole = one_allocation(k, 30, False)
+    try:
+        pieces = one_allocation(k, 30, True)
+        apart = f"as {k} mappings {pieces[0]:.1f} / {pieces[1]:.1f}"
+    except RuntimeError as e:
+        apart = f"as {k} mappings: {e} (an allocation maps only whole here)"
+    print(f"one allocation of {k} pages, map+access / unmap, µs (median of 30): as one mapping "
+          f"{whole[0]:.1f} / {whole[1]:.1f}, {apart}")
 
 # Does unmapping (or mapping) pages that no work uses wait for a kernel on another stream?
 va = reserve(16)
