@@ -63,6 +63,11 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     ) -> Result<bool> {
         let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
         let pages = &mut st.regions[r].pages;
+        // Within one page that other live blocks share: the page stays live and mapped, and the
+        // cache and the peak of live pages stay as they are.
+        if first + 1 == last && lo == hi && pages.share_live(first) {
+            return Ok(true);
+        }
         pages.make(first, last);
         // The pages it covers are live through it alone; the end pages it shares are counted.
         let covered_cached = pages.revive(lo, hi);
@@ -268,6 +273,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     ) {
         let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
         let pages = &mut st.regions[r].pages;
+        // Within one page that other live blocks still share: nothing goes in the cache.
+        if first + 1 == last && lo == hi && pages.unshare_live(first) {
+            return;
+        }
         // The pages the block covered wholly are free now; they are mapped, unless the block is
         // being given up because mapping them failed.
         let mut freed = pages.cache_mapped(lo, hi);

@@ -156,6 +156,38 @@ impl<H> PageTable<H> {
         }
     }
 
+    /// Counts one more block partly on page `p`, where the page already has one (so it is live
+    /// and mapped, and nothing else changes); says whether it did. The usual small block's whole
+    /// page work on its way in.
+    #[inline]
+    pub(super) fn share_live(&mut self, p: usize) -> bool {
+        let Some(chunk) = self.chunk(p) else {
+            return false;
+        };
+        let i = p & (CHUNK_PAGES - 1);
+        let shared = chunk.partial[i] > 0 && chunk.mapped.get(i);
+        if shared {
+            chunk.partial[i] += 1;
+        }
+        shared
+    }
+
+    /// Counts one block fewer partly on page `p`, where another stays (so it stays live, and
+    /// nothing else changes); says whether it did. The usual small block's whole page work on
+    /// its way out.
+    #[inline]
+    pub(super) fn unshare_live(&mut self, p: usize) -> bool {
+        let Some(chunk) = self.chunk(p) else {
+            return false;
+        };
+        let i = p & (CHUNK_PAGES - 1);
+        let shared = chunk.partial[i] > 1;
+        if shared {
+            chunk.partial[i] -= 1;
+        }
+        shared
+    }
+
     /// Takes the pages of `lo..hi`, which a block now lives on, out of the cache (and out of
     /// the settled and pending sets: a page with a live block is never unmapped, and once freed
     /// again its new work must complete first); returns how many were cached.
