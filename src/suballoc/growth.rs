@@ -187,6 +187,7 @@ unsafe fn give_back<U: MemoryResource>(upstream: &U, c: &FreeChunk, streams: &St
 /// raised to the granule, the size rounded up to it, and the bytes a free range must hold to
 /// place such a block at that alignment (ranges start at granule multiples). For a request
 /// `check_request` accepted, which bounds `size` by `isize::MAX - align`: nothing overflows.
+#[inline]
 pub(crate) fn block_of(size: usize, align: usize) -> (usize, usize, usize) {
     let align = align.max(GRANULE);
     let block = size.next_multiple_of(GRANULE);

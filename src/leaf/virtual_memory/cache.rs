@@ -309,9 +309,15 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     #[inline]
     pub(super) fn tick(&self, st: &mut State<P::Page, P::Mark>) {
         st.ticks += 1;
-        if st.ticks < TICKS_PER_QUERY {
-            return;
+        if st.ticks >= TICKS_PER_QUERY {
+            self.tick_round(st);
         }
+    }
+
+    /// The work of every [`TICKS_PER_QUERY`]-th [`tick`](Self::tick), apart, so that the other
+    /// calls cost a count and a compare.
+    #[cold]
+    fn tick_round(&self, st: &mut State<P::Page, P::Mark>) {
         st.ticks = 0;
         let pending = st.batch.is_some();
         if !pending && (self.config.peak_slack == usize::MAX || self.excess(st, 1) == 0) {

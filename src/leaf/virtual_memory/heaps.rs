@@ -344,12 +344,19 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
 
     /// The index of `stream`'s heap: remembered per thread, so that only a thread's first
     /// allocation on a stream takes the slots' lock.
+    #[inline]
     pub(super) fn stream_heap(&self, stream: StreamRef) -> usize {
         let id = stream.id();
         let (instance, known, heap) = HINT.with(|h| h.stream.get());
         if instance == self.instance && known == id {
             return heap;
         }
+        self.find_stream_heap(stream, id)
+    }
+
+    /// [`stream_heap`](Self::stream_heap) for a stream this thread did not allocate on last.
+    #[cold]
+    fn find_stream_heap(&self, stream: StreamRef, id: StreamId) -> usize {
         let slots = &mut *self.streams.lock().unwrap_or_else(PoisonError::into_inner);
         let (i, new) = slots.of(stream);
         if new {
@@ -468,10 +475,17 @@ impl<P: PhysicalPages + Clone> PagedHeaps<P> {
     }
 
     /// Heap `slot` (a thread's, or a stream's), made on first use.
+    #[inline]
     pub(super) fn heap(&self, slot: usize) -> Result<&VirtualMemory<P>> {
-        if let Some(heap) = self.heaps[slot].get() {
-            return Ok(heap);
+        match self.heaps[slot].get() {
+            Some(heap) => Ok(heap),
+            None => self.make_heap(slot),
         }
+    }
+
+    /// Heap `slot`, made now unless another thread made it first.
+    #[cold]
+    fn make_heap(&self, slot: usize) -> Result<&VirtualMemory<P>> {
         let config = VirtualMemoryConfig {
             cache: self.config.cache,
             peak_slack: self.config.peak_slack,

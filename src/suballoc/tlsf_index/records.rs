@@ -56,6 +56,7 @@ impl TlsfIndex {
     }
 
     /// Puts the free block `i` (its `stream` set) at the head of its class list.
+    #[inline]
     pub(super) fn push(&mut self, i: u32) {
         let b = self.blocks[i as usize];
         let (f, s) = class_of(b.size);
@@ -78,6 +79,7 @@ impl TlsfIndex {
 
     /// Takes the free block `i` off its class list; the list stays even when emptied (the caller
     /// calls `drop_if_empty`).
+    #[inline]
     pub(super) fn unlink(&mut self, i: u32) {
         let b = self.blocks[i as usize];
         let (f, s) = class_of(b.size);
@@ -138,6 +140,7 @@ impl TlsfIndex {
     }
 
     /// A new record for `[addr, addr + size)`, linked right after `i` in address order.
+    #[inline]
     pub(super) fn split_after(&mut self, i: u32, addr: usize, size: usize) -> u32 {
         let next = self.blocks[i as usize].next;
         let j = self.record(Block {
@@ -157,12 +160,14 @@ impl TlsfIndex {
         j
     }
 
+    #[inline]
     pub(super) fn mergeable(&self, j: u32, held: Held) -> bool {
         let b = &self.blocks[j as usize];
         b.free && b.stream == held
     }
 
     /// Makes `lo` cover `hi` too (`hi` follows `lo`); `hi`'s record is recycled.
+    #[inline]
     pub(super) fn absorb(&mut self, lo: u32, hi: u32) {
         let h = self.blocks[hi as usize];
         self.blocks[lo as usize].size += h.size;
