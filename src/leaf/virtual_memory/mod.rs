@@ -410,7 +410,9 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         block > most || need > most.saturating_mul(2)
     }
 
-    /// An allocation in the room `room` allows, the lock taken as `lock` says.
+    /// An allocation in the room `room` allows, the lock taken as `lock` says, of a request
+    /// the caller checked (`check_request` gave `Ok(None)`: a size above zero, within what
+    /// `block_of` rounds without overflow, at a power-of-two alignment).
     pub(crate) fn allocate_with(
         &self,
         size: usize,
@@ -419,12 +421,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         lock: Lock,
         room: Room,
     ) -> Attempt {
-        let checked = check_request::<Self>(size, align, NAME);
-        match checked {
-            Ok(Some(p)) => return Attempt::Done(Ok(p)),
-            Err(e) => return Attempt::Done(Err(e)),
-            Ok(None) => {}
-        }
+        debug_assert!(matches!(check_request::<Self>(size, align, NAME), Ok(None)));
         let oom = || AllocError::out_of_memory(size, align, NAME);
         if self.never_fits(size, align) {
             return Attempt::Done(Err(oom()));
@@ -648,6 +645,9 @@ unsafe impl<P: PhysicalPages> MemoryResource for VirtualMemory<P> {
     page_leaf!();
 
     fn allocate(&self, size: usize, align: usize, stream: StreamRef) -> Result<NonNull<u8>> {
+        if let Some(p) = check_request::<Self>(size, align, NAME)? {
+            return Ok(p);
+        }
         self.allocate_with(size, align, stream, Lock::Wait, Room::Any)
             .done_or(|| AllocError::out_of_memory(size, align, NAME))
     }
