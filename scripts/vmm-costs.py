@@ -87,6 +87,15 @@ def reserve(n):
     return va.value
 
 
+def unmap_pages(va, n, per_page):
+    """Unmaps the `n` pages at `va`: a cuMemUnmap for each, or one for them all."""
+    if per_page:
+        for i in range(n):
+            check(cu.cuMemUnmap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE)), "unmap")
+    else:
+        check(cu.cuMemUnmap(CUdeviceptr(va), C.c_size_t(n * PAGE)), "unmap")
+
+
 def cycle(n, va, per_page_access, per_page_unmap, t):
     hs = []
     a = now()
@@ -104,11 +113,7 @@ def cycle(n, va, per_page_access, per_page_unmap, t):
     else:
         check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(n * PAGE), C.byref(access), C.c_size_t(1)), "access")
     d = now()
-    if per_page_unmap:
-        for i in range(n):
-            check(cu.cuMemUnmap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE)), "unmap")
-    else:
-        check(cu.cuMemUnmap(CUdeviceptr(va), C.c_size_t(n * PAGE)), "unmap")
+    unmap_pages(va, n, per_page_unmap)
     e = now()
     for h in hs:
         check(cu.cuMemRelease(h), "release")
@@ -202,11 +207,7 @@ def map_rounds(va, h, k, rounds, pieces):
             check(cu.cuMemMap(CUdeviceptr(va), C.c_size_t(k * PAGE), C.c_size_t(0), h, C.c_ulonglong(0)), "map")
         check(cu.cuMemSetAccess(CUdeviceptr(va), C.c_size_t(k * PAGE), C.byref(access), C.c_size_t(1)), "access")
         b = now()
-        if pieces:
-            for i in range(k):
-                check(cu.cuMemUnmap(CUdeviceptr(va + i * PAGE), C.c_size_t(PAGE)), "unmap")
-        else:
-            check(cu.cuMemUnmap(CUdeviceptr(va), C.c_size_t(k * PAGE)), "unmap")
+        unmap_pages(va, k, pieces)
         mapped.append(b - a)
         unmapped.append(now() - b)
     return statistics.median(mapped), statistics.median(unmapped)
