@@ -351,14 +351,14 @@
 //! paged --simulated` on one thread, `allocate` and `deallocate` together):
 //!
 //! * Keeping up to 128 blocks freed whole, out of the free ranges, each for the next request of
-//!   its size on its stream (tcmalloc's and dlmalloc's fast bins; every kept block back in the
-//!   free ranges before a page is mapped): 25% fewer on transformer_train, but 1.4% more on
+//!   its size on its stream (as glibc malloc's fast bins; every kept block back in the free
+//!   ranges before a page is mapped): 25% fewer on transformer_train, but 1.4% more on
 //!   transformer_infer, whose large blocks' pages the bound had unmapped by the time their size
 //!   came back, and 26% more on random, whose sizes rarely repeat. Placement drifted too: eight
-//!   threads repeating the same random work mapped 47.3, 47.9, 48.5 … 50.4 MiB over ten passes,
+//!   threads repeating the same random work mapped 45.1, 45.7, 46.3 … 48.1 MiB over ten passes,
 //!   where without kept blocks every pass maps what the first did.
 //! * Placing a request whose block would need pages mapped in another free range whose pages
-//!   are all mapped (84% of such requests on transformer_train had one among their stream's
+//!   are all mapped (84% of such requests on transformer_train had one among the heap's free
 //!   ranges): 8–12% fewer pages mapped there, 6–9% more on transformer_infer, 12–30% more time
 //!   an op, and the min capacity rose from 1.024 to 1.031 of peak live (transformer_infer: 1.017
 //!   to 1.021): the class search's fit packs pages tighter than a place chosen for its mapped
