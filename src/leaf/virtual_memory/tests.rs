@@ -1483,3 +1483,35 @@ fn pages_kept_for_a_mapping_a_panic_cut_short_go_back_with_the_next_call() {
     drop(vm);
     assert_eq!(rec.sim.mapped(), 0);
 }
+
+#[test]
+fn blocks_that_share_a_page_count_on_it_and_the_last_one_out_caches_it() {
+    let sim = Simulated::with_page_size(64 * P, P);
+    let vm = VirtualMemory::new(&sim, VirtualMemoryConfig::default()).unwrap();
+    let s = StreamRef::DEFAULT;
+    let live = |vm: &VirtualMemory<&Simulated>| {
+        let u = vm.usage();
+        (u.mapped - u.cached, u.cached)
+    };
+    let a = vm.allocate(1024, 256, s).unwrap();
+    let b = vm.allocate(1024, 256, s).unwrap();
+    let page = |p: NonNull<u8>| p.as_ptr() as usize / P;
+    assert_eq!(page(a), page(b));
+    assert_eq!(live(&vm), (P, 0));
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(a, 1024, 256, s) };
+    // B still lives on the page: it stays live, out of the cache.
+    assert_eq!(live(&vm), (P, 0));
+    let c = vm.allocate(1024, 256, s).unwrap();
+    assert_eq!(page(c), page(b));
+    assert_eq!((live(&vm), sim.mapped()), ((P, 0), P));
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(b, 1024, 256, s);
+        vm.deallocate(c, 1024, 256, s);
+    }
+    // The last block out leaves the page free: cached, still mapped.
+    assert_eq!((live(&vm), sim.mapped()), ((0, P), P));
+    assert_eq!(vm.release(), P);
+    assert_eq!(sim.mapped(), 0);
+}
