@@ -406,8 +406,20 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// no memory is given back for it.
     pub(crate) fn never_fits(&self, size: usize, align: usize) -> bool {
         let (_, block, need) = crate::suballoc::growth::block_of(size, align);
-        let most = self.config.max.min(self.pages.capacity());
+        self.never_fits_block(block, need)
+    }
+
+    /// [`never_fits`](Self::never_fits) for the block and the free bytes `block_of` gave.
+    #[inline]
+    fn never_fits_block(&self, block: usize, need: usize) -> bool {
+        let most = self.most();
         block > most || need > most.saturating_mul(2)
+    }
+
+    /// The most physical bytes it could ever map: its cap, or its source's capacity if less.
+    #[inline]
+    fn most(&self) -> usize {
+        self.config.max.min(self.pages.capacity())
     }
 
     /// An allocation in the room `room` allows, the lock taken as `lock` says, of a request
@@ -423,10 +435,10 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     ) -> Attempt {
         debug_assert!(matches!(check_request::<Self>(size, align, NAME), Ok(None)));
         let oom = || AllocError::out_of_memory(size, align, NAME);
-        if self.never_fits(size, align) {
+        let (align, block, need) = crate::suballoc::growth::block_of(size, align);
+        if self.never_fits_block(block, need) {
             return Attempt::Done(Err(oom()));
         }
-        let (align, block, need) = crate::suballoc::growth::block_of(size, align);
         let mut guard = match lock {
             Lock::Try => match self.state.try_lock() {
                 Ok(st) => st,
@@ -719,7 +731,7 @@ unsafe impl<P: PhysicalPages> crate::resource::GrowInPlace for VirtualMemory<P> 
             else {
                 return Ok(false);
             };
-            if new > self.config.max.min(self.pages.capacity()) {
+            if new > self.most() {
                 return Ok(false);
             }
             if new == old {
