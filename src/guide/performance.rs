@@ -336,10 +336,11 @@
 //! over `Simulated` on one thread, and `paged` about 25 more than `tlsf` (87 against 62 on
 //! random's one stream, on a build host): 7 for the heaps' routing (`vmm`: 81), the rest for the
 //! pages under each block. In instructions (callgrind over `rmm run W.1-own.ops --stacks paged
-//! --passes 2 --simulated`, 2026-11-29), an allocation and its free take 1,705 on
-//! transformer_train's ops, 1,815 on transformer_infer's and 1,559 on random's, about 840 of them
+//! --passes 2 --simulated`, 2026-11-29), an allocation and its free take 1,659 on
+//! transformer_train's ops, 1,773 on transformer_infer's and 1,552 on random's, about 840 of them
 //! in the TLSF index; a block within one page that other live blocks share costs a count on that
-//! page, and nothing more of the page table.
+//! page, and nothing more of the page table, and any other block within one chunk of the table
+//! (512 MiB of pages) looks that chunk up once.
 //!
 //! The host, not the allocator, picks a process's speed: on the GPU host (2026-11-29), ten
 //! processes of a pointer chase over 2 MiB took 11–14 ns a step in some and 20–25 in others, and
@@ -363,6 +364,31 @@
 //!   an op, and the min capacity rose from 1.024 to 1.031 of peak live (transformer_infer: 1.017
 //!   to 1.021): the class search's fit packs pages tighter than a place chosen for its mapped
 //!   pages.
+//!
+//! Which cached pages a swap or a trim takes first decides how often the same pages go back and
+//! forth. Over `Simulated` (`mrstack replay data/traces/X.csv.gz --stack paged --upstream
+//! simulated --sequential --no-capacity --passes 3`: a warm-up and three passes, 2026-11-29),
+//! the pages mapped and, of them, those swapped, with each order (the highest first is the rule):
+//!
+//! | order | transformer_train | transformer_infer | gpt_train_pytorch |
+//! |---|---:|---:|---:|
+//! | highest address first | 2,605 / 2,174 | 2,161 / 1,909 | 19,290 / 5,686 |
+//! | lowest address first | 8,435 / 8,004 | 4,214 / 3,962 | 151,615 / 137,802 |
+//! | freed longest ago first | 3,793 / 3,362 | 3,258 / 3,006 | 26,935 / 13,331 |
+//! | freed last first | 4,610 / 4,179 | 2,485 / 2,233 | 82,848 / 69,244 |
+//! | deepest into its free range first | 2,597 / 2,166 | 2,255 / 2,003 | 19,506 / 5,902 |
+//! | in the largest free range first | 2,559 / 2,128 | 2,251 / 1,999 | 19,459 / 5,855 |
+//!
+//! resnet50_train mapped 2,866–2,876 pages and swapped 82–92 whatever the order. Taking the
+//! lowest-addressed fit of a larger class (as `Tlsf` does) swapped 1,873, 1,875 and 5,069 pages,
+//! but raised transformer_train's min capacity from 1.024 to 1.027 of peak live. The pages a
+//! block needs come in runs: in one such replay, 2,079 of transformer_train's 2,670 pages mapped
+//! came in runs of five or more (5.4 a mapping on average), 1,991 of transformer_infer's 2,121 in
+//! runs of four or more, and 19,000 of the GPT's 19,407 in runs of six or more. One allocation
+//! for each run would cut the driver's time for them about fourfold (23.3 µs to map four pages as
+//! one allocation, above, against about 100 as four), but an allocation goes back only whole: a free
+//! page that shares one with a live block's page could not go back, under pressure or at
+//! `release`, so runs are left out.
 //!
 //! Swapping a page costs a remap (18–21 µs) and its access grant (25–30 µs per page,
 //! `cuMemSetAccess` on each run of new pages). The harness's transformer_infer ops (its log seven

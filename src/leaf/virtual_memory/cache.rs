@@ -133,15 +133,17 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     /// it. At most the cache.
     #[inline]
     pub(super) fn excess(&self, st: &State<P::Page, P::Mark>, extra: usize) -> usize {
+        // Shifts, not divisions: this runs at every free that caches a page.
         let mut over = 0;
-        if st.cached * self.page > self.config.cache {
-            over = st.cached - self.config.cache / 2 / self.page;
+        if st.cached << self.shift > self.config.cache {
+            over = st.cached - (self.config.cache >> (self.shift + 1));
         }
         if self.config.peak_slack != usize::MAX {
-            let after = st.mapped + extra * self.page;
-            let peak = st.live_peak.max(after - st.cached * self.page);
+            let after = st.mapped + (extra << self.shift);
+            let peak = st.live_peak.max(after - (st.cached << self.shift));
             let slack = self.pace.slack(self.config.peak_slack, peak, self.page);
-            over = over.max(after.saturating_sub(peak + slack).div_ceil(self.page));
+            let beyond = after.saturating_sub(peak + slack);
+            over = over.max((beyond >> self.shift) + usize::from(beyond & (self.page - 1) != 0));
         }
         over.max(st.owed).min(st.cached)
     }

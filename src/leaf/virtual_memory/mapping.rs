@@ -7,6 +7,7 @@ use crate::suballoc::tlsf_index::GRANULE;
 use std::time::Instant;
 
 use super::region::{ends, page_span, Overlap, Region, State};
+use super::table::Entered;
 use super::{VirtualMemory, NAME};
 
 impl<P: PhysicalPages> VirtualMemory<P> {
@@ -61,24 +62,13 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         len: usize,
         map: bool,
     ) -> Result<bool> {
-        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
-        let pages = &mut st.regions[r].pages;
-        // Within one page that other live blocks share: the page stays live and mapped, and the
-        // cache and the peak of live pages stay as they are.
-        if first + 1 == last && lo == hi && pages.share_live(first) {
-            return Ok(true);
-        }
-        pages.make(first, last);
-        // The pages it covers are live through it alone; the end pages it shares are counted.
-        let covered_cached = pages.revive(lo, hi);
-        let mut uncached = covered_cached;
-        // The usual case maps nothing: a covered page was free, so it is mapped exactly when it
-        // was cached, and an end page is looked up (one bit each) instead of counting the span.
-        let mut all_mapped = covered_cached == hi - lo;
-        for p in ends(first, last, lo, hi) {
-            uncached += pages.touch(p, Overlap::None, Overlap::Partial);
-            all_mapped &= pages.is_mapped(p);
-        }
+        let span = page_span(st.regions[r].base, addr, len, self.shift);
+        let (uncached, all_mapped) = match st.regions[r].pages.enter(span) {
+            // A page that other live blocks share stays live and mapped: the cache and the peak
+            // of live pages stay as they are.
+            Entered::Shared => return Ok(true),
+            Entered::Live { uncached, mapped } => (uncached, mapped),
+        };
         st.cached -= uncached;
         if all_mapped {
             self.note_live(st);
@@ -89,7 +79,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             self.uncommit(st, r, addr, len, false);
             return Ok(false);
         }
-        let result = self.map_range(st, r, first, last);
+        let result = self.map_range(st, r, span.0, span.1);
         if st.deferred.is_some() {
             // Undone as where pages may not be mapped: the request waits for a batch first.
             self.uncommit(st, r, addr, len, false);
@@ -271,21 +261,15 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         len: usize,
         trim: bool,
     ) {
-        let (first, last, lo, hi) = page_span(st.regions[r].base, addr, len, self.shift);
+        let span = page_span(st.regions[r].base, addr, len, self.shift);
         let pages = &mut st.regions[r].pages;
         // Within one page that other live blocks still share: nothing goes in the cache.
-        if first + 1 == last && lo == hi && pages.unshare_live(first) {
+        let Some(freed) = pages.leave(span) else {
             return;
-        }
-        // The pages the block covered wholly are free now; they are mapped, unless the block is
-        // being given up because mapping them failed.
-        let mut freed = pages.cache_mapped(lo, hi);
-        for p in ends(first, last, lo, hi) {
-            freed += pages.touch(p, Overlap::Partial, Overlap::None);
-        }
+        };
         if !trim {
             // A block given up for want of pages may leave chunks with nothing in them.
-            pages.forget_unused(first, last);
+            pages.forget_unused(span.0, span.1);
         }
         st.cached += freed;
         if trim && freed > 0 {

@@ -5,7 +5,7 @@
 //! lives, and its chunk is made again if it went while the block's pages were being mapped.
 
 use super::bitset::Bits;
-use super::region::Overlap;
+use super::region::{ends, Overlap};
 
 /// Pages a chunk of the table covers: 512 MiB of 2 MiB pages, about 5 KiB of bookkeeping.
 pub(super) const CHUNK_PAGES: usize = 256;
@@ -53,10 +53,36 @@ impl<H> Chunk<H> {
         cached
     }
 
+    /// [`PageTable::cache_mapped`] in this chunk.
+    #[inline]
+    fn cache_mapped(&mut self, lo: usize, hi: usize) -> usize {
+        let mut n = 0;
+        if lo < hi {
+            let (mapped, cached) = (&self.mapped.0, &mut self.cached.0);
+            Bits::words(lo, hi, |w, m| {
+                let newly = mapped[w] & m & !cached[w];
+                n += newly.count_ones() as usize;
+                cached[w] |= newly;
+            });
+        }
+        n
+    }
+
     /// No page mapped and no live block on any: nothing to keep.
     fn unused(&self) -> bool {
         self.mapped.is_empty() && self.partial.iter().all(|&n| n == 0)
     }
+}
+
+/// What a block's pages became as it went live ([`PageTable::enter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Entered {
+    /// The block lies within one page that other live blocks share: the page, live and mapped,
+    /// counts one block more, and nothing else changed.
+    Shared,
+    /// Its pages are live: `uncached` of them left the cache, and `mapped` says whether every
+    /// one of them is mapped.
+    Live { uncached: usize, mapped: bool },
 }
 
 /// The pages of a region, by index from its base.
@@ -101,6 +127,15 @@ impl<H> PageTable<H> {
         for c in &mut self.chunks[lo >> CHUNK_LOG..=last] {
             c.get_or_insert_with(Chunk::new);
         }
+    }
+
+    /// Chunk `c`, made if missing.
+    #[inline]
+    fn make_one(&mut self, c: usize) -> &mut Chunk<H> {
+        if self.chunks.len() <= c {
+            self.chunks.resize_with(c + 1, || None);
+        }
+        self.chunks[c].get_or_insert_with(Chunk::new)
     }
 
     /// Frees the chunks of pages `lo..hi` that keep nothing (after a block that was never
@@ -156,36 +191,95 @@ impl<H> PageTable<H> {
         }
     }
 
-    /// Counts one more block partly on page `p`, where the page already has one (so it is live
-    /// and mapped, and nothing else changes); says whether it did. The usual small block's whole
-    /// page work on its way in.
+    /// Makes the pages of a block with [`page_span`](super::region::page_span) `span` live: the
+    /// pages it covers wholly leave the cache (a page covered wholly has no count: it is live
+    /// exactly while the block is), and the end pages it shares count it. A block within one
+    /// chunk (nearly every one) looks its chunk up once.
     #[inline]
-    pub(super) fn share_live(&mut self, p: usize) -> bool {
-        let Some(chunk) = self.chunk(p) else {
-            return false;
-        };
-        let i = p & (CHUNK_PAGES - 1);
-        let shared = chunk.partial[i] > 0 && chunk.mapped.get(i);
-        if shared {
-            chunk.partial[i] += 1;
+    pub(super) fn enter(&mut self, (first, last, lo, hi): (usize, usize, usize, usize)) -> Entered {
+        let c = first >> CHUNK_LOG;
+        if c != (last - 1) >> CHUNK_LOG {
+            return self.enter_chunks(first, last, lo, hi);
         }
-        shared
+        let chunk = self.make_one(c);
+        let base = c << CHUNK_LOG;
+        let (first, last, lo, hi) = (first - base, last - base, lo - base, hi - base);
+        // Within one page that other live blocks share: the usual small block's whole page work.
+        if first + 1 == last && lo == hi && chunk.partial[first] > 0 && chunk.mapped.get(first) {
+            chunk.partial[first] += 1;
+            return Entered::Shared;
+        }
+        let mut uncached = if lo < hi { chunk.revive(lo, hi) } else { 0 };
+        // A covered page was free, so it is mapped exactly when it was cached; an end page is
+        // looked up, one bit each, instead of counting the span.
+        let mut mapped = uncached == hi - lo;
+        for p in ends(first, last, lo, hi) {
+            chunk.partial[p] += 1;
+            if chunk.partial[p] == 1 {
+                uncached += chunk.revive(p, p + 1);
+            }
+            mapped &= chunk.mapped.get(p);
+        }
+        Entered::Live { uncached, mapped }
     }
 
-    /// Counts one block fewer partly on page `p`, where another stays (so it stays live, and
-    /// nothing else changes); says whether it did. The usual small block's whole page work on
-    /// its way out.
-    #[inline]
-    pub(super) fn unshare_live(&mut self, p: usize) -> bool {
-        let Some(chunk) = self.chunk(p) else {
-            return false;
-        };
-        let i = p & (CHUNK_PAGES - 1);
-        let shared = chunk.partial[i] > 1;
-        if shared {
-            chunk.partial[i] -= 1;
+    /// [`enter`](Self::enter) for a block over several chunks.
+    #[cold]
+    fn enter_chunks(&mut self, first: usize, last: usize, lo: usize, hi: usize) -> Entered {
+        self.make(first, last);
+        let mut uncached = self.revive(lo, hi);
+        let mut mapped = uncached == hi - lo;
+        for p in ends(first, last, lo, hi) {
+            uncached += self.touch(p, Overlap::None, Overlap::Partial);
+            mapped &= self.is_mapped(p);
         }
-        shared
+        Entered::Live { uncached, mapped }
+    }
+
+    /// Gives up the pages of a block with [`page_span`](super::region::page_span) `span` (the
+    /// mirror of [`enter`](Self::enter)): returns how many went in the cache (mapped pages left
+    /// with no live block), or `None` where the block lay within one page that other live blocks
+    /// still share (one count fewer there, nothing else changed).
+    #[inline]
+    pub(super) fn leave(
+        &mut self,
+        (first, last, lo, hi): (usize, usize, usize, usize),
+    ) -> Option<usize> {
+        let c = first >> CHUNK_LOG;
+        if c != (last - 1) >> CHUNK_LOG {
+            return Some(self.leave_chunks(first, last, lo, hi));
+        }
+        // No chunk: the block's pages were never mapped nor counted (it is given up because
+        // mapping them failed after its chunk went).
+        let Some(chunk) = self.chunk(first) else {
+            return Some(0);
+        };
+        let base = c << CHUNK_LOG;
+        let (first, last, lo, hi) = (first - base, last - base, lo - base, hi - base);
+        if first + 1 == last && lo == hi && chunk.partial[first] > 1 {
+            chunk.partial[first] -= 1;
+            return None;
+        }
+        // The pages the block covered wholly are free now; they are mapped, unless the block is
+        // being given up because mapping them failed.
+        let mut freed = chunk.cache_mapped(lo, hi);
+        for p in ends(first, last, lo, hi) {
+            chunk.partial[p] -= 1;
+            if chunk.partial[p] == 0 && chunk.mapped.get(p) {
+                freed += chunk.cached.set(p, p + 1);
+            }
+        }
+        Some(freed)
+    }
+
+    /// [`leave`](Self::leave) for a block over several chunks.
+    #[cold]
+    fn leave_chunks(&mut self, first: usize, last: usize, lo: usize, hi: usize) -> usize {
+        let mut freed = self.cache_mapped(lo, hi);
+        for p in ends(first, last, lo, hi) {
+            freed += self.touch(p, Overlap::Partial, Overlap::None);
+        }
+        freed
     }
 
     /// Takes the pages of `lo..hi`, which a block now lives on, out of the cache (and out of
@@ -208,12 +302,7 @@ impl<H> PageTable<H> {
         let mut n = 0;
         spans(lo, hi, |c, lo, hi| {
             if let Some(chunk) = self.chunks.get_mut(c).and_then(Option::as_deref_mut) {
-                let (mapped, cached) = (&chunk.mapped.0, &mut chunk.cached.0);
-                Bits::words(lo, hi, |w, m| {
-                    let newly = mapped[w] & m & !cached[w];
-                    n += newly.count_ones() as usize;
-                    cached[w] |= newly;
-                });
+                n += chunk.cache_mapped(lo, hi);
             }
         });
         n

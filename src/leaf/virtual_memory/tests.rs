@@ -1515,3 +1515,54 @@ fn blocks_that_share_a_page_count_on_it_and_the_last_one_out_caches_it() {
     assert_eq!(vm.release(), P);
     assert_eq!(sim.mapped(), 0);
 }
+
+#[test]
+fn blocks_on_the_last_page_of_a_table_chunk_and_across_it_count_on_each_page() {
+    // F covers pages 0..255; A, B and C share page 255, the last of the table's first chunk; C
+    // runs on into page 256, the first of the second, which D shares.
+    const LAST: usize = table::CHUNK_PAGES - 1;
+    let sim = Simulated::with_page_size(1024 * P, P);
+    let config = VirtualMemoryConfig {
+        reservation: 1024 * P,
+        ..Default::default()
+    };
+    let vm = VirtualMemory::new(&sim, config).unwrap();
+    let s = StreamRef::DEFAULT;
+    let f = vm.allocate(LAST * P, 256, s).unwrap();
+    let base = f.as_ptr() as usize;
+    let sizes = [P / 2, P / 4, P, P / 4];
+    let [a, b, c, d] = sizes.map(|n| vm.allocate(n, 256, s).unwrap());
+    let at = |p: NonNull<u8>| p.as_ptr() as usize - base;
+    assert_eq!(
+        [at(a), at(b), at(c), at(d)],
+        [
+            LAST * P,
+            LAST * P + P / 2,
+            LAST * P + 3 * P / 4,
+            (LAST + 1) * P + 3 * P / 4
+        ]
+    );
+    let pages = |vm: &VirtualMemory<&Simulated>| {
+        let u = vm.usage();
+        ((u.mapped - u.cached) / P, u.cached / P)
+    };
+    assert_eq!((pages(&vm), sim.mapped()), ((LAST + 2, 0), (LAST + 2) * P));
+    // SAFETY: live with these sizes.
+    unsafe {
+        vm.deallocate(b, P / 4, 256, s);
+        vm.deallocate(a, P / 2, 256, s);
+    }
+    // C still lives on both pages.
+    assert_eq!(pages(&vm), (LAST + 2, 0));
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(c, P, 256, s) };
+    // Page 255 has no block left; D keeps page 256.
+    assert_eq!(pages(&vm), (LAST + 1, 1));
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(d, P / 4, 256, s) };
+    assert_eq!((pages(&vm), sim.mapped()), ((LAST, 2), (LAST + 2) * P));
+    // SAFETY: live with this size.
+    unsafe { vm.deallocate(f, LAST * P, 256, s) };
+    assert_eq!(vm.release(), (LAST + 2) * P);
+    assert_eq!((sim.mapped(), vm.usage().page_table_bytes), (0, 0));
+}
