@@ -250,7 +250,12 @@
 //! `binning` 212–484. The call of every thread count drew the slow speed for `paged` in both
 //! rounds of transformer_infer (237 / 238 ns/op, 1.02 and 0.72 of RMM's best) and random's own
 //! streams (137, 0.34 against `binning`'s slow 403). Old and new builds of `paged`, alternated in
-//! one call, showed the same two speeds.
+//! one call, showed the same two speeds. Two more calls of six rounds (the same file), on builds
+//! of 11% and then 14% fewer instructions an allocation and its free, gave `paged` over RMM's
+//! best 0.56 and 0.52 on random's own stream, 0.66 and 0.51 on transformer_infer's, 0.57 and 0.72
+//! on transformer_train's (all six rounds of the last at the slow speed, 183–213 ns/op), and
+//! 0.29–0.42 on one stream: across the three calls, 0.42–0.72 where the table says 0.42, the
+//! host's two speeds rather than the builds.
 //!
 //! With 8 or 16 threads on one stream, the stream's heap is left to the threads' own heaps within the
 //! warm-up (they meet there at once), so every timed pass runs on heaps that hold the same
