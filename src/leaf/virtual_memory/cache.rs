@@ -142,7 +142,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
             let after = st.mapped + (extra << self.shift);
             let peak = st.live_peak.max(after - (st.cached << self.shift));
             let slack = self.pace.slack(self.config.peak_slack, peak, self.page);
-            let beyond = after.saturating_sub(peak + slack);
+            let beyond = after.saturating_sub(peak.saturating_add(slack));
             over = over.max((beyond >> self.shift) + usize::from(beyond & (self.page - 1) != 0));
         }
         over.max(st.owed).min(st.cached)

@@ -1566,3 +1566,272 @@ fn blocks_on_the_last_page_of_a_table_chunk_and_across_it_count_on_each_page() {
     assert_eq!(vm.release(), (LAST + 2) * P);
     assert_eq!((sim.mapped(), vm.usage().page_table_bytes), (0, 0));
 }
+
+/// A device in a model: each stream's work is a count of units queued and a count done, and a
+/// mark is a stream with the count queued when it was made, reached once that many are done.
+/// `order_after(s, t)` queues a unit on `s` that waits for the units queued on `t` so far, so
+/// `s` gets past it only once they are done. A query finishes the marked stream's work now and
+/// then (`progress` in 256ths), as a device catches up. It records an error wherever a page is
+/// unmapped, or its memory moved, while work queued before a block on it was freed is not done.
+#[derive(Debug)]
+struct Device {
+    sim: Simulated,
+    state: Mutex<DeviceState>,
+}
+
+#[derive(Debug, Default)]
+struct DeviceState {
+    queued: std::collections::HashMap<StreamId, u64>,
+    done: std::collections::HashMap<StreamId, u64>,
+    /// For each page, by address: the work that may use blocks freed on it since it was mapped,
+    /// as (stream, units queued on it at the free).
+    freed: std::collections::HashMap<usize, Vec<(StreamId, u64)>>,
+    /// Waits queued by `order_after`: (stream, its unit, the stream waited for, units of it).
+    waits: Vec<(StreamId, u64, StreamId, u64)>,
+    progress: u32,
+    rng: u64,
+    errors: Vec<String>,
+}
+
+impl Device {
+    fn new(capacity: usize, seed: u64) -> Self {
+        Device {
+            sim: Simulated::with_page_size(capacity, P),
+            state: Mutex::new(DeviceState {
+                progress: 32,
+                rng: seed | 1,
+                ..DeviceState::default()
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, DeviceState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a unit of work on `stream`, one that uses a block allocated there.
+    fn queue(&self, stream: StreamRef) {
+        *self.state().queued.entry(stream.id()).or_default() += 1;
+    }
+
+    /// The block `[addr, addr + len)` is freed on `stream`: its pages may be used until the work
+    /// queued there so far is done.
+    fn freed(&self, addr: usize, len: usize, stream: StreamRef) {
+        let mut st = self.state();
+        let at = st.queued.get(&stream.id()).copied().unwrap_or(0);
+        // The block's granules, which its pages are counted by.
+        for page in (addr / P)..=((addr + len.next_multiple_of(256) - 1) / P) {
+            st.freed
+                .entry(page * P)
+                .or_default()
+                .push((stream.id(), at));
+        }
+    }
+
+    /// The device finishes every unit queued on `stream`.
+    fn finish(&self, stream: StreamId) {
+        let mut st = self.state();
+        let queued = st.queued.get(&stream).copied().unwrap_or(0);
+        st.complete(stream, queued);
+    }
+
+    /// Checks, and forgets, the work on the pages of `[addr, addr + size)`, which go now.
+    fn unmapping(&self, addr: usize, size: usize) {
+        let mut st = self.state();
+        for page in (addr..addr + size).step_by(P) {
+            for (stream, at) in st.freed.remove(&page).unwrap_or_default() {
+                let done = st.done.get(&stream).copied().unwrap_or(0);
+                if done < at {
+                    st.errors.push(format!(
+                        "page {page:#x} went with {stream:?} at {done} of {at}"
+                    ));
+                }
+            }
+        }
+    }
+}
+
+impl DeviceState {
+    /// Units `..upto` of `stream` are done, and so the work each of its waits waited for.
+    fn complete(&mut self, stream: StreamId, upto: u64) {
+        let done = self.done.entry(stream).or_default();
+        if *done >= upto {
+            return;
+        }
+        *done = upto;
+        let waited: Vec<(StreamId, u64)> = (self.waits.iter())
+            .filter(|&&(s, unit, _, _)| s == stream && unit < upto)
+            .map(|&(_, _, t, at)| (t, at))
+            .collect();
+        for (t, at) in waited {
+            self.complete(t, at);
+        }
+    }
+}
+
+impl Sealed for Device {}
+
+// SAFETY: every call goes to `Simulated`, whose promises hold; the model touches no memory.
+unsafe impl PhysicalPages for Device {
+    type Host = typenum::B0;
+    type Device = typenum::B0;
+    type Migratable = typenum::B0;
+    type Page = ();
+    type Mark = (StreamId, u64);
+    crate::leaf::pages::forward_reservations!(self.sim);
+    unsafe fn map(&self, addr: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.sim.map(addr, size) }
+    }
+    unsafe fn enable(&self, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+    unsafe fn unmap(&self, addr: usize, size: usize, page: ()) {
+        self.unmapping(addr, size);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.sim.unmap(addr, size, page) }
+    }
+    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+        self.finish(stream.id());
+        Ok(())
+    }
+    fn order_after(&self, stream: StreamRef, after: StreamRef) -> Result<()> {
+        let mut st = self.state();
+        let at = st.queued.get(&after.id()).copied().unwrap_or(0);
+        let unit = st.queued.entry(stream.id()).or_default();
+        *unit += 1;
+        let unit = *unit - 1;
+        st.waits.push((stream.id(), unit, after.id(), at));
+        Ok(())
+    }
+    fn mark(&self, stream: StreamRef) -> Result<Option<(StreamId, u64)>> {
+        let st = self.state();
+        Ok(Some((
+            stream.id(),
+            st.queued.get(&stream.id()).copied().unwrap_or(0),
+        )))
+    }
+    fn reached(&self, &(stream, at): &(StreamId, u64)) -> Result<bool> {
+        let catch_up = {
+            let mut st = self.state();
+            st.rng ^= st.rng << 13;
+            st.rng ^= st.rng >> 7;
+            st.rng ^= st.rng << 17;
+            (st.rng % 256) < u64::from(st.progress)
+        };
+        if catch_up {
+            self.finish(stream);
+        }
+        Ok(self.state().done.get(&stream).copied().unwrap_or(0) >= at)
+    }
+    fn wait(&self, &(stream, at): &(StreamId, u64)) -> Result<()> {
+        self.state().complete(stream, at);
+        Ok(())
+    }
+    fn name(&self) -> &'static str {
+        "Device"
+    }
+    fn describe_fields<'a, 'b>(&self, item: ItemWriter<'a, 'b>) -> ItemWriter<'a, 'b> {
+        item.flag("device", true)
+    }
+}
+
+mod device_model {
+    //! `VirtualMemory` over a device whose work completes as it will: batches marked, queried
+    //! and waited for, requests that wait for a batch without the lock, swaps. Against a model
+    //! of live blocks, and no page gone while work that used a block on it may still run.
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc { size: usize, stream: u32 },
+        Free { pick: prop::sample::Index },
+        Finish { stream: u32 },
+        Progress { rate: u32 },
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let size = prop_oneof![2 => 1..=4096usize, 3 => 1..=3 * P, 1 => 1..=12 * P];
+        let op = prop_oneof![
+            4 => (size, 0..3u32).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+            3 => any::<prop::sample::Index>().prop_map(|pick| Op::Free { pick }),
+            1 => (0..3u32).prop_map(|stream| Op::Finish { stream }),
+            1 => (8..=256u32).prop_map(|rate| Op::Progress { rate }),
+        ];
+        prop::collection::vec(op, 1..60)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn pages_go_only_after_the_work_that_used_them(
+            capacity_pages in 16usize..64,
+            slack_pages in 0usize..3,
+            seed in any::<u64>(),
+            ops in ops(),
+        ) {
+            let dev = Device::new(capacity_pages * P, seed);
+            let config = VirtualMemoryConfig { peak_slack: slack_pages * P, ..Default::default() };
+            let vm = VirtualMemory::new(&dev, config).unwrap();
+            let mut live: BTreeMap<usize, (usize, u32)> = BTreeMap::new();
+            let mut order: Vec<usize> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc { size, stream } => {
+                        let on = StreamRef::simulated(stream);
+                        match vm.allocate(size, 256, on) {
+                            Ok(p) => {
+                                let a = p.as_ptr() as usize;
+                                if let Some((&b, &(n, _))) = live.range(..=a).next_back() {
+                                    prop_assert!(b + n <= a, "overlap");
+                                }
+                                if let Some((&b, _)) = live.range(a..).next() {
+                                    prop_assert!(a + size <= b, "overlap");
+                                }
+                                dev.queue(on);
+                                live.insert(a, (size, stream));
+                                order.push(a);
+                            }
+                            Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
+                        }
+                    }
+                    Op::Free { pick } => {
+                        if !order.is_empty() {
+                            let a = order.swap_remove(pick.index(order.len()));
+                            let (size, stream) = live.remove(&a).unwrap();
+                            let on = StreamRef::simulated(stream);
+                            dev.freed(a, size, on);
+                            // SAFETY: live, from `vm`, with this size, freed on the stream its
+                            // work was queued on.
+                            unsafe { vm.deallocate(NonNull::new(a as *mut u8).unwrap(), size, 256, on) };
+                        }
+                    }
+                    Op::Finish { stream } => dev.finish(StreamRef::simulated(stream).id()),
+                    Op::Progress { rate } => dev.state().progress = rate,
+                }
+                let u = vm.usage();
+                let touched: std::collections::BTreeSet<usize> = live
+                    .iter()
+                    .flat_map(|(&a, &(n, _))| (a / P)..=((a + n.next_multiple_of(256) - 1) / P))
+                    .collect();
+                prop_assert_eq!(u.mapped, dev.sim.mapped());
+                prop_assert_eq!(u.mapped, touched.len() * P + u.cached);
+                let errors = std::mem::take(&mut dev.state().errors);
+                prop_assert!(errors.is_empty(), "{:?}", errors);
+            }
+            for (a, (size, stream)) in std::mem::take(&mut live) {
+                let on = StreamRef::simulated(stream);
+                dev.freed(a, size, on);
+                // SAFETY: as above.
+                unsafe { vm.deallocate(NonNull::new(a as *mut u8).unwrap(), size, 256, on) };
+            }
+            vm.release();
+            prop_assert_eq!(dev.sim.mapped(), 0);
+            let errors = std::mem::take(&mut dev.state().errors);
+            prop_assert!(errors.is_empty(), "{:?}", errors);
+        }
+    }
+}
