@@ -1834,4 +1834,72 @@ mod device_model {
             prop_assert!(errors.is_empty(), "{:?}", errors);
         }
     }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// `PagedHeaps` over the same device, threads allocating on three streams and freeing
+        /// each other's blocks on the streams their work was queued on: across heaps (the bound
+        /// across heaps, pages given up), no page goes while work that used it may still run.
+        #[test]
+        fn paged_heaps_give_pages_back_only_after_the_work_that_used_them(
+            threads in 2usize..5,
+            slack_pages in 0usize..3,
+            seed in any::<u64>(),
+            plans in prop::collection::vec(prop::collection::vec((1usize..=4 * P, 0..3u32, any::<bool>(), 8..=256u32), 1..50), 4),
+        ) {
+            let dev = Device::new(256 * P, seed);
+            let config = PagedHeapsConfig { cache: usize::MAX, peak_slack: slack_pages * P };
+            let heaps = PagedHeaps::new(&dev, config);
+            // Blocks left by one thread for the next to free: (address, size, stream).
+            let handed: Mutex<Vec<(usize, usize, u32)>> = Mutex::new(Vec::new());
+            let free = |a: usize, size: usize, stream: u32| {
+                let on = StreamRef::simulated(stream);
+                dev.freed(a, size, on);
+                // SAFETY: live, from `heaps`, with this size, freed on the stream its work was
+                // queued on, by the one thread that took it.
+                unsafe { heaps.deallocate(NonNull::new(a as *mut u8).unwrap(), size, 256, on) };
+            };
+            std::thread::scope(|scope| {
+                for plan in plans.iter().take(threads) {
+                    let (heaps, dev, handed, free) = (&heaps, &dev, &handed, &free);
+                    scope.spawn(move || {
+                        let mut own = Vec::new();
+                        for &(size, stream, hand, rate) in plan {
+                            dev.state().progress = rate;
+                            let on = StreamRef::simulated(stream);
+                            let Ok(p) = heaps.allocate(size, 256, on) else { continue };
+                            dev.queue(on);
+                            let block = (p.as_ptr() as usize, size, stream);
+                            if hand {
+                                let other = handed.lock().unwrap().pop();
+                                handed.lock().unwrap().push(block);
+                                if let Some((a, n, s)) = other {
+                                    free(a, n, s);
+                                }
+                            } else {
+                                own.push(block);
+                            }
+                            if own.len() > 6 {
+                                let (a, n, s) = own.remove(0);
+                                free(a, n, s);
+                            }
+                        }
+                        for (a, n, s) in own {
+                            free(a, n, s);
+                        }
+                    });
+                }
+            });
+            for (a, n, s) in handed.into_inner().unwrap() {
+                free(a, n, s);
+            }
+            prop_assert_eq!(heaps.usage().allocated, 0);
+            prop_assert_eq!(heaps.usage().mapped, dev.sim.mapped());
+            heaps.release();
+            prop_assert_eq!(dev.sim.mapped(), 0);
+            let errors = std::mem::take(&mut dev.state().errors);
+            prop_assert!(errors.is_empty(), "{:?}", errors);
+        }
+    }
 }
