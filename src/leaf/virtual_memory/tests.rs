@@ -1764,7 +1764,7 @@ mod device_model {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 1_024, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn pages_go_only_after_the_work_that_used_them(
@@ -1836,7 +1836,7 @@ mod device_model {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
 
         /// `PagedHeaps` over the same device, threads allocating on three streams and freeing
         /// each other's blocks on the streams their work was queued on: across heaps (the bound
