@@ -386,14 +386,14 @@
 //!
 //! resnet50_train mapped 2,866–2,876 pages and swapped 82–92 whatever the order. Taking the
 //! lowest-addressed fit of a larger class (as `Tlsf` does) swapped 1,873, 1,875 and 5,069 pages,
-//! but raised transformer_train's min capacity from 1.024 to 1.027 of peak live. The pages a
-//! block needs come in runs: in one such replay, 2,079 of transformer_train's 2,670 pages mapped
-//! came in runs of five or more (5.4 a mapping on average), 1,991 of transformer_infer's 2,121 in
-//! runs of four or more, and 19,000 of the GPT's 19,407 in runs of six or more. One allocation
-//! for each run would cut the driver's time for them about fourfold (23.3 µs to map four pages as
-//! one allocation, above, against about 100 as four), but an allocation goes back only whole: a free
-//! page that shares one with a live block's page could not go back, under pressure or at
-//! `release`, so runs are left out.
+//! but raised transformer_train's min capacity from 1.024 to 1.027 of peak live. The pages a block
+//! needs come in runs: in one such replay, 2,079 of transformer_train's 2,670 pages mapped came in
+//! runs of four or more (5.4 a mapping on average), 2,011 of transformer_infer's 2,121 (6.9), and
+//! 19,094 of the GPT's 19,407 in runs of six or more (44). One allocation for each run would cut
+//! the driver's time for them about fourfold (23.3 µs to map four pages as one allocation, above,
+//! against about 100 as four), but an allocation goes back only whole: a free page that shares one
+//! with a live block's page could not go back, under pressure or at `release`, so runs are left
+//! out.
 //!
 //! Swapping a page costs a remap (18–21 µs) and its access grant (25–30 µs per page,
 //! `cuMemSetAccess` on each run of new pages). The harness's transformer_infer ops (its log seven
