@@ -341,8 +341,8 @@
 //! over `Simulated` on one thread, and `paged` about 25 more than `tlsf` (87 against 62 on
 //! random's one stream, on a build host): 7 for the heaps' routing (`vmm`: 81), the rest for the
 //! pages under each block. In instructions (callgrind over `rmm run W.1-own.ops --stacks paged
-//! --passes 2 --simulated`, 2026-11-29), an allocation and its free take 1,659 on
-//! transformer_train's ops, 1,773 on transformer_infer's and 1,552 on random's, about 840 of them
+//! --passes 2 --simulated`, 2026-11-29), an allocation and its free take 1,668 on
+//! transformer_train's ops, 1,784 on transformer_infer's and 1,557 on random's, about 840 of them
 //! in the TLSF index; a block within one page that other live blocks share costs a count on that
 //! page, and nothing more of the page table, and any other block within one chunk of the table
 //! (512 MiB of pages) looks that chunk up once.

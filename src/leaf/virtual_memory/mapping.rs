@@ -7,7 +7,6 @@ use crate::suballoc::tlsf_index::GRANULE;
 use std::time::Instant;
 
 use super::region::{ends, page_span, Overlap, Region, State};
-use super::table::Entered;
 use super::{VirtualMemory, NAME};
 
 impl<P: PhysicalPages> VirtualMemory<P> {
@@ -63,15 +62,14 @@ impl<P: PhysicalPages> VirtualMemory<P> {
         map: bool,
     ) -> Result<bool> {
         let span = page_span(st.regions[r].base, addr, len, self.shift);
-        let (uncached, all_mapped) = match st.regions[r].pages.enter(span) {
-            // A page that other live blocks share stays live and mapped: the cache and the peak
-            // of live pages stay as they are.
-            Entered::Shared => return Ok(true),
-            Entered::Live { uncached, mapped } => (uncached, mapped),
-        };
+        let (uncached, all_mapped) = st.regions[r].pages.enter(span);
         st.cached -= uncached;
         if all_mapped {
-            self.note_live(st);
+            // What is live grew only by the pages that left the cache (the usual small block, on
+            // a page other live blocks share, takes none).
+            if uncached > 0 {
+                self.note_live(st);
+            }
             return Ok(true);
         }
         if !map {
@@ -263,10 +261,7 @@ impl<P: PhysicalPages> VirtualMemory<P> {
     ) {
         let span = page_span(st.regions[r].base, addr, len, self.shift);
         let pages = &mut st.regions[r].pages;
-        // Within one page that other live blocks still share: nothing goes in the cache.
-        let Some(freed) = pages.leave(span) else {
-            return;
-        };
+        let freed = pages.leave(span);
         if !trim {
             // A block given up for want of pages may leave chunks with nothing in them.
             pages.forget_unused(span.0, span.1);

@@ -53,6 +53,52 @@ impl<H> Chunk<H> {
         cached
     }
 
+    /// One more block partly on page `i`: returns 1 where that takes the page out of the cache.
+    #[inline]
+    fn join(&mut self, i: usize) -> usize {
+        self.partial[i] += 1;
+        if self.partial[i] == 1 {
+            self.revive(i, i + 1)
+        } else {
+            0
+        }
+    }
+
+    /// One block fewer partly on page `i` (it had one): returns 1 where that leaves the page,
+    /// mapped, with no live block, in the cache.
+    #[inline]
+    fn part(&mut self, i: usize) -> usize {
+        self.partial[i] -= 1;
+        if self.partial[i] == 0 && self.mapped.get(i) {
+            self.cached.set(i, i + 1)
+        } else {
+            0
+        }
+    }
+
+    /// [`PageTable::touch`] of page `i` of this chunk.
+    #[inline]
+    fn touch(&mut self, i: usize, from: Overlap, to: Overlap) -> usize {
+        match (from, to) {
+            (Overlap::None, Overlap::Partial) => return self.join(i),
+            (Overlap::Partial, Overlap::None) => return self.part(i),
+            _ => {}
+        }
+        let was_live = self.partial[i] > 0 || from == Overlap::Whole;
+        if from == Overlap::Partial {
+            self.partial[i] -= 1;
+        }
+        if to == Overlap::Partial {
+            self.partial[i] += 1;
+        }
+        let live = self.partial[i] > 0 || to == Overlap::Whole;
+        match (was_live, live) {
+            (false, true) => self.revive(i, i + 1),
+            (true, false) if self.mapped.get(i) => self.cached.set(i, i + 1),
+            _ => 0,
+        }
+    }
+
     /// [`PageTable::cache_mapped`] in this chunk.
     #[inline]
     fn cache_mapped(&mut self, lo: usize, hi: usize) -> usize {
@@ -72,17 +118,6 @@ impl<H> Chunk<H> {
     fn unused(&self) -> bool {
         self.mapped.is_empty() && self.partial.iter().all(|&n| n == 0)
     }
-}
-
-/// What a block's pages became as it went live ([`PageTable::enter`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Entered {
-    /// The block lies within one page that other live blocks share: the page, live and mapped,
-    /// counts one block more, and nothing else changed.
-    Shared,
-    /// Its pages are live: `uncached` of them left the cache, and `mapped` says whether every
-    /// one of them is mapped.
-    Live { uncached: usize, mapped: bool },
 }
 
 /// The pages of a region, by index from its base.
@@ -175,28 +210,19 @@ impl<H> PageTable<H> {
             debug_assert!(false, "page {p} has no chunk");
             return 0;
         };
-        let i = p & (CHUNK_PAGES - 1);
-        let was_live = chunk.partial[i] > 0 || from == Overlap::Whole;
-        if from == Overlap::Partial {
-            chunk.partial[i] -= 1;
-        }
-        if to == Overlap::Partial {
-            chunk.partial[i] += 1;
-        }
-        let live = chunk.partial[i] > 0 || to == Overlap::Whole;
-        match (was_live, live) {
-            (false, true) => chunk.revive(i, i + 1),
-            (true, false) if chunk.mapped.get(i) => chunk.cached.set(i, i + 1),
-            _ => 0,
-        }
+        chunk.touch(p & (CHUNK_PAGES - 1), from, to)
     }
 
     /// Makes the pages of a block with [`page_span`](super::region::page_span) `span` live: the
     /// pages it covers wholly leave the cache (a page covered wholly has no count: it is live
-    /// exactly while the block is), and the end pages it shares count it. A block within one
-    /// chunk (nearly every one) looks its chunk up once.
+    /// exactly while the block is), and the end pages it shares count it. Returns how many left
+    /// the cache, and whether every one of its pages is mapped. A block within one chunk (nearly
+    /// every one) looks its chunk up once.
     #[inline]
-    pub(super) fn enter(&mut self, (first, last, lo, hi): (usize, usize, usize, usize)) -> Entered {
+    pub(super) fn enter(
+        &mut self,
+        (first, last, lo, hi): (usize, usize, usize, usize),
+    ) -> (usize, bool) {
         let c = first >> CHUNK_LOG;
         if c != (last - 1) >> CHUNK_LOG {
             return self.enter_chunks(first, last, lo, hi);
@@ -204,28 +230,26 @@ impl<H> PageTable<H> {
         let chunk = self.make_one(c);
         let base = c << CHUNK_LOG;
         let (first, last, lo, hi) = (first - base, last - base, lo - base, hi - base);
-        // Within one page that other live blocks share: the usual small block's whole page work.
+        // Within one page that other live blocks share (the usual small block): one count more
+        // there, the steps below would change nothing else.
         if first + 1 == last && lo == hi && chunk.partial[first] > 0 && chunk.mapped.get(first) {
             chunk.partial[first] += 1;
-            return Entered::Shared;
+            return (0, true);
         }
         let mut uncached = if lo < hi { chunk.revive(lo, hi) } else { 0 };
         // A covered page was free, so it is mapped exactly when it was cached; an end page is
         // looked up, one bit each, instead of counting the span.
         let mut mapped = uncached == hi - lo;
         for p in ends(first, last, lo, hi) {
-            chunk.partial[p] += 1;
-            if chunk.partial[p] == 1 {
-                uncached += chunk.revive(p, p + 1);
-            }
+            uncached += chunk.join(p);
             mapped &= chunk.mapped.get(p);
         }
-        Entered::Live { uncached, mapped }
+        (uncached, mapped)
     }
 
     /// [`enter`](Self::enter) for a block over several chunks.
     #[cold]
-    fn enter_chunks(&mut self, first: usize, last: usize, lo: usize, hi: usize) -> Entered {
+    fn enter_chunks(&mut self, first: usize, last: usize, lo: usize, hi: usize) -> (usize, bool) {
         self.make(first, last);
         let mut uncached = self.revive(lo, hi);
         let mut mapped = uncached == hi - lo;
@@ -233,43 +257,37 @@ impl<H> PageTable<H> {
             uncached += self.touch(p, Overlap::None, Overlap::Partial);
             mapped &= self.is_mapped(p);
         }
-        Entered::Live { uncached, mapped }
+        (uncached, mapped)
     }
 
     /// Gives up the pages of a block with [`page_span`](super::region::page_span) `span` (the
-    /// mirror of [`enter`](Self::enter)): returns how many went in the cache (mapped pages left
-    /// with no live block), or `None` where the block lay within one page that other live blocks
-    /// still share (one count fewer there, nothing else changed).
+    /// mirror of [`enter`](Self::enter)); returns how many went in the cache: mapped pages left
+    /// with no live block.
     #[inline]
-    pub(super) fn leave(
-        &mut self,
-        (first, last, lo, hi): (usize, usize, usize, usize),
-    ) -> Option<usize> {
+    pub(super) fn leave(&mut self, (first, last, lo, hi): (usize, usize, usize, usize)) -> usize {
         let c = first >> CHUNK_LOG;
         if c != (last - 1) >> CHUNK_LOG {
-            return Some(self.leave_chunks(first, last, lo, hi));
+            return self.leave_chunks(first, last, lo, hi);
         }
         // No chunk: the block's pages were never mapped nor counted (it is given up because
         // mapping them failed after its chunk went).
         let Some(chunk) = self.chunk(first) else {
-            return Some(0);
+            return 0;
         };
         let base = c << CHUNK_LOG;
         let (first, last, lo, hi) = (first - base, last - base, lo - base, hi - base);
+        // Within one page that other live blocks still share: one count fewer there.
         if first + 1 == last && lo == hi && chunk.partial[first] > 1 {
             chunk.partial[first] -= 1;
-            return None;
+            return 0;
         }
         // The pages the block covered wholly are free now; they are mapped, unless the block is
         // being given up because mapping them failed.
         let mut freed = chunk.cache_mapped(lo, hi);
         for p in ends(first, last, lo, hi) {
-            chunk.partial[p] -= 1;
-            if chunk.partial[p] == 0 && chunk.mapped.get(p) {
-                freed += chunk.cached.set(p, p + 1);
-            }
+            freed += chunk.part(p);
         }
-        Some(freed)
+        freed
     }
 
     /// [`leave`](Self::leave) for a block over several chunks.
